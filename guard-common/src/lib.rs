@@ -1,0 +1,17 @@
+//! Types and logic shared by arp-guard's eBPF program and its userspace.
+//!
+//! Everything that decides what happens to a frame lives here, once:
+//! [`frame::parse`] reads an outgoing Ethernet frame, [`verdict::classify`]
+//! names the kind of ARP announcement it is, and [`verdict::decide`] turns the
+//! facts about it into a verdict. The BPF program calls these functions on the
+//! real skb; the host-side unit tests and the differential tests call the very
+//! same functions on byte slices.
+#![no_std]
+
+pub mod frame;
+pub mod maps;
+pub mod verdict;
+
+pub use frame::{parse, ArpFrame, FrameReader, Parsed};
+pub use maps::*;
+pub use verdict::{classify, decide, Action, Facts, Kind, LeakAction, Mode, Origin, Ownership, Verdict};

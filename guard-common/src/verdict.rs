@@ -1,0 +1,312 @@
+//! The decision table of arp-guard: the one place where a verdict is made.
+//!
+//! | state     | kernel origin                                   | speaker origin |
+//! |-----------|-------------------------------------------------|----------------|
+//! | `owned`   | pass                                            | pass           |
+//! | `foreign` | stop                                            | stop           |
+//! | `unknown` | stop, unless the LB IP is on the egress iface   | pass           |
+//!
+//! "stop" means drop for replies and gratuitous ARP. For an announce leak it
+//! means rewriting SPA to the egress interface's primary IPv4 (what
+//! `arp_announce=2` would have chosen), which keeps the node able to resolve
+//! its neighbour; when rewriting is disabled or the interface has no IPv4 the
+//! leak is dropped. In `monitor` mode nothing is changed: the verdict says
+//! what `enforce` would have done.
+
+use crate::frame::{ArpFrame, ARPOP_REPLY, ARPOP_REQUEST};
+
+/// What kind of announcement of an LB IP a frame is. Only frames whose SPA is
+/// an LB IP are classified; everything else passes without a kind.
+#[repr(u8)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Kind {
+    /// op=2, SPA=LB IP, SPA != TPA: tells the requester "LB IP is at this MAC".
+    Reply = 0,
+    /// op=1 or 2 with SPA = TPA = LB IP: tells the whole segment.
+    Gratuitous = 1,
+    /// op=1, SPA=LB IP, SPA != TPA: an ordinary request that teaches the
+    /// target "LB IP is at this MAC" (what arp_announce=2 prevents).
+    AnnounceLeak = 2,
+}
+
+/// Who put the frame on the wire.
+#[repr(u8)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Origin {
+    /// The kernel's own ARP stack: the skb carries no packet socket.
+    Kernel = 0,
+    /// A userspace announcer (MetalLB, kube-vip) writing through an AF_PACKET socket.
+    Speaker = 1,
+}
+
+/// This node's relation to an LB IP.
+#[repr(u8)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Ownership {
+    Owned = 0,
+    Foreign = 1,
+    Unknown = 2,
+}
+
+#[repr(u8)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Mode {
+    Enforce = 0,
+    Monitor = 1,
+}
+
+/// What to do with an announce leak that must be stopped.
+#[repr(u8)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum LeakAction {
+    /// Replace SPA with the egress interface's primary IPv4 (arp_announce=2).
+    Rewrite = 0,
+    Drop = 1,
+}
+
+/// What the policy wants done with a frame, before the mode is applied.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Action {
+    Pass,
+    Drop,
+    Rewrite,
+}
+
+/// What happened to the frame; this is the `verdict` counter label.
+#[repr(u8)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Verdict {
+    Passed = 0,
+    Dropped = 1,
+    WouldDrop = 2,
+    Rewritten = 3,
+    WouldRewrite = 4,
+}
+
+/// Everything the decision depends on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Facts {
+    pub kind: Kind,
+    pub origin: Origin,
+    pub state: Ownership,
+    /// The LB IP is configured on the interface the frame leaves through.
+    pub ip_on_egress: bool,
+    /// The egress interface has a primary IPv4 to rewrite an announce leak with.
+    pub egress_has_ipv4: bool,
+    pub mode: Mode,
+    pub leak_action: LeakAction,
+}
+
+/// Name the kind of a frame whose SPA is an LB IP. `None` for opcodes that
+/// announce nothing (the parser only lets requests and replies through).
+#[inline(always)]
+pub fn classify(arp: &ArpFrame) -> Option<Kind> {
+    let same = arp.spa == arp.tpa;
+    match arp.op {
+        ARPOP_REPLY if same => Some(Kind::Gratuitous),
+        ARPOP_REPLY => Some(Kind::Reply),
+        ARPOP_REQUEST if same => Some(Kind::Gratuitous),
+        ARPOP_REQUEST => Some(Kind::AnnounceLeak),
+        _ => None,
+    }
+}
+
+/// Must this announcement be kept off the wire?
+#[inline(always)]
+pub fn must_stop(origin: Origin, state: Ownership, ip_on_egress: bool) -> bool {
+    match state {
+        Ownership::Owned => false,
+        // Defence in depth against a split-brain speaker: stop every origin.
+        Ownership::Foreign => true,
+        // strictARP's arp_ignore=1 rule for the kernel; a live speaker is the
+        // best authority we have, so it passes.
+        Ownership::Unknown => origin == Origin::Kernel && !ip_on_egress,
+    }
+}
+
+/// The policy's action for a frame.
+#[inline(always)]
+pub fn action(f: &Facts) -> Action {
+    if !must_stop(f.origin, f.state, f.ip_on_egress) {
+        return Action::Pass;
+    }
+    if f.kind == Kind::AnnounceLeak && f.leak_action == LeakAction::Rewrite && f.egress_has_ipv4 {
+        Action::Rewrite
+    } else {
+        Action::Drop
+    }
+}
+
+/// The verdict: the policy's action under the mode.
+#[inline(always)]
+pub fn decide(f: &Facts) -> Verdict {
+    match (action(f), f.mode) {
+        (Action::Pass, _) => Verdict::Passed,
+        (Action::Drop, Mode::Enforce) => Verdict::Dropped,
+        (Action::Drop, Mode::Monitor) => Verdict::WouldDrop,
+        (Action::Rewrite, Mode::Enforce) => Verdict::Rewritten,
+        (Action::Rewrite, Mode::Monitor) => Verdict::WouldRewrite,
+    }
+}
+
+impl Verdict {
+    /// The frame leaves the node unchanged.
+    #[inline(always)]
+    pub fn passes_unchanged(self) -> bool {
+        matches!(self, Verdict::Passed | Verdict::WouldDrop | Verdict::WouldRewrite)
+    }
+}
+
+macro_rules! names {
+    ($t:ty { $($v:ident => $s:literal),* $(,)? }) => {
+        impl $t {
+            pub const ALL: &'static [$t] = &[$(<$t>::$v),*];
+            /// The name used in counters, logs and the ownership file.
+            pub const fn as_str(self) -> &'static str {
+                match self { $(<$t>::$v => $s),* }
+            }
+            /// The inverse of `as_u8`, for values read back from BPF maps.
+            pub fn from_u8(v: u8) -> Option<$t> {
+                Self::ALL.iter().copied().find(|x| *x as u8 == v)
+            }
+        }
+    };
+}
+names!(Kind { Reply => "reply", Gratuitous => "gratuitous", AnnounceLeak => "announce_leak" });
+names!(Origin { Kernel => "kernel", Speaker => "speaker" });
+names!(Ownership { Owned => "owned", Foreign => "foreign", Unknown => "unknown" });
+names!(Mode { Enforce => "enforce", Monitor => "monitor" });
+names!(LeakAction { Rewrite => "rewrite", Drop => "drop" });
+names!(Verdict {
+    Passed => "passed",
+    Dropped => "dropped",
+    WouldDrop => "would_drop",
+    Rewritten => "rewritten",
+    WouldRewrite => "would_rewrite",
+});
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn facts(kind: Kind, origin: Origin, state: Ownership, on_egress: bool) -> Facts {
+        Facts {
+            kind,
+            origin,
+            state,
+            ip_on_egress: on_egress,
+            egress_has_ipv4: true,
+            mode: Mode::Enforce,
+            leak_action: LeakAction::Rewrite,
+        }
+    }
+
+    /// The whole table, written out by hand from the specification rather than
+    /// derived from the code under test.
+    #[test]
+    fn full_table() {
+        use Kind::*;
+        use Origin::*;
+        use Ownership::*;
+        use Verdict::*;
+        #[rustfmt::skip]
+        let table = [
+            // kind, origin, state, on egress iface -> verdict
+            (Reply, Kernel, Owned, false, Passed),
+            (Reply, Kernel, Owned, true, Passed),
+            (Reply, Speaker, Owned, false, Passed),
+            (Gratuitous, Kernel, Owned, false, Passed),
+            (Gratuitous, Speaker, Owned, true, Passed),
+            (AnnounceLeak, Kernel, Owned, false, Passed),
+            (AnnounceLeak, Speaker, Owned, false, Passed),
+            (Reply, Kernel, Foreign, false, Dropped),
+            (Reply, Kernel, Foreign, true, Dropped),
+            (Reply, Speaker, Foreign, false, Dropped),
+            (Gratuitous, Kernel, Foreign, true, Dropped),
+            (Gratuitous, Speaker, Foreign, false, Dropped),
+            (AnnounceLeak, Kernel, Foreign, false, Rewritten),
+            (AnnounceLeak, Speaker, Foreign, true, Rewritten),
+            (Reply, Kernel, Unknown, false, Dropped),
+            (Reply, Kernel, Unknown, true, Passed),
+            (Reply, Speaker, Unknown, false, Passed),
+            (Gratuitous, Kernel, Unknown, false, Dropped),
+            (Gratuitous, Kernel, Unknown, true, Passed),
+            (Gratuitous, Speaker, Unknown, false, Passed),
+            (AnnounceLeak, Kernel, Unknown, false, Rewritten),
+            (AnnounceLeak, Kernel, Unknown, true, Passed),
+            (AnnounceLeak, Speaker, Unknown, false, Passed),
+        ];
+        for (kind, origin, state, on, want) in table {
+            assert_eq!(decide(&facts(kind, origin, state, on)), want, "{kind:?} {origin:?} {state:?} on_egress={on}");
+        }
+    }
+
+    #[test]
+    fn every_combination_is_consistent() {
+        for &kind in Kind::ALL {
+            for &origin in Origin::ALL {
+                for &state in Ownership::ALL {
+                    for on in [false, true] {
+                        for has_v4 in [false, true] {
+                            for &leak_action in LeakAction::ALL {
+                                let mut f = facts(kind, origin, state, on);
+                                f.egress_has_ipv4 = has_v4;
+                                f.leak_action = leak_action;
+                                let enforce = decide(&f);
+                                f.mode = Mode::Monitor;
+                                let monitor = decide(&f);
+                                // Monitor never changes a frame and mirrors enforce.
+                                assert!(monitor.passes_unchanged());
+                                let mirrored = match enforce {
+                                    Verdict::Passed => Verdict::Passed,
+                                    Verdict::Dropped => Verdict::WouldDrop,
+                                    Verdict::Rewritten => Verdict::WouldRewrite,
+                                    v => panic!("enforce gave {v:?}"),
+                                };
+                                assert_eq!(monitor, mirrored);
+                                // Only announce leaks are ever rewritten, and only with an IPv4 to use.
+                                if enforce == Verdict::Rewritten {
+                                    assert_eq!(kind, Kind::AnnounceLeak);
+                                    assert!(has_v4 && leak_action == LeakAction::Rewrite);
+                                }
+                                // Owned never stops anything.
+                                if state == Ownership::Owned {
+                                    assert_eq!(enforce, Verdict::Passed);
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn leak_without_ipv4_or_with_drop_policy_is_dropped() {
+        let mut f = facts(Kind::AnnounceLeak, Origin::Kernel, Ownership::Foreign, false);
+        f.egress_has_ipv4 = false;
+        assert_eq!(decide(&f), Verdict::Dropped);
+        f.egress_has_ipv4 = true;
+        f.leak_action = LeakAction::Drop;
+        assert_eq!(decide(&f), Verdict::Dropped);
+    }
+
+    #[test]
+    fn classify_kinds() {
+        let mk = |op, spa, tpa| ArpFrame { op, sha: [0; 6], spa, tpa, tha: [0; 6], arp_offset: 14, vlan_tags: 0 };
+        assert_eq!(classify(&mk(2, 10, 1)), Some(Kind::Reply));
+        assert_eq!(classify(&mk(2, 10, 10)), Some(Kind::Gratuitous));
+        assert_eq!(classify(&mk(1, 10, 10)), Some(Kind::Gratuitous));
+        assert_eq!(classify(&mk(1, 10, 1)), Some(Kind::AnnounceLeak));
+        assert_eq!(classify(&mk(3, 10, 1)), None);
+    }
+
+    #[test]
+    fn names_round_trip() {
+        for &v in Verdict::ALL {
+            assert_eq!(Verdict::from_u8(v as u8), Some(v));
+        }
+        assert_eq!(Kind::AnnounceLeak.as_str(), "announce_leak");
+        assert_eq!(Ownership::from_u8(9), None);
+    }
+}

@@ -1,0 +1,16 @@
+//! arp-guard's TC egress program.
+//!
+//! Non-ARP frames cost one bounds check and a two-byte read. ARP frames are
+//! parsed and judged by `guard_common` (the same code the host tests run), the
+//! decision is counted per LB IP, interface, kind, origin, state and verdict,
+//! and the frame is passed, dropped or has its SPA rewritten.
+#![cfg_attr(target_arch = "bpf", no_std)]
+#![cfg_attr(target_arch = "bpf", no_main)]
+
+#[cfg(target_arch = "bpf")]
+mod program;
+
+// On the host this crate is an empty binary, so that workspace-wide commands
+// (clippy, test) do not need the BPF toolchain.
+#[cfg(not(target_arch = "bpf"))]
+fn main() {}

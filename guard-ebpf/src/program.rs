@@ -1,0 +1,200 @@
+use aya_ebpf::{
+    bindings::{TC_ACT_SHOT, TC_ACT_UNSPEC},
+    macros::{classifier, map},
+    maps::{Array, HashMap, PerCpuArray, PerCpuHashMap},
+    programs::TcContext,
+};
+use aya_log_ebpf::error;
+use guard_common::{
+    decide, frame::ETH_HLEN, parse, verdict::classify, Config, CounterKey, CounterValue, Facts,
+    FrameReader, IfAddrKey, LbEntry, LeakAction, Mode, Origin, Ownership, Parsed, Stat, Verdict,
+    MAX_COUNTERS, MAX_IF_ADDRS, MAX_LB_IPS,
+};
+
+/// Linux's BPF_F_NO_PREALLOC: the counter map grows with use instead of
+/// reserving MAX_COUNTERS x CPUs entries up front.
+const BPF_F_NO_PREALLOC: u32 = 1;
+/// AF_PACKET: the family of the socket a userspace speaker writes through.
+const AF_PACKET: u32 = 17;
+
+#[map(name = "LB_IPS")]
+static LB_IPS: HashMap<u32, LbEntry> = HashMap::with_max_entries(MAX_LB_IPS, 0);
+
+#[map(name = "IF_ADDRS")]
+static IF_ADDRS: HashMap<IfAddrKey, u8> = HashMap::with_max_entries(MAX_IF_ADDRS, 0);
+
+#[map(name = "IF_PRIMARY")]
+static IF_PRIMARY: HashMap<u32, u32> = HashMap::with_max_entries(MAX_IF_ADDRS, 0);
+
+#[map(name = "COUNTERS")]
+static COUNTERS: PerCpuHashMap<CounterKey, CounterValue> =
+    PerCpuHashMap::with_max_entries(MAX_COUNTERS, BPF_F_NO_PREALLOC);
+
+#[map(name = "STATS")]
+static STATS: PerCpuArray<u64> = PerCpuArray::with_max_entries(Stat::COUNT, 0);
+
+#[map(name = "CONFIG")]
+static CONFIG: Array<Config> = Array::with_max_entries(1, 0);
+
+/// "No opinion": lets later programs in the TCX chain (or later cls_bpf
+/// filters) run, and passes the frame at the end of the chain.
+const PASS: i32 = TC_ACT_UNSPEC;
+const DROP: i32 = TC_ACT_SHOT as i32;
+
+struct Skb<'a>(&'a TcContext);
+
+impl FrameReader for Skb<'_> {
+    #[inline(always)]
+    fn read<const N: usize>(&self, offset: usize) -> Option<[u8; N]> {
+        self.0.load::<[u8; N]>(offset).ok()
+    }
+}
+
+#[classifier]
+pub fn arp_guard_egress(ctx: TcContext) -> i32 {
+    bump(Stat::Frames);
+    let ethertype = match outer_ethertype(&ctx) {
+        Some(t) => t,
+        None => return PASS,
+    };
+    // Fast path: anything that is neither ARP nor VLAN-tagged leaves now.
+    if ethertype != guard_common::frame::ETH_P_ARP && !guard_common::frame::is_vlan(ethertype) {
+        return PASS;
+    }
+    let arp = match parse(&Skb(&ctx), ethertype) {
+        Parsed::NotArp => return PASS,
+        Parsed::Malformed => {
+            bump(Stat::Arp);
+            bump(Stat::Malformed);
+            return PASS;
+        }
+        Parsed::Arp(arp) => arp,
+    };
+    bump(Stat::Arp);
+    judge(&ctx, &arp)
+}
+
+#[inline(always)]
+fn judge(ctx: &TcContext, arp: &guard_common::ArpFrame) -> i32 {
+    // SAFETY: LB_IPS values are written only by userspace with whole-value
+    // updates; the reference does not outlive this call.
+    let Some(entry) = (unsafe { LB_IPS.get(&arp.spa) }) else {
+        bump(Stat::NotLb);
+        return PASS;
+    };
+    let Some(kind) = classify(arp) else {
+        return PASS;
+    };
+    let state = Ownership::from_u8(entry.state).unwrap_or(Ownership::Unknown);
+    // SAFETY: ctx.skb.skb is the kernel's __sk_buff for this invocation.
+    let ifindex = unsafe { (*ctx.skb.skb).ifindex };
+    let config = CONFIG.get(0).copied().unwrap_or_default();
+    let mode = if config.mode == Mode::Monitor as u8 { Mode::Monitor } else { Mode::Enforce };
+    let leak_action = if config.leak_action == LeakAction::Drop as u8 {
+        LeakAction::Drop
+    } else {
+        LeakAction::Rewrite
+    };
+    // SAFETY: plain lookups of Copy values.
+    let primary = unsafe { IF_PRIMARY.get(&ifindex) }.copied();
+    let on_egress = unsafe { IF_ADDRS.get(&IfAddrKey { ifindex, addr: arp.spa }) }.is_some();
+    let origin = origin(ctx);
+    let facts = Facts {
+        kind,
+        origin,
+        state,
+        ip_on_egress: on_egress,
+        egress_has_ipv4: primary.is_some(),
+        mode,
+        leak_action,
+    };
+    let mut verdict = decide(&facts);
+    if verdict == Verdict::Rewritten {
+        let addr = primary.unwrap_or(0).to_be_bytes();
+        if ctx.store(arp.spa_offset(), &addr, 0).is_err() {
+            bump(Stat::RewriteFailed);
+            verdict = Verdict::Dropped;
+        }
+    }
+    count(
+        ctx,
+        CounterKey {
+            ip: arp.spa,
+            ifindex,
+            kind: kind as u8,
+            origin: origin as u8,
+            state: state as u8,
+            verdict: verdict as u8,
+        },
+    );
+    if verdict == Verdict::Dropped {
+        DROP
+    } else {
+        PASS
+    }
+}
+
+/// The outer ethertype, read straight from the linear data when it is there.
+#[inline(always)]
+fn outer_ethertype(ctx: &TcContext) -> Option<u16> {
+    let (data, end) = (ctx.data(), ctx.data_end());
+    if data + ETH_HLEN <= end {
+        // SAFETY: bounds checked just above; the verifier sees the same check.
+        let b = unsafe { core::ptr::read_unaligned((data + 12) as *const [u8; 2]) };
+        return Some(u16::from_be_bytes(b));
+    }
+    ctx.load::<[u8; 2]>(12).ok().map(u16::from_be_bytes)
+}
+
+/// Kernel ARP (replies, neighbour solicitations, address notifications) has
+/// no socket; a userspace speaker writes through an AF_PACKET socket.
+#[inline(always)]
+fn origin(ctx: &TcContext) -> Origin {
+    // SAFETY: reading skb->sk is allowed for TC programs; the verifier types
+    // it as a nullable socket pointer and we check for null before use.
+    unsafe {
+        let sk = (*ctx.skb.skb).__bindgen_anon_2.sk;
+        if !sk.is_null() && (*sk).family == AF_PACKET {
+            Origin::Speaker
+        } else {
+            Origin::Kernel
+        }
+    }
+}
+
+#[inline(always)]
+fn count(ctx: &TcContext, key: CounterKey) {
+    let bytes = u64::from(ctx.len());
+    if let Some(v) = COUNTERS.get_ptr_mut(&key) {
+        // SAFETY: per-CPU value, only this CPU writes it while we run.
+        unsafe {
+            (*v).packets += 1;
+            (*v).bytes += bytes;
+        }
+        return;
+    }
+    let fresh = CounterValue { packets: 1, bytes };
+    // BPF_NOEXIST is not needed: a racing insert on this CPU cannot happen.
+    if COUNTERS.insert(&key, &fresh, 0).is_err() {
+        bump(Stat::CounterFull);
+        error!(ctx, "arp-guard: counter map full, decision not counted");
+    }
+}
+
+#[inline(always)]
+fn bump(stat: Stat) {
+    if let Some(v) = STATS.get_ptr_mut(stat as u32) {
+        // SAFETY: per-CPU slot.
+        unsafe { *v += 1 };
+    }
+}
+
+#[cfg(not(test))]
+#[panic_handler]
+fn panic(_info: &core::panic::PanicInfo) -> ! {
+    loop {}
+}
+
+#[unsafe(link_section = "license")]
+#[unsafe(no_mangle)]
+static LICENSE: [u8; 4] = *b"GPL\0";

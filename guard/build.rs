@@ -10,11 +10,19 @@ fn main() -> anyhow::Result<()> {
         .into_iter()
         .find(|cargo_metadata::Package { name, .. }| name.as_str() == "guard-ebpf")
         .ok_or_else(|| anyhow!("guard-ebpf package not found"))?;
-    let cargo_metadata::Package { name, manifest_path, .. } = ebpf_package;
+    let cargo_metadata::Package {
+        name,
+        manifest_path,
+        ..
+    } = ebpf_package;
     let root_dir = manifest_path
         .parent()
         .ok_or_else(|| anyhow!("no parent for {manifest_path}"))?
         .as_str();
-    let ebpf_package = Package { name: name.as_str(), root_dir, ..Default::default() };
+    let ebpf_package = Package {
+        name: name.as_str(),
+        root_dir,
+        ..Default::default()
+    };
     aya_build::build_ebpf([ebpf_package], Toolchain::default())
 }

@@ -185,7 +185,9 @@ mod tests {
     #[test]
     fn untagged_reply() {
         let (f, n) = frame(&[], &arp(2, [198, 51, 100, 10], [198, 51, 100, 1]));
-        let Parsed::Arp(a) = run(&f[..n]) else { panic!("not parsed") };
+        let Parsed::Arp(a) = run(&f[..n]) else {
+            panic!("not parsed")
+        };
         assert_eq!(a.op, 2);
         assert_eq!(a.spa, u32::from_be_bytes([198, 51, 100, 10]));
         assert_eq!(a.tpa, u32::from_be_bytes([198, 51, 100, 1]));
@@ -203,7 +205,9 @@ mod tests {
             (&[ETH_P_8021Q, ETH_P_8021Q][..], 22),
         ] {
             let (f, n) = frame(tags, &arp(1, [1, 2, 3, 4], [1, 2, 3, 4]));
-            let Parsed::Arp(a) = run(&f[..n]) else { panic!("tags {tags:x?} not parsed") };
+            let Parsed::Arp(a) = run(&f[..n]) else {
+                panic!("tags {tags:x?} not parsed")
+            };
             assert_eq!(a.arp_offset, off);
             assert_eq!(a.vlan_tags as usize, tags.len());
         }
@@ -211,7 +215,10 @@ mod tests {
 
     #[test]
     fn three_tags_are_not_looked_through() {
-        let (f, n) = frame(&[ETH_P_8021AD, ETH_P_8021Q, ETH_P_8021Q], &arp(2, [1; 4], [2; 4]));
+        let (f, n) = frame(
+            &[ETH_P_8021AD, ETH_P_8021Q, ETH_P_8021Q],
+            &arp(2, [1; 4], [2; 4]),
+        );
         assert_eq!(run(&f[..n]), Parsed::NotArp);
     }
 
@@ -221,7 +228,11 @@ mod tests {
         for len in 14..n {
             let got = run(&f[..len]);
             // Before the inner ethertype is complete we cannot tell it is ARP.
-            let want = if len < 18 { Parsed::NotArp } else { Parsed::Malformed };
+            let want = if len < 18 {
+                Parsed::NotArp
+            } else {
+                Parsed::Malformed
+            };
             assert_eq!(got, want, "len {len}");
         }
     }

@@ -14,4 +14,6 @@ pub mod verdict;
 
 pub use frame::{parse, ArpFrame, FrameReader, Parsed};
 pub use maps::*;
-pub use verdict::{classify, decide, Action, Facts, Kind, LeakAction, Mode, Origin, Ownership, Verdict};
+pub use verdict::{
+    classify, decide, Action, Facts, Kind, LeakAction, Mode, Origin, Ownership, Verdict,
+};

@@ -153,7 +153,10 @@ impl Verdict {
     /// The frame leaves the node unchanged.
     #[inline(always)]
     pub fn passes_unchanged(self) -> bool {
-        matches!(self, Verdict::Passed | Verdict::WouldDrop | Verdict::WouldRewrite)
+        matches!(
+            self,
+            Verdict::Passed | Verdict::WouldDrop | Verdict::WouldRewrite
+        )
     }
 }
 
@@ -237,7 +240,11 @@ mod tests {
             (AnnounceLeak, Speaker, Unknown, false, Passed),
         ];
         for (kind, origin, state, on, want) in table {
-            assert_eq!(decide(&facts(kind, origin, state, on)), want, "{kind:?} {origin:?} {state:?} on_egress={on}");
+            assert_eq!(
+                decide(&facts(kind, origin, state, on)),
+                want,
+                "{kind:?} {origin:?} {state:?} on_egress={on}"
+            );
         }
     }
 
@@ -283,7 +290,12 @@ mod tests {
 
     #[test]
     fn leak_without_ipv4_or_with_drop_policy_is_dropped() {
-        let mut f = facts(Kind::AnnounceLeak, Origin::Kernel, Ownership::Foreign, false);
+        let mut f = facts(
+            Kind::AnnounceLeak,
+            Origin::Kernel,
+            Ownership::Foreign,
+            false,
+        );
         f.egress_has_ipv4 = false;
         assert_eq!(decide(&f), Verdict::Dropped);
         f.egress_has_ipv4 = true;
@@ -293,7 +305,15 @@ mod tests {
 
     #[test]
     fn classify_kinds() {
-        let mk = |op, spa, tpa| ArpFrame { op, sha: [0; 6], spa, tpa, tha: [0; 6], arp_offset: 14, vlan_tags: 0 };
+        let mk = |op, spa, tpa| ArpFrame {
+            op,
+            sha: [0; 6],
+            spa,
+            tpa,
+            tha: [0; 6],
+            arp_offset: 14,
+            vlan_tags: 0,
+        };
         assert_eq!(classify(&mk(2, 10, 1)), Some(Kind::Reply));
         assert_eq!(classify(&mk(2, 10, 10)), Some(Kind::Gratuitous));
         assert_eq!(classify(&mk(1, 10, 10)), Some(Kind::Gratuitous));

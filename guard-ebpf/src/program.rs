@@ -89,7 +89,11 @@ fn judge(ctx: &TcContext, arp: &guard_common::ArpFrame) -> i32 {
     // SAFETY: ctx.skb.skb is the kernel's __sk_buff for this invocation.
     let ifindex = unsafe { (*ctx.skb.skb).ifindex };
     let config = CONFIG.get(0).copied().unwrap_or_default();
-    let mode = if config.mode == Mode::Monitor as u8 { Mode::Monitor } else { Mode::Enforce };
+    let mode = if config.mode == Mode::Monitor as u8 {
+        Mode::Monitor
+    } else {
+        Mode::Enforce
+    };
     let leak_action = if config.leak_action == LeakAction::Drop as u8 {
         LeakAction::Drop
     } else {
@@ -97,7 +101,13 @@ fn judge(ctx: &TcContext, arp: &guard_common::ArpFrame) -> i32 {
     };
     // SAFETY: plain lookups of Copy values.
     let primary = unsafe { IF_PRIMARY.get(&ifindex) }.copied();
-    let on_egress = unsafe { IF_ADDRS.get(&IfAddrKey { ifindex, addr: arp.spa }) }.is_some();
+    let on_egress = unsafe {
+        IF_ADDRS.get(&IfAddrKey {
+            ifindex,
+            addr: arp.spa,
+        })
+    }
+    .is_some();
     let origin = origin(ctx);
     let facts = Facts {
         kind,

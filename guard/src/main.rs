@@ -1,7 +1,96 @@
-fn main() {
-    let obj = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/arp-guard"));
-    let mut ebpf = aya::Ebpf::load(obj).unwrap();
-    let p: &mut aya::programs::SchedClassifier = ebpf.program_mut("arp_guard_egress").unwrap().try_into().unwrap();
-    p.load().unwrap();
-    println!("loaded ok");
+use std::process::ExitCode;
+
+use clap::Parser as _;
+use guard::{
+    cli::{Cli, Command, LogFormat, Output},
+    counters::Snapshot,
+    ownership_file, preflight, view,
+};
+
+fn init_logging(cli: &Cli) {
+    let filter = tracing_subscriber::EnvFilter::try_new(&cli.log_level).unwrap_or_else(|e| {
+        eprintln!(
+            "arp-guard: bad --log-level {:?} ({e}); using info",
+            cli.log_level
+        );
+        tracing_subscriber::EnvFilter::new("info")
+    });
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match cli.log_format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().flatten_event(true).init(),
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_logging(&cli);
+    let result = match cli.command {
+        Command::Run(args) => tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .map_err(anyhow::Error::from)
+            .and_then(|rt| rt.block_on(guard::run::run(args))),
+        Command::Counters(args) => counters(&args.interfaces, args.output),
+        Command::Validate(args) => validate(&args.file, args.node_name),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("arp-guard: error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn counters(interfaces: &[String], output: Output) -> anyhow::Result<()> {
+    for iface in interfaces {
+        let snap = Snapshot::of_interface(iface)?;
+        match output {
+            Output::Table => {
+                println!("== {iface} egress");
+                print!("{}", snap.to_table());
+            }
+            Output::Json => {
+                let mut v = snap.to_json();
+                v["interface"] = serde_json::Value::String(iface.clone());
+                println!("{v}");
+            }
+        }
+    }
+    Ok(())
+}
+
+fn validate(path: &std::path::Path, node: Option<String>) -> anyhow::Result<()> {
+    let file = ownership_file::load(path)?;
+    let node = preflight::node_name(node)?;
+    let table = guard::addrs::AddrTable::default();
+    let v = view::compute(&view::Inputs {
+        node: &node,
+        file: Some(&file),
+        lb_ips_from: &[],
+        guarded: &[],
+        addrs: &table,
+    });
+    println!(
+        "{}: valid, {} IPs; as seen from node {node}:",
+        path.display(),
+        file.ips.len()
+    );
+    for (ip, e) in &file.ips {
+        let state = match ip {
+            std::net::IpAddr::V4(v4) => v.lb.get(v4).map_or("?", |l| l.state.as_str()),
+            std::net::IpAddr::V6(_) => "not enforced (IPv6)",
+        };
+        println!(
+            "  line {:<4} {:<40} owner={:<20} {state}",
+            e.line,
+            ip,
+            e.owner.as_deref().unwrap_or("-")
+        );
+    }
+    Ok(())
 }

@@ -1,0 +1,204 @@
+//! Command line of `arp-guard`.
+
+use std::{path::PathBuf, time::Duration};
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use guard_common::{LeakAction, Mode};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "arp-guard",
+    version,
+    about = "Keeps this node from answering ARP for LoadBalancer IPs it does not own.",
+    long_about = "Keeps this node from answering ARP for LoadBalancer IPs it does not own.\n\n\
+        An eBPF program on the egress of each guarded interface drops ARP replies, gratuitous ARP \
+        and announce leaks that would teach a neighbour \"LB IP -> this node's MAC\" when this node \
+        is not the IP's owner. Ownership comes from a cluster-wide ownership file and/or from the \
+        addresses kube-proxy puts on kube-ipvs0.",
+    after_help = "Run `arp-guard <command> --help` for the options of each command."
+)]
+pub struct Cli {
+    /// Log format.
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text, env = "ARP_GUARD_LOG_FORMAT")]
+    pub log_format: LogFormat,
+
+    /// Log filter, e.g. `info`, `debug`, `arp_guard=debug` (RUST_LOG syntax).
+    #[arg(long, global = true, default_value = "info", env = "ARP_GUARD_LOG")]
+    pub log_level: String,
+
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Attach the guard to interfaces and enforce ownership until SIGTERM/SIGINT.
+    Run(RunArgs),
+    /// Print the kernel-side counters of the guard attached to an interface.
+    Counters(CountersArgs),
+    /// Check an ownership file and print the view a node derives from it.
+    Validate(ValidateArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    /// Interface whose egress is guarded (the node's uplink). Repeat for several.
+    #[arg(short, long = "interface", value_name = "IFACE", required = true)]
+    pub interfaces: Vec<String>,
+
+    /// This node's name as the ownership sources spell it (Kubernetes node name).
+    /// Defaults to $NODE_NAME, then the hostname.
+    #[arg(long, env = "NODE_NAME", value_name = "NAME")]
+    pub node_name: Option<String>,
+
+    /// Cluster-wide ownership file (YAML or JSON): each LB IP with its owner node.
+    /// Reloaded on change; an invalid update is rejected and the last good one stays.
+    #[arg(long, value_name = "PATH")]
+    pub ownership_file: Option<PathBuf>,
+
+    /// Treat every IPv4 address on this interface as an LB IP (e.g. kube-ipvs0),
+    /// kept current through netlink. IPs not in the ownership file are `unknown`.
+    #[arg(long, value_name = "IFACE")]
+    pub lb_ips_from: Vec<String>,
+
+    /// `enforce` drops/rewrites; `monitor` only counts what enforce would do.
+    #[arg(long, value_enum, default_value_t = ModeArg::Enforce)]
+    pub mode: ModeArg,
+
+    /// What to do with an announce leak (ARP request with SPA = LB IP) that must be stopped:
+    /// `rewrite` SPA to the interface's primary IPv4 (like arp_announce=2), or `drop` it.
+    #[arg(long, value_enum, default_value_t = LeakArg::Rewrite)]
+    pub leak_action: LeakArg,
+
+    /// How to attach: TCX links (kernel >= 6.6), netlink clsact filters, or the best available.
+    #[arg(long, value_enum, default_value_t = AttachArg::Auto)]
+    pub attach: AttachArg,
+
+    /// How often the ownership file is re-read even without a change notification.
+    #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = parse_duration)]
+    pub file_poll: Duration,
+
+    /// How often the kernel's interface addresses are re-read to repair missed notifications.
+    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = parse_duration)]
+    pub resync: Duration,
+
+    /// How often a summary of the counters is logged (0 to disable).
+    #[arg(long, value_name = "DURATION", default_value = "60s", value_parser = parse_duration)]
+    pub stats_interval: Duration,
+}
+
+#[derive(Debug, Args)]
+pub struct CountersArgs {
+    /// Interface whose attached guard is read (in the current network namespace).
+    #[arg(short, long = "interface", value_name = "IFACE", required = true)]
+    pub interfaces: Vec<String>,
+    /// Output format.
+    #[arg(short, long, value_enum, default_value_t = Output::Table)]
+    pub output: Output,
+}
+
+#[derive(Debug, Args)]
+pub struct ValidateArgs {
+    /// The ownership file to check.
+    pub file: PathBuf,
+    /// Print the view of this node (default: $NODE_NAME, then the hostname).
+    #[arg(long, env = "NODE_NAME")]
+    pub node_name: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Output {
+    Table,
+    Json,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ModeArg {
+    Enforce,
+    Monitor,
+}
+
+impl From<ModeArg> for Mode {
+    fn from(m: ModeArg) -> Self {
+        match m {
+            ModeArg::Enforce => Mode::Enforce,
+            ModeArg::Monitor => Mode::Monitor,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LeakArg {
+    Rewrite,
+    Drop,
+}
+
+impl From<LeakArg> for LeakAction {
+    fn from(l: LeakArg) -> Self {
+        match l {
+            LeakArg::Rewrite => LeakAction::Rewrite,
+            LeakArg::Drop => LeakAction::Drop,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum AttachArg {
+    Auto,
+    Tcx,
+    Netlink,
+}
+
+/// `500ms`, `5s`, `2m`, or a bare number of seconds.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    let (num, unit) = match s.find(|c: char| !c.is_ascii_digit() && c != '.') {
+        Some(i) => s.split_at(i),
+        None => (s, "s"),
+    };
+    let n: f64 = num
+        .parse()
+        .map_err(|_| format!("`{s}` is not a duration like 500ms, 5s or 2m"))?;
+    let secs = match unit {
+        "ms" => n / 1000.0,
+        "s" => n,
+        "m" => n * 60.0,
+        "h" => n * 3600.0,
+        _ => return Err(format!("`{s}`: unknown unit `{unit}` (use ms, s, m or h)")),
+    };
+    Ok(Duration::from_secs_f64(secs))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn cli_is_well_formed() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("500ms").unwrap(), Duration::from_millis(500));
+        assert_eq!(parse_duration("5s").unwrap(), Duration::from_secs(5));
+        assert_eq!(parse_duration("2m").unwrap(), Duration::from_secs(120));
+        assert_eq!(parse_duration("7").unwrap(), Duration::from_secs(7));
+        assert!(parse_duration("5 parsecs").is_err());
+        assert!(parse_duration("x").is_err());
+    }
+
+    #[test]
+    fn run_needs_an_interface() {
+        let err =
+            Cli::try_parse_from(["arp-guard", "run", "--lb-ips-from", "kube-ipvs0"]).unwrap_err();
+        assert!(err.to_string().contains("--interface"), "{err}");
+    }
+}

@@ -1,0 +1,204 @@
+//! Reading and presenting the kernel-side counters.
+//!
+//! The daemon reads its own maps; `arp-guard counters` finds the program
+//! attached to an interface through the kernel (TCX query, then the program's
+//! map ids), so it needs nothing from the daemon but the attachment itself.
+
+use std::{collections::BTreeMap, fmt::Write as _, net::Ipv4Addr};
+
+use anyhow::{anyhow, bail, Context as _, Result};
+use aya::{
+    maps::{Map, MapData, PerCpuArray, PerCpuHashMap},
+    programs::{SchedClassifier, TcAttachType},
+};
+use guard_common::{
+    CounterKey, CounterValue, Kind, Origin, Ownership, Stat, Verdict, MAP_COUNTERS, MAP_STATS,
+};
+use serde::Serialize;
+
+use crate::datapath::ifname;
+
+/// One decision counter, summed over CPUs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Row {
+    pub key: CounterKey,
+    pub value: CounterValue,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Snapshot {
+    pub rows: Vec<Row>,
+    pub stats: BTreeMap<&'static str, u64>,
+}
+
+#[derive(Serialize)]
+struct JsonRow {
+    lb_ip: String,
+    interface: String,
+    kind: &'static str,
+    origin: &'static str,
+    state: &'static str,
+    verdict: &'static str,
+    packets: u64,
+    bytes: u64,
+}
+
+impl Snapshot {
+    /// Read the COUNTERS and STATS maps handed out by `map`.
+    pub fn read<'a>(map: impl Fn(&str) -> Result<&'a Map>) -> Result<Self> {
+        let counters: PerCpuHashMap<&MapData, CounterKey, CounterValue> =
+            PerCpuHashMap::try_from(map(MAP_COUNTERS)?).context("COUNTERS map")?;
+        let mut rows = Vec::new();
+        for item in counters.iter() {
+            let (key, per_cpu) = item.context("reading COUNTERS")?;
+            let mut value = CounterValue::default();
+            for v in per_cpu.iter() {
+                value.packets += v.packets;
+                value.bytes += v.bytes;
+            }
+            rows.push(Row { key, value });
+        }
+        rows.sort_by_key(|r| r.key);
+        let stats_map: PerCpuArray<&MapData, u64> =
+            PerCpuArray::try_from(map(MAP_STATS)?).context("STATS map")?;
+        let mut stats = BTreeMap::new();
+        for s in Stat::ALL {
+            let per_cpu = stats_map.get(&(*s as u32), 0).context("reading STATS")?;
+            stats.insert(s.as_str(), per_cpu.iter().sum());
+        }
+        Ok(Snapshot { rows, stats })
+    }
+
+    /// Read the counters of the arp-guard program attached (TCX) to `iface`'s egress.
+    pub fn of_interface(iface: &str) -> Result<Self> {
+        crate::datapath::ifindex(iface)?;
+        let (_, progs) = SchedClassifier::query_tcx(iface, TcAttachType::Egress)
+            .with_context(|| format!("querying the TCX egress programs of {iface}"))?;
+        // The kernel keeps 15 characters of a program's name.
+        let prefix = &crate::datapath::PROGRAM[..15];
+        let Some(prog) = progs
+            .iter()
+            .find(|p| p.name_as_str().is_some_and(|n| n.starts_with(prefix)))
+        else {
+            bail!(
+                "no arp-guard program is attached to {iface} egress through TCX \
+                 (is the daemon running in this network namespace? netlink-attached guards are not discoverable here)"
+            );
+        };
+        let ids = prog
+            .map_ids()
+            .context("listing the program's maps")?
+            .unwrap_or_default();
+        let mut maps: BTreeMap<String, Map> = BTreeMap::new();
+        for id in ids {
+            let data = MapData::from_id(id).with_context(|| format!("opening map id {id}"))?;
+            let name = data
+                .info()
+                .ok()
+                .and_then(|i| i.name_as_str().map(str::to_owned))
+                .unwrap_or_default();
+            let map = match name.as_str() {
+                MAP_COUNTERS => Map::PerCpuHashMap(data),
+                MAP_STATS => Map::PerCpuArray(data),
+                _ => continue,
+            };
+            maps.insert(name, map);
+        }
+        Snapshot::read(|name| {
+            maps.get(name)
+                .ok_or_else(|| anyhow!("the attached program has no {name} map"))
+        })
+    }
+
+    /// Packets counted for this (ip, kind, origin, verdict), over all interfaces and states.
+    pub fn packets(&self, ip: Ipv4Addr, kind: Kind, origin: Origin, verdict: Verdict) -> u64 {
+        self.rows
+            .iter()
+            .filter(|r| {
+                r.key.ip == u32::from(ip)
+                    && r.key.kind == kind as u8
+                    && r.key.origin == origin as u8
+                    && r.key.verdict == verdict as u8
+            })
+            .map(|r| r.value.packets)
+            .sum()
+    }
+
+    /// Packets per verdict name, over everything.
+    pub fn by_verdict(&self) -> BTreeMap<&'static str, u64> {
+        let mut m = BTreeMap::new();
+        for r in &self.rows {
+            *m.entry(Verdict::from_u8(r.key.verdict).map_or("?", Verdict::as_str))
+                .or_default() += r.value.packets;
+        }
+        m
+    }
+
+    pub fn to_json(&self) -> serde_json::Value {
+        let rows: Vec<JsonRow> = self
+            .rows
+            .iter()
+            .map(|r| JsonRow {
+                lb_ip: Ipv4Addr::from(r.key.ip).to_string(),
+                interface: ifname(r.key.ifindex)
+                    .unwrap_or_else(|| format!("ifindex:{}", r.key.ifindex)),
+                kind: Kind::from_u8(r.key.kind).map_or("?", Kind::as_str),
+                origin: Origin::from_u8(r.key.origin).map_or("?", Origin::as_str),
+                state: Ownership::from_u8(r.key.state).map_or("?", Ownership::as_str),
+                verdict: Verdict::from_u8(r.key.verdict).map_or("?", Verdict::as_str),
+                packets: r.value.packets,
+                bytes: r.value.bytes,
+            })
+            .collect();
+        serde_json::json!({ "counters": rows, "totals": self.stats })
+    }
+
+    /// A table for a terminal.
+    pub fn to_table(&self) -> String {
+        let mut out = String::new();
+        let _ = writeln!(
+            out,
+            "{:<16} {:<10} {:<14} {:<8} {:<8} {:<14} {:>10}",
+            "LB IP", "INTERFACE", "KIND", "ORIGIN", "STATE", "VERDICT", "PACKETS"
+        );
+        for r in &self.rows {
+            let k = r.key;
+            let _ = writeln!(
+                out,
+                "{:<16} {:<10} {:<14} {:<8} {:<8} {:<14} {:>10}",
+                Ipv4Addr::from(k.ip).to_string(),
+                ifname(k.ifindex).unwrap_or_else(|| format!("#{}", k.ifindex)),
+                Kind::from_u8(k.kind).map_or("?", Kind::as_str),
+                Origin::from_u8(k.origin).map_or("?", Origin::as_str),
+                Ownership::from_u8(k.state).map_or("?", Ownership::as_str),
+                Verdict::from_u8(k.verdict).map_or("?", Verdict::as_str),
+                r.value.packets
+            );
+        }
+        if self.rows.is_empty() {
+            out.push_str("(no ARP frame from an LB IP seen yet)\n");
+        }
+        let totals: Vec<String> = self.stats.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        let _ = writeln!(out, "totals: {}", totals.join(" "));
+        out
+    }
+
+    /// A one-line summary for logs.
+    pub fn summary(&self) -> String {
+        let v: Vec<String> = self
+            .by_verdict()
+            .iter()
+            .map(|(k, n)| format!("{k}={n}"))
+            .collect();
+        let s: Vec<String> = self.stats.iter().map(|(k, n)| format!("{k}={n}")).collect();
+        format!(
+            "{} | {}",
+            if v.is_empty() {
+                "no LB announcements seen".into()
+            } else {
+                v.join(" ")
+            },
+            s.join(" ")
+        )
+    }
+}

@@ -1,0 +1,385 @@
+//! Loading the egress program, attaching it, and keeping its maps equal to the view.
+//!
+//! Map updates are incremental: entries that changed are written in place
+//! (one atomic update per key) before stale ones are deleted, so protection for
+//! an IP that stays in the view is never absent, not even for one frame.
+
+use std::{collections::BTreeMap, io, net::Ipv4Addr};
+
+use anyhow::{anyhow, bail, Context as _, Result};
+use aya::{
+    maps::{Array, HashMap, MapData},
+    programs::{tc, LinkOrder, SchedClassifier, TcAttachType},
+    Ebpf, Pod,
+};
+use guard_common::{
+    Config, IfAddrKey, LbEntry, LeakAction, Mode, MAP_CONFIG, MAP_IF_ADDRS, MAP_IF_PRIMARY,
+    MAP_LB_IPS,
+};
+
+use crate::{cli::AttachArg, counters::Snapshot, view::View};
+
+/// The program's name in the object file (and, truncated, in `bpftool prog`).
+pub const PROGRAM: &str = "arp_guard_egress";
+
+/// The compiled eBPF object, embedded at build time by build.rs (aya-build).
+static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/arp-guard"));
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AttachHow {
+    Tcx,
+    Netlink,
+}
+
+impl AttachHow {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AttachHow::Tcx => "tcx",
+            AttachHow::Netlink => "netlink-clsact",
+        }
+    }
+}
+
+#[derive(Debug)]
+pub struct Attachment {
+    pub iface: String,
+    pub how: AttachHow,
+    link: tc::SchedClassifierLinkId,
+}
+
+/// What one [`Datapath::apply`] changed.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct ApplyReport {
+    pub written: usize,
+    pub removed: usize,
+    /// Human-readable failures (e.g. a full map); the entry keeps its old value.
+    pub errors: Vec<String>,
+}
+
+/// What the maps currently hold, as written by us.
+#[derive(Debug, Default)]
+struct Applied {
+    lb: BTreeMap<u32, LbEntry>,
+    if_addrs: BTreeMap<IfAddrKey, u8>,
+    if_primary: BTreeMap<u32, u32>,
+}
+
+pub struct Datapath {
+    ebpf: Ebpf,
+    attached: Vec<Attachment>,
+    applied: Applied,
+    logger: Option<aya_log::EbpfLogger<&'static dyn log::Log>>,
+}
+
+impl Datapath {
+    /// Load the program and its maps into the kernel (not attached yet).
+    pub fn load(mode: Mode, leak_action: LeakAction) -> Result<Self> {
+        let mut ebpf = Ebpf::load(OBJECT).map_err(|e| explain_load_error(e.into()))?;
+        let logger = match aya_log::EbpfLogger::init(&mut ebpf) {
+            Ok(l) => Some(l),
+            Err(e) => {
+                tracing::debug!(error = %e, "eBPF program diagnostics unavailable");
+                None
+            }
+        };
+        let prog: &mut SchedClassifier = ebpf
+            .program_mut(PROGRAM)
+            .ok_or_else(|| anyhow!("program {PROGRAM} missing from the embedded object"))?
+            .try_into()?;
+        prog.load()
+            .map_err(|e| explain_load_error(e.into()))
+            .context("loading the egress program")?;
+        let mut dp = Datapath {
+            ebpf,
+            attached: Vec::new(),
+            applied: Applied::default(),
+            logger,
+        };
+        dp.set_config(mode, leak_action)?;
+        Ok(dp)
+    }
+
+    pub fn set_config(&mut self, mode: Mode, leak_action: LeakAction) -> Result<()> {
+        let mut config: Array<&mut MapData, Config> = Array::try_from(self.map_mut(MAP_CONFIG)?)?;
+        config.set(
+            0,
+            Config {
+                mode: mode as u8,
+                leak_action: leak_action as u8,
+                _pad: [0; 6],
+            },
+            0,
+        )?;
+        Ok(())
+    }
+
+    /// Attach to the egress of `iface`.
+    pub fn attach(&mut self, iface: &str, how: AttachArg) -> Result<AttachHow> {
+        let prog: &mut SchedClassifier = self
+            .ebpf
+            .program_mut(PROGRAM)
+            .expect("loaded in Datapath::load")
+            .try_into()?;
+        let tcx = || tc::TcAttachOptions::TcxOrder(LinkOrder::default());
+        let netlink = |prog: &mut SchedClassifier| -> Result<tc::SchedClassifierLinkId> {
+            // EEXIST: a clsact qdisc is already there (ours from before, or Cilium's).
+            if let Err(e) = tc::qdisc_add_clsact(iface) {
+                let exists = matches!(&e, tc::TcError::IoError(io) if io.kind() == io::ErrorKind::AlreadyExists)
+                    || e.to_string().contains("exists");
+                if !exists {
+                    return Err(anyhow!(e).context(format!("adding a clsact qdisc to {iface}")));
+                }
+            }
+            prog.attach_with_options(
+                iface,
+                TcAttachType::Egress,
+                tc::TcAttachOptions::Netlink(tc::NlOptions::default()),
+            )
+            .with_context(|| format!("attaching to {iface} egress with a netlink clsact filter"))
+        };
+        let (link, how) = match how {
+            AttachArg::Tcx => (
+                prog.attach_with_options(iface, TcAttachType::Egress, tcx())
+                    .with_context(|| {
+                        format!("attaching to {iface} egress with TCX (needs Linux >= 6.6)")
+                    })?,
+                AttachHow::Tcx,
+            ),
+            AttachArg::Netlink => (netlink(prog)?, AttachHow::Netlink),
+            AttachArg::Auto => match prog.attach_with_options(iface, TcAttachType::Egress, tcx()) {
+                Ok(link) => (link, AttachHow::Tcx),
+                Err(tcx_err) => {
+                    tracing::info!(interface = iface, error = %tcx_err, "TCX attach failed; falling back to a netlink clsact filter");
+                    (netlink(prog)?, AttachHow::Netlink)
+                }
+            },
+        };
+        self.attached.push(Attachment {
+            iface: iface.to_owned(),
+            how,
+            link,
+        });
+        Ok(how)
+    }
+
+    pub fn attachments(&self) -> &[Attachment] {
+        &self.attached
+    }
+
+    /// Detach from every interface. Also happens on drop; explicit so that
+    /// errors can be logged.
+    pub fn detach_all(&mut self) -> Vec<(String, Result<()>)> {
+        let prog: Result<&mut SchedClassifier, _> =
+            self.ebpf.program_mut(PROGRAM).expect("loaded").try_into();
+        let Ok(prog) = prog else { return Vec::new() };
+        self.attached
+            .drain(..)
+            .map(|a| {
+                let r = prog.detach(a.link).map_err(anyhow::Error::from);
+                (a.iface, r)
+            })
+            .collect()
+    }
+
+    /// Make the maps hold `view`, touching only what differs.
+    pub fn apply(&mut self, view: &View) -> ApplyReport {
+        let mut report = ApplyReport::default();
+        let lb: BTreeMap<u32, LbEntry> = view
+            .lb
+            .iter()
+            .map(|(ip, l)| {
+                (
+                    u32::from(*ip),
+                    LbEntry {
+                        state: l.state as u8,
+                        _pad: [0; 3],
+                    },
+                )
+            })
+            .collect();
+        let if_addrs: BTreeMap<IfAddrKey, u8> = view
+            .if_addrs
+            .iter()
+            .map(|(ifindex, a)| {
+                (
+                    IfAddrKey {
+                        ifindex: *ifindex,
+                        addr: u32::from(*a),
+                    },
+                    1,
+                )
+            })
+            .collect();
+        let if_primary: BTreeMap<u32, u32> = view
+            .if_primary
+            .iter()
+            .map(|(i, a)| (*i, u32::from(*a)))
+            .collect();
+
+        // Addresses first: an LB IP that just appeared on the egress interface
+        // must be known as such before its LB entry can make a frame drop.
+        let Self { ebpf, applied, .. } = self;
+        let mut sync =
+            |name: &str, f: &mut dyn FnMut(&mut aya::maps::Map, &mut ApplyReport)| match ebpf
+                .map_mut(name)
+            {
+                Some(m) => f(m, &mut report),
+                None => report.errors.push(format!("map {name} missing")),
+            };
+        sync(MAP_IF_ADDRS, &mut |m, r| {
+            sync_map(m, &mut applied.if_addrs, &if_addrs, r, |k| {
+                format!("{}", Ipv4Addr::from(k.addr))
+            })
+        });
+        sync(MAP_IF_PRIMARY, &mut |m, r| {
+            sync_map(m, &mut applied.if_primary, &if_primary, r, |k| {
+                format!("ifindex {k}")
+            })
+        });
+        sync(MAP_LB_IPS, &mut |m, r| {
+            sync_map(m, &mut applied.lb, &lb, r, |k| {
+                format!("LB IP {}", Ipv4Addr::from(*k))
+            })
+        });
+        report
+    }
+
+    /// Sum the kernel-side counters over CPUs.
+    pub fn snapshot(&self) -> Result<Snapshot> {
+        Snapshot::read(|name| {
+            self.ebpf
+                .map(name)
+                .ok_or_else(|| anyhow!("map {name} missing"))
+        })
+    }
+
+    /// Forward diagnostics logged by the program with aya-log.
+    pub fn flush_program_logs(&mut self) {
+        if let Some(l) = self.logger.as_mut() {
+            l.flush();
+        }
+    }
+
+    pub fn logger_fd(&self) -> Option<std::os::fd::RawFd> {
+        use std::os::fd::AsRawFd as _;
+        self.logger.as_ref().map(|l| l.as_raw_fd())
+    }
+
+    fn map_mut(&mut self, name: &str) -> Result<&mut aya::maps::Map> {
+        self.ebpf
+            .map_mut(name)
+            .ok_or_else(|| anyhow!("map {name} missing from the embedded object"))
+    }
+}
+
+/// Bring `map` (whose content we last wrote as `applied`) to `desired`.
+fn sync_map<K: Pod + Ord, V: Pod + PartialEq>(
+    map: &mut aya::maps::Map,
+    applied: &mut BTreeMap<K, V>,
+    desired: &BTreeMap<K, V>,
+    report: &mut ApplyReport,
+    describe: impl Fn(&K) -> String,
+) {
+    let mut map: HashMap<&mut MapData, K, V> = match HashMap::try_from(map) {
+        Ok(m) => m,
+        Err(e) => {
+            report
+                .errors
+                .push(format!("opening map {}: {e}", std::any::type_name::<K>()));
+            return;
+        }
+    };
+    for (k, v) in desired {
+        if applied.get(k) == Some(v) {
+            continue;
+        }
+        match map.insert(k, v, 0) {
+            Ok(()) => {
+                applied.insert(*k, *v);
+                report.written += 1;
+            }
+            Err(e) => report
+                .errors
+                .push(format!("{} not written: {}", describe(k), map_error(&e))),
+        }
+    }
+    let stale: Vec<K> = applied
+        .keys()
+        .filter(|k| !desired.contains_key(k))
+        .copied()
+        .collect();
+    for k in stale {
+        match map.remove(&k) {
+            Ok(()) => {
+                applied.remove(&k);
+                report.removed += 1;
+            }
+            Err(e) => {
+                report
+                    .errors
+                    .push(format!("{} not removed: {}", describe(&k), map_error(&e)))
+            }
+        }
+    }
+}
+
+fn map_error(e: &aya::maps::MapError) -> String {
+    let s = e.to_string();
+    if let aya::maps::MapError::SyscallError(sys) = e {
+        if sys.io_error.raw_os_error() == Some(libc::E2BIG) {
+            return "the map is full".into();
+        }
+        return format!("{s}: {}", sys.io_error);
+    }
+    s
+}
+
+/// Turn the kernel's terse errno into what an operator can act on.
+fn explain_load_error(e: anyhow::Error) -> anyhow::Error {
+    let io = e.chain().find_map(|c| {
+        c.downcast_ref::<aya::sys::SyscallError>()
+            .map(|s| s.io_error.raw_os_error())
+    });
+    let os = io.flatten().or_else(|| {
+        e.chain().find_map(|c| {
+            c.downcast_ref::<io::Error>()
+                .and_then(io::Error::raw_os_error)
+        })
+    });
+    match os {
+        Some(libc::EPERM) | Some(libc::EACCES) => {
+            e.context("the kernel refused to load the BPF program: run as root or with CAP_BPF, CAP_NET_ADMIN and CAP_PERFMON")
+        }
+        Some(libc::ENOSYS) => e.context("this kernel has no BPF support (bpf() returned ENOSYS)"),
+        Some(libc::EINVAL) => e.context("the kernel rejected the BPF object; arp-guard needs Linux >= 5.15 with BPF_SYSCALL"),
+        _ => e,
+    }
+}
+
+/// Check that `iface` exists in this network namespace.
+pub fn ifindex(iface: &str) -> Result<u32> {
+    let name = std::ffi::CString::new(iface)
+        .map_err(|_| anyhow!("interface name {iface:?} contains a NUL byte"))?;
+    // SAFETY: `name` is a valid NUL-terminated string for the duration of the call.
+    let idx = unsafe { libc::if_nametoindex(name.as_ptr()) };
+    if idx == 0 {
+        bail!("interface {iface} not found in this network namespace");
+    }
+    Ok(idx)
+}
+
+/// The name of `ifindex` in this network namespace, if it still exists.
+pub fn ifname(ifindex: u32) -> Option<String> {
+    let mut buf = [0 as libc::c_char; libc::IF_NAMESIZE];
+    // SAFETY: buf has IF_NAMESIZE bytes as if_indextoname requires.
+    let p = unsafe { libc::if_indextoname(ifindex, buf.as_mut_ptr()) };
+    if p.is_null() {
+        return None;
+    }
+    // SAFETY: on success the buffer holds a NUL-terminated name.
+    Some(
+        unsafe { std::ffi::CStr::from_ptr(buf.as_ptr()) }
+            .to_string_lossy()
+            .into_owned(),
+    )
+}

@@ -1,0 +1,217 @@
+//! `arp-guard run`: start-up checks, attach, then keep the maps equal to the
+//! view until SIGTERM/SIGINT, then detach cleanly.
+
+use std::collections::BTreeSet;
+
+use anyhow::{bail, Context as _, Result};
+use guard_common::{LeakAction, Mode, Ownership};
+use tokio::{
+    signal::unix::{signal, SignalKind},
+    sync::watch,
+};
+
+use crate::{
+    addrs::{self, AddrTable},
+    cli::RunArgs,
+    datapath::{self, Datapath},
+    file_source,
+    ownership_file::{self, OwnershipFile},
+    preflight,
+    view::{self, View},
+};
+
+/// Reject flag combinations that cannot do what the user means.
+pub fn check_args(args: &RunArgs) -> Result<()> {
+    let mut seen = BTreeSet::new();
+    for i in &args.interfaces {
+        if !seen.insert(i) {
+            bail!("--interface {i} is given twice");
+        }
+    }
+    if args.ownership_file.is_none() && args.lb_ips_from.is_empty() {
+        bail!("nothing to enforce: give --ownership-file and/or --lb-ips-from (e.g. --lb-ips-from kube-ipvs0)");
+    }
+    for i in &args.lb_ips_from {
+        if args.interfaces.contains(i) {
+            bail!(
+                "--lb-ips-from {i} conflicts with --interface {i}: the LB IPs' own interface is not the one \
+                 that answers the segment; guard the uplink and read LB IPs from kube-ipvs0"
+            );
+        }
+    }
+    Ok(())
+}
+
+pub async fn run(args: RunArgs) -> Result<()> {
+    check_args(&args)?;
+    preflight::check_capabilities()?;
+    let node = preflight::node_name(args.node_name.clone())?;
+    for i in args.interfaces.iter().chain(&args.lb_ips_from) {
+        datapath::ifindex(i)?;
+    }
+    let mode = Mode::from(args.mode);
+    let leak_action = LeakAction::from(args.leak_action);
+
+    // The file must be valid at start: there is no "last good state" yet.
+    let file = match &args.ownership_file {
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("cannot read ownership file {}", path.display()))?;
+            let file = ownership_file::parse(path, &text).context("invalid ownership file")?;
+            Some((file, text))
+        }
+        None => None,
+    };
+
+    let (nl, notifications) = addrs::connect()?;
+    let table = addrs::dump(&nl).await?;
+
+    let mut dp = Datapath::load(mode, leak_action)?;
+    let file_now = file.as_ref().map(|(f, _)| f.clone());
+    let view = derive(&node, &args, file_now.as_ref(), &table);
+    // Fill the maps before attaching: the first frame already meets the policy.
+    report_apply(&mut dp, &view);
+    warn_if_node_unknown(&node, file_now.as_ref());
+    for iface in &args.interfaces {
+        let how = dp.attach(iface, args.attach)?;
+        tracing::info!(interface = %iface, attach = how.as_str(), "guard attached to egress");
+    }
+    tracing::info!(
+        node = %node,
+        mode = mode.as_str(),
+        leak_action = leak_action.as_str(),
+        lb_ips = view.lb.len(),
+        owned = view.count(Ownership::Owned),
+        foreign = view.count(Ownership::Foreign),
+        unknown = view.count(Ownership::Unknown),
+        "arp-guard is enforcing"
+    );
+
+    let (addr_tx, mut addr_rx) = watch::channel(table);
+    tokio::spawn(async move {
+        if let Err(e) = addrs::watch(nl, notifications, addr_tx, args.resync).await {
+            tracing::error!(error = %format!("{e:#}"), "interface watcher stopped; the maps keep their last state");
+        }
+    });
+    let (file_tx, mut file_rx) = watch::channel(file_now.clone().unwrap_or_default());
+    if let (Some(path), Some((_, text))) = (args.ownership_file.clone(), file) {
+        tokio::spawn(file_source::watch(path, text, file_tx, args.file_poll));
+    } else {
+        // Keep the sender alive so `changed()` never reports a closed channel.
+        std::mem::forget(file_tx);
+    }
+
+    let mut sigterm = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
+    let mut sigint = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
+    let mut stats_tick = tokio::time::interval(if args.stats_interval.is_zero() {
+        std::time::Duration::from_secs(3600 * 24 * 365)
+    } else {
+        args.stats_interval
+    });
+    stats_tick.tick().await;
+    let mut log_tick = tokio::time::interval(std::time::Duration::from_secs(1));
+    let mut current = view;
+    let signal_name = loop {
+        tokio::select! {
+            _ = sigterm.recv() => break "SIGTERM",
+            _ = sigint.recv() => break "SIGINT",
+            Ok(()) = addr_rx.changed() => {}
+            Ok(()) = file_rx.changed() => {}
+            _ = stats_tick.tick() => {
+                log_counters(&dp, "counters");
+                continue;
+            }
+            _ = log_tick.tick() => {
+                dp.flush_program_logs();
+                continue;
+            }
+        }
+        let file = args
+            .ownership_file
+            .is_some()
+            .then(|| file_rx.borrow_and_update().clone());
+        let table = addr_rx.borrow_and_update().clone();
+        let next = derive(&node, &args, file.as_ref(), &table);
+        if next != current {
+            log_changes(&current, &next);
+            report_apply(&mut dp, &next);
+            current = next;
+        }
+    };
+    tracing::info!(signal = signal_name, "shutting down");
+    log_counters(&dp, "final counters");
+    for (iface, r) in dp.detach_all() {
+        match r {
+            Ok(()) => tracing::info!(interface = %iface, "guard detached"),
+            Err(e) => {
+                tracing::error!(interface = %iface, error = %format!("{e:#}"), "detach failed")
+            }
+        }
+    }
+    Ok(())
+}
+
+fn derive(node: &str, args: &RunArgs, file: Option<&OwnershipFile>, table: &AddrTable) -> View {
+    view::compute(&view::Inputs {
+        node,
+        file,
+        lb_ips_from: &args.lb_ips_from,
+        guarded: &args.interfaces,
+        addrs: table,
+    })
+}
+
+fn report_apply(dp: &mut Datapath, view: &View) {
+    let r = dp.apply(view);
+    for e in &r.errors {
+        tracing::error!(error = %e, "map update failed; that entry keeps its previous value");
+    }
+    if view.ignored_v6 > 0 {
+        tracing::debug!(
+            count = view.ignored_v6,
+            "IPv6 LB IPs are known but not enforced (ARP is IPv4 only)"
+        );
+    }
+    tracing::debug!(written = r.written, removed = r.removed, "maps updated");
+}
+
+fn log_changes(old: &View, new: &View) {
+    for (ip, l) in &new.lb {
+        match old.lb.get(ip) {
+            Some(o) if o.state == l.state => {}
+            Some(o) => {
+                tracing::info!(lb_ip = %ip, from = o.state.as_str(), to = l.state.as_str(), source = ?l.source, "ownership changed")
+            }
+            None => {
+                tracing::info!(lb_ip = %ip, state = l.state.as_str(), source = ?l.source, "LB IP added")
+            }
+        }
+    }
+    for ip in old.lb.keys().filter(|ip| !new.lb.contains_key(ip)) {
+        tracing::info!(lb_ip = %ip, "LB IP removed");
+    }
+}
+
+fn log_counters(dp: &Datapath, what: &str) {
+    match dp.snapshot() {
+        Ok(s) => tracing::info!(counters = %s.summary(), "{what}"),
+        Err(e) => tracing::warn!(error = %format!("{e:#}"), "cannot read counters"),
+    }
+}
+
+/// A node name that matches no owner in the file is most likely a typo.
+fn warn_if_node_unknown(node: &str, file: Option<&OwnershipFile>) {
+    let Some(file) = file else { return };
+    let owners: BTreeSet<&str> = file
+        .ips
+        .values()
+        .filter_map(|e| e.owner.as_deref())
+        .collect();
+    if !owners.is_empty() && !owners.contains(node) {
+        tracing::info!(
+            node = %node,
+            owners = ?owners,
+            "this node owns no IP in the ownership file; if it should, check --node-name/NODE_NAME"
+        );
+    }
+}

@@ -253,6 +253,26 @@ impl Datapath {
         })
     }
 
+    /// Run the loaded program on `frame` with BPF_PROG_TEST_RUN (nothing is
+    /// transmitted). Returns the program's return code and the frame as the
+    /// program left it. The kernel runs it with the loopback device as the
+    /// egress interface and a dummy socket of family AF_UNSPEC, so the frame
+    /// counts as kernel-originated.
+    pub fn test_run(&self, frame: &[u8]) -> Result<(i32, Vec<u8>)> {
+        use aya::programs::{TestRun as _, TestRunOptions};
+        let prog: &SchedClassifier = self.ebpf.program(PROGRAM).expect("loaded").try_into()?;
+        let mut out = vec![0u8; frame.len() + 64];
+        let res = prog
+            .test_run(TestRunOptions {
+                data_in: Some(frame),
+                data_out: Some(&mut out),
+                ..TestRunOptions::new()
+            })
+            .context("BPF_PROG_TEST_RUN")?;
+        out.truncate(res.data_size_out as usize);
+        Ok((res.return_value as i32, out))
+    }
+
     /// Forward diagnostics logged by the program with aya-log.
     pub fn flush_program_logs(&mut self) {
         if let Some(l) = self.logger.as_mut() {

@@ -1,1 +1,47 @@
+//! Test bed for arp-guard: throwaway network namespaces joined by veth pairs,
+//! raw Ethernet frames in and out, neighbour caches, and the daemon as a child
+//! process. Used by the integration tests and by `cargo xtask lab`.
+//!
+//! Everything created here is removed on drop, also when a test panics:
+//! namespaces (and with them every interface inside), and child processes.
+//! Nothing is ever created in, or connected to, the root namespace.
 
+pub mod bed;
+pub mod daemon;
+pub mod frames;
+pub mod netns;
+pub mod packet;
+
+pub use daemon::Daemon;
+pub use frames::{ArpSpec, Captured};
+pub use netns::Netns;
+pub use packet::RawSocket;
+
+/// Where to find the `arp-guard` binary: `$ARP_GUARD_BIN`, else next to the
+/// running test binary's target directory.
+pub fn guard_binary() -> std::path::PathBuf {
+    if let Some(p) = std::env::var_os("ARP_GUARD_BIN") {
+        return p.into();
+    }
+    let exe = std::env::current_exe().expect("current_exe");
+    // target/<profile>/deps/<test> or target/<profile>/<bin>
+    let mut dir = exe.parent().expect("exe dir").to_path_buf();
+    if dir.ends_with("deps") {
+        dir.pop();
+    }
+    dir.join("arp-guard")
+}
+
+/// Poll `f` every 20 ms until it returns `Some` or `timeout` passes.
+pub fn wait_for<T>(timeout: std::time::Duration, mut f: impl FnMut() -> Option<T>) -> Option<T> {
+    let deadline = std::time::Instant::now() + timeout;
+    loop {
+        if let Some(v) = f() {
+            return Some(v);
+        }
+        if std::time::Instant::now() >= deadline {
+            return None;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}

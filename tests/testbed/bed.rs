@@ -1,0 +1,180 @@
+//! The standard two-namespace bed of the integration tests: a node running
+//! the guard on its uplink `eth0`, and a neighbour (`peer`) on the segment.
+//!
+//! ```text
+//!  [peer ns] eth0 198.51.100.1/24  <-- veth -->  eth0 198.51.100.11/24 [node ns]
+//!                                                 + .104 .105 .106 (LB IPs on the uplink)
+//!                                                kube-ipvs0 (veth stand-in, NOARP, down)
+//!                                                 .101 .102 .103 (LB IPs, as kube-proxy puts them)
+//! ```
+//! The node keeps arp_ignore=0 / arp_announce=0, the defaults that cause the
+//! incident, so its kernel answers ARP for every LB IP.
+
+use std::{
+    net::Ipv4Addr,
+    path::{Path, PathBuf},
+};
+
+use anyhow::{Context as _, Result};
+use serde_json::Value;
+
+use crate::{daemon::Daemon, guard_binary, netns::veth, Netns};
+
+pub const NODE: &str = "node-a";
+pub const OTHER: &str = "node-b";
+pub const NODE_IP: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 11);
+pub const PEER_IP: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 1);
+/// On kube-ipvs0; owned by this node.
+pub const OWNED: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 101);
+/// On kube-ipvs0; owned by another node.
+pub const FOREIGN: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 102);
+/// On kube-ipvs0; no owner known.
+pub const UNKNOWN: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 103);
+/// On the uplink itself; no owner known (the arp_ignore=1 exception).
+pub const UNKNOWN_ON_EGRESS: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 104);
+/// On the uplink itself; owned by another node.
+pub const FOREIGN_ON_EGRESS: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 105);
+/// On the uplink itself; owned by this node.
+pub const OWNED_ON_EGRESS: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 106);
+
+/// The ownership file every node of the bed reads.
+pub fn default_owners() -> String {
+    format!(
+        "# test bed ownership\nips:\n  - ip: {OWNED}\n    owner: {NODE}\n  - ip: {FOREIGN}\n    owner: {OTHER}\n  - ip: {UNKNOWN}\n  \
+         - ip: {UNKNOWN_ON_EGRESS}\n    owner: null\n  - ip: {FOREIGN_ON_EGRESS}\n    owner: {OTHER}\n  - ip: {OWNED_ON_EGRESS}\n    owner: {NODE}\n"
+    )
+}
+
+/// A directory removed on drop.
+pub struct TempDir(pub PathBuf);
+
+impl TempDir {
+    pub fn new(tag: &str) -> Result<Self> {
+        static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let p =
+            std::env::temp_dir().join(format!("arp-guard-test-{}-{n}-{tag}", std::process::id()));
+        std::fs::create_dir_all(&p)?;
+        Ok(TempDir(p))
+    }
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+pub struct Bed {
+    // Field order matters for drop: namespaces go after nothing uses them.
+    pub dir: TempDir,
+    pub owners: PathBuf,
+    pub node_mac: [u8; 6],
+    pub peer_mac: [u8; 6],
+    pub node: Netns,
+    pub peer: Netns,
+}
+
+impl Bed {
+    pub fn new(tag: &str) -> Result<Self> {
+        let node = Netns::new(&format!("{tag}-n"))?;
+        let peer = Netns::new(&format!("{tag}-p"))?;
+        veth(&node, "eth0", &peer, "eth0")?;
+        node.ip(&["addr", "add", &format!("{NODE_IP}/24"), "dev", "eth0"])?;
+        peer.ip(&["addr", "add", &format!("{PEER_IP}/24"), "dev", "eth0"])?;
+        for ip in [UNKNOWN_ON_EGRESS, FOREIGN_ON_EGRESS, OWNED_ON_EGRESS] {
+            node.ip(&["addr", "add", &format!("{ip}/32"), "dev", "eth0"])?;
+        }
+        // kube-ipvs0 stand-in: the kernel has no dummy devices here; a veth end
+        // that is down and NOARP carries the addresses just as well.
+        node.ip(&[
+            "link",
+            "add",
+            "kube-ipvs0",
+            "type",
+            "veth",
+            "peer",
+            "name",
+            "kipvs-peer",
+        ])?;
+        node.ip(&["link", "set", "kube-ipvs0", "arp", "off"])?;
+        for ip in [OWNED, FOREIGN, UNKNOWN] {
+            node.ip(&["addr", "add", &format!("{ip}/32"), "dev", "kube-ipvs0"])?;
+        }
+        for ns in [&node, &peer] {
+            // No IPv6 chatter on the segment: the tests read every frame.
+            ns.sysctl("net.ipv6.conf.all.disable_ipv6", "1")?;
+        }
+        let dir = TempDir::new(tag)?;
+        let owners = dir.path().join("owners.yaml");
+        std::fs::write(&owners, default_owners())?;
+        let node_mac = node.mac("eth0")?;
+        let peer_mac = peer.mac("eth0")?;
+        Ok(Bed {
+            dir,
+            owners,
+            node_mac,
+            peer_mac,
+            node,
+            peer,
+        })
+    }
+
+    /// The usual daemon: guard eth0, ownership file, LB IPs from kube-ipvs0.
+    pub fn start(&self, extra: &[&str]) -> Result<Daemon> {
+        let owners = self.owners.to_string_lossy().into_owned();
+        let mut args = vec![
+            "-i",
+            "eth0",
+            "--node-name",
+            NODE,
+            "--ownership-file",
+            &owners,
+            "--lb-ips-from",
+            "kube-ipvs0",
+            "--file-poll",
+            "200ms",
+        ];
+        args.extend_from_slice(extra);
+        Daemon::start(&self.node, &args)
+    }
+
+    /// `arp-guard counters -i eth0 -o json` inside the node namespace.
+    pub fn counters(&self) -> Result<Value> {
+        let out = self.node.exec(&[
+            guard_binary().to_str().context("path")?,
+            "counters",
+            "-i",
+            "eth0",
+            "-o",
+            "json",
+        ])?;
+        serde_json::from_str(out.trim()).with_context(|| format!("counters output: {out}"))
+    }
+
+    /// Packets counted for (LB IP, kind, origin, verdict).
+    pub fn packets(&self, ip: Ipv4Addr, kind: &str, origin: &str, verdict: &str) -> Result<u64> {
+        let c = self.counters()?;
+        Ok(c["counters"]
+            .as_array()
+            .context("counters array")?
+            .iter()
+            .filter(|r| {
+                r["lb_ip"] == ip.to_string()
+                    && r["kind"] == kind
+                    && r["origin"] == origin
+                    && r["verdict"] == verdict
+            })
+            .map(|r| r["packets"].as_u64().unwrap_or(0))
+            .sum())
+    }
+
+    pub fn total(&self, name: &str) -> Result<u64> {
+        self.counters()?["totals"][name]
+            .as_u64()
+            .with_context(|| format!("no total {name}"))
+    }
+}

@@ -1,0 +1,130 @@
+//! The `arp-guard` daemon as a child process inside a namespace.
+
+use std::{
+    io::{BufRead as _, BufReader},
+    process::{Child, Stdio},
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use anyhow::{bail, Context as _, Result};
+
+use crate::{guard_binary, netns::Netns, wait_for};
+
+/// A running `arp-guard run`; SIGTERM then SIGKILL on drop.
+pub struct Daemon {
+    child: Option<Child>,
+    log: Arc<Mutex<Vec<String>>>,
+}
+
+impl Daemon {
+    /// Start `arp-guard run <args>` in `ns` and wait until it enforces.
+    pub fn start(ns: &Netns, args: &[&str]) -> Result<Self> {
+        let mut d = Self::spawn(ns, args)?;
+        if d.wait_log("arp-guard is enforcing", Duration::from_secs(20))
+            .is_none()
+        {
+            let log = d.log_text();
+            let status = d.child.as_mut().and_then(|c| c.try_wait().ok().flatten());
+            bail!("arp-guard did not start (exit: {status:?}); its log:\n{log}");
+        }
+        Ok(d)
+    }
+
+    /// Start without waiting (for tests of start-up errors).
+    pub fn spawn(ns: &Netns, args: &[&str]) -> Result<Self> {
+        let mut cmd = ns.command(&guard_binary());
+        cmd.args(["--log-format", "json", "--log-level", "debug", "run"])
+            .args(args);
+        cmd.stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .stdin(Stdio::null());
+        let mut child = cmd
+            .spawn()
+            .with_context(|| format!("spawning {:?}", guard_binary()))?;
+        let stderr = child.stderr.take().context("stderr")?;
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let sink = log.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if std::env::var_os("ARP_GUARD_TEST_LOG").is_some() {
+                    eprintln!("[arp-guard] {line}");
+                }
+                sink.lock().unwrap().push(line);
+            }
+        });
+        Ok(Daemon {
+            child: Some(child),
+            log,
+        })
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().map(|c| c.id()).unwrap_or(0)
+    }
+
+    pub fn log_text(&self) -> String {
+        self.log.lock().unwrap().join("\n")
+    }
+
+    /// Wait for a log line containing `needle`; returns the line.
+    pub fn wait_log(&self, needle: &str, timeout: Duration) -> Option<String> {
+        wait_for(timeout, || {
+            self.log
+                .lock()
+                .unwrap()
+                .iter()
+                .find(|l| l.contains(needle))
+                .cloned()
+        })
+    }
+
+    /// Lines logged so far that contain `needle`.
+    pub fn count_log(&self, needle: &str) -> usize {
+        self.log
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|l| l.contains(needle))
+            .count()
+    }
+
+    /// Send a signal and wait for the exit status.
+    pub fn stop(&mut self, signal: i32, timeout: Duration) -> Result<std::process::ExitStatus> {
+        let child = self.child.as_mut().context("already stopped")?;
+        // SAFETY: kill(2) on our own child's pid.
+        unsafe { libc::kill(child.id() as i32, signal) };
+        let status = wait_for(timeout, || child.try_wait().ok().flatten());
+        match status {
+            Some(s) => {
+                self.child = None;
+                Ok(s)
+            }
+            None => bail!("arp-guard did not exit within {timeout:?} after signal {signal}"),
+        }
+    }
+
+    /// Wait for the process to exit on its own (start-up errors).
+    pub fn wait_exit(&mut self, timeout: Duration) -> Result<std::process::ExitStatus> {
+        let child = self.child.as_mut().context("already stopped")?;
+        let status =
+            wait_for(timeout, || child.try_wait().ok().flatten()).context("still running")?;
+        // Let the reader thread take the last lines.
+        std::thread::sleep(Duration::from_millis(100));
+        self.child = None;
+        Ok(status)
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            // SAFETY: kill(2) on our own child's pid.
+            unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
+            if wait_for(Duration::from_secs(5), || c.try_wait().ok().flatten()).is_none() {
+                let _ = c.kill();
+                let _ = c.wait();
+            }
+        }
+    }
+}

@@ -1,0 +1,157 @@
+//! Building and reading ARP frames, written independently of the guard's
+//! parser so that tests do not check the parser against itself.
+
+use std::net::Ipv4Addr;
+
+pub const BROADCAST: [u8; 6] = [0xff; 6];
+
+/// An Ethernet/IPv4 ARP frame to send.
+#[derive(Debug, Clone)]
+pub struct ArpSpec {
+    pub eth_dst: [u8; 6],
+    pub eth_src: [u8; 6],
+    /// Tags in the frame data, outermost first: (TPID, VLAN id).
+    pub vlans: Vec<(u16, u16)>,
+    pub op: u16,
+    pub sha: [u8; 6],
+    pub spa: Ipv4Addr,
+    pub tha: [u8; 6],
+    pub tpa: Ipv4Addr,
+}
+
+impl ArpSpec {
+    /// "spa is at mac", sent to `dst` (reply: op 2, SPA != TPA).
+    pub fn reply(mac: [u8; 6], spa: Ipv4Addr, dst_mac: [u8; 6], tpa: Ipv4Addr) -> Self {
+        ArpSpec {
+            eth_dst: dst_mac,
+            eth_src: mac,
+            vlans: vec![],
+            op: 2,
+            sha: mac,
+            spa,
+            tha: dst_mac,
+            tpa,
+        }
+    }
+
+    /// Gratuitous ARP (SPA = TPA), as MetalLB sends it: op 1 or 2, broadcast.
+    pub fn gratuitous(op: u16, mac: [u8; 6], ip: Ipv4Addr) -> Self {
+        ArpSpec {
+            eth_dst: BROADCAST,
+            eth_src: mac,
+            vlans: vec![],
+            op,
+            sha: mac,
+            spa: ip,
+            tha: BROADCAST,
+            tpa: ip,
+        }
+    }
+
+    /// An ordinary request "who has tpa? tell spa".
+    pub fn request(mac: [u8; 6], spa: Ipv4Addr, tpa: Ipv4Addr) -> Self {
+        ArpSpec {
+            eth_dst: BROADCAST,
+            eth_src: mac,
+            vlans: vec![],
+            op: 1,
+            sha: mac,
+            spa,
+            tha: [0; 6],
+            tpa,
+        }
+    }
+
+    pub fn tagged(mut self, tags: &[(u16, u16)]) -> Self {
+        self.vlans = tags.to_vec();
+        self
+    }
+
+    pub fn to_bytes(&self) -> Vec<u8> {
+        let mut f = Vec::with_capacity(60);
+        f.extend_from_slice(&self.eth_dst);
+        f.extend_from_slice(&self.eth_src);
+        for (tpid, vid) in &self.vlans {
+            f.extend_from_slice(&tpid.to_be_bytes());
+            f.extend_from_slice(&(vid & 0x0fff).to_be_bytes());
+        }
+        f.extend_from_slice(&0x0806u16.to_be_bytes());
+        f.extend_from_slice(&1u16.to_be_bytes()); // htype Ethernet
+        f.extend_from_slice(&0x0800u16.to_be_bytes()); // ptype IPv4
+        f.push(6);
+        f.push(4);
+        f.extend_from_slice(&self.op.to_be_bytes());
+        f.extend_from_slice(&self.sha);
+        f.extend_from_slice(&self.spa.octets());
+        f.extend_from_slice(&self.tha);
+        f.extend_from_slice(&self.tpa.octets());
+        // Pad to the Ethernet minimum (without FCS) as a NIC would.
+        while f.len() < 60 {
+            f.push(0);
+        }
+        f
+    }
+}
+
+/// An ARP frame seen on the wire.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Captured {
+    pub eth_src: [u8; 6],
+    /// VLAN ids found in the data (a receiving kernel may have moved the
+    /// outer tag to metadata; see `RawSocket::recv_arp`).
+    pub vlans: Vec<u16>,
+    pub op: u16,
+    pub sha: [u8; 6],
+    pub spa: Ipv4Addr,
+    pub tha: [u8; 6],
+    pub tpa: Ipv4Addr,
+}
+
+impl Captured {
+    /// Decode `f` if it is an Ethernet/IPv4 ARP frame (through any VLAN tags).
+    pub fn parse(f: &[u8]) -> Option<Captured> {
+        let mut off = 12;
+        let mut vlans = vec![];
+        loop {
+            let et = u16::from_be_bytes([*f.get(off)?, *f.get(off + 1)?]);
+            match et {
+                0x8100 | 0x88a8 => {
+                    vlans.push(u16::from_be_bytes([*f.get(off + 2)?, *f.get(off + 3)?]) & 0x0fff);
+                    off += 4;
+                }
+                0x0806 => break,
+                _ => return None,
+            }
+        }
+        let a = f.get(off + 2..off + 30)?;
+        if a[0..2] != [0, 1] || a[2..4] != [8, 0] || a[4] != 6 || a[5] != 4 {
+            return None;
+        }
+        let mac = |s: &[u8]| -> [u8; 6] { s.try_into().unwrap() };
+        Some(Captured {
+            eth_src: mac(&f[6..12]),
+            vlans,
+            op: u16::from_be_bytes([a[6], a[7]]),
+            sha: mac(&a[8..14]),
+            spa: Ipv4Addr::new(a[14], a[15], a[16], a[17]),
+            tha: mac(&a[18..24]),
+            tpa: Ipv4Addr::new(a[24], a[25], a[26], a[27]),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trip_tagged() {
+        let s = ArpSpec::gratuitous(2, [2, 0, 0, 0, 0, 1], Ipv4Addr::new(198, 51, 100, 10))
+            .tagged(&[(0x88a8, 100), (0x8100, 7)]);
+        let b = s.to_bytes();
+        assert_eq!(b.len(), 60);
+        let c = Captured::parse(&b).unwrap();
+        assert_eq!(c.vlans, vec![100, 7]);
+        assert_eq!((c.op, c.spa, c.tpa), (2, s.spa, s.tpa));
+    }
+}

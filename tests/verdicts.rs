@@ -1,0 +1,455 @@
+//! Every row of the verdict table, against the real kernel: the real daemon
+//! loads the real program on a node namespace's uplink, frames are produced
+//! the way they are in the field (the node's kernel ARP stack, or a speaker's
+//! AF_PACKET socket), and we assert what the neighbour receives and caches.
+//!
+//! Expected outcomes are written out by hand from the specification.
+
+use std::{net::Ipv4Addr, time::Duration};
+
+use testbed::{
+    bed::{
+        Bed, FOREIGN, FOREIGN_ON_EGRESS, NODE_IP, OWNED, OWNED_ON_EGRESS, PEER_IP, UNKNOWN,
+        UNKNOWN_ON_EGRESS,
+    },
+    frames::BROADCAST,
+    ArpSpec, Captured, RawSocket,
+};
+
+/// How long a frame that should arrive may take.
+const ARRIVE: Duration = Duration::from_secs(3);
+/// How long we listen for a frame that must not arrive. The counters then
+/// confirm that the guard saw and stopped it (not merely that it was late).
+const QUIET: Duration = Duration::from_millis(400);
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Expect {
+    Pass,
+    Drop,
+    /// Arrives with SPA replaced by the node's primary IPv4.
+    Rewrite,
+}
+use Expect::*;
+
+fn require_root() {
+    assert_eq!(
+        unsafe { libc::geteuid() },
+        0,
+        "the integration tests need root (network namespaces, BPF)"
+    );
+}
+
+/// Send `spec` from the node's speaker socket; check what the peer gets.
+fn speaker_case(speaker: &RawSocket, cap: &RawSocket, spec: &ArpSpec, expect: Expect) {
+    cap.drain();
+    let accepted = speaker.send(&spec.to_bytes()).unwrap();
+    // A frame dropped at egress fails the speaker's sendto with ENOBUFS.
+    assert_eq!(accepted, expect != Drop, "sendto result for {spec:?}");
+    let want_spa = if expect == Rewrite { NODE_IP } else { spec.spa };
+    let matches = |c: &Captured| {
+        c.sha == spec.sha && c.op == spec.op && c.tpa == spec.tpa && c.tha == spec.tha
+    };
+    match expect {
+        Pass | Rewrite => {
+            let got = cap
+                .wait_arp(ARRIVE, |c| matches(c) && c.spa == want_spa)
+                .unwrap();
+            assert!(
+                got.is_some(),
+                "expected {expect:?} for {spec:?}, nothing arrived"
+            );
+        }
+        Drop => {
+            let got: Vec<_> = cap
+                .collect_arp(QUIET)
+                .unwrap()
+                .into_iter()
+                .filter(|c| matches(c))
+                .collect();
+            assert!(
+                got.is_empty(),
+                "expected drop for {spec:?}, peer got {got:?}"
+            );
+        }
+    }
+}
+
+#[test]
+fn speaker_frames_follow_the_table() {
+    require_root();
+    let bed = Bed::new("spk").unwrap();
+    let _guard = bed.start(&[]).unwrap();
+    let speaker = RawSocket::open(&bed.node, "eth0").unwrap();
+    let cap = RawSocket::open(&bed.peer, "eth0").unwrap();
+    let mac = bed.node_mac;
+    #[rustfmt::skip]
+    let table = [
+        // LB IP, reply, gratuitous op1, gratuitous op2, announce leak
+        (OWNED,   [Pass, Pass, Pass, Pass]),
+        (FOREIGN, [Drop, Drop, Drop, Rewrite]),
+        (UNKNOWN, [Pass, Pass, Pass, Pass]),
+        (UNKNOWN_ON_EGRESS, [Pass, Pass, Pass, Pass]),
+        (FOREIGN_ON_EGRESS, [Drop, Drop, Drop, Rewrite]),
+    ];
+    for (ip, expects) in table {
+        let frames = [
+            ArpSpec::reply(mac, ip, bed.peer_mac, PEER_IP),
+            ArpSpec::gratuitous(1, mac, ip),
+            ArpSpec::gratuitous(2, mac, ip),
+            ArpSpec::request(mac, ip, PEER_IP),
+        ];
+        for (spec, expect) in frames.iter().zip(expects) {
+            speaker_case(&speaker, &cap, spec, expect);
+        }
+    }
+    // The counters name each decision with origin "speaker".
+    assert_eq!(
+        bed.packets(FOREIGN, "reply", "speaker", "dropped").unwrap(),
+        1
+    );
+    assert_eq!(
+        bed.packets(FOREIGN, "gratuitous", "speaker", "dropped")
+            .unwrap(),
+        2
+    );
+    assert_eq!(
+        bed.packets(FOREIGN, "announce_leak", "speaker", "rewritten")
+            .unwrap(),
+        1
+    );
+    assert_eq!(
+        bed.packets(UNKNOWN, "reply", "speaker", "passed").unwrap(),
+        1
+    );
+    assert_eq!(
+        bed.packets(OWNED, "gratuitous", "speaker", "passed")
+            .unwrap(),
+        2
+    );
+}
+
+#[test]
+fn kernel_replies_follow_the_table() {
+    require_root();
+    let bed = Bed::new("krep").unwrap();
+    let _guard = bed.start(&[]).unwrap();
+    #[rustfmt::skip]
+    let table = [
+        (OWNED, Pass),
+        (FOREIGN, Drop),
+        (UNKNOWN, Drop),
+        (UNKNOWN_ON_EGRESS, Pass),
+        (FOREIGN_ON_EGRESS, Drop),
+        (OWNED_ON_EGRESS, Pass),
+    ];
+    bed.peer.flush_neigh("eth0").unwrap();
+    for (ip, _) in table {
+        bed.peer.poke(&ip.to_string()).unwrap();
+    }
+    let node_mac = bed.node_mac;
+    for (ip, expect) in table {
+        let cached = testbed::wait_for(ARRIVE, || {
+            bed.peer.cached_mac("eth0", &ip.to_string()).unwrap()
+        });
+        match expect {
+            Pass => assert_eq!(
+                cached,
+                Some(node_mac),
+                "{ip}: the neighbour should have learned the node's MAC"
+            ),
+            _ => assert_eq!(
+                cached, None,
+                "{ip}: the neighbour must not learn the node's MAC"
+            ),
+        }
+        let verdict = if expect == Pass { "passed" } else { "dropped" };
+        let n = bed.packets(ip, "reply", "kernel", verdict).unwrap();
+        assert!(
+            n >= 1,
+            "{ip}: expected a kernel reply counted as {verdict}, got {n}"
+        );
+    }
+}
+
+#[test]
+fn kernel_gratuitous_follows_the_table() {
+    require_root();
+    let bed = Bed::new("kgarp").unwrap();
+    let _guard = bed.start(&[]).unwrap();
+    let cap = RawSocket::open(&bed.peer, "eth0").unwrap();
+    // arp_notify=1: the kernel announces every address on eth0 when its MAC changes.
+    bed.node
+        .sysctl("net.ipv4.conf.eth0.arp_notify", "1")
+        .unwrap();
+    cap.drain();
+    bed.node
+        .ip(&["link", "set", "eth0", "address", "02:00:5e:00:53:01"])
+        .unwrap();
+    let frames = cap.collect_arp(Duration::from_millis(1500)).unwrap();
+    let announced = |ip: Ipv4Addr| {
+        frames
+            .iter()
+            .any(|c| c.spa == ip && c.tpa == ip && c.sha == [2, 0, 0x5e, 0, 0x53, 1])
+    };
+    assert!(
+        announced(NODE_IP),
+        "the node's own address is not an LB IP and must pass: {frames:?}"
+    );
+    assert!(
+        announced(UNKNOWN_ON_EGRESS),
+        "unknown but on the egress interface must pass"
+    );
+    assert!(announced(OWNED_ON_EGRESS), "owned must pass");
+    assert!(
+        !announced(FOREIGN_ON_EGRESS),
+        "foreign must be dropped: {frames:?}"
+    );
+    assert!(
+        bed.packets(FOREIGN_ON_EGRESS, "gratuitous", "kernel", "dropped")
+            .unwrap()
+            >= 1
+    );
+    assert!(
+        bed.packets(UNKNOWN_ON_EGRESS, "gratuitous", "kernel", "passed")
+            .unwrap()
+            >= 1
+    );
+}
+
+#[test]
+fn kernel_announce_leaks_follow_the_table() {
+    require_root();
+    let bed = Bed::new("kleak").unwrap();
+    let _guard = bed.start(&[]).unwrap();
+    let cap = RawSocket::open(&bed.peer, "eth0").unwrap();
+    #[rustfmt::skip]
+    let table = [
+        (OWNED, Pass),
+        (FOREIGN, Rewrite),
+        (UNKNOWN, Rewrite),
+        (UNKNOWN_ON_EGRESS, Pass),
+        (FOREIGN_ON_EGRESS, Rewrite),
+    ];
+    for (ip, expect) in table {
+        bed.node.flush_neigh("eth0").unwrap();
+        bed.peer.flush_neigh("eth0").unwrap();
+        cap.drain();
+        // A packet from the LB IP to the neighbour: with arp_announce=0 the
+        // kernel's ARP request for the neighbour carries the LB IP as SPA.
+        bed.node
+            .poke_from(&ip.to_string(), &PEER_IP.to_string())
+            .unwrap();
+        let want_spa = if expect == Rewrite { NODE_IP } else { ip };
+        let got = cap
+            .wait_arp(ARRIVE, |c| {
+                c.op == 1 && c.tpa == PEER_IP && c.sha == bed.node_mac
+            })
+            .unwrap();
+        let got = got.unwrap_or_else(|| panic!("{ip}: no ARP request for the neighbour arrived"));
+        assert_eq!(
+            got.spa, want_spa,
+            "{ip}: SPA of the request the neighbour received"
+        );
+        // What the neighbour learned from it.
+        let learned = bed.peer.cached_mac("eth0", &ip.to_string()).unwrap();
+        if expect == Rewrite {
+            assert_eq!(
+                learned, None,
+                "{ip}: the neighbour must not learn the LB IP from a rewritten request"
+            );
+            assert!(
+                bed.packets(ip, "announce_leak", "kernel", "rewritten")
+                    .unwrap()
+                    >= 1
+            );
+        } else {
+            let learned = testbed::wait_for(ARRIVE, || {
+                bed.peer.cached_mac("eth0", &ip.to_string()).unwrap()
+            });
+            assert_eq!(
+                learned,
+                Some(bed.node_mac),
+                "{ip}: an allowed announcement teaches the neighbour"
+            );
+        }
+    }
+}
+
+#[test]
+fn leak_action_drop_drops_leaks() {
+    require_root();
+    let bed = Bed::new("ldrop").unwrap();
+    let _guard = bed.start(&["--leak-action", "drop"]).unwrap();
+    let cap = RawSocket::open(&bed.peer, "eth0").unwrap();
+    cap.drain();
+    bed.node
+        .poke_from(&FOREIGN.to_string(), &PEER_IP.to_string())
+        .unwrap();
+    let got: Vec<_> = cap
+        .collect_arp(Duration::from_millis(1200))
+        .unwrap()
+        .into_iter()
+        .filter(|c| c.op == 1 && c.tpa == PEER_IP)
+        .collect();
+    assert!(
+        got.is_empty(),
+        "with --leak-action drop nothing may reach the neighbour: {got:?}"
+    );
+    assert!(
+        bed.packets(FOREIGN, "announce_leak", "kernel", "dropped")
+            .unwrap()
+            >= 1
+    );
+}
+
+#[test]
+fn monitor_mode_counts_and_passes() {
+    require_root();
+    let bed = Bed::new("mon").unwrap();
+    let _guard = bed.start(&["--mode", "monitor"]).unwrap();
+    // A kernel reply that enforce would drop reaches the neighbour.
+    bed.peer.flush_neigh("eth0").unwrap();
+    bed.peer.poke(&FOREIGN.to_string()).unwrap();
+    let cached = testbed::wait_for(ARRIVE, || {
+        bed.peer.cached_mac("eth0", &FOREIGN.to_string()).unwrap()
+    });
+    assert_eq!(cached, Some(bed.node_mac));
+    assert!(
+        bed.packets(FOREIGN, "reply", "kernel", "would_drop")
+            .unwrap()
+            >= 1
+    );
+    assert_eq!(
+        bed.packets(FOREIGN, "reply", "kernel", "dropped").unwrap(),
+        0
+    );
+    // A speaker's leak is not rewritten, only counted.
+    let speaker = RawSocket::open(&bed.node, "eth0").unwrap();
+    let cap = RawSocket::open(&bed.peer, "eth0").unwrap();
+    speaker_case(
+        &speaker,
+        &cap,
+        &ArpSpec::request(bed.node_mac, FOREIGN, PEER_IP),
+        Pass,
+    );
+    speaker_case(
+        &speaker,
+        &cap,
+        &ArpSpec::gratuitous(2, bed.node_mac, FOREIGN),
+        Pass,
+    );
+    assert_eq!(
+        bed.packets(FOREIGN, "announce_leak", "speaker", "would_rewrite")
+            .unwrap(),
+        1
+    );
+    assert_eq!(
+        bed.packets(FOREIGN, "gratuitous", "speaker", "would_drop")
+            .unwrap(),
+        1
+    );
+}
+
+#[test]
+fn tagged_frames_are_judged_like_untagged() {
+    require_root();
+    let bed = Bed::new("vlan").unwrap();
+    let _guard = bed.start(&[]).unwrap();
+    let speaker = RawSocket::open(&bed.node, "eth0").unwrap();
+    let cap = RawSocket::open(&bed.peer, "eth0").unwrap();
+    let tags: [&[(u16, u16)]; 3] = [
+        &[(0x8100, 7)],
+        &[(0x88a8, 100)],
+        &[(0x88a8, 100), (0x8100, 7)],
+    ];
+    for t in tags {
+        speaker_case(
+            &speaker,
+            &cap,
+            &ArpSpec::reply(bed.node_mac, FOREIGN, bed.peer_mac, PEER_IP).tagged(t),
+            Drop,
+        );
+        speaker_case(
+            &speaker,
+            &cap,
+            &ArpSpec::gratuitous(1, bed.node_mac, FOREIGN).tagged(t),
+            Drop,
+        );
+        speaker_case(
+            &speaker,
+            &cap,
+            &ArpSpec::reply(bed.node_mac, OWNED, bed.peer_mac, PEER_IP).tagged(t),
+            Pass,
+        );
+        speaker_case(
+            &speaker,
+            &cap,
+            &ArpSpec::request(bed.node_mac, FOREIGN, PEER_IP).tagged(t),
+            Rewrite,
+        );
+    }
+    assert_eq!(
+        bed.packets(FOREIGN, "reply", "speaker", "dropped").unwrap(),
+        3
+    );
+    assert_eq!(
+        bed.packets(FOREIGN, "gratuitous", "speaker", "dropped")
+            .unwrap(),
+        3
+    );
+    assert_eq!(
+        bed.packets(FOREIGN, "announce_leak", "speaker", "rewritten")
+            .unwrap(),
+        3
+    );
+    assert_eq!(bed.packets(OWNED, "reply", "speaker", "passed").unwrap(), 3);
+}
+
+#[test]
+fn malformed_and_other_frames_pass_untouched() {
+    require_root();
+    let bed = Bed::new("malf").unwrap();
+    let _guard = bed.start(&[]).unwrap();
+    let speaker = RawSocket::open(&bed.node, "eth0").unwrap();
+    let cap = RawSocket::open(&bed.peer, "eth0").unwrap();
+    let good = ArpSpec::reply(bed.node_mac, FOREIGN, bed.peer_mac, PEER_IP).to_bytes();
+    let mut cases: Vec<(&str, Vec<u8>)> = vec![];
+    cases.push(("truncated ARP", good[..34].to_vec()));
+    let mut htype = good.clone();
+    htype[15] = 6; // IEEE 802 hardware type
+    cases.push(("htype 6", htype));
+    let mut op = good.clone();
+    op[21] = 3; // RARP request
+    cases.push(("opcode 3", op));
+    let mut plen = good.clone();
+    plen[19] = 16;
+    cases.push(("plen 16", plen));
+    let mut other = good.clone();
+    other[12..14].copy_from_slice(&0x88b5u16.to_be_bytes()); // local experimental ethertype
+    cases.push(("non-ARP", other));
+    let malformed_before = bed.total("malformed").unwrap();
+    cap.drain();
+    for (name, f) in &cases {
+        assert!(speaker.send(f).unwrap(), "{name}: sendto must succeed");
+    }
+    let got = cap.collect(Duration::from_millis(800)).unwrap();
+    for (name, f) in &cases {
+        assert!(
+            got.iter().any(|g| g == f),
+            "{name}: must reach the neighbour byte for byte"
+        );
+    }
+    assert_eq!(bed.total("malformed").unwrap() - malformed_before, 4);
+    assert_eq!(
+        bed.packets(FOREIGN, "reply", "speaker", "dropped").unwrap(),
+        0
+    );
+    // And the intact frame is still dropped.
+    speaker_case(
+        &speaker,
+        &cap,
+        &ArpSpec::reply(bed.node_mac, FOREIGN, bed.peer_mac, PEER_IP),
+        Drop,
+    );
+    let _ = BROADCAST;
+}

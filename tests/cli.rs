@@ -1,1 +1,194 @@
-// placeholder
+//! Start-up errors read as causes: they name the interface, file, line,
+//! field or flag at fault, and the daemon exits non-zero without attaching.
+
+use std::time::Duration;
+
+use testbed::{bed::Bed, guard_binary, Daemon, Netns};
+
+fn require_root() {
+    assert_eq!(
+        unsafe { libc::geteuid() },
+        0,
+        "the integration tests need root (network namespaces, BPF)"
+    );
+}
+
+/// Run `arp-guard run <args>` in `ns`; it must fail. Returns its log.
+fn fails(ns: &Netns, args: &[&str]) -> String {
+    let mut d = Daemon::spawn(ns, args).unwrap();
+    let status = d.wait_exit(Duration::from_secs(10)).unwrap();
+    assert!(!status.success(), "arp-guard run {args:?} should fail");
+    d.log_text()
+}
+
+#[test]
+fn help_reads_well() {
+    let out = std::process::Command::new(guard_binary())
+        .arg("--help")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    for word in ["run", "counters", "validate", "LoadBalancer"] {
+        assert!(text.contains(word), "--help lacks {word}:\n{text}");
+    }
+    let out = std::process::Command::new(guard_binary())
+        .args(["run", "--help"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    for flag in [
+        "--interface",
+        "--node-name",
+        "--ownership-file",
+        "--lb-ips-from",
+        "--mode",
+        "--leak-action",
+        "--attach",
+        "NODE_NAME",
+    ] {
+        assert!(text.contains(flag), "run --help lacks {flag}:\n{text}");
+    }
+}
+
+#[test]
+fn startup_errors_name_the_culprit() {
+    require_root();
+    let bed = Bed::new("cli").unwrap();
+    let owners = bed.owners.to_str().unwrap().to_owned();
+    let ns = &bed.node;
+
+    let log = fails(
+        ns,
+        &[
+            "-i",
+            "eth7",
+            "--ownership-file",
+            &owners,
+            "--node-name",
+            "node-a",
+        ],
+    );
+    assert!(log.contains("interface eth7 not found"), "{log}");
+
+    let log = fails(ns, &["-i", "eth0", "--node-name", "node-a"]);
+    assert!(log.contains("nothing to enforce"), "{log}");
+
+    let log = fails(
+        ns,
+        &["-i", "eth0", "-i", "eth0", "--lb-ips-from", "kube-ipvs0"],
+    );
+    assert!(log.contains("--interface eth0 is given twice"), "{log}");
+
+    let log = fails(ns, &["-i", "eth0", "--lb-ips-from", "eth0"]);
+    assert!(log.contains("conflicts with --interface eth0"), "{log}");
+
+    let log = fails(
+        ns,
+        &[
+            "-i",
+            "eth0",
+            "--ownership-file",
+            "/nonexistent/owners.yaml",
+            "--node-name",
+            "node-a",
+        ],
+    );
+    assert!(
+        log.contains("cannot read ownership file /nonexistent/owners.yaml"),
+        "{log}"
+    );
+
+    let bad = bed.dir.path().join("bad.yaml");
+    std::fs::write(
+        &bad,
+        "ips:\n  - ip: 198.51.100.10\n    owner: node-a\n    colour: blue\n",
+    )
+    .unwrap();
+    let log = fails(
+        ns,
+        &[
+            "-i",
+            "eth0",
+            "--ownership-file",
+            bad.to_str().unwrap(),
+            "--node-name",
+            "node-a",
+        ],
+    );
+    assert!(
+        log.contains("bad.yaml:4") && log.contains("colour"),
+        "{log}"
+    );
+
+    let log = fails(ns, &["-i", "eth0", "--lb-ips-from", "kube-ipvs9"]);
+    assert!(log.contains("interface kube-ipvs9 not found"), "{log}");
+
+    // Nothing was attached by any of these.
+    let filters = ns
+        .exec(&["bpftool", "net", "show", "dev", "eth0"])
+        .unwrap_or_default();
+    assert!(!filters.contains("arp_guard"), "{filters}");
+}
+
+#[test]
+fn without_privileges_says_what_is_missing() {
+    require_root();
+    let ns = Netns::new("nopriv").unwrap();
+    let out = ns
+        .exec_output(&[
+            "setpriv",
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            "--inh-caps=-all",
+            "--bounding-set=-all",
+            guard_binary().to_str().unwrap(),
+            "run",
+            "-i",
+            "lo",
+            "--ownership-file",
+            "/dev/null",
+            "--node-name",
+            "n",
+        ])
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        err.contains("must run as root or with CAP_BPF") && err.contains("CAP_NET_ADMIN"),
+        "{err}"
+    );
+}
+
+#[test]
+fn validate_prints_the_nodes_view() {
+    let dir = std::env::temp_dir().join(format!("arp-guard-validate-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let f = dir.join("owners.yaml");
+    std::fs::write(&f, testbed::bed::default_owners()).unwrap();
+    let out = std::process::Command::new(guard_binary())
+        .args(["validate", f.to_str().unwrap(), "--node-name", "node-b"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    assert!(
+        text.contains("198.51.100.101") && text.contains("foreign"),
+        "{text}"
+    );
+    assert!(
+        text.contains("198.51.100.102") && text.contains("owned"),
+        "{text}"
+    );
+    std::fs::write(&f, "ips:\n  - ip: not-an-ip\n").unwrap();
+    let out = std::process::Command::new(guard_binary())
+        .args(["validate", f.to_str().unwrap(), "--node-name", "n"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("owners.yaml:2"),
+        "{err}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}

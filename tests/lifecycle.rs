@@ -1,1 +1,249 @@
-// placeholder
+//! The daemon over time: ownership-file reloads (valid, invalid, atomic
+//! replace), the interface-address LB source, and clean detach on signals.
+
+use std::time::Duration;
+
+use testbed::{
+    bed::{Bed, FOREIGN, NODE, OTHER, OWNED},
+    guard_binary, wait_for, Daemon,
+};
+
+const RESOLVE: Duration = Duration::from_secs(3);
+
+fn require_root() {
+    assert_eq!(
+        unsafe { libc::geteuid() },
+        0,
+        "the integration tests need root (network namespaces, BPF)"
+    );
+}
+
+/// Flush the peer's cache, make it resolve `ip`, and return the MAC it learned.
+fn resolve(bed: &Bed, ip: &str) -> Option<[u8; 6]> {
+    bed.peer.flush_neigh("eth0").unwrap();
+    bed.peer.poke(ip).unwrap();
+    wait_for(RESOLVE, || bed.peer.cached_mac("eth0", ip).unwrap())
+}
+
+fn owners_with(foreign_owner: &str) -> String {
+    format!(
+        "ips:\n  - ip: {OWNED}\n    owner: {NODE}\n  - ip: {FOREIGN}\n    owner: {foreign_owner}\n"
+    )
+}
+
+#[test]
+fn ownership_file_reload_valid_and_invalid() {
+    require_root();
+    let bed = Bed::new("reload").unwrap();
+    let guard = bed.start(&[]).unwrap();
+    let f = FOREIGN.to_string();
+    assert_eq!(
+        resolve(&bed, &f),
+        None,
+        "foreign at start: the node must not answer"
+    );
+
+    // Atomic replace (write + rename), as ConfigMap updates and editors do.
+    let tmp = bed.dir.path().join(".owners.tmp");
+    std::fs::write(&tmp, owners_with(NODE)).unwrap();
+    std::fs::rename(&tmp, &bed.owners).unwrap();
+    assert!(
+        guard
+            .wait_log("ownership file reloaded", Duration::from_secs(5))
+            .is_some(),
+        "{}",
+        guard.log_text()
+    );
+    assert_eq!(
+        resolve(&bed, &f),
+        Some(bed.node_mac),
+        "now owned: the node answers"
+    );
+
+    // An invalid update in place: rejected with file, line and field; the
+    // last good state (owned) stays in force.
+    std::fs::write(&bed.owners, "ips:\n  - ip: 198.51.100.101\n    owner: node-a\n  - ip: 198.51.100.300\n    owner: node-b\n").unwrap();
+    let line = guard
+        .wait_log("ownership file rejected", Duration::from_secs(5))
+        .unwrap_or_else(|| panic!("{}", guard.log_text()));
+    assert!(
+        line.contains("owners.yaml:4"),
+        "names file and line: {line}"
+    );
+    assert!(line.contains("ips[1].ip"), "names the field: {line}");
+    assert_eq!(
+        resolve(&bed, &f),
+        Some(bed.node_mac),
+        "the last good state stays in force"
+    );
+    assert_eq!(
+        guard.count_log("ownership file rejected"),
+        1,
+        "one error per bad content, not one per poll"
+    );
+
+    // A truncated file (cut mid-write into invalid YAML) is rejected too.
+    std::fs::write(
+        &bed.owners,
+        "ips:\n  - ip: 198.51.100.101\n    owner: [node-a\n",
+    )
+    .unwrap();
+    assert!(wait_for(Duration::from_secs(5), || (guard
+        .count_log("ownership file rejected")
+        == 2)
+        .then_some(()))
+    .is_some());
+    assert_eq!(resolve(&bed, &f), Some(bed.node_mac));
+
+    // A file that disappears keeps the state as well.
+    std::fs::remove_file(&bed.owners).unwrap();
+    assert!(guard
+        .wait_log("ownership file unreadable", Duration::from_secs(5))
+        .is_some());
+    assert_eq!(resolve(&bed, &f), Some(bed.node_mac));
+
+    // Valid again, owned by the other node: protection is back.
+    std::fs::write(&bed.owners, owners_with(OTHER)).unwrap();
+    assert!(wait_for(Duration::from_secs(5), || (guard
+        .count_log("ownership file reloaded")
+        == 2)
+        .then_some(()))
+    .is_some());
+    assert_eq!(resolve(&bed, &f), None, "foreign again: dropped");
+    assert!(
+        guard.count_log("ownership changed") >= 2,
+        "state changes are logged"
+    );
+}
+
+#[test]
+fn lb_ips_from_interface_track_its_addresses() {
+    require_root();
+    let bed = Bed::new("ifsrc").unwrap();
+    // Zero configuration: no ownership file, every address on kube-ipvs0 is unknown.
+    let guard = Daemon::start(
+        &bed.node,
+        &[
+            "-i",
+            "eth0",
+            "--node-name",
+            NODE,
+            "--lb-ips-from",
+            "kube-ipvs0",
+        ],
+    )
+    .unwrap();
+    let ip = "198.51.100.120";
+    // Not yet on kube-ipvs0: the node does not answer for it at all.
+    assert_eq!(resolve(&bed, ip), None);
+    bed.node
+        .ip(&["addr", "add", &format!("{ip}/32"), "dev", "kube-ipvs0"])
+        .unwrap();
+    let added = guard
+        .wait_log(&format!("\"lb_ip\":\"{ip}\""), Duration::from_secs(5))
+        .unwrap_or_else(|| panic!("{}", guard.log_text()));
+    assert!(added.contains("LB IP added"), "{added}");
+    // kube-proxy's address is now local, the kernel would answer, the guard drops it.
+    assert_eq!(
+        resolve(&bed, ip),
+        None,
+        "strictARP semantics: no reply for an unknown LB IP"
+    );
+    assert!(
+        bed.packets(ip.parse().unwrap(), "reply", "kernel", "dropped")
+            .unwrap()
+            >= 1
+    );
+    // The same IP on the uplink itself (as kube-vip's leader does) is answered: arp_ignore=1 rule.
+    bed.node
+        .ip(&["addr", "add", &format!("{ip}/32"), "dev", "eth0"])
+        .unwrap();
+    // The address table is read after a netlink notification; give it a moment.
+    let learned = wait_for(Duration::from_secs(5), || resolve(&bed, ip));
+    assert_eq!(learned, Some(bed.node_mac));
+    bed.node
+        .ip(&["addr", "del", &format!("{ip}/32"), "dev", "eth0"])
+        .unwrap();
+    bed.node
+        .ip(&["addr", "del", &format!("{ip}/32"), "dev", "kube-ipvs0"])
+        .unwrap();
+    assert!(guard
+        .wait_log("LB IP removed", Duration::from_secs(5))
+        .is_some());
+    // The pre-existing kube-ipvs0 addresses were picked up at start.
+    assert_eq!(
+        resolve(&bed, &OWNED.to_string()),
+        None,
+        "no file: OWNED is just another unknown LB IP here"
+    );
+}
+
+fn attached(bed: &Bed) -> bool {
+    bed.node
+        .exec(&[guard_binary().to_str().unwrap(), "counters", "-i", "eth0"])
+        .is_ok()
+}
+
+#[test]
+fn sigterm_and_sigint_detach_cleanly() {
+    require_root();
+    let bed = Bed::new("sig").unwrap();
+    let f = FOREIGN.to_string();
+    for signal in [libc::SIGTERM, libc::SIGINT] {
+        let mut guard = bed.start(&[]).unwrap();
+        assert!(attached(&bed));
+        assert_eq!(resolve(&bed, &f), None);
+        let status = guard.stop(signal, Duration::from_secs(10)).unwrap();
+        assert!(
+            status.success(),
+            "clean exit on signal {signal}: {status:?}\n{}",
+            guard.log_text()
+        );
+        assert!(
+            guard.log_text().contains("guard detached"),
+            "{}",
+            guard.log_text()
+        );
+        assert!(guard.log_text().contains("final counters"));
+        assert!(
+            !attached(&bed),
+            "no program may stay attached after signal {signal}"
+        );
+        // With the guard gone the kernel's reply reaches the neighbour again.
+        assert_eq!(resolve(&bed, &f), Some(bed.node_mac));
+        let links = bed
+            .node
+            .exec(&["bpftool", "net", "show", "dev", "eth0"])
+            .unwrap_or_default();
+        assert!(!links.contains("arp_guard"), "{links}");
+    }
+}
+
+#[test]
+fn netlink_attach_mode_works_and_cleans_up() {
+    require_root();
+    let bed = Bed::new("nl").unwrap();
+    let mut guard = bed.start(&["--attach", "netlink"]).unwrap();
+    assert!(
+        guard.log_text().contains("netlink-clsact"),
+        "{}",
+        guard.log_text()
+    );
+    let filters = bed
+        .node
+        .exec(&["tc", "filter", "show", "dev", "eth0", "egress"])
+        .unwrap();
+    assert!(filters.contains("arp_guard"), "{filters}");
+    assert_eq!(resolve(&bed, &FOREIGN.to_string()), None);
+    assert_eq!(resolve(&bed, &OWNED.to_string()), Some(bed.node_mac));
+    guard.stop(libc::SIGTERM, Duration::from_secs(10)).unwrap();
+    let filters = bed
+        .node
+        .exec(&["tc", "filter", "show", "dev", "eth0", "egress"])
+        .unwrap();
+    assert!(
+        !filters.contains("arp_guard"),
+        "filter left behind: {filters}"
+    );
+    assert_eq!(resolve(&bed, &FOREIGN.to_string()), Some(bed.node_mac));
+}

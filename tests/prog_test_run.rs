@@ -1,1 +1,224 @@
-// placeholder
+//! The real BPF program, run by the kernel with BPF_PROG_TEST_RUN on frames
+//! that cannot be produced on this machine's wire (VLAN-tagged kernel frames,
+//! every truncation), compared verdict by verdict and counter by counter with
+//! the host-side reference `guard_common::decide`.
+//!
+//! BPF_PROG_TEST_RUN gives the skb a dummy socket of family AF_UNSPEC and the
+//! loopback device, so every frame here is kernel-originated on ifindex 1.
+
+use std::{collections::BTreeMap, net::Ipv4Addr};
+
+use guard::{
+    counters::Snapshot,
+    datapath::Datapath,
+    view::{LbIp, Source, View},
+};
+use guard_common::{decide, Facts, Kind, LeakAction, Mode, Origin, Ownership, Verdict};
+use testbed::ArpSpec;
+
+const LO: u32 = 1;
+const PRIMARY: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 11);
+const MAC: [u8; 6] = [2, 0, 0x5e, 0, 0x53, 9];
+const PEER: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 1);
+/// TC_ACT_UNSPEC: the program's "pass, let the next program decide".
+const PASS: i32 = -1;
+const DROP: i32 = 2;
+
+fn require_root() {
+    assert_eq!(
+        unsafe { libc::geteuid() },
+        0,
+        "the integration tests need root (BPF)"
+    );
+}
+
+/// LB IPs with each state, some also "on the egress interface" (lo here).
+fn lb_ips() -> Vec<(Ipv4Addr, Ownership, bool)> {
+    vec![
+        (Ipv4Addr::new(198, 51, 100, 101), Ownership::Owned, false),
+        (Ipv4Addr::new(198, 51, 100, 102), Ownership::Foreign, false),
+        (Ipv4Addr::new(198, 51, 100, 103), Ownership::Unknown, false),
+        (Ipv4Addr::new(198, 51, 100, 104), Ownership::Unknown, true),
+        (Ipv4Addr::new(198, 51, 100, 105), Ownership::Foreign, true),
+        (Ipv4Addr::new(198, 51, 100, 106), Ownership::Owned, true),
+    ]
+}
+
+fn datapath(with_primary: bool) -> Datapath {
+    let mut dp =
+        Datapath::load(Mode::Enforce, LeakAction::Rewrite).expect("load the BPF program (root?)");
+    let mut view = View::default();
+    for (ip, state, on_egress) in lb_ips() {
+        view.lb.insert(
+            ip,
+            LbIp {
+                state,
+                source: Source::Interface("test".into()),
+            },
+        );
+        if on_egress {
+            view.if_addrs.insert((LO, ip));
+        }
+    }
+    view.if_addrs.insert((LO, PRIMARY));
+    if with_primary {
+        view.if_primary.insert(LO, PRIMARY);
+    }
+    let r = dp.apply(&view);
+    assert!(r.errors.is_empty(), "{:?}", r.errors);
+    dp
+}
+
+fn frames_for(ip: Ipv4Addr) -> Vec<(Kind, ArpSpec)> {
+    vec![
+        (
+            Kind::Reply,
+            ArpSpec::reply(MAC, ip, [2, 0, 0, 0, 0, 1], PEER),
+        ),
+        (Kind::Gratuitous, ArpSpec::gratuitous(1, MAC, ip)),
+        (Kind::Gratuitous, ArpSpec::gratuitous(2, MAC, ip)),
+        (Kind::AnnounceLeak, ArpSpec::request(MAC, ip, PEER)),
+    ]
+}
+
+const TAGS: [&[(u16, u16)]; 4] = [
+    &[],
+    &[(0x8100, 7)],
+    &[(0x88a8, 100)],
+    &[(0x88a8, 100), (0x8100, 7)],
+];
+
+fn counter_delta(before: &Snapshot, after: &Snapshot) -> BTreeMap<(u32, u8, u8, u8, u8), u64> {
+    let key = |r: &guard::counters::Row| {
+        (
+            r.key.ip,
+            r.key.kind,
+            r.key.origin,
+            r.key.state,
+            r.key.verdict,
+        )
+    };
+    let mut d: BTreeMap<_, u64> = BTreeMap::new();
+    for r in &after.rows {
+        let b = before
+            .rows
+            .iter()
+            .find(|x| x.key == r.key)
+            .map_or(0, |x| x.value.packets);
+        if r.value.packets != b {
+            d.insert(key(r), r.value.packets - b);
+        }
+    }
+    d
+}
+
+#[test]
+fn program_agrees_with_reference_on_the_whole_table() {
+    require_root();
+    for with_primary in [true, false] {
+        let mut dp = datapath(with_primary);
+        for mode in [Mode::Enforce, Mode::Monitor] {
+            for leak_action in [LeakAction::Rewrite, LeakAction::Drop] {
+                dp.set_config(mode, leak_action).unwrap();
+                for (ip, state, on_egress) in lb_ips() {
+                    for (kind, spec) in frames_for(ip) {
+                        for tags in TAGS {
+                            let frame = spec.clone().tagged(tags).to_bytes();
+                            let want = decide(&Facts {
+                                kind,
+                                origin: Origin::Kernel,
+                                state,
+                                ip_on_egress: on_egress,
+                                egress_has_ipv4: with_primary,
+                                mode,
+                                leak_action,
+                            });
+                            let before = dp.snapshot().unwrap();
+                            let (ret, out) = dp.test_run(&frame).unwrap();
+                            let after = dp.snapshot().unwrap();
+                            let ctx = format!("{ip} {state:?} on_egress={on_egress} {kind:?} op={} tags={tags:?} {mode:?} {leak_action:?} primary={with_primary}", spec.op);
+                            assert_eq!(
+                                ret,
+                                if want == Verdict::Dropped { DROP } else { PASS },
+                                "return code: {ctx}"
+                            );
+                            let mut expected = frame.clone();
+                            if want == Verdict::Rewritten {
+                                let spa = 14 + 4 * tags.len() + 14;
+                                expected[spa..spa + 4].copy_from_slice(&PRIMARY.octets());
+                            }
+                            assert_eq!(out, expected, "frame after the program: {ctx}");
+                            let delta = counter_delta(&before, &after);
+                            let key = (
+                                u32::from(ip),
+                                kind as u8,
+                                Origin::Kernel as u8,
+                                state as u8,
+                                want as u8,
+                            );
+                            assert_eq!(delta, BTreeMap::from([(key, 1)]), "counters: {ctx}");
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn truncated_frames_pass_untouched_at_every_length() {
+    require_root();
+    let dp = datapath(true);
+    let foreign = Ipv4Addr::new(198, 51, 100, 102);
+    for tags in TAGS {
+        let full = ArpSpec::reply(MAC, foreign, [2, 0, 0, 0, 0, 1], PEER)
+            .tagged(tags)
+            .to_bytes();
+        let arp_end = 14 + 4 * tags.len() + 28;
+        // BPF_PROG_TEST_RUN needs at least an Ethernet header.
+        for len in 14..arp_end {
+            let frame = &full[..len];
+            let before = dp.snapshot().unwrap();
+            let (ret, out) = dp.test_run(frame).unwrap();
+            let after = dp.snapshot().unwrap();
+            assert_eq!(ret, PASS, "len {len} tags {tags:?}");
+            assert_eq!(out, frame, "len {len} tags {tags:?}");
+            assert!(
+                counter_delta(&before, &after).is_empty(),
+                "len {len}: no decision may be counted"
+            );
+            // Once the ARP ethertype is visible, the frame counts as malformed.
+            let ethertype_visible = len >= 14 + 4 * tags.len();
+            let malformed = after.stats["malformed"] - before.stats["malformed"];
+            assert_eq!(
+                malformed,
+                u64::from(ethertype_visible),
+                "len {len} tags {tags:?}"
+            );
+        }
+        // The full frame is dropped: the truncation, not the content, made them pass.
+        assert_eq!(dp.test_run(&full).unwrap().0, DROP, "tags {tags:?}");
+    }
+}
+
+#[test]
+fn three_tags_and_foreign_protocols_are_not_parsed() {
+    require_root();
+    let dp = datapath(true);
+    let foreign = Ipv4Addr::new(198, 51, 100, 102);
+    let three = ArpSpec::reply(MAC, foreign, [2, 0, 0, 0, 0, 1], PEER)
+        .tagged(&[(0x88a8, 1), (0x8100, 2), (0x8100, 3)])
+        .to_bytes();
+    let mut ipv4 = ArpSpec::reply(MAC, foreign, [2, 0, 0, 0, 0, 1], PEER).to_bytes();
+    ipv4[12..14].copy_from_slice(&0x0800u16.to_be_bytes());
+    for f in [three, ipv4] {
+        let before = dp.snapshot().unwrap();
+        assert_eq!(dp.test_run(&f).unwrap(), (PASS, f.clone()));
+        let after = dp.snapshot().unwrap();
+        assert_eq!(
+            after.stats["arp"], before.stats["arp"],
+            "not counted as ARP"
+        );
+        assert_eq!(after.stats["frames"], before.stats["frames"] + 1);
+    }
+}

@@ -20,7 +20,12 @@ pub struct Daemon {
 impl Daemon {
     /// Start `arp-guard run <args>` in `ns` and wait until it enforces.
     pub fn start(ns: &Netns, args: &[&str]) -> Result<Self> {
-        let mut d = Self::spawn(ns, args)?;
+        Self::start_with(ns, &guard_binary(), args)
+    }
+
+    /// The same with an explicit binary.
+    pub fn start_with(ns: &Netns, binary: &std::path::Path, args: &[&str]) -> Result<Self> {
+        let mut d = Self::spawn_with(ns, binary, args)?;
         if d.wait_log("arp-guard is enforcing", Duration::from_secs(20))
             .is_none()
         {
@@ -33,7 +38,11 @@ impl Daemon {
 
     /// Start without waiting (for tests of start-up errors).
     pub fn spawn(ns: &Netns, args: &[&str]) -> Result<Self> {
-        let mut cmd = ns.command(&guard_binary());
+        Self::spawn_with(ns, &guard_binary(), args)
+    }
+
+    fn spawn_with(ns: &Netns, binary: &std::path::Path, args: &[&str]) -> Result<Self> {
+        let mut cmd = ns.command(binary);
         cmd.args(["--log-format", "json", "--log-level", "debug", "run"])
             .args(args);
         cmd.stdout(Stdio::null())

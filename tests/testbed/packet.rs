@@ -33,7 +33,7 @@ impl RawSocket {
                 let fd = libc::socket(
                     libc::AF_PACKET,
                     libc::SOCK_RAW,
-                    (ETH_P_ALL as u16).to_be() as i32,
+                    ETH_P_ALL.to_be() as i32,
                 );
                 if fd < 0 {
                     bail!("socket(AF_PACKET): {}", std::io::Error::last_os_error());
@@ -41,7 +41,7 @@ impl RawSocket {
                 let fd = OwnedFd::from_raw_fd(fd);
                 let mut sll: libc::sockaddr_ll = std::mem::zeroed();
                 sll.sll_family = libc::AF_PACKET as u16;
-                sll.sll_protocol = (ETH_P_ALL as u16).to_be();
+                sll.sll_protocol = ETH_P_ALL.to_be();
                 sll.sll_ifindex = ifindex;
                 let r = libc::bind(
                     fd.as_raw_fd(),
@@ -133,7 +133,7 @@ impl RawSocket {
         if n < 0 {
             return Err(std::io::Error::last_os_error()).context("recv");
         }
-        if sll.sll_pkttype == libc::PACKET_OUTGOING as u8 {
+        if sll.sll_pkttype == libc::PACKET_OUTGOING {
             // Our own namespace's transmissions: not what a neighbour receives.
             return Ok(Some(Vec::new()));
         }

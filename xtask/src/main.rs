@@ -1,1 +1,121 @@
-fn main() {}
+use std::{path::PathBuf, process::Command};
+
+use anyhow::{bail, Context as _, Result};
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(about = "arp-guard project tasks")]
+struct Cli {
+    #[command(subcommand)]
+    task: Task,
+}
+
+#[derive(Subcommand)]
+enum Task {
+    /// Install the tool chain and packages (idempotent): llvm-22-dev, rust-src, bpf-linker, iproute2, ...
+    Setup,
+    /// Set up, then run fmt --check, clippy -D warnings and the whole test suite (needs root).
+    Test {
+        /// Extra arguments for `cargo test` (after --).
+        #[arg(last = true)]
+        args: Vec<String>,
+    },
+    /// Reproduce the incident in network namespaces, then stop it with arp-guard (needs root).
+    Lab {
+        /// Connect attempts per phase, one per second.
+        #[arg(long, default_value_t = 60)]
+        duration: u32,
+    },
+}
+
+fn workspace_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("xtask lives in the workspace")
+        .to_path_buf()
+}
+
+fn cargo() -> Command {
+    let mut c = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
+    c.current_dir(workspace_root());
+    c
+}
+
+fn run(mut cmd: Command) -> Result<()> {
+    eprintln!("xtask: running {cmd:?}");
+    let status = cmd.status().with_context(|| format!("spawning {cmd:?}"))?;
+    if !status.success() {
+        bail!("{cmd:?} failed with {status}");
+    }
+    Ok(())
+}
+
+fn guard_binary() -> PathBuf {
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace_root().join("target"));
+    target.join("debug").join("arp-guard")
+}
+
+fn main() -> std::process::ExitCode {
+    match task(Cli::parse().task) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("xtask: error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn task(task: Task) -> Result<()> {
+    match task {
+        Task::Setup => xtask::setup::setup(),
+        Task::Test { args } => {
+            xtask::setup::setup()?;
+            let mut fmt = cargo();
+            fmt.args(["fmt", "--all", "--", "--check"]);
+            run(fmt)?;
+            let mut clippy = cargo();
+            clippy.args([
+                "clippy",
+                "--workspace",
+                "--all-targets",
+                "--",
+                "-D",
+                "warnings",
+            ]);
+            run(clippy)?;
+            let mut build = cargo();
+            build.args(["build", "-p", "guard"]);
+            run(build)?;
+            let mut test = cargo();
+            test.args(["test", "--workspace", "--no-fail-fast", "--"])
+                .args(args);
+            test.env("ARP_GUARD_BIN", guard_binary());
+            run(test)
+        }
+        Task::Lab { duration } => {
+            // SAFETY: geteuid has no preconditions.
+            if unsafe { libc::geteuid() } != 0 {
+                bail!("the lab creates network namespaces and loads BPF programs: run it as root");
+            }
+            xtask::setup::setup()?;
+            let mut build = cargo();
+            build.args(["build", "-p", "guard"]);
+            run(build)?;
+            xtask::lab::install_interrupt_handler();
+            let (_, after) = xtask::lab::run(&xtask::lab::Options {
+                attempts: duration,
+                binary: guard_binary(),
+            })?;
+            if after.successes != after.attempts {
+                bail!(
+                    "with the guard {} of {} connects failed: the guard did not stop the incident",
+                    after.attempts - after.successes,
+                    after.attempts
+                );
+            }
+            Ok(())
+        }
+    }
+}

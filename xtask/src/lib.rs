@@ -1,0 +1,4 @@
+//! Project automation: tool-chain set-up and the incident lab.
+
+pub mod lab;
+pub mod setup;

@@ -1,0 +1,119 @@
+//! `cargo xtask setup`: install what building and testing arp-guard needs.
+//! Idempotent: every step first checks whether it is already done.
+
+use std::process::Command;
+
+use anyhow::{bail, Context as _, Result};
+
+/// The bpf-linker release whose LLVM matches the pinned nightly's LLVM 22.
+const BPF_LINKER_VERSION: &str = "0.13.0";
+const LLVM_PREFIX: &str = "/usr/lib/llvm-22";
+
+/// Debian packages and a file each one provides (checked before installing).
+const PACKAGES: &[(&str, &str)] = &[
+    ("llvm-22-dev", "/usr/lib/llvm-22/bin/llvm-config"),
+    ("iproute2", "/usr/sbin/ip"),
+    ("bpftool", "/usr/sbin/bpftool"),
+    ("ethtool", "/usr/sbin/ethtool"),
+    ("nftables", "/usr/sbin/nft"),
+    ("util-linux", "/usr/bin/setpriv"),
+];
+
+fn ok(cmd: &mut Command) -> bool {
+    cmd.stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+fn run(cmd: &mut Command) -> Result<()> {
+    eprintln!("xtask setup: running {cmd:?}");
+    let status = cmd.status().with_context(|| format!("spawning {cmd:?}"))?;
+    if !status.success() {
+        bail!("{cmd:?} failed with {status}");
+    }
+    Ok(())
+}
+
+fn output(cmd: &mut Command) -> Option<String> {
+    cmd.output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+}
+
+pub fn setup() -> Result<()> {
+    // 1. System packages.
+    let missing: Vec<&str> = PACKAGES
+        .iter()
+        .filter(|(_, file)| !std::path::Path::new(file).exists())
+        .map(|(pkg, _)| *pkg)
+        .collect();
+    if !missing.is_empty() {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            bail!("missing Debian packages {missing:?}; run `cargo xtask setup` as root to install them");
+        }
+        run(Command::new("apt-get").args(["update", "-qq"]))?;
+        run(Command::new("apt-get")
+            .args(["install", "-y", "-qq", "--no-install-recommends"])
+            .args(&missing)
+            .env("DEBIAN_FRONTEND", "noninteractive"))?;
+    }
+
+    // 2. The nightly toolchain that builds the eBPF crate. It is preinstalled
+    //    and must not float: bpf-linker's LLVM has to be at least its LLVM.
+    let nightly = output(Command::new("rustup").args(["run", "nightly", "rustc", "-vV"])).context(
+        "the `nightly` toolchain is missing (rustup toolchain list); it builds the eBPF program",
+    )?;
+    let llvm = nightly
+        .lines()
+        .find_map(|l| l.strip_prefix("LLVM version: "))
+        .unwrap_or("?")
+        .to_owned();
+    if !llvm.starts_with("22.") {
+        eprintln!(
+            "xtask setup: warning: nightly uses LLVM {llvm}; bpf-linker is built against LLVM 22"
+        );
+    }
+    let has_src = output(Command::new("rustup").args([
+        "component",
+        "list",
+        "--toolchain",
+        "nightly",
+        "--installed",
+    ]))
+    .is_some_and(|o| o.lines().any(|l| l.starts_with("rust-src")));
+    if !has_src {
+        run(Command::new("rustup").args([
+            "component",
+            "add",
+            "rust-src",
+            "--toolchain",
+            "nightly",
+        ]))?;
+    }
+
+    // 3. bpf-linker, built against the system's LLVM 22.
+    let linker_ok = output(Command::new("bpf-linker").arg("--version"))
+        .is_some_and(|v| v.contains(BPF_LINKER_VERSION));
+    if !linker_ok {
+        run(Command::new("cargo")
+            .args([
+                "install",
+                "bpf-linker",
+                "--version",
+                BPF_LINKER_VERSION,
+                "--locked",
+                "--no-default-features",
+                "--features",
+                "llvm-22",
+            ])
+            .env("LLVM_PREFIX", LLVM_PREFIX))?;
+    }
+    if !ok(Command::new("bpf-linker").arg("--version")) {
+        bail!("bpf-linker is installed but not on PATH; add ~/.cargo/bin to PATH");
+    }
+    eprintln!("xtask setup: toolchain ready (nightly LLVM {llvm}, bpf-linker {BPF_LINKER_VERSION}, rust-src)");
+    Ok(())
+}

@@ -195,6 +195,48 @@ mod tests {
         assert!(parse_duration("x").is_err());
     }
 
+    /// The shipped manifests stay in step with the CLI and the file schema.
+    #[test]
+    fn deploy_manifests_are_accepted() {
+        use serde::Deserialize as _;
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy");
+        let ds = std::fs::read_to_string(root.join("daemonset.yaml")).unwrap();
+        let mut checked = 0;
+        for doc in serde_yaml::Deserializer::from_str(&ds) {
+            let v = serde_yaml::Value::deserialize(doc).unwrap();
+            if v["kind"] != "DaemonSet" {
+                continue;
+            }
+            let c = &v["spec"]["template"]["spec"]["containers"][0];
+            let args: Vec<String> = c["args"]
+                .as_sequence()
+                .unwrap()
+                .iter()
+                .map(|a| a.as_str().unwrap().to_owned())
+                .collect();
+            let cli =
+                Cli::try_parse_from(std::iter::once("arp-guard".to_owned()).chain(args)).unwrap();
+            let Command::Run(run) = cli.command else {
+                panic!("the DaemonSet must run `arp-guard run`")
+            };
+            assert!(run.ownership_file.is_some() && !run.lb_ips_from.is_empty());
+            let caps: Vec<&str> = c["securityContext"]["capabilities"]["add"]
+                .as_sequence()
+                .unwrap()
+                .iter()
+                .map(|x| x.as_str().unwrap())
+                .collect();
+            assert_eq!(caps, ["BPF", "PERFMON", "NET_ADMIN"]);
+            checked += 1;
+        }
+        assert_eq!(checked, 1);
+        let cm = std::fs::read_to_string(root.join("ownership-configmap.yaml")).unwrap();
+        let v: serde_yaml::Value = serde_yaml::from_str(&cm).unwrap();
+        let owners = v["data"]["owners.yaml"].as_str().unwrap();
+        let f = crate::ownership_file::parse(std::path::Path::new("owners.yaml"), owners).unwrap();
+        assert_eq!(f.ips.len(), 3);
+    }
+
     #[test]
     fn run_needs_an_interface() {
         let err =

@@ -127,7 +127,10 @@ pub fn parse(path: &Path, text: &str) -> Result<OwnershipFile, FileError> {
     };
     if let Some(v) = raw.version {
         if v != 1 {
-            let line = line_of(text, "version", 0);
+            let line = text
+                .lines()
+                .position(|l| l.trim_start().starts_with("version") || l.contains("\"version\""))
+                .map(|i| i + 1);
             return Err(err(
                 line,
                 Some("version".into()),

@@ -30,11 +30,7 @@ impl RawSocket {
                 if ifindex == 0 {
                     bail!("no interface {iface}");
                 }
-                let fd = libc::socket(
-                    libc::AF_PACKET,
-                    libc::SOCK_RAW,
-                    ETH_P_ALL.to_be() as i32,
-                );
+                let fd = libc::socket(libc::AF_PACKET, libc::SOCK_RAW, ETH_P_ALL.to_be() as i32);
                 if fd < 0 {
                     bail!("socket(AF_PACKET): {}", std::io::Error::last_os_error());
                 }

@@ -273,6 +273,21 @@ impl Datapath {
         Ok((res.return_value as i32, out))
     }
 
+    /// Average kernel time of one program run on `frame` over `repeat` runs
+    /// (BPF_PROG_TEST_RUN's own timing; for benchmarks).
+    pub fn test_run_timed(&self, frame: &[u8], repeat: u32) -> Result<std::time::Duration> {
+        use aya::programs::{TestRun as _, TestRunOptions};
+        let prog: &SchedClassifier = self.ebpf.program(PROGRAM).expect("loaded").try_into()?;
+        let res = prog
+            .test_run(TestRunOptions {
+                data_in: Some(frame),
+                repeat,
+                ..TestRunOptions::new()
+            })
+            .context("BPF_PROG_TEST_RUN")?;
+        Ok(res.duration)
+    }
+
     /// Forward diagnostics logged by the program with aya-log.
     pub fn flush_program_logs(&mut self) {
         if let Some(l) = self.logger.as_mut() {

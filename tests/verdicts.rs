@@ -453,3 +453,66 @@ fn malformed_and_other_frames_pass_untouched() {
     );
     let _ = BROADCAST;
 }
+
+/// A VLAN device or VLAN-filtering bridge above the uplink hands frames to
+/// eth0 with the tag in skb metadata (vlan_present) and the data untagged.
+/// This kernel has neither, so a fixture program placed first in eth0's TCX
+/// chain pushes the tag into metadata; the guard (last in the chain) must
+/// judge those frames exactly like untagged ones.
+#[test]
+fn vlan_tag_in_metadata_is_judged_like_untagged() {
+    use aya::programs::{tc::TcAttachOptions, LinkOrder, SchedClassifier, TcAttachType};
+    require_root();
+    let bed = Bed::new("vmeta").unwrap();
+    let _guard = bed.start(&[]).unwrap();
+    // Attach the fixture from a thread inside the node's namespace; the link
+    // lives as long as the returned object.
+    let _fixture = bed
+        .node
+        .enter(|| {
+            let mut ebpf = aya::Ebpf::load(guard::datapath::OBJECT)?;
+            let prog: &mut SchedClassifier =
+                ebpf.program_mut("fixture_vlan_meta").unwrap().try_into()?;
+            prog.load()?;
+            prog.attach_with_options(
+                "eth0",
+                TcAttachType::Egress,
+                TcAttachOptions::TcxOrder(LinkOrder::first()),
+            )?;
+            Ok(ebpf)
+        })
+        .unwrap();
+    let peer = RawSocket::open(&bed.peer, "eth0").unwrap();
+    let before = bed.total("arp_vlan_in_metadata").unwrap();
+    for (ip, expect) in [
+        (FOREIGN, Drop),
+        (OWNED, Pass),
+        (UNKNOWN, Drop),
+        (UNKNOWN_ON_EGRESS, Pass),
+    ] {
+        peer.drain();
+        // The neighbour asks; the node's kernel answers through eth0.
+        assert!(peer
+            .send(&ArpSpec::request(bed.peer_mac, PEER_IP, ip).to_bytes())
+            .unwrap());
+        let answer = |c: &Captured| c.op == 2 && c.spa == ip && c.tpa == PEER_IP;
+        match expect {
+            Pass => assert!(
+                peer.wait_arp(ARRIVE, answer).unwrap().is_some(),
+                "{ip}: the reply must arrive"
+            ),
+            _ => assert!(
+                peer.collect_arp(QUIET).unwrap().iter().all(|c| !answer(c)),
+                "{ip}: the reply must be dropped"
+            ),
+        }
+    }
+    assert!(bed.packets(FOREIGN, "reply", "kernel", "dropped").unwrap() >= 1);
+    assert!(bed.packets(UNKNOWN, "reply", "kernel", "dropped").unwrap() >= 1);
+    assert!(bed.packets(OWNED, "reply", "kernel", "passed").unwrap() >= 1);
+    let tagged = bed.total("arp_vlan_in_metadata").unwrap() - before;
+    assert!(
+        tagged >= 4,
+        "the replies reached the guard with their tag in metadata ({tagged} counted)"
+    );
+}

@@ -75,6 +75,9 @@ pub enum Stat {
     CounterFull = 4,
     /// A rewrite failed at `bpf_skb_store_bytes`; the frame was dropped instead.
     RewriteFailed = 5,
+    /// ARP frames whose VLAN tag travelled in skb metadata (a VLAN device or
+    /// a VLAN-filtering bridge above the interface), not in the frame data.
+    VlanInMetadata = 6,
 }
 
 impl Stat {
@@ -85,8 +88,9 @@ impl Stat {
         Stat::NotLb,
         Stat::CounterFull,
         Stat::RewriteFailed,
+        Stat::VlanInMetadata,
     ];
-    pub const COUNT: u32 = 6;
+    pub const COUNT: u32 = 7;
 
     pub const fn as_str(self) -> &'static str {
         match self {
@@ -96,6 +100,7 @@ impl Stat {
             Stat::NotLb => "not_lb",
             Stat::CounterFull => "counter_map_full",
             Stat::RewriteFailed => "rewrite_failed",
+            Stat::VlanInMetadata => "arp_vlan_in_metadata",
         }
     }
 }

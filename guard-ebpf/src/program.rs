@@ -6,9 +6,12 @@ use aya_ebpf::{
 };
 use aya_log_ebpf::error;
 use guard_common::{
-    decide, frame::ETH_HLEN, parse, verdict::classify, Config, CounterKey, CounterValue, Facts,
-    FrameReader, IfAddrKey, LbEntry, LeakAction, Mode, Origin, Ownership, Parsed, Stat, Verdict,
-    MAX_COUNTERS, MAX_IF_ADDRS, MAX_LB_IPS,
+    decide,
+    frame::{ETH_HLEN, ETH_P_8021Q},
+    parse,
+    verdict::classify,
+    Config, CounterKey, CounterValue, Facts, FrameReader, IfAddrKey, LbEntry, LeakAction, Mode,
+    Origin, Ownership, Parsed, Stat, Verdict, MAX_COUNTERS, MAX_IF_ADDRS, MAX_LB_IPS,
 };
 
 /// Linux's BPF_F_NO_PREALLOC: the counter map grows with use instead of
@@ -71,6 +74,12 @@ pub fn arp_guard_egress(ctx: TcContext) -> i32 {
         Parsed::Arp(arp) => arp,
     };
     bump(Stat::Arp);
+    // A tag in metadata leaves the data untagged: the frame is judged exactly
+    // like an untagged one; we only count that it happened.
+    // SAFETY: ctx.skb.skb is the kernel's __sk_buff for this invocation.
+    if unsafe { (*ctx.skb.skb).vlan_present } != 0 {
+        bump(Stat::VlanInMetadata);
+    }
     judge(&ctx, &arp)
 }
 
@@ -197,6 +206,17 @@ fn bump(stat: Stat) {
         // SAFETY: per-CPU slot.
         unsafe { *v += 1 };
     }
+}
+
+/// Test fixture, never attached by the daemon: pushes an 802.1Q tag (VLAN 7)
+/// into skb metadata, as a VLAN device or VLAN-filtering bridge above the
+/// interface would. The test suite places it before the guard in the TCX
+/// chain because this kernel has neither VLAN devices nor act_vlan.
+#[classifier]
+pub fn fixture_vlan_meta(ctx: TcContext) -> i32 {
+    // SAFETY: helper call on this invocation's skb; failure leaves it untagged.
+    let _ = unsafe { aya_ebpf::helpers::bpf_skb_vlan_push(ctx.skb.skb, ETH_P_8021Q.to_be(), 7) };
+    PASS
 }
 
 #[cfg(not(test))]

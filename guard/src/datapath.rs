@@ -23,7 +23,9 @@ use crate::{cli::AttachArg, counters::Snapshot, view::View};
 pub const PROGRAM: &str = "arp_guard_egress";
 
 /// The compiled eBPF object, embedded at build time by build.rs (aya-build).
-static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/arp-guard"));
+/// Besides the guard it holds `fixture_vlan_meta`, a test fixture the daemon
+/// never attaches.
+pub static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/arp-guard"));
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AttachHow {
@@ -115,12 +117,12 @@ impl Datapath {
 
     /// Attach to the egress of `iface`.
     pub fn attach(&mut self, iface: &str, how: AttachArg) -> Result<AttachHow> {
-        let prog: &mut SchedClassifier = self
-            .ebpf
-            .program_mut(PROGRAM)
-            .expect("loaded in Datapath::load")
-            .try_into()?;
-        let tcx = || tc::TcAttachOptions::TcxOrder(LinkOrder::default());
+        let prog = self.program_mut()?;
+        // First in the chain: a program that returns TCX_PASS (Cilium's egress
+        // programs do) ends the chain, and the guard must have seen the frame by
+        // then. The guard itself returns TCX_NEXT for what it passes. (Netlink
+        // filters added without a priority are also placed before existing ones.)
+        let tcx = || tc::TcAttachOptions::TcxOrder(LinkOrder::first());
         let netlink = |prog: &mut SchedClassifier| -> Result<tc::SchedClassifierLinkId> {
             // EEXIST: a clsact qdisc is already there (ours from before, or Cilium's).
             if let Err(e) = tc::qdisc_add_clsact(iface) {
@@ -169,11 +171,13 @@ impl Datapath {
     /// Detach from every interface. Also happens on drop; explicit so that
     /// errors can be logged.
     pub fn detach_all(&mut self) -> Vec<(String, Result<()>)> {
-        let prog: Result<&mut SchedClassifier, _> =
-            self.ebpf.program_mut(PROGRAM).expect("loaded").try_into();
-        let Ok(prog) = prog else { return Vec::new() };
-        self.attached
-            .drain(..)
+        let attached = std::mem::take(&mut self.attached);
+        let prog = match self.program_mut() {
+            Ok(p) => p,
+            Err(e) => return vec![("*".into(), Err(e))],
+        };
+        attached
+            .into_iter()
             .map(|a| {
                 let r = prog.detach(a.link).map_err(anyhow::Error::from);
                 (a.iface, r)
@@ -260,7 +264,7 @@ impl Datapath {
     /// counts as kernel-originated.
     pub fn test_run(&self, frame: &[u8]) -> Result<(i32, Vec<u8>)> {
         use aya::programs::{TestRun as _, TestRunOptions};
-        let prog: &SchedClassifier = self.ebpf.program(PROGRAM).expect("loaded").try_into()?;
+        let prog = self.program()?;
         let mut out = vec![0u8; frame.len() + 64];
         let res = prog
             .test_run(TestRunOptions {
@@ -277,7 +281,7 @@ impl Datapath {
     /// (BPF_PROG_TEST_RUN's own timing; for benchmarks).
     pub fn test_run_timed(&self, frame: &[u8], repeat: u32) -> Result<std::time::Duration> {
         use aya::programs::{TestRun as _, TestRunOptions};
-        let prog: &SchedClassifier = self.ebpf.program(PROGRAM).expect("loaded").try_into()?;
+        let prog = self.program()?;
         let res = prog
             .test_run(TestRunOptions {
                 data_in: Some(frame),
@@ -298,6 +302,22 @@ impl Datapath {
     pub fn logger_fd(&self) -> Option<std::os::fd::RawFd> {
         use std::os::fd::AsRawFd as _;
         self.logger.as_ref().map(|l| l.as_raw_fd())
+    }
+
+    fn program(&self) -> Result<&SchedClassifier> {
+        let p = self
+            .ebpf
+            .program(PROGRAM)
+            .ok_or_else(|| anyhow!("program {PROGRAM} missing"))?;
+        Ok(p.try_into()?)
+    }
+
+    fn program_mut(&mut self) -> Result<&mut SchedClassifier> {
+        let p = self
+            .ebpf
+            .program_mut(PROGRAM)
+            .ok_or_else(|| anyhow!("program {PROGRAM} missing"))?;
+        Ok(p.try_into()?)
     }
 
     fn map_mut(&mut self, name: &str) -> Result<&mut aya::maps::Map> {

@@ -94,12 +94,14 @@ pub async fn run(args: RunArgs) -> Result<()> {
         }
     });
     let (file_tx, mut file_rx) = watch::channel(file_now.clone().unwrap_or_default());
-    if let (Some(path), Some((_, text))) = (args.ownership_file.clone(), file) {
-        tokio::spawn(file_source::watch(path, text, file_tx, args.file_poll));
-    } else {
-        // Keep the sender alive so `changed()` never reports a closed channel.
-        std::mem::forget(file_tx);
-    }
+    // Without a file the sender stays here, so `changed()` simply never fires.
+    let _idle_file_tx = match (args.ownership_file.clone(), file) {
+        (Some(path), Some((_, text))) => {
+            tokio::spawn(file_source::watch(path, text, file_tx, args.file_poll));
+            None
+        }
+        _ => Some(file_tx),
+    };
 
     let mut sigterm = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
     let mut sigint = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;

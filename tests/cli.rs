@@ -5,14 +5,6 @@ use std::time::Duration;
 
 use testbed::{bed::Bed, guard_binary, Daemon, Netns};
 
-fn require_root() {
-    assert_eq!(
-        unsafe { libc::geteuid() },
-        0,
-        "the integration tests need root (network namespaces, BPF)"
-    );
-}
-
 /// Run `arp-guard run <args>` in `ns`; it must fail. Returns its log.
 fn fails(ns: &Netns, args: &[&str]) -> String {
     let mut d = Daemon::spawn(ns, args).unwrap();
@@ -52,7 +44,7 @@ fn help_reads_well() {
 
 #[test]
 fn startup_errors_name_the_culprit() {
-    require_root();
+    testbed::require_root();
     let bed = Bed::new("cli").unwrap();
     let owners = bed.owners.to_str().unwrap().to_owned();
     let ns = &bed.node;
@@ -124,15 +116,13 @@ fn startup_errors_name_the_culprit() {
     assert!(log.contains("interface kube-ipvs9 not found"), "{log}");
 
     // Nothing was attached by any of these.
-    let filters = ns
-        .exec(&["bpftool", "net", "show", "dev", "eth0"])
-        .unwrap_or_default();
+    let filters = ns.exec(&["bpftool", "net", "show", "dev", "eth0"]).unwrap();
     assert!(!filters.contains("arp_guard"), "{filters}");
 }
 
 #[test]
 fn without_privileges_says_what_is_missing() {
-    require_root();
+    testbed::require_root();
     let ns = Netns::new("nopriv").unwrap();
     let out = ns
         .exec_output(&[

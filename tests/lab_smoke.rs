@@ -5,8 +5,10 @@ use xtask::lab::{run, Options};
 
 #[test]
 fn lab_reproduces_then_stops_the_incident() {
-    assert_eq!(unsafe { libc::geteuid() }, 0, "the lab needs root");
-    let attempts = 8;
+    testbed::require_root();
+    // With three nodes racing, the chance that the owner wins all ten is
+    // about (1/3)^10: phase 1 shows the incident.
+    let attempts = 10;
     let (before, after) = run(&Options {
         attempts,
         binary: testbed::guard_binary(),

@@ -5,18 +5,10 @@ use std::time::Duration;
 
 use testbed::{
     bed::{Bed, FOREIGN, NODE, OTHER, OWNED},
-    guard_binary, wait_for, Daemon,
+    guard_binary, wait_for, ArpSpec, Daemon, RawSocket,
 };
 
 const RESOLVE: Duration = Duration::from_secs(3);
-
-fn require_root() {
-    assert_eq!(
-        unsafe { libc::geteuid() },
-        0,
-        "the integration tests need root (network namespaces, BPF)"
-    );
-}
 
 /// Flush the peer's cache, make it resolve `ip`, and return the MAC it learned.
 fn resolve(bed: &Bed, ip: &str) -> Option<[u8; 6]> {
@@ -33,7 +25,7 @@ fn owners_with(foreign_owner: &str) -> String {
 
 #[test]
 fn ownership_file_reload_valid_and_invalid() {
-    require_root();
+    testbed::require_root();
     let bed = Bed::new("reload").unwrap();
     let guard = bed.start(&[]).unwrap();
     let f = FOREIGN.to_string();
@@ -118,7 +110,7 @@ fn ownership_file_reload_valid_and_invalid() {
 
 #[test]
 fn lb_ips_from_interface_track_its_addresses() {
-    require_root();
+    testbed::require_root();
     let bed = Bed::new("ifsrc").unwrap();
     // Zero configuration: no ownership file, every address on kube-ipvs0 is unknown.
     let guard = Daemon::start(
@@ -186,7 +178,7 @@ fn attached(bed: &Bed) -> bool {
 
 #[test]
 fn sigterm_and_sigint_detach_cleanly() {
-    require_root();
+    testbed::require_root();
     let bed = Bed::new("sig").unwrap();
     let f = FOREIGN.to_string();
     for signal in [libc::SIGTERM, libc::SIGINT] {
@@ -214,14 +206,14 @@ fn sigterm_and_sigint_detach_cleanly() {
         let links = bed
             .node
             .exec(&["bpftool", "net", "show", "dev", "eth0"])
-            .unwrap_or_default();
+            .unwrap();
         assert!(!links.contains("arp_guard"), "{links}");
     }
 }
 
 #[test]
 fn netlink_attach_mode_works_and_cleans_up() {
-    require_root();
+    testbed::require_root();
     let bed = Bed::new("nl").unwrap();
     let mut guard = bed.start(&["--attach", "netlink"]).unwrap();
     assert!(
@@ -246,4 +238,83 @@ fn netlink_attach_mode_works_and_cleans_up() {
         "filter left behind: {filters}"
     );
     assert_eq!(resolve(&bed, &FOREIGN.to_string()), Some(bed.node_mac));
+}
+
+/// Protection has no gap while the view changes: a speaker keeps announcing a
+/// foreign IP while the ownership file is reloaded and kube-ipvs0 addresses
+/// come and go; not one of its frames may reach the neighbour.
+#[test]
+fn reloads_open_no_gap() {
+    testbed::require_root();
+    let bed = Bed::new("nogap").unwrap();
+    let guard = bed.start(&[]).unwrap();
+    let cap = RawSocket::open(&bed.peer, "eth0").unwrap();
+    let speaker = RawSocket::open(&bed.node, "eth0").unwrap();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let frame = ArpSpec::gratuitous(2, bed.node_mac, FOREIGN).to_bytes();
+    let sender = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let mut sent = 0u64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                speaker.send(&frame).unwrap();
+                sent += 1;
+                std::thread::sleep(Duration::from_micros(500));
+            }
+            sent
+        })
+    };
+    let extra = "198.51.100.150";
+    for round in 0..6 {
+        // Another IP changes owner in the file: a reload that rewrites the map.
+        let owner = if round % 2 == 0 { NODE } else { OTHER };
+        std::fs::write(
+            &bed.owners,
+            format!(
+                "{}  - ip: {extra}\n    owner: {owner}\n",
+                testbed::bed::default_owners()
+            ),
+        )
+        .unwrap();
+        let want = round + 1;
+        assert!(
+            wait_for(Duration::from_secs(5), || (guard
+                .count_log("ownership file reloaded")
+                >= want)
+                .then_some(()))
+            .is_some(),
+            "reload {want} not seen:\n{}",
+            guard.log_text()
+        );
+        // An address comes and goes on kube-ipvs0.
+        let a = format!("198.51.100.{}/32", 160 + round);
+        bed.node
+            .ip(&["addr", "add", &a, "dev", "kube-ipvs0"])
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(100));
+        bed.node
+            .ip(&["addr", "del", &a, "dev", "kube-ipvs0"])
+            .unwrap();
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let sent = sender.join().unwrap();
+    let leaked: Vec<_> = cap
+        .collect_arp(Duration::from_millis(300))
+        .unwrap()
+        .into_iter()
+        .filter(|c| c.spa == FOREIGN)
+        .collect();
+    assert!(
+        leaked.is_empty(),
+        "{} of {sent} foreign announcements got through",
+        leaked.len()
+    );
+    let dropped = bed
+        .packets(FOREIGN, "gratuitous", "speaker", "dropped")
+        .unwrap();
+    assert_eq!(dropped, sent, "every frame sent was judged and dropped");
+    assert!(
+        sent > 1000,
+        "the speaker kept sending during the reloads ({sent})"
+    );
 }

@@ -24,14 +24,6 @@ const PEER: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 1);
 const PASS: i32 = -1;
 const DROP: i32 = 2;
 
-fn require_root() {
-    assert_eq!(
-        unsafe { libc::geteuid() },
-        0,
-        "the integration tests need root (BPF)"
-    );
-}
-
 /// LB IPs with each state, some also "on the egress interface" (lo here).
 fn lb_ips() -> Vec<(Ipv4Addr, Ownership, bool)> {
     vec![
@@ -114,7 +106,7 @@ fn counter_delta(before: &Snapshot, after: &Snapshot) -> BTreeMap<(u32, u8, u8, 
 
 #[test]
 fn program_agrees_with_reference_on_the_whole_table() {
-    require_root();
+    testbed::require_root();
     for with_primary in [true, false] {
         let mut dp = datapath(with_primary);
         for mode in [Mode::Enforce, Mode::Monitor] {
@@ -167,7 +159,7 @@ fn program_agrees_with_reference_on_the_whole_table() {
 
 #[test]
 fn truncated_frames_pass_untouched_at_every_length() {
-    require_root();
+    testbed::require_root();
     let dp = datapath(true);
     let foreign = Ipv4Addr::new(198, 51, 100, 102);
     for tags in TAGS {
@@ -203,7 +195,7 @@ fn truncated_frames_pass_untouched_at_every_length() {
 
 #[test]
 fn three_tags_and_foreign_protocols_are_not_parsed() {
-    require_root();
+    testbed::require_root();
     let dp = datapath(true);
     let foreign = Ipv4Addr::new(198, 51, 100, 102);
     let three = ArpSpec::reply(MAC, foreign, [2, 0, 0, 0, 0, 1], PEER)

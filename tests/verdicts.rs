@@ -12,7 +12,6 @@ use testbed::{
         Bed, FOREIGN, FOREIGN_ON_EGRESS, NODE_IP, OWNED, OWNED_ON_EGRESS, PEER_IP, UNKNOWN,
         UNKNOWN_ON_EGRESS,
     },
-    frames::BROADCAST,
     ArpSpec, Captured, RawSocket,
 };
 
@@ -30,14 +29,6 @@ enum Expect {
     Rewrite,
 }
 use Expect::*;
-
-fn require_root() {
-    assert_eq!(
-        unsafe { libc::geteuid() },
-        0,
-        "the integration tests need root (network namespaces, BPF)"
-    );
-}
 
 /// Send `spec` from the node's speaker socket; check what the peer gets.
 fn speaker_case(speaker: &RawSocket, cap: &RawSocket, spec: &ArpSpec, expect: Expect) {
@@ -76,7 +67,7 @@ fn speaker_case(speaker: &RawSocket, cap: &RawSocket, spec: &ArpSpec, expect: Ex
 
 #[test]
 fn speaker_frames_follow_the_table() {
-    require_root();
+    testbed::require_root();
     let bed = Bed::new("spk").unwrap();
     let _guard = bed.start(&[]).unwrap();
     let speaker = RawSocket::open(&bed.node, "eth0").unwrap();
@@ -130,7 +121,7 @@ fn speaker_frames_follow_the_table() {
 
 #[test]
 fn kernel_replies_follow_the_table() {
-    require_root();
+    testbed::require_root();
     let bed = Bed::new("krep").unwrap();
     let _guard = bed.start(&[]).unwrap();
     #[rustfmt::skip]
@@ -173,7 +164,7 @@ fn kernel_replies_follow_the_table() {
 
 #[test]
 fn kernel_gratuitous_follows_the_table() {
-    require_root();
+    testbed::require_root();
     let bed = Bed::new("kgarp").unwrap();
     let _guard = bed.start(&[]).unwrap();
     let cap = RawSocket::open(&bed.peer, "eth0").unwrap();
@@ -218,7 +209,7 @@ fn kernel_gratuitous_follows_the_table() {
 
 #[test]
 fn kernel_announce_leaks_follow_the_table() {
-    require_root();
+    testbed::require_root();
     let bed = Bed::new("kleak").unwrap();
     let _guard = bed.start(&[]).unwrap();
     let cap = RawSocket::open(&bed.peer, "eth0").unwrap();
@@ -250,7 +241,8 @@ fn kernel_announce_leaks_follow_the_table() {
             got.spa, want_spa,
             "{ip}: SPA of the request the neighbour received"
         );
-        // What the neighbour learned from it.
+        // What the neighbour learned from it (give its kernel time to process).
+        std::thread::sleep(QUIET);
         let learned = bed.peer.cached_mac("eth0", &ip.to_string()).unwrap();
         if expect == Rewrite {
             assert_eq!(
@@ -277,7 +269,7 @@ fn kernel_announce_leaks_follow_the_table() {
 
 #[test]
 fn leak_action_drop_drops_leaks() {
-    require_root();
+    testbed::require_root();
     let bed = Bed::new("ldrop").unwrap();
     let _guard = bed.start(&["--leak-action", "drop"]).unwrap();
     let cap = RawSocket::open(&bed.peer, "eth0").unwrap();
@@ -304,7 +296,7 @@ fn leak_action_drop_drops_leaks() {
 
 #[test]
 fn monitor_mode_counts_and_passes() {
-    require_root();
+    testbed::require_root();
     let bed = Bed::new("mon").unwrap();
     let _guard = bed.start(&["--mode", "monitor"]).unwrap();
     // A kernel reply that enforce would drop reaches the neighbour.
@@ -352,7 +344,7 @@ fn monitor_mode_counts_and_passes() {
 
 #[test]
 fn tagged_frames_are_judged_like_untagged() {
-    require_root();
+    testbed::require_root();
     let bed = Bed::new("vlan").unwrap();
     let _guard = bed.start(&[]).unwrap();
     let speaker = RawSocket::open(&bed.node, "eth0").unwrap();
@@ -407,7 +399,7 @@ fn tagged_frames_are_judged_like_untagged() {
 
 #[test]
 fn malformed_and_other_frames_pass_untouched() {
-    require_root();
+    testbed::require_root();
     let bed = Bed::new("malf").unwrap();
     let _guard = bed.start(&[]).unwrap();
     let speaker = RawSocket::open(&bed.node, "eth0").unwrap();
@@ -451,7 +443,6 @@ fn malformed_and_other_frames_pass_untouched() {
         &ArpSpec::reply(bed.node_mac, FOREIGN, bed.peer_mac, PEER_IP),
         Drop,
     );
-    let _ = BROADCAST;
 }
 
 /// A VLAN device or VLAN-filtering bridge above the uplink hands frames to
@@ -462,7 +453,7 @@ fn malformed_and_other_frames_pass_untouched() {
 #[test]
 fn vlan_tag_in_metadata_is_judged_like_untagged() {
     use aya::programs::{tc::TcAttachOptions, LinkOrder, SchedClassifier, TcAttachType};
-    require_root();
+    testbed::require_root();
     let bed = Bed::new("vmeta").unwrap();
     let _guard = bed.start(&[]).unwrap();
     // Attach the fixture from a thread inside the node's namespace; the link

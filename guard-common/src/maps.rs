@@ -90,7 +90,7 @@ impl Stat {
         Stat::RewriteFailed,
         Stat::VlanInMetadata,
     ];
-    pub const COUNT: u32 = 7;
+    pub const COUNT: u32 = Self::ALL.len() as u32;
 
     pub const fn as_str(self) -> &'static str {
         match self {

@@ -193,18 +193,24 @@ fn count(ctx: &TcContext, key: CounterKey) {
         return;
     }
     let fresh = CounterValue { packets: 1, bytes };
-    // BPF_NOEXIST is not needed: a racing insert on this CPU cannot happen.
-    if COUNTERS.insert(&key, &fresh, 0).is_err() {
-        bump(Stat::CounterFull);
-        error!(ctx, "arp-guard: counter map full, decision not counted");
+    // Two CPUs may insert the same new key at once; each insert writes only
+    // its own CPU's slot (the others are zeroed), so no count is lost.
+    if COUNTERS.insert(&key, &fresh, 0).is_err() && bump(Stat::CounterFull) == 1 {
+        // Once per CPU: the STATS counter keeps the tally, this only points at it.
+        error!(ctx, "arp-guard: counter map full; decisions are no longer counted per LB IP (see STATS counter_map_full)");
     }
 }
 
+/// Add one to a per-CPU total; returns the new value on this CPU.
 #[inline(always)]
-fn bump(stat: Stat) {
-    if let Some(v) = STATS.get_ptr_mut(stat as u32) {
-        // SAFETY: per-CPU slot.
-        unsafe { *v += 1 };
+fn bump(stat: Stat) -> u64 {
+    match STATS.get_ptr_mut(stat as u32) {
+        // SAFETY: this CPU's slot of a per-CPU array; nothing else writes it now.
+        Some(v) => unsafe {
+            *v += 1;
+            *v
+        },
+        None => 0,
     }
 }
 

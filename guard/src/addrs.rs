@@ -22,7 +22,6 @@ use tokio::sync::watch;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct IfAddr {
     pub addr: Ipv4Addr,
-    pub prefix_len: u8,
     /// IFA_F_SECONDARY: not the primary address of its subnet on this interface.
     pub secondary: bool,
 }
@@ -82,7 +81,6 @@ pub async fn dump(handle: &Handle) -> Result<AddrTable> {
         if let Some(addr) = local.or(address) {
             table.v4.entry(msg.header.index).or_default().push(IfAddr {
                 addr,
-                prefix_len: msg.header.prefix_len,
                 secondary: msg.header.flags.contains(AddressHeaderFlags::Secondary),
             });
         }
@@ -90,11 +88,14 @@ pub async fn dump(handle: &Handle) -> Result<AddrTable> {
     Ok(table)
 }
 
+/// Netlink notifications; only their arrival matters, not their content.
+pub type Notifications = futures::channel::mpsc::UnboundedReceiver<(
+    rtnetlink::packet_core::NetlinkMessage<rtnetlink::packet_route::RouteNetlinkMessage>,
+    rtnetlink::sys::SocketAddr,
+)>;
+
 /// Open a netlink connection subscribed to link and IPv4 address changes.
-pub fn connect() -> Result<(
-    Handle,
-    futures::channel::mpsc::UnboundedReceiver<impl Sized>,
-)> {
+pub fn connect() -> Result<(Handle, Notifications)> {
     let (conn, handle, messages) =
         rtnetlink::new_multicast_connection(&[MulticastGroup::Link, MulticastGroup::Ipv4Ifaddr])
             .context("cannot open an rtnetlink socket")?;
@@ -102,14 +103,31 @@ pub fn connect() -> Result<(
     Ok((handle, messages))
 }
 
+async fn reconnect() -> (Handle, Notifications) {
+    let mut delay = Duration::from_millis(500);
+    loop {
+        tracing::warn!("rtnetlink notifications stopped; reconnecting");
+        match connect() {
+            Ok(c) => return c,
+            Err(e) => {
+                tracing::warn!(error = %format!("{e:#}"), retry_in = ?delay, "cannot reopen rtnetlink")
+            }
+        }
+        tokio::time::sleep(delay).await;
+        delay = (delay * 2).min(Duration::from_secs(30));
+    }
+}
+
 /// Publish a fresh table into `tx` after every change notification (coalesced
-/// over `settle`) and at least every `resync`. Returns only on a fatal error.
+/// over `SETTLE`) and at least every `resync`. Runs for the life of the
+/// daemon: a broken netlink socket is reopened with backoff, and meanwhile
+/// the maps keep their last state.
 pub async fn watch(
-    handle: Handle,
-    mut notifications: futures::channel::mpsc::UnboundedReceiver<impl Sized>,
+    mut handle: Handle,
+    mut notifications: Notifications,
     tx: watch::Sender<AddrTable>,
     resync: Duration,
-) -> Result<()> {
+) {
     const SETTLE: Duration = Duration::from_millis(20);
     let mut ticker = tokio::time::interval(resync.max(Duration::from_secs(1)));
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -117,7 +135,7 @@ pub async fn watch(
         tokio::select! {
             n = notifications.next() => {
                 if n.is_none() {
-                    anyhow::bail!("rtnetlink notification stream ended");
+                    (handle, notifications) = reconnect().await;
                 }
                 // Coalesce a burst (kube-proxy adds many addresses at once).
                 tokio::time::sleep(SETTLE).await;

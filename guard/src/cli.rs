@@ -172,7 +172,7 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
         "h" => n * 3600.0,
         _ => return Err(format!("`{s}`: unknown unit `{unit}` (use ms, s, m or h)")),
     };
-    Ok(Duration::from_secs_f64(secs))
+    Duration::try_from_secs_f64(secs).map_err(|e| format!("`{s}`: {e}"))
 }
 
 #[cfg(test)]
@@ -193,6 +193,7 @@ mod tests {
         assert_eq!(parse_duration("7").unwrap(), Duration::from_secs(7));
         assert!(parse_duration("5 parsecs").is_err());
         assert!(parse_duration("x").is_err());
+        assert!(parse_duration("99999999999999999999h").is_err());
     }
 
     /// The shipped manifests stay in step with the CLI and the file schema.

@@ -33,14 +33,35 @@ pub struct Snapshot {
 
 #[derive(Serialize)]
 struct JsonRow {
+    #[serde(flatten)]
+    labels: Labels,
+    packets: u64,
+    bytes: u64,
+}
+
+/// A counter key's labels as names.
+#[derive(Serialize)]
+struct Labels {
     lb_ip: String,
     interface: String,
     kind: &'static str,
     origin: &'static str,
     state: &'static str,
     verdict: &'static str,
-    packets: u64,
-    bytes: u64,
+}
+
+impl Row {
+    fn labels(&self) -> Labels {
+        let k = self.key;
+        Labels {
+            lb_ip: Ipv4Addr::from(k.ip).to_string(),
+            interface: ifname(k.ifindex).unwrap_or_else(|| format!("ifindex:{}", k.ifindex)),
+            kind: Kind::from_u8(k.kind).map_or("?", Kind::as_str),
+            origin: Origin::from_u8(k.origin).map_or("?", Origin::as_str),
+            state: Ownership::from_u8(k.state).map_or("?", Ownership::as_str),
+            verdict: Verdict::from_u8(k.verdict).map_or("?", Verdict::as_str),
+        }
+    }
 }
 
 impl Snapshot {
@@ -139,13 +160,7 @@ impl Snapshot {
             .rows
             .iter()
             .map(|r| JsonRow {
-                lb_ip: Ipv4Addr::from(r.key.ip).to_string(),
-                interface: ifname(r.key.ifindex)
-                    .unwrap_or_else(|| format!("ifindex:{}", r.key.ifindex)),
-                kind: Kind::from_u8(r.key.kind).map_or("?", Kind::as_str),
-                origin: Origin::from_u8(r.key.origin).map_or("?", Origin::as_str),
-                state: Ownership::from_u8(r.key.state).map_or("?", Ownership::as_str),
-                verdict: Verdict::from_u8(r.key.verdict).map_or("?", Verdict::as_str),
+                labels: r.labels(),
                 packets: r.value.packets,
                 bytes: r.value.bytes,
             })
@@ -162,17 +177,11 @@ impl Snapshot {
             "LB IP", "INTERFACE", "KIND", "ORIGIN", "STATE", "VERDICT", "PACKETS"
         );
         for r in &self.rows {
-            let k = r.key;
+            let l = r.labels();
             let _ = writeln!(
                 out,
                 "{:<16} {:<10} {:<14} {:<8} {:<8} {:<14} {:>10}",
-                Ipv4Addr::from(k.ip).to_string(),
-                ifname(k.ifindex).unwrap_or_else(|| format!("#{}", k.ifindex)),
-                Kind::from_u8(k.kind).map_or("?", Kind::as_str),
-                Origin::from_u8(k.origin).map_or("?", Origin::as_str),
-                Ownership::from_u8(k.state).map_or("?", Ownership::as_str),
-                Verdict::from_u8(k.verdict).map_or("?", Verdict::as_str),
-                r.value.packets
+                l.lb_ip, l.interface, l.kind, l.origin, l.state, l.verdict, r.value.packets
             );
         }
         if self.rows.is_empty() {

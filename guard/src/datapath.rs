@@ -25,7 +25,7 @@ pub const PROGRAM: &str = "arp_guard_egress";
 /// The compiled eBPF object, embedded at build time by build.rs (aya-build).
 /// Besides the guard it holds `fixture_vlan_meta`, a test fixture the daemon
 /// never attaches.
-pub static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/arp-guard"));
+pub static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/arp-guard-ebpf"));
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AttachHow {
@@ -118,27 +118,11 @@ impl Datapath {
     /// Attach to the egress of `iface`.
     pub fn attach(&mut self, iface: &str, how: AttachArg) -> Result<AttachHow> {
         let prog = self.program_mut()?;
-        // First in the chain: a program that returns TCX_PASS (Cilium's egress
-        // programs do) ends the chain, and the guard must have seen the frame by
-        // then. The guard itself returns TCX_NEXT for what it passes. (Netlink
-        // filters added without a priority are also placed before existing ones.)
+        // First in the chain at attach time: a program that returns TCX_PASS
+        // (Cilium's egress programs do) ends the chain, and the guard must have
+        // seen the frame by then. The guard returns TCX_NEXT for what it passes.
         let tcx = || tc::TcAttachOptions::TcxOrder(LinkOrder::first());
-        let netlink = |prog: &mut SchedClassifier| -> Result<tc::SchedClassifierLinkId> {
-            // EEXIST: a clsact qdisc is already there (ours from before, or Cilium's).
-            if let Err(e) = tc::qdisc_add_clsact(iface) {
-                let exists = matches!(&e, tc::TcError::IoError(io) if io.kind() == io::ErrorKind::AlreadyExists)
-                    || e.to_string().contains("exists");
-                if !exists {
-                    return Err(anyhow!(e).context(format!("adding a clsact qdisc to {iface}")));
-                }
-            }
-            prog.attach_with_options(
-                iface,
-                TcAttachType::Egress,
-                tc::TcAttachOptions::Netlink(tc::NlOptions::default()),
-            )
-            .with_context(|| format!("attaching to {iface} egress with a netlink clsact filter"))
-        };
+        let netlink = |prog: &mut SchedClassifier| attach_netlink(prog, iface);
         let (link, how) = match how {
             AttachArg::Tcx => (
                 prog.attach_with_options(iface, TcAttachType::Egress, tcx())
@@ -162,10 +146,6 @@ impl Datapath {
             link,
         });
         Ok(how)
-    }
-
-    pub fn attachments(&self) -> &[Attachment] {
-        &self.attached
     }
 
     /// Detach from every interface. Also happens on drop; explicit so that
@@ -299,11 +279,6 @@ impl Datapath {
         }
     }
 
-    pub fn logger_fd(&self) -> Option<std::os::fd::RawFd> {
-        use std::os::fd::AsRawFd as _;
-        self.logger.as_ref().map(|l| l.as_raw_fd())
-    }
-
     fn program(&self) -> Result<&SchedClassifier> {
         let p = self
             .ebpf
@@ -325,6 +300,70 @@ impl Datapath {
             .map_mut(name)
             .ok_or_else(|| anyhow!("map {name} missing from the embedded object"))
     }
+}
+
+/// The clsact filter slot arp-guard uses in netlink mode. A fixed slot means a
+/// filter left behind by a daemon that was killed (netlink filters, unlike TCX
+/// links, outlive their process) is found and replaced, not stacked upon.
+pub const NETLINK_PRIORITY: u16 = 1;
+pub const NETLINK_HANDLE: tc::TcHandle = tc::TcHandle::new(0, 0xa6d0);
+
+fn attach_netlink(prog: &mut SchedClassifier, iface: &str) -> Result<tc::SchedClassifierLinkId> {
+    // EEXIST: a clsact qdisc is already there (ours from before, or Cilium's).
+    if let Err(e) = tc::qdisc_add_clsact(iface) {
+        if !is_exists(&e) {
+            return Err(anyhow!(e).context(format!("adding a clsact qdisc to {iface}")));
+        }
+    }
+    let options = tc::NlOptions {
+        priority: NETLINK_PRIORITY,
+        handle: NETLINK_HANDLE,
+        ..Default::default()
+    };
+    match prog.attach_with_options(
+        iface,
+        TcAttachType::Egress,
+        tc::TcAttachOptions::Netlink(options),
+    ) {
+        Ok(link) => Ok(link),
+        Err(e) if is_exists(&e) => {
+            // Our slot is taken by an earlier run's filter: swap the program in
+            // place (one netlink change, no moment without a guard).
+            let old = tc::SchedClassifierLink::attached(
+                iface,
+                TcAttachType::Egress,
+                NETLINK_PRIORITY,
+                NETLINK_HANDLE,
+                None,
+            )?;
+            let link = prog
+                .attach_to_link(old)
+                .with_context(|| format!("replacing the guard filter left on {iface}"))?;
+            tracing::warn!(
+                interface = iface,
+                "replaced an arp-guard filter left behind by an earlier run"
+            );
+            Ok(link)
+        }
+        Err(e) => Err(anyhow!(e).context(format!(
+            "attaching to {iface} egress with a netlink clsact filter"
+        ))),
+    }
+}
+
+/// EEXIST anywhere in an error's chain (netlink errors carry it as text).
+fn is_exists(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut cur = Some(e);
+    while let Some(err) = cur {
+        let io_exists = err
+            .downcast_ref::<io::Error>()
+            .is_some_and(|io| io.kind() == io::ErrorKind::AlreadyExists);
+        if io_exists || err.to_string().contains("File exists") {
+            return true;
+        }
+        cur = err.source();
+    }
+    false
 }
 
 /// Bring `map` (whose content we last wrote as `applied`) to `desired`.

@@ -64,6 +64,13 @@ pub async fn watch(
         if text == last_text {
             continue;
         }
+        // A writer may be half-way through (`cat > file`): take the content
+        // only once it reads the same twice, a moment apart. The next event or
+        // poll comes back to it otherwise.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        if tokio::fs::read_to_string(&path).await.ok().as_deref() != Some(text.as_str()) {
+            continue;
+        }
         match ownership_file::parse(&path, &text) {
             Ok(file) => {
                 tracing::info!(file = %path.display(), ips = file.ips.len(), "ownership file reloaded");

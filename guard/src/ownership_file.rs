@@ -29,7 +29,8 @@ use serde::Deserialize;
 struct RawFile {
     #[serde(default)]
     version: Option<u32>,
-    #[serde(default)]
+    /// Required, even when empty (`ips: []`): an empty or cut-off document
+    /// must not read as "no LB IPs".
     ips: Vec<RawEntry>,
 }
 
@@ -114,7 +115,11 @@ pub fn parse(path: &Path, text: &str) -> Result<OwnershipFile, FileError> {
             let field = non_root(e.path().to_string());
             let inner = e.into_inner();
             let line = (inner.line() > 0).then_some(inner.line());
-            err(line, field, strip_position(&inner.to_string()))
+            err(
+                line,
+                field.clone(),
+                clean_message(&inner.to_string(), field.as_deref()),
+            )
         })?
     } else {
         let de = serde_yaml::Deserializer::from_str(text);
@@ -122,7 +127,11 @@ pub fn parse(path: &Path, text: &str) -> Result<OwnershipFile, FileError> {
             let field = non_root(e.path().to_string());
             let inner = e.into_inner();
             let line = inner.location().map(|l| l.line());
-            err(line, field, strip_position(&inner.to_string()))
+            err(
+                line,
+                field.clone(),
+                clean_message(&inner.to_string(), field.as_deref()),
+            )
         })?
     };
     if let Some(v) = raw.version {
@@ -197,12 +206,18 @@ fn non_root(p: String) -> Option<String> {
     (p != "." && !p.is_empty()).then_some(p)
 }
 
-/// serde_yaml and serde_json append " at line X column Y"; we print the line ourselves.
-fn strip_position(msg: &str) -> String {
-    match msg.rfind(" at line ") {
-        Some(i) => msg[..i].to_owned(),
-        None => msg.to_owned(),
-    }
+/// serde_yaml prefixes the field path and both parsers append " at line X
+/// column Y"; we print field and line ourselves.
+fn clean_message(msg: &str, field: Option<&str>) -> String {
+    let msg = match msg.rfind(" at line ") {
+        Some(i) => &msg[..i],
+        None => msg,
+    };
+    let msg = field
+        .and_then(|f| msg.strip_prefix(f))
+        .and_then(|m| m.strip_prefix(": "))
+        .unwrap_or(msg);
+    msg.to_owned()
 }
 
 /// The 1-based number of the first line at or after line `from` (1-based,
@@ -288,9 +303,23 @@ mod tests {
     }
 
     #[test]
-    fn empty_file_is_an_empty_set() {
-        assert!(p("").unwrap().ips.is_empty());
+    fn empty_or_cut_off_documents_are_rejected() {
+        // An explicit empty list is a deliberate "no LB IPs".
         assert!(p("ips: []\n").unwrap().ips.is_empty());
+        // An empty file, or one cut before `ips`, is not.
+        for text in ["", "\n", "version: 1\n", "# comment only\n"] {
+            let e = p(text).unwrap_err();
+            assert!(e.message.contains("ips"), "{text:?}: {e}");
+        }
+    }
+
+    #[test]
+    fn messages_name_the_field_once() {
+        let e = p("ips:\n  - ip: 198.51.100.300\n").unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "/etc/arp-guard/owners.yaml:2: field `ips[0].ip`: invalid IP address syntax"
+        );
     }
 
     #[test]

@@ -57,5 +57,9 @@ pub fn node_name(given: Option<String>) -> Result<String> {
     if name.is_empty() {
         bail!("cannot tell this node's name: pass --node-name or set NODE_NAME");
     }
+    // A name no owner can match would turn every owned IP into `foreign`.
+    if let Err(why) = crate::ownership_file::check_node_name(&name) {
+        bail!("node name {name:?} is not a valid Kubernetes node name ({why}); pass --node-name or set NODE_NAME");
+    }
     Ok(name)
 }

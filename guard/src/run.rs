@@ -63,6 +63,11 @@ pub async fn run(args: RunArgs) -> Result<()> {
         None => None,
     };
 
+    // Before anything is attached: a signal during start-up must also end in
+    // a clean detach, not in the default action.
+    let mut sigterm = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
+    let mut sigint = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
+
     let (nl, notifications) = addrs::connect()?;
     let table = addrs::dump(&nl).await?;
 
@@ -70,11 +75,13 @@ pub async fn run(args: RunArgs) -> Result<()> {
     let file_now = file.as_ref().map(|(f, _)| f.clone());
     let view = derive(&node, &args, file_now.as_ref(), &table);
     // Fill the maps before attaching: the first frame already meets the policy.
-    report_apply(&mut dp, &view);
+    let mut dirty = !report_apply(&mut dp, &view);
     warn_if_node_unknown(&node, file_now.as_ref());
+    let mut attached_at = Vec::new();
     for iface in &args.interfaces {
         let how = dp.attach(iface, args.attach)?;
         tracing::info!(interface = %iface, attach = how.as_str(), "guard attached to egress");
+        attached_at.push((iface.clone(), table.ifindex(iface)));
     }
     tracing::info!(
         node = %node,
@@ -88,11 +95,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
     );
 
     let (addr_tx, mut addr_rx) = watch::channel(table);
-    tokio::spawn(async move {
-        if let Err(e) = addrs::watch(nl, notifications, addr_tx, args.resync).await {
-            tracing::error!(error = %format!("{e:#}"), "interface watcher stopped; the maps keep their last state");
-        }
-    });
+    tokio::spawn(addrs::watch(nl, notifications, addr_tx, args.resync));
     let (file_tx, mut file_rx) = watch::channel(file_now.clone().unwrap_or_default());
     // Without a file the sender stays here, so `changed()` simply never fires.
     let _idle_file_tx = match (args.ownership_file.clone(), file) {
@@ -103,8 +106,6 @@ pub async fn run(args: RunArgs) -> Result<()> {
         _ => Some(file_tx),
     };
 
-    let mut sigterm = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
-    let mut sigint = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
     let mut stats_tick = tokio::time::interval(if args.stats_interval.is_zero() {
         std::time::Duration::from_secs(3600 * 24 * 365)
     } else {
@@ -125,6 +126,10 @@ pub async fn run(args: RunArgs) -> Result<()> {
             }
             _ = log_tick.tick() => {
                 dp.flush_program_logs();
+                // A write that failed (e.g. a full map) is retried until it lands.
+                if dirty {
+                    dirty = !report_apply(&mut dp, &current);
+                }
                 continue;
             }
         }
@@ -133,10 +138,18 @@ pub async fn run(args: RunArgs) -> Result<()> {
             .is_some()
             .then(|| file_rx.borrow_and_update().clone());
         let table = addr_rx.borrow_and_update().clone();
+        // An interface that disappears takes its attachment with it; until
+        // re-attachment is automatic, exit so that the supervisor restarts us.
+        if let Some((iface, _)) = attached_at.iter().find(|(i, idx)| table.ifindex(i) != *idx) {
+            tracing::error!(interface = %iface, "guarded interface was deleted or re-created; exiting so the guard is re-attached on restart");
+            log_counters(&dp, "final counters");
+            dp.detach_all();
+            bail!("guarded interface {iface} was deleted or re-created");
+        }
         let next = derive(&node, &args, file.as_ref(), &table);
         if next != current {
             log_changes(&current, &next);
-            report_apply(&mut dp, &next);
+            dirty = !report_apply(&mut dp, &next);
             current = next;
         }
     };
@@ -163,7 +176,8 @@ fn derive(node: &str, args: &RunArgs, file: Option<&OwnershipFile>, table: &Addr
     })
 }
 
-fn report_apply(dp: &mut Datapath, view: &View) {
+/// Apply `view`; false if some entry could not be written (it will be retried).
+fn report_apply(dp: &mut Datapath, view: &View) -> bool {
     let r = dp.apply(view);
     for e in &r.errors {
         tracing::error!(error = %e, "map update failed; that entry keeps its previous value");
@@ -175,6 +189,7 @@ fn report_apply(dp: &mut Datapath, view: &View) {
         );
     }
     tracing::debug!(written = r.written, removed = r.removed, "maps updated");
+    r.errors.is_empty()
 }
 
 fn log_changes(old: &View, new: &View) {

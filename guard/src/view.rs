@@ -125,7 +125,6 @@ mod tests {
         t.links.insert("kube-ipvs0".into(), 5);
         let a = |s: &str, secondary| IfAddr {
             addr: s.parse().unwrap(),
-            prefix_len: 24,
             secondary,
         };
         t.v4.insert(

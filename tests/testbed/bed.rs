@@ -18,7 +18,12 @@ use std::{
 use anyhow::{Context as _, Result};
 use serde_json::Value;
 
-use crate::{daemon::Daemon, guard_binary, netns::veth, Netns};
+use crate::{
+    daemon::Daemon,
+    guard_binary,
+    netns::{kube_ipvs0, veth},
+    Netns,
+};
 
 pub const NODE: &str = "node-a";
 pub const OTHER: &str = "node-b";
@@ -88,22 +93,7 @@ impl Bed {
         for ip in [UNKNOWN_ON_EGRESS, FOREIGN_ON_EGRESS, OWNED_ON_EGRESS] {
             node.ip(&["addr", "add", &format!("{ip}/32"), "dev", "eth0"])?;
         }
-        // kube-ipvs0 stand-in: the kernel has no dummy devices here; a veth end
-        // that is down and NOARP carries the addresses just as well.
-        node.ip(&[
-            "link",
-            "add",
-            "kube-ipvs0",
-            "type",
-            "veth",
-            "peer",
-            "name",
-            "kipvs-peer",
-        ])?;
-        node.ip(&["link", "set", "kube-ipvs0", "arp", "off"])?;
-        for ip in [OWNED, FOREIGN, UNKNOWN] {
-            node.ip(&["addr", "add", &format!("{ip}/32"), "dev", "kube-ipvs0"])?;
-        }
+        kube_ipvs0(&node, &[OWNED, FOREIGN, UNKNOWN])?;
         for ns in [&node, &peer] {
             // No IPv6 chatter on the segment: the tests read every frame.
             ns.sysctl("net.ipv6.conf.all.disable_ipv6", "1")?;

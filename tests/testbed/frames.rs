@@ -97,8 +97,9 @@ impl ArpSpec {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Captured {
     pub eth_src: [u8; 6],
-    /// VLAN ids found in the data (a receiving kernel may have moved the
-    /// outer tag to metadata; see `RawSocket::recv_arp`).
+    /// VLAN ids found in the data. A receiving kernel moves the outer tag to
+    /// metadata before packet sockets see the frame, so captures usually show
+    /// one tag fewer than was sent.
     pub vlans: Vec<u16>,
     pub op: u16,
     pub sha: [u8; 6],

@@ -32,6 +32,16 @@ pub fn guard_binary() -> std::path::PathBuf {
     dir.join("arp-guard")
 }
 
+/// The integration tests create namespaces and load BPF programs.
+pub fn require_root() {
+    // SAFETY: geteuid has no preconditions.
+    assert_eq!(
+        unsafe { libc::geteuid() },
+        0,
+        "this test needs root (network namespaces, BPF)"
+    );
+}
+
 /// Poll `f` every 20 ms until it returns `Some` or `timeout` passes.
 pub fn wait_for<T>(timeout: std::time::Duration, mut f: impl FnMut() -> Option<T>) -> Option<T> {
     let deadline = std::time::Instant::now() + timeout;

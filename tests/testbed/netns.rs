@@ -33,17 +33,6 @@ impl Netns {
         Ok(ns)
     }
 
-    /// A namespace with an exact name (the lab's names are part of its output).
-    pub fn named(name: &str) -> Result<Self> {
-        let _ = Command::new("ip").args(["netns", "del", name]).output();
-        run(Command::new("ip").args(["netns", "add", name]))?;
-        let ns = Netns {
-            name: name.to_owned(),
-        };
-        ns.ip(&["link", "set", "lo", "up"])?;
-        Ok(ns)
-    }
-
     /// `ip -n <ns> <args>`; fails with ip's stderr.
     pub fn ip(&self, args: &[&str]) -> Result<String> {
         run(Command::new("ip").arg("-n").arg(&self.name).args(args))
@@ -176,6 +165,28 @@ pub fn veth(a: &Netns, a_if: &str, b: &Netns, b_if: &str) -> Result<()> {
     ])?;
     a.ip(&["link", "set", a_if, "up"])?;
     b.ip(&["link", "set", b_if, "up"])?;
+    Ok(())
+}
+
+/// A kube-ipvs0 stand-in holding `ips` (/32): this kernel has no dummy
+/// devices, and a veth end that is down and NOARP carries the addresses just
+/// as well. The kernel treats them as local and, with arp_ignore=0, answers
+/// ARP for them on every interface.
+pub fn kube_ipvs0(ns: &Netns, ips: &[std::net::Ipv4Addr]) -> Result<()> {
+    ns.ip(&[
+        "link",
+        "add",
+        "kube-ipvs0",
+        "type",
+        "veth",
+        "peer",
+        "name",
+        "kipvs-peer",
+    ])?;
+    ns.ip(&["link", "set", "kube-ipvs0", "arp", "off"])?;
+    for ip in ips {
+        ns.ip(&["addr", "add", &format!("{ip}/32"), "dev", "kube-ipvs0"])?;
+    }
     Ok(())
 }
 

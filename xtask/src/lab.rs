@@ -30,7 +30,7 @@ use anyhow::{bail, Context as _, Result};
 use serde_json::Value;
 use testbed::{
     bed::TempDir,
-    netns::{fmt_mac, veth},
+    netns::{fmt_mac, kube_ipvs0, veth},
     Daemon, Netns,
 };
 
@@ -136,19 +136,8 @@ impl Lab {
             switch.ip(&["link", "set", &port, "master", "br0"])?;
             let ip = Ipv4Addr::new(198, 51, 100, 10 + i as u8);
             ns.ip(&["addr", "add", &format!("{ip}/24"), "dev", "eth0"])?;
-            // kube-ipvs0 stand-in: down, NOARP, holding the LB IP like kube-proxy's dummy.
-            ns.ip(&[
-                "link",
-                "add",
-                "kube-ipvs0",
-                "type",
-                "veth",
-                "peer",
-                "name",
-                "kipvs-peer",
-            ])?;
-            ns.ip(&["link", "set", "kube-ipvs0", "arp", "off"])?;
-            ns.ip(&["addr", "add", &format!("{LB_IP}/32"), "dev", "kube-ipvs0"])?;
+            // kube-ipvs0 stand-in holding the LB IP, like kube-proxy's dummy.
+            kube_ipvs0(&ns, &[LB_IP])?;
             // strictARP: false leaves the kernel defaults.
             ns.sysctl("net.ipv4.conf.all.arp_ignore", "0")?;
             ns.sysctl("net.ipv4.conf.all.arp_announce", "0")?;

@@ -1,7 +1,8 @@
 use std::{path::PathBuf, process::Command};
 
-use anyhow::{bail, Context as _, Result};
+use anyhow::{bail, Result};
 use clap::{Parser, Subcommand};
+use xtask::setup::run;
 
 #[derive(Parser)]
 #[command(about = "arp-guard project tasks")]
@@ -41,15 +42,6 @@ fn cargo() -> Command {
     c
 }
 
-fn run(mut cmd: Command) -> Result<()> {
-    eprintln!("xtask: running {cmd:?}");
-    let status = cmd.status().with_context(|| format!("spawning {cmd:?}"))?;
-    if !status.success() {
-        bail!("{cmd:?} failed with {status}");
-    }
-    Ok(())
-}
-
 fn guard_binary() -> PathBuf {
     let target = std::env::var_os("CARGO_TARGET_DIR")
         .map(PathBuf::from)
@@ -74,7 +66,7 @@ fn task(task: Task) -> Result<()> {
             xtask::setup::setup()?;
             let mut fmt = cargo();
             fmt.args(["fmt", "--all", "--", "--check"]);
-            run(fmt)?;
+            run(&mut fmt)?;
             let mut clippy = cargo();
             clippy.args([
                 "clippy",
@@ -84,15 +76,15 @@ fn task(task: Task) -> Result<()> {
                 "-D",
                 "warnings",
             ]);
-            run(clippy)?;
+            run(&mut clippy)?;
             let mut build = cargo();
             build.args(["build", "-p", "guard"]);
-            run(build)?;
+            run(&mut build)?;
             let mut test = cargo();
             test.args(["test", "--workspace", "--no-fail-fast", "--"])
                 .args(args);
             test.env("ARP_GUARD_BIN", guard_binary());
-            run(test)
+            run(&mut test)
         }
         Task::Lab { duration } => {
             // SAFETY: geteuid has no preconditions.
@@ -102,7 +94,7 @@ fn task(task: Task) -> Result<()> {
             xtask::setup::setup()?;
             let mut build = cargo();
             build.args(["build", "-p", "guard"]);
-            run(build)?;
+            run(&mut build)?;
             xtask::lab::install_interrupt_handler();
             let (_, after) = xtask::lab::run(&xtask::lab::Options {
                 attempts: duration,

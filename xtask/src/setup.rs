@@ -26,8 +26,9 @@ fn ok(cmd: &mut Command) -> bool {
         .is_ok_and(|s| s.success())
 }
 
-fn run(cmd: &mut Command) -> Result<()> {
-    eprintln!("xtask setup: running {cmd:?}");
+/// Run a command, echoing it; fail with its status.
+pub fn run(cmd: &mut Command) -> Result<()> {
+    eprintln!("xtask: running {cmd:?}");
     let status = cmd.status().with_context(|| format!("spawning {cmd:?}"))?;
     if !status.success() {
         bail!("{cmd:?} failed with {status}");

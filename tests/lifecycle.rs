@@ -318,3 +318,45 @@ fn reloads_open_no_gap() {
         "the speaker kept sending during the reloads ({sent})"
     );
 }
+
+/// The periodic full reconcile repairs maps changed behind the daemon's back.
+#[test]
+fn drifted_maps_are_repaired() {
+    use aya::{
+        maps::{HashMap, Map, MapData},
+        programs::{SchedClassifier, TcAttachType},
+    };
+    testbed::require_root();
+    let bed = Bed::new("drift").unwrap();
+    let guard = bed.start(&["--resync", "1s"]).unwrap();
+    assert_eq!(resolve(&bed, &FOREIGN.to_string()), None);
+    // Delete FOREIGN's entry from the attached program's LB_IPS map, as a
+    // stray `bpftool map delete` would.
+    bed.node
+        .enter(|| {
+            let (_, progs) = SchedClassifier::query_tcx("eth0", TcAttachType::Egress)?;
+            let prog = progs
+                .iter()
+                .find(|p| p.name_as_str().is_some_and(|n| n.starts_with("arp_guard")))
+                .expect("attached");
+            for id in prog.map_ids()?.unwrap_or_default() {
+                let data = MapData::from_id(id)?;
+                if data.info()?.name_as_str() == Some(guard_common::MAP_LB_IPS) {
+                    let mut m: HashMap<MapData, u32, guard_common::LbEntry> =
+                        HashMap::try_from(Map::HashMap(data))?;
+                    m.remove(&u32::from(FOREIGN))?;
+                }
+            }
+            Ok(())
+        })
+        .unwrap();
+    let line = guard
+        .wait_log("BPF maps drifted", Duration::from_secs(5))
+        .unwrap_or_else(|| panic!("{}", guard.log_text()));
+    assert!(line.contains("\"entries\":1"), "{line}");
+    assert_eq!(
+        resolve(&bed, &FOREIGN.to_string()),
+        None,
+        "repaired: the foreign IP is guarded again"
+    );
+}

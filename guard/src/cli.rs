@@ -33,7 +33,7 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Attach the guard to interfaces and enforce ownership until SIGTERM/SIGINT.
-    Run(RunArgs),
+    Run(Box<RunArgs>),
     /// Print the kernel-side counters of the guard attached to an interface.
     Counters(CountersArgs),
     /// Check an ownership file and print the view a node derives from it.
@@ -55,6 +55,53 @@ pub struct RunArgs {
     /// Reloaded on change; an invalid update is rejected and the last good one stays.
     #[arg(long, value_name = "PATH")]
     pub ownership_file: Option<PathBuf>,
+
+    /// Where owners come from; repeat for several (the first with a record for a
+    /// Service decides). `file` is the ownership file; the others read the
+    /// Kubernetes API. Default: `file` when --ownership-file is given.
+    #[arg(long = "announcer", value_enum, value_name = "SOURCE")]
+    pub announcers: Vec<AnnouncerArg>,
+
+    /// Kubeconfig for the Kubernetes API (default: in-cluster config, then $KUBECONFIG / ~/.kube/config).
+    #[arg(long, value_name = "PATH")]
+    pub kubeconfig: Option<PathBuf>,
+
+    /// Namespace of Cilium's L2 announcement Leases.
+    #[arg(long, value_name = "NS", default_value = "kube-system")]
+    pub cilium_namespace: String,
+
+    /// kube-vip's election: one Lease per Service, or one global Lease for all.
+    #[arg(long, value_enum, default_value_t = KubeVipElection::PerService)]
+    pub kube_vip_election: KubeVipElection,
+
+    /// Namespace of kube-vip's global Lease.
+    #[arg(long, value_name = "NS", default_value = "kube-system")]
+    pub kube_vip_namespace: String,
+
+    /// Name of kube-vip's global Lease.
+    #[arg(long, value_name = "NAME", default_value = "plndr-svcs-lock")]
+    pub kube_vip_lease: String,
+
+    /// Namespace of MetalLB's ServiceL2Status objects.
+    #[arg(long, value_name = "NS", default_value = "metallb-system")]
+    pub metallb_namespace: String,
+
+    /// Only Services with this spec.loadBalancerClass.
+    #[arg(long, value_name = "CLASS")]
+    pub lb_class: Option<String>,
+
+    /// Only Services matching this label selector (e.g. `tier=edge`).
+    #[arg(long, value_name = "SELECTOR")]
+    pub service_selector: Option<String>,
+
+    /// Also guard spec.externalIPs of LoadBalancer Services.
+    #[arg(long)]
+    pub external_ips: bool,
+
+    /// Treat `foreign` as `unknown` once the API has been unreachable this long
+    /// (default: the longest lease duration seen, at least 15s).
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub stale_after: Option<Duration>,
 
     /// Treat every IPv4 address on this interface as an LB IP (e.g. kube-ipvs0),
     /// kept current through netlink. IPs not in the ownership file are `unknown`.
@@ -104,6 +151,20 @@ pub struct ValidateArgs {
     /// Print the view of this node (default: $NODE_NAME, then the hostname).
     #[arg(long, env = "NODE_NAME")]
     pub node_name: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum AnnouncerArg {
+    File,
+    Cilium,
+    KubeVip,
+    Metallb,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum KubeVipElection {
+    PerService,
+    Global,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -231,6 +292,39 @@ mod tests {
             checked += 1;
         }
         assert_eq!(checked, 1);
+        // RBAC: read-only, on exactly what the feed watches and nothing else.
+        let rbac = std::fs::read_to_string(root.join("rbac.yaml")).unwrap();
+        let mut grants = Vec::new();
+        for doc in serde_yaml::Deserializer::from_str(&rbac) {
+            let v = serde_yaml::Value::deserialize(doc).unwrap();
+            if v["kind"] != "ClusterRole" {
+                continue;
+            }
+            for rule in v["rules"].as_sequence().unwrap() {
+                let verbs: Vec<&str> = rule["verbs"]
+                    .as_sequence()
+                    .unwrap()
+                    .iter()
+                    .map(|x| x.as_str().unwrap())
+                    .collect();
+                assert_eq!(verbs, ["get", "list", "watch"]);
+                for g in rule["apiGroups"].as_sequence().unwrap() {
+                    for r in rule["resources"].as_sequence().unwrap() {
+                        grants.push(format!("{}/{}", g.as_str().unwrap(), r.as_str().unwrap()));
+                    }
+                }
+            }
+        }
+        grants.sort();
+        let l2 = crate::cluster::feed::l2status_resource();
+        assert_eq!(
+            grants,
+            [
+                "/services".to_owned(),
+                "coordination.k8s.io/leases".into(),
+                format!("{}/{}", l2.group, l2.plural)
+            ]
+        );
         let cm = std::fs::read_to_string(root.join("ownership-configmap.yaml")).unwrap();
         let v: serde_yaml::Value = serde_yaml::from_str(&cm).unwrap();
         let owners = v["data"]["owners.yaml"].as_str().unwrap();

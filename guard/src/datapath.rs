@@ -228,6 +228,39 @@ impl Datapath {
         report
     }
 
+    /// Re-read what the maps really hold, so that the next [`Datapath::apply`]
+    /// repairs any drift (an entry changed or deleted behind our back, e.g.
+    /// with bpftool). Returns how many entries differed from our record.
+    pub fn reload_from_kernel(&mut self) -> Result<usize> {
+        fn read<K: Pod + Ord, V: Pod>(ebpf: &Ebpf, name: &str) -> Result<BTreeMap<K, V>> {
+            let map = ebpf
+                .map(name)
+                .ok_or_else(|| anyhow!("map {name} missing"))?;
+            let map: HashMap<&MapData, K, V> = HashMap::try_from(map)?;
+            map.iter().map(|r| r.map_err(anyhow::Error::from)).collect()
+        }
+        let lb: BTreeMap<u32, LbEntry> = read(&self.ebpf, MAP_LB_IPS)?;
+        let if_addrs: BTreeMap<IfAddrKey, u8> = read(&self.ebpf, MAP_IF_ADDRS)?;
+        let if_primary: BTreeMap<u32, u32> = read(&self.ebpf, MAP_IF_PRIMARY)?;
+        let diff = |a: usize, b: usize| a.abs_diff(b);
+        let differing = diff(lb.len(), self.applied.lb.len())
+            + lb.iter()
+                .filter(|(k, v)| self.applied.lb.get(k) != Some(v))
+                .count()
+            + diff(if_addrs.len(), self.applied.if_addrs.len())
+            + diff(if_primary.len(), self.applied.if_primary.len())
+            + if_primary
+                .iter()
+                .filter(|(k, v)| self.applied.if_primary.get(k) != Some(v))
+                .count();
+        self.applied = Applied {
+            lb,
+            if_addrs,
+            if_primary,
+        };
+        Ok(differing)
+    }
+
     /// Sum the kernel-side counters over CPUs.
     pub fn snapshot(&self) -> Result<Snapshot> {
         Snapshot::read(|name| {

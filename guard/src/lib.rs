@@ -3,6 +3,7 @@
 
 pub mod addrs;
 pub mod cli;
+pub mod cluster;
 pub mod counters;
 pub mod datapath;
 pub mod file_source;

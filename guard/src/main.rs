@@ -33,7 +33,7 @@ fn main() -> ExitCode {
             .enable_all()
             .build()
             .map_err(anyhow::Error::from)
-            .and_then(|rt| rt.block_on(guard::run::run(args))),
+            .and_then(|rt| rt.block_on(guard::run::run(*args))),
         Command::Counters(args) => counters(&args.interfaces, args.output),
         Command::Validate(args) => validate(&args.file, args.node_name),
     };
@@ -74,6 +74,7 @@ fn validate(path: &std::path::Path, node: Option<String>) -> anyhow::Result<()> 
         lb_ips_from: &[],
         guarded: &[],
         addrs: &table,
+        cluster: None,
     });
     println!(
         "{}: valid, {} IPs; as seen from node {node}:",

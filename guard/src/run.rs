@@ -12,7 +12,8 @@ use tokio::{
 
 use crate::{
     addrs::{self, AddrTable},
-    cli::RunArgs,
+    cli::{AnnouncerArg, KubeVipElection, RunArgs},
+    cluster::{feed, objects::ServiceFilter, Announcer, ClusterView, FeedConfig, Key},
     datapath::{self, Datapath},
     file_source,
     ownership_file::{self, OwnershipFile},
@@ -28,8 +29,14 @@ pub fn check_args(args: &RunArgs) -> Result<()> {
             bail!("--interface {i} is given twice");
         }
     }
-    if args.ownership_file.is_none() && args.lb_ips_from.is_empty() {
-        bail!("nothing to enforce: give --ownership-file and/or --lb-ips-from (e.g. --lb-ips-from kube-ipvs0)");
+    if args.announcers.contains(&AnnouncerArg::File) && args.ownership_file.is_none() {
+        bail!("--announcer file needs --ownership-file PATH");
+    }
+    if args.ownership_file.is_none() && args.lb_ips_from.is_empty() && announcers(args).is_empty() {
+        bail!(
+            "nothing to enforce: give --announcer cilium|kube-vip|metallb, --ownership-file, and/or --lb-ips-from \
+             (e.g. --lb-ips-from kube-ipvs0)"
+        );
     }
     for i in &args.lb_ips_from {
         if args.interfaces.contains(i) {
@@ -40,6 +47,32 @@ pub fn check_args(args: &RunArgs) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// The cluster announcers asked for, in the order given.
+pub fn announcers(args: &RunArgs) -> Vec<Announcer> {
+    let mut out = Vec::new();
+    for a in &args.announcers {
+        let a = match a {
+            AnnouncerArg::File => continue,
+            AnnouncerArg::Cilium => Announcer::Cilium {
+                namespace: args.cilium_namespace.clone(),
+            },
+            AnnouncerArg::KubeVip => match args.kube_vip_election {
+                KubeVipElection::PerService => Announcer::KubeVipPerService,
+                KubeVipElection::Global => Announcer::KubeVipGlobal {
+                    lease: Key::new(args.kube_vip_namespace.clone(), args.kube_vip_lease.clone()),
+                },
+            },
+            AnnouncerArg::Metallb => Announcer::MetalLb {
+                namespace: args.metallb_namespace.clone(),
+            },
+        };
+        if !out.contains(&a) {
+            out.push(a);
+        }
+    }
+    out
 }
 
 pub async fn run(args: RunArgs) -> Result<()> {
@@ -71,9 +104,34 @@ pub async fn run(args: RunArgs) -> Result<()> {
     let (nl, notifications) = addrs::connect()?;
     let table = addrs::dump(&nl).await?;
 
+    // The Kubernetes feed, when an announcer asks for it. A missing or broken
+    // configuration is a start-up error; an unreachable API is not (the feed
+    // retries, and its staleness rules apply).
+    let cluster_announcers = announcers(&args);
+    let (cluster_tx, mut cluster_rx) = watch::channel(ClusterView::default());
+    let cluster_on = !cluster_announcers.is_empty();
+    let _idle_cluster_tx = if cluster_on {
+        let client = feed::client(args.kubeconfig.as_deref()).await?;
+        let cfg = FeedConfig {
+            announcers: cluster_announcers.clone(),
+            filter: ServiceFilter {
+                lb_class: args.lb_class.clone(),
+                external_ips: args.external_ips,
+            },
+            selector: args.service_selector.clone(),
+            stale_after: args.stale_after,
+        };
+        let names: Vec<&str> = cluster_announcers.iter().map(Announcer::name).collect();
+        tracing::info!(announcers = ?names, "reading ownership from the Kubernetes API");
+        tokio::spawn(feed::run(client, cfg, cluster_tx));
+        None
+    } else {
+        Some(cluster_tx)
+    };
+
     let mut dp = Datapath::load(mode, leak_action)?;
     let file_now = file.as_ref().map(|(f, _)| f.clone());
-    let view = derive(&node, &args, file_now.as_ref(), &table);
+    let view = derive(&node, &args, file_now.as_ref(), &table, None);
     // Fill the maps before attaching: the first frame already meets the policy.
     let mut dirty = !report_apply(&mut dp, &view);
     warn_if_node_unknown(&node, file_now.as_ref());
@@ -113,15 +171,32 @@ pub async fn run(args: RunArgs) -> Result<()> {
     });
     stats_tick.tick().await;
     let mut log_tick = tokio::time::interval(std::time::Duration::from_secs(1));
+    let mut reconcile_tick =
+        tokio::time::interval(args.resync.max(std::time::Duration::from_secs(1)));
+    reconcile_tick.tick().await;
     let mut current = view;
+    let mut node_warned = false;
     let signal_name = loop {
         tokio::select! {
             _ = sigterm.recv() => break "SIGTERM",
             _ = sigint.recv() => break "SIGINT",
             Ok(()) = addr_rx.changed() => {}
             Ok(()) = file_rx.changed() => {}
+            Ok(()) = cluster_rx.changed() => {}
             _ = stats_tick.tick() => {
                 log_counters(&dp, "counters");
+                continue;
+            }
+            _ = reconcile_tick.tick() => {
+                // Full reconcile: compare with what the kernel really holds.
+                match dp.reload_from_kernel() {
+                    Ok(0) => {}
+                    Ok(n) => {
+                        tracing::warn!(entries = n, "BPF maps drifted from the view (changed outside arp-guard); repairing");
+                        dirty = !report_apply(&mut dp, &current);
+                    }
+                    Err(e) => tracing::warn!(error = %format!("{e:#}"), "cannot re-read the BPF maps"),
+                }
                 continue;
             }
             _ = log_tick.tick() => {
@@ -146,11 +221,29 @@ pub async fn run(args: RunArgs) -> Result<()> {
             dp.detach_all();
             bail!("guarded interface {iface} was deleted or re-created");
         }
-        let next = derive(&node, &args, file.as_ref(), &table);
+        let cluster = cluster_on.then(|| cluster_rx.borrow_and_update().clone());
+        if let Some(c) = &cluster {
+            if c.synced && !c.holders.is_empty() && !c.holders.contains(&node) && !node_warned {
+                node_warned = true;
+                tracing::warn!(
+                    node = %node,
+                    holders = ?c.holders,
+                    "this node's name matches no lease holder or announcing node seen; if it should own IPs, check --node-name / NODE_NAME"
+                );
+            }
+        }
+        let next = derive(&node, &args, file.as_ref(), &table, cluster.as_ref());
         if next != current {
             log_changes(&current, &next);
             dirty = !report_apply(&mut dp, &next);
             current = next;
+            // How long a cluster event took to reach the maps (BENCHMARKS.md).
+            if let Some(at) = cluster.as_ref().and_then(|c| c.event_at) {
+                tracing::debug!(
+                    feed_to_map_us = at.elapsed().as_micros() as u64,
+                    "cluster change applied"
+                );
+            }
         }
     };
     tracing::info!(signal = signal_name, "shutting down");
@@ -166,13 +259,20 @@ pub async fn run(args: RunArgs) -> Result<()> {
     Ok(())
 }
 
-fn derive(node: &str, args: &RunArgs, file: Option<&OwnershipFile>, table: &AddrTable) -> View {
+fn derive(
+    node: &str,
+    args: &RunArgs,
+    file: Option<&OwnershipFile>,
+    table: &AddrTable,
+    cluster: Option<&ClusterView>,
+) -> View {
     view::compute(&view::Inputs {
         node,
         file,
         lb_ips_from: &args.lb_ips_from,
         guarded: &args.interfaces,
         addrs: table,
+        cluster,
     })
 }
 
@@ -197,10 +297,10 @@ fn log_changes(old: &View, new: &View) {
         match old.lb.get(ip) {
             Some(o) if o.state == l.state => {}
             Some(o) => {
-                tracing::info!(lb_ip = %ip, from = o.state.as_str(), to = l.state.as_str(), source = ?l.source, "ownership changed")
+                tracing::info!(lb_ip = %ip, from = o.state.as_str(), to = l.state.as_str(), source = %l.source, "ownership changed")
             }
             None => {
-                tracing::info!(lb_ip = %ip, state = l.state.as_str(), source = ?l.source, "LB IP added")
+                tracing::info!(lb_ip = %ip, state = l.state.as_str(), source = %l.source, "LB IP added")
             }
         }
     }

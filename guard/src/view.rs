@@ -10,7 +10,7 @@ use std::{
 
 use guard_common::Ownership;
 
-use crate::{addrs::AddrTable, ownership_file::OwnershipFile};
+use crate::{addrs::AddrTable, cluster::ClusterView, ownership_file::OwnershipFile};
 
 /// Where the knowledge about an LB IP came from (for logs and explanations).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -19,6 +19,22 @@ pub enum Source {
     File { line: usize, owner: Option<String> },
     /// An address on this interface; no owner known.
     Interface(String),
+    /// The Kubernetes API: which object said so.
+    Cluster { owner: Option<String>, why: String },
+}
+
+impl std::fmt::Display for Source {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Source::File {
+                line,
+                owner: Some(o),
+            } => write!(f, "ownership file line {line}: owner {o}"),
+            Source::File { line, owner: None } => write!(f, "ownership file line {line}: no owner"),
+            Source::Interface(i) => write!(f, "address on {i}, no owner known"),
+            Source::Cluster { why, .. } => f.write_str(why),
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -45,6 +61,7 @@ pub struct Inputs<'a> {
     pub lb_ips_from: &'a [String],
     pub guarded: &'a [String],
     pub addrs: &'a AddrTable,
+    pub cluster: Option<&'a ClusterView>,
 }
 
 pub fn compute(i: &Inputs<'_>) -> View {
@@ -61,7 +78,33 @@ pub fn compute(i: &Inputs<'_>) -> View {
             );
         }
     }
-    // The file's statement wins over "unknown".
+    // The cluster's records. While the feed is stale, "another node owns it"
+    // may no longer be true: foreign degrades to unknown.
+    if let Some(c) = i.cluster {
+        for (ip, claim) in &c.claims {
+            let IpAddr::V4(v4) = ip else {
+                view.ignored_v6 += 1;
+                continue;
+            };
+            let state = match claim.owner.as_deref() {
+                Some(owner) if owner == i.node => Ownership::Owned,
+                Some(_) if c.degraded => Ownership::Unknown,
+                Some(_) => Ownership::Foreign,
+                None => Ownership::Unknown,
+            };
+            view.lb.insert(
+                *v4,
+                LbIp {
+                    state,
+                    source: Source::Cluster {
+                        owner: claim.owner.clone(),
+                        why: claim.why.clone(),
+                    },
+                },
+            );
+        }
+    }
+    // The file's statement wins over everything: it is the operator's word.
     if let Some(file) = i.file {
         for (ip, entry) in &file.ips {
             let IpAddr::V4(v4) = ip else {
@@ -162,6 +205,7 @@ mod tests {
             lb_ips_from: &lb_from,
             guarded: &guarded,
             addrs: &t,
+            cluster: None,
         });
         let st = |s: &str| v.lb[&s.parse::<Ipv4Addr>().unwrap()].state;
         assert_eq!(st("198.51.100.100"), Ownership::Owned);
@@ -197,6 +241,7 @@ mod tests {
             lb_ips_from: &[],
             guarded: &[],
             addrs: &t,
+            cluster: None,
         });
         assert_eq!(
             v.lb[&"198.51.100.100".parse().unwrap()].state,

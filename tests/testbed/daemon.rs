@@ -43,8 +43,14 @@ impl Daemon {
 
     fn spawn_with(ns: &Netns, binary: &std::path::Path, args: &[&str]) -> Result<Self> {
         let mut cmd = ns.command(binary);
-        cmd.args(["--log-format", "json", "--log-level", "debug", "run"])
-            .args(args);
+        cmd.args([
+            "--log-format",
+            "json",
+            "--log-level",
+            "info,guard=debug",
+            "run",
+        ])
+        .args(args);
         cmd.stdout(Stdio::null())
             .stderr(Stdio::piped())
             .stdin(Stdio::null());

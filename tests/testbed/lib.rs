@@ -7,7 +7,9 @@
 //! Nothing is ever created in, or connected to, the root namespace.
 
 pub mod bed;
+pub mod cluster_bed;
 pub mod daemon;
+pub mod fake_api;
 pub mod frames;
 pub mod netns;
 pub mod packet;

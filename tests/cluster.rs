@@ -1,0 +1,254 @@
+//! Ownership from the Kubernetes API, end to end: the real daemon on two node
+//! namespaces reads a fake API server that speaks the real list/watch
+//! protocol, and a neighbour on the segment shows which node's kernel answer
+//! gets through as Leases and ServiceL2Status objects change.
+
+use std::{net::Ipv4Addr, time::Duration};
+
+use testbed::{
+    cluster_bed::ClusterBed,
+    fake_api::{objects, Resource},
+    wait_for, ArpSpec, RawSocket,
+};
+
+const LB: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 100);
+const CHANGE: Duration = Duration::from_secs(8);
+
+fn cilium_lease(holder: &str, duration: i32, renew: &str) -> serde_json::Value {
+    objects::lease(
+        "kube-system",
+        "cilium-l2announce-default-web",
+        holder,
+        duration,
+        renew,
+    )
+}
+
+fn check(r: Option<String>) {
+    if let Some(why) = r {
+        panic!("{why}");
+    }
+}
+
+#[test]
+fn cilium_lease_moves_and_the_guards_swap_verdicts() {
+    testbed::require_root();
+    let bed = ClusterBed::new("cil", &[LB]).unwrap();
+    bed.api.apply(
+        Resource::Services,
+        objects::service("default", "web", &["198.51.100.100", "fd00::100"]),
+    );
+    bed.api.apply(
+        Resource::Leases,
+        cilium_lease("node-a", 60, "2026-11-30T10:00:00.000000Z"),
+    );
+    let guards = bed.start(&["--announcer", "cilium"]).unwrap();
+    check(bed.wait_answer(LB, Some("node-a"), CHANGE));
+    // Only node-a answers: node-b's kernel reply is dropped (foreign).
+    for _ in 0..3 {
+        assert_eq!(bed.who_answers(LB).as_deref(), Some("node-a"));
+    }
+    // The holder moves to node-b.
+    bed.api.apply(
+        Resource::Leases,
+        cilium_lease("node-b", 60, "2026-11-30T10:00:05.000000Z"),
+    );
+    check(bed.wait_answer(LB, Some("node-b"), CHANGE));
+    for g in &guards {
+        assert!(
+            g.wait_log("ownership changed", Duration::from_secs(5))
+                .is_some(),
+            "{}",
+            g.log_text()
+        );
+    }
+    for _ in 0..3 {
+        assert_eq!(bed.who_answers(LB).as_deref(), Some("node-b"));
+    }
+    // The Lease disappears (Service deleted and re-created later): no owner.
+    bed.api.delete(
+        Resource::Leases,
+        "kube-system",
+        "cilium-l2announce-default-web",
+    );
+    check(bed.wait_answer(LB, None, CHANGE));
+}
+
+#[test]
+fn an_expired_lease_makes_the_ip_unknown() {
+    testbed::require_root();
+    let bed = ClusterBed::new("exp", &[LB]).unwrap();
+    bed.api.apply(
+        Resource::Services,
+        objects::service("default", "web", &["198.51.100.100"]),
+    );
+    // Nobody renews this 4 s lease: 4 s after the guards saw it, it expires.
+    bed.api.apply(
+        Resource::Leases,
+        cilium_lease("node-a", 4, "2026-11-30T10:00:00.000000Z"),
+    );
+    let guards = bed.start(&["--announcer", "cilium"]).unwrap();
+    assert_eq!(bed.who_answers(LB).as_deref(), Some("node-a"));
+    // Expired: unknown on both nodes, so both kernels' replies are dropped...
+    check(bed.wait_answer(LB, None, Duration::from_secs(10)));
+    // ...while a speaker on node-b (unknown + speaker: pass) still gets through.
+    let node_b = &bed.nodes[1];
+    let speaker = RawSocket::open(&node_b.ns, "eth0").unwrap();
+    let cap = RawSocket::open(&bed.peer, "eth0").unwrap();
+    cap.drain();
+    assert!(speaker
+        .send(&ArpSpec::gratuitous(2, node_b.mac, LB).to_bytes())
+        .unwrap());
+    assert!(cap
+        .wait_arp(Duration::from_secs(2), |c| c.spa == LB
+            && c.sha == node_b.mac)
+        .unwrap()
+        .is_some());
+    // Renewal brings it back: the guard judges by what it observes, not the holder's clock.
+    bed.api.apply(
+        Resource::Leases,
+        cilium_lease("node-a", 60, "2026-11-30T09:00:00.000000Z"),
+    );
+    check(bed.wait_answer(LB, Some("node-a"), CHANGE));
+    drop(guards);
+}
+
+#[test]
+fn metallb_status_appears_moves_and_disappears() {
+    testbed::require_root();
+    let bed = ClusterBed::new("mlb", &[LB]).unwrap();
+    bed.api.apply(
+        Resource::Services,
+        objects::service("default", "web", &["198.51.100.100"]),
+    );
+    let _guards = bed.start(&["--announcer", "metallb"]).unwrap();
+    // No ServiceL2Status yet: nobody owns it, no kernel answer gets out.
+    assert_eq!(bed.who_answers(LB), None);
+    bed.api.apply(
+        Resource::L2Statuses,
+        objects::l2status("metallb-system", "l2-x1", "node-a", "default", "web"),
+    );
+    check(bed.wait_answer(LB, Some("node-a"), CHANGE));
+    bed.api.apply(
+        Resource::L2Statuses,
+        objects::l2status("metallb-system", "l2-x1", "node-b", "default", "web"),
+    );
+    check(bed.wait_answer(LB, Some("node-b"), CHANGE));
+    // A status in another namespace is not MetalLB's and changes nothing.
+    bed.api.apply(
+        Resource::L2Statuses,
+        objects::l2status("elsewhere", "l2-y", "node-a", "default", "web"),
+    );
+    std::thread::sleep(Duration::from_secs(1));
+    assert_eq!(bed.who_answers(LB).as_deref(), Some("node-b"));
+    bed.api
+        .delete(Resource::L2Statuses, "metallb-system", "l2-x1");
+    check(bed.wait_answer(LB, None, CHANGE));
+}
+
+#[test]
+fn losing_the_api_degrades_foreign_to_unknown_and_recovers() {
+    testbed::require_root();
+    let bed = ClusterBed::new("down", &[LB]).unwrap();
+    bed.api.apply(
+        Resource::Services,
+        objects::service("default", "web", &["198.51.100.100"]),
+    );
+    bed.api.apply(
+        Resource::Leases,
+        cilium_lease("node-a", 120, "2026-11-30T10:00:00.000000Z"),
+    );
+    let guards = bed
+        .start(&["--announcer", "cilium", "--stale-after", "3s"])
+        .unwrap();
+    let node_b = &bed.nodes[1];
+    let speaker = RawSocket::open(&node_b.ns, "eth0").unwrap();
+    let garp = ArpSpec::gratuitous(2, node_b.mac, LB).to_bytes();
+    // Foreign on node-b: its speaker is stopped.
+    assert!(
+        !speaker.send(&garp).unwrap(),
+        "foreign: node-b's speaker frame is dropped"
+    );
+    bed.api.set_down(true);
+    let stale = guards[1].wait_log("ownership feed stale", Duration::from_secs(15));
+    assert!(stale.is_some(), "{}", guards[1].log_text());
+    // Stale knowledge no longer blocks node-b's speaker...
+    assert!(wait_for(Duration::from_secs(3), || speaker
+        .send(&garp)
+        .unwrap()
+        .then_some(()))
+    .is_some());
+    // ...but its kernel still may not answer for an IP it does not hold (unknown + kernel).
+    assert_eq!(bed.who_answers(LB).as_deref(), Some("node-a"));
+    bed.api.set_down(false);
+    assert!(
+        guards[1]
+            .wait_log("fresh again", Duration::from_secs(15))
+            .is_some(),
+        "{}",
+        guards[1].log_text()
+    );
+    assert!(
+        wait_for(Duration::from_secs(3), || (!speaker.send(&garp).unwrap())
+            .then_some(()))
+        .is_some(),
+        "foreign again"
+    );
+}
+
+#[test]
+fn relists_after_410_and_cut_watches_and_service_changes() {
+    testbed::require_root();
+    let bed = ClusterBed::new("gone", &[LB, Ipv4Addr::new(198, 51, 100, 101)]).unwrap();
+    bed.api.apply(
+        Resource::Services,
+        objects::service("default", "web", &["198.51.100.100"]),
+    );
+    bed.api.apply(
+        Resource::Leases,
+        cilium_lease("node-a", 120, "2026-11-30T10:00:00.000000Z"),
+    );
+    let _guards = bed.start(&["--announcer", "cilium"]).unwrap();
+    check(bed.wait_answer(LB, Some("node-a"), CHANGE));
+    // History compacted and every watch cut: the watchers must relist (410 Gone).
+    let before = bed.api.requests();
+    bed.api.compact();
+    bed.api.drop_watches();
+    bed.api.apply(
+        Resource::Leases,
+        cilium_lease("node-b", 120, "2026-11-30T10:00:07.000000Z"),
+    );
+    check(bed.wait_answer(LB, Some("node-b"), CHANGE));
+    assert!(bed.api.requests() > before + 2, "the watchers reconnected");
+    // The IP moves to another Service (with its own Lease held by node-a).
+    let lb2 = Ipv4Addr::new(198, 51, 100, 101);
+    bed.api.apply(
+        Resource::Leases,
+        objects::lease(
+            "kube-system",
+            "cilium-l2announce-default-api",
+            "node-a",
+            120,
+            "2026-11-30T10:00:08.000000Z",
+        ),
+    );
+    bed.api.apply(
+        Resource::Services,
+        objects::service("default", "web", &["198.51.100.101"]),
+    );
+    bed.api.apply(
+        Resource::Services,
+        objects::service("default", "api", &["198.51.100.100"]),
+    );
+    check(bed.wait_answer(LB, Some("node-a"), CHANGE));
+    check(bed.wait_answer(lb2, Some("node-b"), CHANGE));
+    // Two Services share an IP and their owners disagree: nobody owns it.
+    bed.api.apply(
+        Resource::Services,
+        objects::service("default", "web", &["198.51.100.100", "198.51.100.101"]),
+    );
+    check(bed.wait_answer(LB, None, CHANGE));
+    // Deleted, then re-created.
+    bed.api.delete(Resource::Services, "default", "api");
+    check(bed.wait_answer(LB, Some("node-b"), CHANGE));
+}

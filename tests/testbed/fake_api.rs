@@ -1,0 +1,483 @@
+//! A fake Kubernetes API server for the tests: there is no kube-apiserver
+//! binary on this machine. It speaks the real list/watch protocol over
+//! HTTP/1.1 for the three resources arp-guard reads:
+//!
+//! - list: `GET <collection>` returns `{kind: XList, metadata: {resourceVersion}, items}`;
+//! - watch: `GET <collection>?watch=true&resourceVersion=R` streams
+//!   `{"type": ADDED|MODIFIED|DELETED|BOOKMARK|ERROR, "object": ...}` lines with
+//!   chunked encoding, from R on, with bookmarks when asked for;
+//! - a watch from a compacted resourceVersion gets an ERROR event with a 410
+//!   Gone Status, as the real server sends, which forces a relist;
+//! - tests can cut every open watch mid-stream, and take the server "down"
+//!   (every connection is accepted and closed at once) and up again.
+//!
+//! Collections: `/api/v1[/namespaces/NS]/services`,
+//! `/apis/coordination.k8s.io/v1[/namespaces/NS]/leases`,
+//! `/apis/metallb.io/v1beta1[/namespaces/NS]/servicel2statuses`.
+
+use std::{
+    collections::BTreeMap,
+    io::{BufRead as _, BufReader, Read as _, Write as _},
+    net::{SocketAddr, TcpListener, TcpStream},
+    sync::{
+        atomic::{AtomicBool, Ordering},
+        Arc, Condvar, Mutex,
+    },
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context as _, Result};
+use serde_json::{json, Value};
+
+use crate::Netns;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Resource {
+    Services,
+    Leases,
+    L2Statuses,
+}
+
+impl Resource {
+    fn kind(self) -> &'static str {
+        match self {
+            Resource::Services => "Service",
+            Resource::Leases => "Lease",
+            Resource::L2Statuses => "ServiceL2Status",
+        }
+    }
+    fn api_version(self) -> &'static str {
+        match self {
+            Resource::Services => "v1",
+            Resource::Leases => "coordination.k8s.io/v1",
+            Resource::L2Statuses => "metallb.io/v1beta1",
+        }
+    }
+    /// (resource, namespace) from a request path.
+    fn from_path(path: &str) -> Option<(Resource, Option<String>)> {
+        let (prefix, rest) = if let Some(r) = path.strip_prefix("/api/v1/") {
+            ("core", r)
+        } else if let Some(r) = path.strip_prefix("/apis/coordination.k8s.io/v1/") {
+            ("coord", r)
+        } else if let Some(r) = path.strip_prefix("/apis/metallb.io/v1beta1/") {
+            ("metallb", r)
+        } else {
+            return None;
+        };
+        let parts: Vec<&str> = rest.split('/').collect();
+        let (ns, plural) = match parts.as_slice() {
+            [plural] => (None, *plural),
+            ["namespaces", ns, plural] => (Some(ns.to_string()), *plural),
+            _ => return None,
+        };
+        let res = match (prefix, plural) {
+            ("core", "services") => Resource::Services,
+            ("coord", "leases") => Resource::Leases,
+            ("metallb", "servicel2statuses") => Resource::L2Statuses,
+            _ => return None,
+        };
+        Some((res, ns))
+    }
+}
+
+type ObjKey = (Resource, String, String);
+
+struct Event {
+    rv: u64,
+    res: Resource,
+    ns: String,
+    kind: &'static str,
+    object: Value,
+}
+
+#[derive(Default)]
+struct State {
+    rv: u64,
+    objects: BTreeMap<ObjKey, Value>,
+    log: Vec<Event>,
+    /// Watches from a resourceVersion below this get 410 Gone.
+    compacted: u64,
+    /// Bumped to cut every open watch.
+    generation: u64,
+    down: bool,
+    requests: u64,
+}
+
+struct Inner {
+    state: Mutex<State>,
+    changed: Condvar,
+    stop: AtomicBool,
+    bookmark_every: Duration,
+}
+
+/// The server; stops on drop.
+pub struct FakeApi {
+    inner: Arc<Inner>,
+    pub addr: SocketAddr,
+}
+
+impl FakeApi {
+    /// Listen on `addr` inside `ns` (port 0 picks one).
+    pub fn start(ns: &Netns, addr: SocketAddr) -> Result<Self> {
+        let listener = ns.enter(move || Ok(TcpListener::bind(addr)?))?;
+        let addr = listener.local_addr()?;
+        listener.set_nonblocking(true)?;
+        let inner = Arc::new(Inner {
+            state: Mutex::new(State {
+                rv: 100,
+                ..State::default()
+            }),
+            changed: Condvar::new(),
+            stop: AtomicBool::new(false),
+            bookmark_every: Duration::from_secs(1),
+        });
+        let server = inner.clone();
+        std::thread::spawn(move || accept_loop(listener, server));
+        Ok(FakeApi { inner, addr })
+    }
+
+    /// A kubeconfig that points at this server (plain HTTP, no auth).
+    pub fn kubeconfig(&self) -> String {
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: fake\n  cluster:\n    server: http://{}\ncontexts:\n- name: fake\n  context:\n    cluster: fake\n    user: fake\ncurrent-context: fake\nusers:\n- name: fake\n  user: {{}}\n",
+            self.addr
+        )
+    }
+
+    /// Create or replace an object (the object's apiVersion/kind are filled in).
+    pub fn apply(&self, res: Resource, mut object: Value) {
+        let mut st = self.inner.state.lock().unwrap();
+        st.rv += 1;
+        let rv = st.rv;
+        let ns = object["metadata"]["namespace"]
+            .as_str()
+            .unwrap_or("default")
+            .to_owned();
+        let name = object["metadata"]["name"]
+            .as_str()
+            .expect("metadata.name")
+            .to_owned();
+        object["apiVersion"] = json!(res.api_version());
+        object["kind"] = json!(res.kind());
+        object["metadata"]["namespace"] = json!(ns);
+        object["metadata"]["resourceVersion"] = json!(rv.to_string());
+        if object["metadata"]["uid"].is_null() {
+            object["metadata"]["uid"] = json!(format!("uid-{ns}-{name}-{rv}"));
+        }
+        let key = (res, ns.clone(), name);
+        let kind = if st.objects.contains_key(&key) {
+            "MODIFIED"
+        } else {
+            "ADDED"
+        };
+        st.objects.insert(key, object.clone());
+        st.log.push(Event {
+            rv,
+            res,
+            ns,
+            kind,
+            object,
+        });
+        self.inner.changed.notify_all();
+    }
+
+    pub fn delete(&self, res: Resource, ns: &str, name: &str) {
+        let mut st = self.inner.state.lock().unwrap();
+        let Some(mut object) = st.objects.remove(&(res, ns.to_owned(), name.to_owned())) else {
+            return;
+        };
+        st.rv += 1;
+        let rv = st.rv;
+        object["metadata"]["resourceVersion"] = json!(rv.to_string());
+        st.log.push(Event {
+            rv,
+            res,
+            ns: ns.to_owned(),
+            kind: "DELETED",
+            object,
+        });
+        self.inner.changed.notify_all();
+    }
+
+    /// Forget the event history: watches resuming from before now get 410 Gone.
+    pub fn compact(&self) {
+        let mut st = self.inner.state.lock().unwrap();
+        st.compacted = st.rv + 1;
+        st.log.clear();
+    }
+
+    /// Cut every open watch connection mid-stream.
+    pub fn drop_watches(&self) {
+        self.inner.state.lock().unwrap().generation += 1;
+        self.inner.changed.notify_all();
+    }
+
+    /// Down: every connection is closed at once, open watches are cut.
+    pub fn set_down(&self, down: bool) {
+        let mut st = self.inner.state.lock().unwrap();
+        st.down = down;
+        st.generation += 1;
+        self.inner.changed.notify_all();
+    }
+
+    /// Requests served so far (for tests that want to see a relist happen).
+    pub fn requests(&self) -> u64 {
+        self.inner.state.lock().unwrap().requests
+    }
+}
+
+impl Drop for FakeApi {
+    fn drop(&mut self) {
+        self.inner.stop.store(true, Ordering::SeqCst);
+        self.inner.changed.notify_all();
+    }
+}
+
+fn accept_loop(listener: TcpListener, inner: Arc<Inner>) {
+    while !inner.stop.load(Ordering::SeqCst) {
+        match listener.accept() {
+            Ok((stream, _)) => {
+                if inner.state.lock().unwrap().down {
+                    drop(stream);
+                    continue;
+                }
+                let inner = inner.clone();
+                std::thread::spawn(move || {
+                    let _ = serve(stream, &inner);
+                });
+            }
+            Err(_) => std::thread::sleep(Duration::from_millis(5)),
+        }
+    }
+}
+
+/// Serve requests on one keep-alive connection until a watch ends it.
+fn serve(stream: TcpStream, inner: &Inner) -> Result<()> {
+    stream.set_nonblocking(false)?;
+    let mut reader = BufReader::new(stream.try_clone()?);
+    let mut out = stream;
+    loop {
+        let mut request_line = String::new();
+        if reader.read_line(&mut request_line)? == 0 {
+            return Ok(());
+        }
+        let mut content_length = 0usize;
+        loop {
+            let mut h = String::new();
+            reader.read_line(&mut h)?;
+            if h == "\r\n" || h.is_empty() {
+                break;
+            }
+            if let Some(v) = h.to_ascii_lowercase().strip_prefix("content-length:") {
+                content_length = v.trim().parse().unwrap_or(0);
+            }
+        }
+        let mut body = vec![0; content_length];
+        reader.read_exact(&mut body)?;
+        let target = request_line
+            .split_whitespace()
+            .nth(1)
+            .context("no request target")?
+            .to_owned();
+        let (path, query) = target.split_once('?').unwrap_or((&target, ""));
+        let params: BTreeMap<&str, &str> = query
+            .split('&')
+            .filter_map(|kv| kv.split_once('='))
+            .collect();
+        {
+            let mut st = inner.state.lock().unwrap();
+            st.requests += 1;
+            if st.down {
+                return Ok(());
+            }
+        }
+        let Some((res, ns)) = Resource::from_path(path) else {
+            respond(
+                &mut out,
+                404,
+                &status(404, "NotFound", &format!("no such path {path}")),
+            )?;
+            continue;
+        };
+        let watch = matches!(params.get("watch"), Some(&"true") | Some(&"1"));
+        if !watch {
+            respond(
+                &mut out,
+                200,
+                &list(
+                    inner,
+                    res,
+                    ns.as_deref(),
+                    params.get("labelSelector").copied(),
+                ),
+            )?;
+            continue;
+        }
+        let from: u64 = params
+            .get("resourceVersion")
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0);
+        let timeout = params
+            .get("timeoutSeconds")
+            .and_then(|v| v.parse().ok())
+            .map(Duration::from_secs)
+            .unwrap_or(Duration::from_secs(300));
+        let bookmarks = params.get("allowWatchBookmarks") == Some(&"true");
+        return watch_stream(out, inner, res, ns.as_deref(), from, timeout, bookmarks);
+    }
+}
+
+fn status(code: u16, reason: &str, message: &str) -> Value {
+    json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure", "message": message, "reason": reason, "code": code})
+}
+
+fn respond(out: &mut TcpStream, code: u16, body: &Value) -> Result<()> {
+    let body = body.to_string();
+    write!(
+        out,
+        "HTTP/1.1 {code} OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )?;
+    out.flush()?;
+    Ok(())
+}
+
+fn matches_selector(obj: &Value, selector: Option<&str>) -> bool {
+    let Some(sel) = selector.filter(|s| !s.is_empty()) else {
+        return true;
+    };
+    let sel = sel.replace("%3D", "=").replace("%2C", ",");
+    sel.split(',').all(|term| match term.split_once('=') {
+        Some((k, v)) => {
+            obj["metadata"]["labels"][k.trim_end_matches('=')].as_str()
+                == Some(v.trim_start_matches('='))
+        }
+        None => true,
+    })
+}
+
+fn list(inner: &Inner, res: Resource, ns: Option<&str>, selector: Option<&str>) -> Value {
+    let st = inner.state.lock().unwrap();
+    let items: Vec<&Value> = st
+        .objects
+        .iter()
+        .filter(|((r, n, _), o)| {
+            *r == res && ns.is_none_or(|ns| ns == n) && matches_selector(o, selector)
+        })
+        .map(|(_, o)| o)
+        .collect();
+    json!({"apiVersion": res.api_version(), "kind": format!("{}List", res.kind()), "metadata": {"resourceVersion": st.rv.to_string()}, "items": items})
+}
+
+fn chunk(out: &mut TcpStream, line: &Value) -> std::io::Result<()> {
+    let data = format!("{line}\n");
+    write!(out, "{:x}\r\n{data}\r\n", data.len())?;
+    out.flush()
+}
+
+fn watch_stream(
+    mut out: TcpStream,
+    inner: &Inner,
+    res: Resource,
+    ns: Option<&str>,
+    from: u64,
+    timeout: Duration,
+    bookmarks: bool,
+) -> Result<()> {
+    write!(out, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n")?;
+    let deadline = Instant::now() + timeout;
+    let mut sent_up_to = from;
+    let mut last_bookmark = Instant::now();
+    let mut st = inner.state.lock().unwrap();
+    let generation = st.generation;
+    if from < st.compacted {
+        let gone = status(
+            410,
+            "Expired",
+            &format!("too old resource version: {from} ({})", st.compacted),
+        );
+        drop(st);
+        chunk(&mut out, &json!({"type": "ERROR", "object": gone}))?;
+        write!(out, "0\r\n\r\n")?;
+        return Ok(());
+    }
+    loop {
+        if inner.stop.load(Ordering::SeqCst)
+            || st.generation != generation
+            || st.down
+            || Instant::now() >= deadline
+        {
+            // A cut connection: no terminating chunk, just close.
+            return Ok(());
+        }
+        let lines: Vec<Value> = st
+            .log
+            .iter()
+            .filter(|e| e.rv > sent_up_to && e.res == res && ns.is_none_or(|ns| ns == e.ns))
+            .map(|e| json!({"type": e.kind, "object": e.object}))
+            .collect();
+        sent_up_to = st.rv;
+        let bookmark = (bookmarks && last_bookmark.elapsed() >= inner.bookmark_every).then(|| {
+            json!({"type": "BOOKMARK", "object": {"kind": res.kind(), "apiVersion": res.api_version(), "metadata": {"resourceVersion": st.rv.to_string()}}})
+        });
+        drop(st);
+        for l in &lines {
+            chunk(&mut out, l)?;
+        }
+        if let Some(b) = bookmark {
+            chunk(&mut out, &b)?;
+            last_bookmark = Instant::now();
+        }
+        st = inner.state.lock().unwrap();
+        if st.rv == sent_up_to {
+            st = inner
+                .changed
+                .wait_timeout(st, Duration::from_millis(200))
+                .unwrap()
+                .0;
+        }
+    }
+}
+
+/// Object builders with the fields the real objects have.
+pub mod objects {
+    use serde_json::{json, Value};
+
+    pub fn service(ns: &str, name: &str, ips: &[&str]) -> Value {
+        let ingress: Vec<Value> = ips
+            .iter()
+            .map(|ip| json!({"ip": ip, "ipMode": "VIP"}))
+            .collect();
+        json!({
+            "metadata": {"name": name, "namespace": ns},
+            "spec": {"type": "LoadBalancer", "ports": [{"port": 443, "protocol": "TCP"}], "externalTrafficPolicy": "Local"},
+            "status": {"loadBalancer": {"ingress": ingress}}
+        })
+    }
+
+    /// A Lease as client-go's leader election writes it.
+    pub fn lease(ns: &str, name: &str, holder: &str, duration_s: i32, renew: &str) -> Value {
+        json!({
+            "metadata": {"name": name, "namespace": ns},
+            "spec": {
+                "holderIdentity": holder,
+                "leaseDurationSeconds": duration_s,
+                "acquireTime": "2026-11-30T10:00:00.000000Z",
+                "renewTime": renew,
+                "leaseTransitions": 0
+            }
+        })
+    }
+
+    /// MetalLB's ServiceL2Status (generateName l2-).
+    pub fn l2status(ns: &str, name: &str, node: &str, svc_ns: &str, svc_name: &str) -> Value {
+        json!({
+            "metadata": {
+                "name": name,
+                "namespace": ns,
+                "labels": {"metallb.io/node": node, "metallb.io/service-name": svc_name, "metallb.io/service-namespace": svc_ns}
+            },
+            "status": {"node": node, "serviceName": svc_name, "serviceNamespace": svc_ns, "interfaces": [{"name": "eth0"}]}
+        })
+    }
+}

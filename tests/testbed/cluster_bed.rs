@@ -103,32 +103,33 @@ impl ClusterBed {
     /// Start the guard on every node with `args` after the common ones, and
     /// wait for its first sync with the API.
     pub fn start(&self, args: &[&str]) -> Result<Vec<Daemon>> {
+        (0..self.nodes.len())
+            .map(|i| self.start_on(i, args, Duration::from_secs(20)))
+            .collect()
+    }
+
+    /// Start the guard on node `i` and wait up to `sync` for its first sync.
+    pub fn start_on(&self, i: usize, args: &[&str], sync: Duration) -> Result<Daemon> {
+        let n = &self.nodes[i];
         let kc = self.kubeconfig.to_string_lossy().into_owned();
-        let mut out = Vec::new();
-        for n in &self.nodes {
-            let mut a = vec![
-                "-i",
-                "eth0",
-                "--node-name",
-                &n.name,
-                "--kubeconfig",
-                &kc,
-                "--lb-ips-from",
-                "kube-ipvs0",
-            ];
-            a.extend_from_slice(args);
-            let d = Daemon::start(&n.ns, &a)?;
-            if d.wait_log(
-                "initial sync from the Kubernetes API done",
-                Duration::from_secs(20),
-            )
+        let mut a = vec![
+            "-i",
+            "eth0",
+            "--node-name",
+            &n.name,
+            "--kubeconfig",
+            &kc,
+            "--lb-ips-from",
+            "kube-ipvs0",
+        ];
+        a.extend_from_slice(args);
+        let d = Daemon::start(&n.ns, &a)?;
+        if d.wait_log("initial sync from the Kubernetes API done", sync)
             .is_none()
-            {
-                anyhow::bail!("{} never synced:\n{}", n.name, d.log_text());
-            }
-            out.push(d);
+        {
+            anyhow::bail!("{} never synced:\n{}", n.name, d.log_text());
         }
-        Ok(out)
+        Ok(d)
     }
 
     /// Flush the peer's cache, make it resolve `ip`, return the node whose MAC it learned.

@@ -94,6 +94,17 @@ impl Daemon {
         })
     }
 
+    /// Every line logged so far that contains `needle`.
+    pub fn lines(&self, needle: &str) -> Vec<String> {
+        self.log
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|l| l.contains(needle))
+            .cloned()
+            .collect()
+    }
+
     /// Lines logged so far that contain `needle`.
     pub fn count_log(&self, needle: &str) -> usize {
         self.log

@@ -43,6 +43,14 @@ fn cilium_lease_moves_and_the_guards_swap_verdicts() {
         cilium_lease("node-a", 60, "2026-11-30T10:00:00.000000Z"),
     );
     let guards = bed.start(&["--announcer", "cilium"]).unwrap();
+    // node-b holds nothing yet: its name matching no holder is reported once, node-a's is not.
+    assert_eq!(
+        guards[1].count_log("matches none of the lease holders"),
+        1,
+        "{}",
+        guards[1].log_text()
+    );
+    assert_eq!(guards[0].count_log("matches none of the lease holders"), 0);
     check(bed.wait_answer(LB, Some("node-a"), CHANGE));
     // Only node-a answers: node-b's kernel reply is dropped (foreign).
     for _ in 0..3 {
@@ -210,16 +218,27 @@ fn relists_after_410_and_cut_watches_and_service_changes() {
     );
     let _guards = bed.start(&["--announcer", "cilium"]).unwrap();
     check(bed.wait_answer(LB, Some("node-a"), CHANGE));
-    // History compacted and every watch cut: the watchers must relist (410 Gone).
-    let before = bed.api.requests();
-    bed.api.compact();
+    // Every watch is cut, the Lease is deleted meanwhile and the history
+    // compacted: resuming the watches gets 410 Gone, and only a relist can
+    // show that the Lease is gone.
+    let lists = bed.api.lists();
     bed.api.drop_watches();
+    bed.api.delete(
+        Resource::Leases,
+        "kube-system",
+        "cilium-l2announce-default-web",
+    );
+    bed.api.compact();
+    check(bed.wait_answer(LB, None, Duration::from_secs(15)));
+    assert!(
+        bed.api.lists() >= lists + 4,
+        "both streams of both guards relisted"
+    );
     bed.api.apply(
         Resource::Leases,
         cilium_lease("node-b", 120, "2026-11-30T10:00:07.000000Z"),
     );
     check(bed.wait_answer(LB, Some("node-b"), CHANGE));
-    assert!(bed.api.requests() > before + 2, "the watchers reconnected");
     // The IP moves to another Service (with its own Lease held by node-a).
     let lb2 = Ipv4Addr::new(198, 51, 100, 101);
     bed.api.apply(
@@ -248,7 +267,77 @@ fn relists_after_410_and_cut_watches_and_service_changes() {
         objects::service("default", "web", &["198.51.100.100", "198.51.100.101"]),
     );
     check(bed.wait_answer(LB, None, CHANGE));
-    // Deleted, then re-created.
+    // Deleted: the IP is web's alone again; re-created: shared again.
     bed.api.delete(Resource::Services, "default", "api");
     check(bed.wait_answer(LB, Some("node-b"), CHANGE));
+    bed.api.apply(
+        Resource::Services,
+        objects::service("default", "api", &["198.51.100.100"]),
+    );
+    check(bed.wait_answer(LB, None, CHANGE));
+}
+
+#[test]
+fn kube_vip_leases_per_service_annotated_and_global() {
+    testbed::require_root();
+    let lb2 = Ipv4Addr::new(198, 51, 100, 101);
+    let bed = ClusterBed::new("kvip", &[LB, lb2]).unwrap();
+    // Per-service election: Lease kubevip-<svc> in the Service's namespace...
+    bed.api.apply(
+        Resource::Services,
+        objects::service("shop", "web", &["198.51.100.100"]),
+    );
+    bed.api.apply(
+        Resource::Leases,
+        objects::lease(
+            "shop",
+            "kubevip-web",
+            "node-b",
+            120,
+            "2026-11-30T10:00:00.000000Z",
+        ),
+    );
+    // ...or the one the kube-vip.io/leaseName annotation names (here ns/name).
+    let mut api = objects::service("shop", "api", &["198.51.100.101"]);
+    api["metadata"]["annotations"] = serde_json::json!({"kube-vip.io/leaseName": "infra/api-lock"});
+    api["metadata"]["labels"] = serde_json::json!({"tier": "edge"});
+    bed.api.apply(Resource::Services, api);
+    bed.api.apply(
+        Resource::Leases,
+        objects::lease(
+            "infra",
+            "api-lock",
+            "node-a",
+            120,
+            "2026-11-30T10:00:00.000000Z",
+        ),
+    );
+    let guards = bed.start(&["--announcer", "kube-vip"]).unwrap();
+    check(bed.wait_answer(LB, Some("node-b"), CHANGE));
+    check(bed.wait_answer(lb2, Some("node-a"), CHANGE));
+    drop(guards);
+    // Global election: one Lease's holder announces every Service; and a label
+    // selector keeps only the Services it matches (web's IP is then unknown).
+    bed.api.apply(
+        Resource::Leases,
+        objects::lease(
+            "kube-system",
+            "plndr-svcs-lock",
+            "node-b",
+            120,
+            "2026-11-30T10:00:01.000000Z",
+        ),
+    );
+    let _guards = bed
+        .start(&[
+            "--announcer",
+            "kube-vip",
+            "--kube-vip-election",
+            "global",
+            "--service-selector",
+            "tier=edge",
+        ])
+        .unwrap();
+    check(bed.wait_answer(lb2, Some("node-b"), CHANGE));
+    check(bed.wait_answer(LB, None, CHANGE));
 }

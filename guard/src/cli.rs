@@ -56,10 +56,10 @@ pub struct RunArgs {
     #[arg(long, value_name = "PATH")]
     pub ownership_file: Option<PathBuf>,
 
-    /// Where owners come from; repeat for several (the first with a record for a
-    /// Service decides). `file` is the ownership file; the others read the
-    /// Kubernetes API. Default: `file` when --ownership-file is given.
-    #[arg(long = "announcer", value_enum, value_name = "SOURCE")]
+    /// Read owners from this announcer's records in the Kubernetes API; repeat
+    /// for several (for each Service the first with a record decides). The
+    /// ownership file, when given, overrides them all.
+    #[arg(long = "announcer", value_enum, value_name = "ANNOUNCER")]
     pub announcers: Vec<AnnouncerArg>,
 
     /// Kubeconfig for the Kubernetes API (default: in-cluster config, then $KUBECONFIG / ~/.kube/config).
@@ -155,7 +155,6 @@ pub struct ValidateArgs {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum AnnouncerArg {
-    File,
     Cilium,
     KubeVip,
     Metallb,

@@ -29,9 +29,6 @@ pub fn check_args(args: &RunArgs) -> Result<()> {
             bail!("--interface {i} is given twice");
         }
     }
-    if args.announcers.contains(&AnnouncerArg::File) && args.ownership_file.is_none() {
-        bail!("--announcer file needs --ownership-file PATH");
-    }
     if args.ownership_file.is_none() && args.lb_ips_from.is_empty() && announcers(args).is_empty() {
         bail!(
             "nothing to enforce: give --announcer cilium|kube-vip|metallb, --ownership-file, and/or --lb-ips-from \
@@ -54,7 +51,6 @@ pub fn announcers(args: &RunArgs) -> Vec<Announcer> {
     let mut out = Vec::new();
     for a in &args.announcers {
         let a = match a {
-            AnnouncerArg::File => continue,
             AnnouncerArg::Cilium => Announcer::Cilium {
                 namespace: args.cilium_namespace.clone(),
             },
@@ -180,9 +176,11 @@ pub async fn run(args: RunArgs) -> Result<()> {
         tokio::select! {
             _ = sigterm.recv() => break "SIGTERM",
             _ = sigint.recv() => break "SIGINT",
-            Ok(()) = addr_rx.changed() => {}
-            Ok(()) = file_rx.changed() => {}
-            Ok(()) = cluster_rx.changed() => {}
+            // A source whose task ended would leave its last view in force
+            // for good: exit instead, so that the supervisor restarts us.
+            r = addr_rx.changed() => r.context("the interface watcher stopped")?,
+            r = file_rx.changed() => r.context("the ownership file watcher stopped")?,
+            r = cluster_rx.changed() => r.context("the Kubernetes feed stopped")?,
             _ = stats_tick.tick() => {
                 log_counters(&dp, "counters");
                 continue;
@@ -228,7 +226,8 @@ pub async fn run(args: RunArgs) -> Result<()> {
                 tracing::warn!(
                     node = %node,
                     holders = ?c.holders,
-                    "this node's name matches no lease holder or announcing node seen; if it should own IPs, check --node-name / NODE_NAME"
+                    "this node's name matches none of the lease holders and announcing nodes seen: \
+                     a likely --node-name / NODE_NAME misconfiguration (or this node announces nothing yet)"
                 );
             }
         }

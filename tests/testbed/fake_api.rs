@@ -101,6 +101,7 @@ struct State {
     generation: u64,
     down: bool,
     requests: u64,
+    lists: u64,
 }
 
 struct Inner {
@@ -199,10 +200,12 @@ impl FakeApi {
         self.inner.changed.notify_all();
     }
 
-    /// Forget the event history: watches resuming from before now get 410 Gone.
+    /// Forget the event history: watches resuming from before the current
+    /// resourceVersion get 410 Gone (a watch from the current one is fine,
+    /// as on a real server after compaction).
     pub fn compact(&self) {
         let mut st = self.inner.state.lock().unwrap();
-        st.compacted = st.rv + 1;
+        st.compacted = st.rv;
         st.log.clear();
     }
 
@@ -220,9 +223,14 @@ impl FakeApi {
         self.inner.changed.notify_all();
     }
 
-    /// Requests served so far (for tests that want to see a relist happen).
+    /// Requests served so far.
     pub fn requests(&self) -> u64 {
         self.inner.state.lock().unwrap().requests
+    }
+
+    /// List requests (first pages) of `res` served so far: a relist shows here.
+    pub fn lists(&self) -> u64 {
+        self.inner.state.lock().unwrap().lists
     }
 }
 
@@ -280,10 +288,12 @@ fn serve(stream: TcpStream, inner: &Inner) -> Result<()> {
             .context("no request target")?
             .to_owned();
         let (path, query) = target.split_once('?').unwrap_or((&target, ""));
-        let params: BTreeMap<&str, &str> = query
+        let params: BTreeMap<&str, String> = query
             .split('&')
             .filter_map(|kv| kv.split_once('='))
+            .map(|(k, v)| (k, decode(v)))
             .collect();
+        let param = |k: &str| params.get(k).map(String::as_str);
         {
             let mut st = inner.state.lock().unwrap();
             st.requests += 1;
@@ -299,31 +309,25 @@ fn serve(stream: TcpStream, inner: &Inner) -> Result<()> {
             )?;
             continue;
         };
-        let watch = matches!(params.get("watch"), Some(&"true") | Some(&"1"));
-        if !watch {
-            respond(
-                &mut out,
-                200,
-                &list(
-                    inner,
-                    res,
-                    ns.as_deref(),
-                    params.get("labelSelector").copied(),
-                ),
-            )?;
+        let filter = Filter {
+            res,
+            ns: ns.as_deref(),
+            selector: param("labelSelector"),
+        };
+        if !matches!(param("watch"), Some("true") | Some("1")) {
+            let limit = param("limit").and_then(|v| v.parse().ok());
+            let cont = param("continue").and_then(|v| v.parse().ok());
+            respond(&mut out, 200, &list(inner, &filter, limit, cont))?;
             continue;
         }
-        let from: u64 = params
-            .get("resourceVersion")
+        let from: u64 = param("resourceVersion")
             .and_then(|v| v.parse().ok())
             .unwrap_or(0);
-        let timeout = params
-            .get("timeoutSeconds")
+        let timeout = param("timeoutSeconds")
             .and_then(|v| v.parse().ok())
-            .map(Duration::from_secs)
-            .unwrap_or(Duration::from_secs(300));
-        let bookmarks = params.get("allowWatchBookmarks") == Some(&"true");
-        return watch_stream(out, inner, res, ns.as_deref(), from, timeout, bookmarks);
+            .map_or(Duration::from_secs(300), Duration::from_secs);
+        let bookmarks = param("allowWatchBookmarks") == Some("true");
+        return watch_stream(out, inner, &filter, from, timeout, bookmarks);
     }
 }
 
@@ -342,31 +346,83 @@ fn respond(out: &mut TcpStream, code: u16, body: &Value) -> Result<()> {
     Ok(())
 }
 
+/// Percent-decoding of a query value (selectors arrive encoded).
+fn decode(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'%' && i + 3 <= b.len() {
+            if let Ok(v) = u8::from_str_radix(&s[i + 1..i + 3], 16) {
+                out.push(v);
+                i += 3;
+                continue;
+            }
+        }
+        out.push(if b[i] == b'+' { b' ' } else { b[i] });
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// Which objects a list or watch covers.
+struct Filter<'a> {
+    res: Resource,
+    ns: Option<&'a str>,
+    selector: Option<&'a str>,
+}
+
+impl Filter<'_> {
+    fn covers(&self, res: Resource, ns: &str, obj: &Value) -> bool {
+        res == self.res && self.ns.is_none_or(|n| n == ns) && matches_selector(obj, self.selector)
+    }
+}
+
+/// Equality-based label selectors (`k=v`, `k==v`, `k!=v`, `k`, `!k`); any
+/// other form fails the test loudly rather than matching everything.
 fn matches_selector(obj: &Value, selector: Option<&str>) -> bool {
     let Some(sel) = selector.filter(|s| !s.is_empty()) else {
         return true;
     };
-    let sel = sel.replace("%3D", "=").replace("%2C", ",");
-    sel.split(',').all(|term| match term.split_once('=') {
-        Some((k, v)) => {
-            obj["metadata"]["labels"][k.trim_end_matches('=')].as_str()
-                == Some(v.trim_start_matches('='))
+    let labels = &obj["metadata"]["labels"];
+    sel.split(',').all(|term| {
+        let term = term.trim();
+        if let Some((k, v)) = term.split_once("!=") {
+            labels[k.trim()].as_str() != Some(v.trim())
+        } else if let Some((k, v)) = term.split_once('=') {
+            labels[k.trim()].as_str() == Some(v.trim_start_matches('=').trim())
+        } else if let Some(k) = term.strip_prefix('!') {
+            labels[k.trim()].is_null()
+        } else {
+            assert!(
+                !term.contains(' ') && !term.contains('('),
+                "fake API: unsupported selector {term:?}"
+            );
+            !labels[term].is_null()
         }
-        None => true,
     })
 }
 
-fn list(inner: &Inner, res: Resource, ns: Option<&str>, selector: Option<&str>) -> Value {
-    let st = inner.state.lock().unwrap();
-    let items: Vec<&Value> = st
+/// One page of a list; `cont` is the offset the previous page handed out.
+fn list(inner: &Inner, f: &Filter<'_>, limit: Option<usize>, cont: Option<usize>) -> Value {
+    let mut st = inner.state.lock().unwrap();
+    if cont.is_none() {
+        st.lists += 1;
+    }
+    let all: Vec<&Value> = st
         .objects
         .iter()
-        .filter(|((r, n, _), o)| {
-            *r == res && ns.is_none_or(|ns| ns == n) && matches_selector(o, selector)
-        })
+        .filter(|((r, n, _), o)| f.covers(*r, n, o))
         .map(|(_, o)| o)
         .collect();
-    json!({"apiVersion": res.api_version(), "kind": format!("{}List", res.kind()), "metadata": {"resourceVersion": st.rv.to_string()}, "items": items})
+    let start = cont.unwrap_or(0).min(all.len());
+    let end = limit.map_or(all.len(), |l| (start + l).min(all.len()));
+    let mut metadata = json!({"resourceVersion": st.rv.to_string()});
+    if end < all.len() {
+        metadata["continue"] = json!(end.to_string());
+    }
+    let res = f.res;
+    json!({"apiVersion": res.api_version(), "kind": format!("{}List", res.kind()), "metadata": metadata, "items": all[start..end]})
 }
 
 fn chunk(out: &mut TcpStream, line: &Value) -> std::io::Result<()> {
@@ -378,8 +434,7 @@ fn chunk(out: &mut TcpStream, line: &Value) -> std::io::Result<()> {
 fn watch_stream(
     mut out: TcpStream,
     inner: &Inner,
-    res: Resource,
-    ns: Option<&str>,
+    f: &Filter<'_>,
     from: u64,
     timeout: Duration,
     bookmarks: bool,
@@ -402,21 +457,24 @@ fn watch_stream(
         return Ok(());
     }
     loop {
-        if inner.stop.load(Ordering::SeqCst)
-            || st.generation != generation
-            || st.down
-            || Instant::now() >= deadline
-        {
+        if inner.stop.load(Ordering::SeqCst) || st.generation != generation || st.down {
             // A cut connection: no terminating chunk, just close.
+            return Ok(());
+        }
+        if Instant::now() >= deadline {
+            // timeoutSeconds reached: the server ends the stream properly.
+            drop(st);
+            write!(out, "0\r\n\r\n")?;
             return Ok(());
         }
         let lines: Vec<Value> = st
             .log
             .iter()
-            .filter(|e| e.rv > sent_up_to && e.res == res && ns.is_none_or(|ns| ns == e.ns))
+            .filter(|e| e.rv > sent_up_to && f.covers(e.res, &e.ns, &e.object))
             .map(|e| json!({"type": e.kind, "object": e.object}))
             .collect();
         sent_up_to = st.rv;
+        let res = f.res;
         let bookmark = (bookmarks && last_bookmark.elapsed() >= inner.bookmark_every).then(|| {
             json!({"type": "BOOKMARK", "object": {"kind": res.kind(), "apiVersion": res.api_version(), "metadata": {"resourceVersion": st.rv.to_string()}}})
         });

@@ -135,9 +135,14 @@ impl Model {
         );
     }
 
-    /// The longest lease duration seen (for the feed's staleness threshold).
-    pub fn max_lease_duration(&self) -> Option<Duration> {
-        self.leases.values().map(|l| l.duration).max()
+    /// The longest duration of the Leases in use (the feed's default
+    /// staleness threshold).
+    pub fn max_lease_duration(&self, announcers: &[Announcer]) -> Option<Duration> {
+        let used = self.referenced_leases(announcers);
+        used.iter()
+            .filter_map(|k| self.leases.get(k))
+            .map(|l| l.duration)
+            .max()
     }
 
     /// The earliest future moment at which a live lease expires: when the
@@ -148,6 +153,39 @@ impl Model {
             .map(|l| l.observed + l.duration)
             .filter(|t| *t > now)
             .min()
+    }
+
+    /// The Lease that decides `svc` for a Lease-based announcer.
+    fn lease_key(svc: &Key, info: &ServiceInfo, a: &Announcer) -> Option<Key> {
+        match a {
+            Announcer::Cilium { namespace } => Some(Key::new(
+                namespace.clone(),
+                format!("cilium-l2announce-{}-{}", svc.ns, svc.name),
+            )),
+            Announcer::KubeVipPerService => Some(match info.kube_vip_lease.as_deref() {
+                Some(n) => match n.split_once('/') {
+                    Some((ns, name)) => Key::new(ns, name),
+                    None => Key::new(svc.ns.clone(), n),
+                },
+                None => Key::new(svc.ns.clone(), format!("kubevip-{}", svc.name)),
+            }),
+            Announcer::KubeVipGlobal { lease } => Some(lease.clone()),
+            Announcer::MetalLb { .. } => None,
+        }
+    }
+
+    /// The Leases some Service depends on. Only these count for the staleness
+    /// threshold and the holder names: a real cluster has many unrelated
+    /// Leases (leader elections) that say nothing about LB IPs.
+    fn referenced_leases(&self, announcers: &[Announcer]) -> BTreeSet<Key> {
+        self.services
+            .iter()
+            .flat_map(|(svc, info)| {
+                announcers
+                    .iter()
+                    .filter_map(move |a| Self::lease_key(svc, info, a))
+            })
+            .collect()
     }
 
     /// The owner of one Service according to one announcer: Some(claim) if
@@ -180,21 +218,9 @@ impl Model {
             })
         };
         match a {
-            Announcer::Cilium { namespace } => lease_claim(Key::new(
-                namespace.clone(),
-                format!("cilium-l2announce-{}-{}", svc.ns, svc.name),
-            )),
-            Announcer::KubeVipPerService => {
-                let key = match info.kube_vip_lease.as_deref() {
-                    Some(n) => match n.split_once('/') {
-                        Some((ns, name)) => Key::new(ns, name),
-                        None => Key::new(svc.ns.clone(), n),
-                    },
-                    None => Key::new(svc.ns.clone(), format!("kubevip-{}", svc.name)),
-                };
-                lease_claim(key)
-            }
-            Announcer::KubeVipGlobal { lease } => lease_claim(lease.clone()),
+            Announcer::Cilium { .. }
+            | Announcer::KubeVipPerService
+            | Announcer::KubeVipGlobal { .. } => lease_claim(Self::lease_key(svc, info, a)?),
             Announcer::MetalLb { namespace } => {
                 let nodes: BTreeSet<&str> = self
                     .l2
@@ -257,10 +283,13 @@ impl Model {
         out
     }
 
-    /// Every distinct holder / announcing node named anywhere (to spot a
+    /// Every holder of a Lease in use and every announcing node (to spot a
     /// node name that matches none of them).
-    pub fn named_nodes(&self) -> BTreeSet<&str> {
-        let leases = self.leases.values().filter_map(|l| l.holder.as_deref());
+    pub fn named_nodes(&self, announcers: &[Announcer]) -> BTreeSet<&str> {
+        let used = self.referenced_leases(announcers);
+        let leases = used
+            .iter()
+            .filter_map(|k| self.leases.get(k)?.holder.as_deref());
         let l2 = self.l2.values().filter_map(|s| s.node.as_deref());
         leases.chain(l2).filter(|n| !n.is_empty()).collect()
     }
@@ -551,6 +580,16 @@ mod tests {
                 .as_deref(),
             Some("n1")
         );
-        assert_eq!(m.named_nodes(), BTreeSet::from(["n1", "n2"]));
+        assert_eq!(m.named_nodes(&both), BTreeSet::from(["n1", "n2"]));
+        // A Lease no Service depends on (a controller's leader election) is not counted.
+        m.upsert_lease(
+            Key::new("kube-system", "some-controller"),
+            Some("pod-x".into()),
+            60 * SEC,
+            None,
+            t0,
+        );
+        assert_eq!(m.named_nodes(&both), BTreeSet::from(["n1", "n2"]));
+        assert_eq!(m.max_lease_duration(&both), Some(15 * SEC));
     }
 }

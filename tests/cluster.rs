@@ -166,9 +166,39 @@ fn losing_the_api_degrades_foreign_to_unknown_and_recovers() {
         Resource::Leases,
         cilium_lease("node-a", 120, "2026-11-30T10:00:00.000000Z"),
     );
-    let guards = bed
-        .start(&["--announcer", "cilium", "--stale-after", "3s"])
-        .unwrap();
+    let status = bed.dir.path().join("status-b.json");
+    let status_arg = status.to_str().unwrap();
+    let sync = Duration::from_secs(20);
+    let guards = [
+        bed.start_on(0, &["--announcer", "cilium", "--stale-after", "3s"], sync)
+            .unwrap(),
+        bed.start_on(
+            1,
+            &[
+                "--announcer",
+                "cilium",
+                "--stale-after",
+                "3s",
+                "--status-file",
+                status_arg,
+            ],
+            sync,
+        )
+        .unwrap(),
+    ];
+    // The status file shows the feed's state as it changes.
+    let feed_state = || -> Option<(bool, bool)> {
+        let v: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&status).ok()?).ok()?;
+        Some((
+            v["feed"]["synced"].as_bool()?,
+            v["feed"]["degraded"].as_bool()?,
+        ))
+    };
+    assert!(wait_for(Duration::from_secs(5), || (feed_state()
+        == Some((true, false)))
+    .then_some(()))
+    .is_some());
     let node_b = &bed.nodes[1];
     let speaker = RawSocket::open(&node_b.ns, "eth0").unwrap();
     let garp = ArpSpec::gratuitous(2, node_b.mac, LB).to_bytes();
@@ -188,6 +218,11 @@ fn losing_the_api_degrades_foreign_to_unknown_and_recovers() {
     .is_some());
     // ...but its kernel still may not answer for an IP it does not hold (unknown + kernel).
     assert_eq!(bed.who_answers(LB).as_deref(), Some("node-a"));
+    assert_eq!(
+        feed_state(),
+        Some((true, true)),
+        "the status file says degraded"
+    );
     bed.api.set_down(false);
     assert!(
         guards[1]
@@ -196,6 +231,10 @@ fn losing_the_api_degrades_foreign_to_unknown_and_recovers() {
         "{}",
         guards[1].log_text()
     );
+    assert!(wait_for(Duration::from_secs(3), || (feed_state()
+        == Some((true, false)))
+    .then_some(()))
+    .is_some());
     assert!(
         wait_for(Duration::from_secs(3), || (!speaker.send(&garp).unwrap())
             .then_some(()))

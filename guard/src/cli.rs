@@ -129,6 +129,11 @@ pub struct RunArgs {
     #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = parse_duration)]
     pub resync: Duration,
 
+    /// Keep a JSON summary of the daemon's state (attachments, LB IP counts,
+    /// Kubernetes feed health) in this file, rewritten atomically on change.
+    #[arg(long, value_name = "PATH")]
+    pub status_file: Option<PathBuf>,
+
     /// How often a summary of the counters is logged (0 to disable).
     #[arg(long, value_name = "DURATION", default_value = "60s", value_parser = parse_duration)]
     pub stats_interval: Duration,

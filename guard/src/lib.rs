@@ -10,4 +10,5 @@ pub mod file_source;
 pub mod ownership_file;
 pub mod preflight;
 pub mod run;
+pub mod status;
 pub mod view;

@@ -17,7 +17,7 @@ use crate::{
     datapath::{self, Datapath},
     file_source,
     ownership_file::{self, OwnershipFile},
-    preflight,
+    preflight, status,
     view::{self, View},
 };
 
@@ -132,10 +132,29 @@ pub async fn run(args: RunArgs) -> Result<()> {
     let mut dirty = !report_apply(&mut dp, &view);
     warn_if_node_unknown(&node, file_now.as_ref());
     let mut attached_at = Vec::new();
+    let mut interfaces = Vec::new();
     for iface in &args.interfaces {
         let how = dp.attach(iface, args.attach)?;
         tracing::info!(interface = %iface, attach = how.as_str(), "guard attached to egress");
         attached_at.push((iface.clone(), table.ifindex(iface)));
+        interfaces.push(status::Interface {
+            name: iface.clone(),
+            attach: how.as_str(),
+        });
+    }
+    let announcer_names: Vec<&'static str> =
+        cluster_announcers.iter().map(Announcer::name).collect();
+    let status_of = |view: &View, cluster: Option<&ClusterView>| status::Status {
+        node: node.clone(),
+        mode: mode.as_str(),
+        interfaces: interfaces.clone(),
+        lb_ips: status::Counts::of(view),
+        feed: cluster.map(|c| status::Feed::of(announcer_names.clone(), c)),
+    };
+    let mut last_status = None;
+    if let Some(path) = &args.status_file {
+        let c = cluster_on.then(|| cluster_rx.borrow().clone());
+        status::publish(path, &status_of(&view, c.as_ref()), &mut last_status);
     }
     tracing::info!(
         node = %node,
@@ -232,6 +251,9 @@ pub async fn run(args: RunArgs) -> Result<()> {
             }
         }
         let next = derive(&node, &args, file.as_ref(), &table, cluster.as_ref());
+        if let Some(path) = &args.status_file {
+            status::publish(path, &status_of(&next, cluster.as_ref()), &mut last_status);
+        }
         if next != current {
             log_changes(&current, &next);
             dirty = !report_apply(&mut dp, &next);

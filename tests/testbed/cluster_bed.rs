@@ -35,7 +35,7 @@ pub struct Node {
 pub struct ClusterBed {
     pub api: FakeApi,
     pub kubeconfig: PathBuf,
-    _dir: TempDir,
+    pub dir: TempDir,
     pub nodes: Vec<Node>,
     pub peer: Netns,
     _switch: Netns,
@@ -93,7 +93,7 @@ impl ClusterBed {
         Ok(ClusterBed {
             api,
             kubeconfig,
-            _dir: dir,
+            dir,
             nodes,
             peer,
             _switch: switch,

@@ -1,0 +1,85 @@
+//! The daemon's state in one JSON document, written to `--status-file`
+//! whenever it changes (atomically: write, then rename), so that an operator
+//! (`kubectl exec ... cat`) or a probe can see what the guard is doing.
+
+use std::path::Path;
+
+use guard_common::Ownership;
+use serde::Serialize;
+
+use crate::{cluster::ClusterView, view::View};
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Status {
+    pub node: String,
+    pub mode: &'static str,
+    pub interfaces: Vec<Interface>,
+    pub lb_ips: Counts,
+    /// Present when an announcer reads the Kubernetes API.
+    pub feed: Option<Feed>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Interface {
+    pub name: String,
+    pub attach: &'static str,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Counts {
+    pub total: usize,
+    pub owned: usize,
+    pub foreign: usize,
+    pub unknown: usize,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Feed {
+    pub announcers: Vec<&'static str>,
+    /// Every stream has completed its first list.
+    pub synced: bool,
+    /// Unreachable for longer than the threshold: foreign is enforced as unknown.
+    pub degraded: bool,
+}
+
+impl Counts {
+    pub fn of(view: &View) -> Self {
+        Counts {
+            total: view.lb.len(),
+            owned: view.count(Ownership::Owned),
+            foreign: view.count(Ownership::Foreign),
+            unknown: view.count(Ownership::Unknown),
+        }
+    }
+}
+
+impl Feed {
+    pub fn of(announcers: Vec<&'static str>, c: &ClusterView) -> Self {
+        Feed {
+            announcers,
+            synced: c.synced,
+            degraded: c.degraded,
+        }
+    }
+}
+
+/// Write `status` to `path` if it differs from `last`; remembers what was written.
+pub fn publish(path: &Path, status: &Status, last: &mut Option<Status>) {
+    if last.as_ref() == Some(status) {
+        return;
+    }
+    let tmp = path.with_extension("tmp");
+    let text = match serde_json::to_string_pretty(status) {
+        Ok(t) => t,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot encode the status");
+            return;
+        }
+    };
+    match std::fs::write(&tmp, text + "\n").and_then(|()| std::fs::rename(&tmp, path)) {
+        Ok(()) => *last = Some(status.clone()),
+        Err(e) => {
+            tracing::warn!(file = %path.display(), error = %e, "cannot write the status file")
+        }
+    }
+}

@@ -360,3 +360,79 @@ fn drifted_maps_are_repaired() {
         "repaired: the foreign IP is guarded again"
     );
 }
+
+/// The liveness gate, with the daemon frozen (SIGSTOP: no more heartbeats).
+/// Fresh: foreign is dropped from any origin. Stale: foreign is judged as
+/// unknown (a speaker passes, the kernel's reply is still dropped). Dead:
+/// everything passes. Heartbeats again (SIGCONT): enforced again.
+#[test]
+fn liveness_gate_opens_in_two_steps_when_heartbeats_stop() {
+    testbed::require_root();
+    let bed = Bed::new("gate").unwrap();
+    let mut guard = bed
+        .start(&[
+            "--heartbeat-stale-after",
+            "2s",
+            "--heartbeat-dead-after",
+            "5s",
+        ])
+        .unwrap();
+    let speaker = RawSocket::open(&bed.node, "eth0").unwrap();
+    let garp = ArpSpec::gratuitous(2, bed.node_mac, FOREIGN).to_bytes();
+    let f = FOREIGN.to_string();
+    assert!(
+        !speaker.send(&garp).unwrap(),
+        "fresh: foreign speaker frame dropped"
+    );
+    assert_eq!(resolve(&bed, &f), None);
+    let pid = guard.pid() as i32;
+    // SAFETY: signals to our own child.
+    unsafe { libc::kill(pid, libc::SIGSTOP) };
+    let frozen = std::time::Instant::now();
+    // Stale (after 2 s): the speaker passes...
+    assert!(wait_for(Duration::from_secs(4), || speaker
+        .send(&garp)
+        .unwrap()
+        .then_some(()))
+    .is_some());
+    // (The last heartbeat may be up to 500 ms older than the freeze.)
+    assert!(
+        frozen.elapsed() >= Duration::from_millis(1400),
+        "not before the stale threshold"
+    );
+    // ...the kernel's reply does not (unknown + kernel).
+    assert_eq!(resolve(&bed, &f), None);
+    // Dead (after 5 s): the kernel's reply passes too.
+    let learned = wait_for(Duration::from_secs(8), || resolve(&bed, &f));
+    assert_eq!(learned, Some(bed.node_mac));
+    assert!(
+        frozen.elapsed() >= Duration::from_millis(4400),
+        "not before the dead threshold"
+    );
+    // SAFETY: as above.
+    unsafe { libc::kill(pid, libc::SIGCONT) };
+    assert!(
+        wait_for(Duration::from_secs(3), || (!speaker.send(&garp).unwrap())
+            .then_some(()))
+        .is_some(),
+        "enforced again"
+    );
+    assert_eq!(resolve(&bed, &f), None);
+    assert!(bed.total("heartbeat_stale").unwrap() >= 1);
+    assert!(bed.total("heartbeat_dead_passed").unwrap() >= 1);
+    guard.stop(libc::SIGTERM, Duration::from_secs(10)).unwrap();
+}
+
+/// SIGHUP does not kill the daemon (its default action would): it re-applies.
+#[test]
+fn sighup_reapplies_and_keeps_running() {
+    testbed::require_root();
+    let bed = Bed::new("hup").unwrap();
+    let mut guard = bed.start(&[]).unwrap();
+    // SAFETY: a signal to our own child.
+    unsafe { libc::kill(guard.pid() as i32, libc::SIGHUP) };
+    assert!(guard.wait_log("SIGHUP", Duration::from_secs(5)).is_some());
+    assert_eq!(resolve(&bed, &FOREIGN.to_string()), None, "still guarding");
+    let status = guard.stop(libc::SIGTERM, Duration::from_secs(10)).unwrap();
+    assert!(status.success());
+}

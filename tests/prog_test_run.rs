@@ -10,10 +10,12 @@ use std::{collections::BTreeMap, net::Ipv4Addr};
 
 use guard::{
     counters::Snapshot,
-    datapath::Datapath,
+    datapath::{monotonic_ns, Datapath},
     view::{LbIp, Source, View},
 };
-use guard_common::{decide, Facts, Kind, LeakAction, Mode, Origin, Ownership, Verdict};
+use guard_common::{
+    decide, effective_state, Facts, Kind, LeakAction, Liveness, Mode, Origin, Ownership, Verdict,
+};
 use testbed::ArpSpec;
 
 const LO: u32 = 1;
@@ -110,8 +112,21 @@ fn program_agrees_with_reference_on_the_whole_table() {
     for with_primary in [true, false] {
         let mut dp = datapath(with_primary);
         for mode in [Mode::Enforce, Mode::Monitor] {
-            for leak_action in [LeakAction::Rewrite, LeakAction::Drop] {
+            for (leak_action, live) in [LeakAction::Rewrite, LeakAction::Drop]
+                .into_iter()
+                .flat_map(|l| {
+                    [Liveness::Fresh, Liveness::Stale, Liveness::Dead].map(move |v| (l, v))
+                })
+            {
                 dp.set_config(mode, leak_action).unwrap();
+                // The default gate: stale after 15 s, dead after 5 min.
+                let now = monotonic_ns();
+                let age = match live {
+                    Liveness::Fresh => 0,
+                    Liveness::Stale => 20_000_000_000,
+                    Liveness::Dead => 400_000_000_000,
+                };
+                dp.heartbeat_at(now - age).unwrap();
                 for (ip, state, on_egress) in lb_ips() {
                     for (kind, spec) in frames_for(ip) {
                         for tags in TAGS {
@@ -124,11 +139,12 @@ fn program_agrees_with_reference_on_the_whole_table() {
                                 egress_has_ipv4: with_primary,
                                 mode,
                                 leak_action,
+                                liveness: live,
                             });
                             let before = dp.snapshot().unwrap();
                             let (ret, out) = dp.test_run(&frame).unwrap();
                             let after = dp.snapshot().unwrap();
-                            let ctx = format!("{ip} {state:?} on_egress={on_egress} {kind:?} op={} tags={tags:?} {mode:?} {leak_action:?} primary={with_primary}", spec.op);
+                            let ctx = format!("{ip} {state:?} on_egress={on_egress} {kind:?} op={} tags={tags:?} {mode:?} {leak_action:?} primary={with_primary} {live:?}", spec.op);
                             assert_eq!(
                                 ret,
                                 if want == Verdict::Dropped { DROP } else { PASS },
@@ -141,11 +157,12 @@ fn program_agrees_with_reference_on_the_whole_table() {
                             }
                             assert_eq!(out, expected, "frame after the program: {ctx}");
                             let delta = counter_delta(&before, &after);
+                            let judged = effective_state(state, live);
                             let key = (
                                 u32::from(ip),
                                 kind as u8,
                                 Origin::Kernel as u8,
-                                state as u8,
+                                judged as u8,
                                 want as u8,
                             );
                             assert_eq!(delta, BTreeMap::from([(key, 1)]), "counters: {ctx}");

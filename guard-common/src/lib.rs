@@ -15,5 +15,6 @@ pub mod verdict;
 pub use frame::{parse, ArpFrame, FrameReader, Parsed};
 pub use maps::*;
 pub use verdict::{
-    classify, decide, Action, Facts, Kind, LeakAction, Mode, Origin, Ownership, Verdict,
+    classify, decide, effective_state, liveness, Action, Facts, Kind, LeakAction, Liveness, Mode,
+    Origin, Ownership, Verdict,
 };

@@ -15,6 +15,8 @@ pub const MAP_COUNTERS: &str = "COUNTERS";
 pub const MAP_STATS: &str = "STATS";
 /// Array with one [`Config`] at index 0.
 pub const MAP_CONFIG: &str = "CONFIG";
+/// Array with one u64 at index 0: the daemon's last heartbeat, CLOCK_MONOTONIC ns.
+pub const MAP_HEARTBEAT: &str = "HEARTBEAT";
 
 /// Capacity of [`MAP_LB_IPS`].
 pub const MAX_LB_IPS: u32 = 65_536;
@@ -78,6 +80,11 @@ pub enum Stat {
     /// ARP frames whose VLAN tag travelled in skb metadata (a VLAN device or
     /// a VLAN-filtering bridge above the interface), not in the frame data.
     VlanInMetadata = 6,
+    /// LB announcements judged while the daemon's heartbeat was stale
+    /// (foreign judged as unknown).
+    GateStale = 7,
+    /// LB announcements passed unjudged because the heartbeat was dead.
+    GateOpen = 8,
 }
 
 impl Stat {
@@ -89,6 +96,8 @@ impl Stat {
         Stat::CounterFull,
         Stat::RewriteFailed,
         Stat::VlanInMetadata,
+        Stat::GateStale,
+        Stat::GateOpen,
     ];
     pub const COUNT: u32 = Self::ALL.len() as u32;
 
@@ -101,6 +110,8 @@ impl Stat {
             Stat::CounterFull => "counter_map_full",
             Stat::RewriteFailed => "rewrite_failed",
             Stat::VlanInMetadata => "arp_vlan_in_metadata",
+            Stat::GateStale => "heartbeat_stale",
+            Stat::GateOpen => "heartbeat_dead_passed",
         }
     }
 }
@@ -113,6 +124,10 @@ pub struct Config {
     /// [`crate::LeakAction`] as u8.
     pub leak_action: u8,
     pub _pad: [u8; 6],
+    /// Heartbeat age from which foreign is judged as unknown (ns).
+    pub stale_after_ns: u64,
+    /// Heartbeat age from which everything passes (ns).
+    pub dead_after_ns: u64,
 }
 
 #[cfg(feature = "user")]

@@ -64,6 +64,51 @@ pub enum LeakAction {
     Drop = 1,
 }
 
+/// How recently the daemon proved it is alive (its heartbeat in the maps).
+/// A guard whose daemon died must not keep blocking on stale knowledge.
+#[repr(u8)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Liveness {
+    /// Heartbeat fresh: the full policy applies.
+    Fresh = 0,
+    /// Heartbeat older than the stale threshold: `foreign` is judged as `unknown`.
+    Stale = 1,
+    /// Heartbeat older than the dead threshold (or never written): everything passes.
+    Dead = 2,
+}
+
+/// Classify a heartbeat written at `heartbeat_ns` (CLOCK_MONOTONIC, as
+/// `bpf_ktime_get_ns`) as seen at `now_ns`.
+#[inline(always)]
+pub fn liveness(
+    now_ns: u64,
+    heartbeat_ns: u64,
+    stale_after_ns: u64,
+    dead_after_ns: u64,
+) -> Liveness {
+    if heartbeat_ns == 0 {
+        return Liveness::Dead;
+    }
+    let age = now_ns.saturating_sub(heartbeat_ns);
+    if age >= dead_after_ns {
+        Liveness::Dead
+    } else if age >= stale_after_ns {
+        Liveness::Stale
+    } else {
+        Liveness::Fresh
+    }
+}
+
+/// The state the policy judges with: while the daemon's heartbeat is stale,
+/// "another node owns it" may be old news, so foreign counts as unknown.
+#[inline(always)]
+pub fn effective_state(state: Ownership, live: Liveness) -> Ownership {
+    match (state, live) {
+        (Ownership::Foreign, Liveness::Stale) => Ownership::Unknown,
+        (s, _) => s,
+    }
+}
+
 /// What the policy wants done with a frame, before the mode is applied.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Action {
@@ -95,6 +140,7 @@ pub struct Facts {
     pub egress_has_ipv4: bool,
     pub mode: Mode,
     pub leak_action: LeakAction,
+    pub liveness: Liveness,
 }
 
 /// Name the kind of a frame whose SPA is an LB IP. `None` for opcodes that
@@ -127,7 +173,14 @@ pub fn must_stop(origin: Origin, state: Ownership, ip_on_egress: bool) -> bool {
 /// The policy's action for a frame.
 #[inline(always)]
 pub fn action(f: &Facts) -> Action {
-    if !must_stop(f.origin, f.state, f.ip_on_egress) {
+    if f.liveness == Liveness::Dead {
+        return Action::Pass;
+    }
+    if !must_stop(
+        f.origin,
+        effective_state(f.state, f.liveness),
+        f.ip_on_egress,
+    ) {
         return Action::Pass;
     }
     if f.kind == Kind::AnnounceLeak && f.leak_action == LeakAction::Rewrite && f.egress_has_ipv4 {
@@ -180,6 +233,7 @@ names!(Origin { Kernel => "kernel", Speaker => "speaker" });
 names!(Ownership { Owned => "owned", Foreign => "foreign", Unknown => "unknown" });
 names!(Mode { Enforce => "enforce", Monitor => "monitor" });
 names!(LeakAction { Rewrite => "rewrite", Drop => "drop" });
+names!(Liveness { Fresh => "fresh", Stale => "stale", Dead => "dead" });
 names!(Verdict {
     Passed => "passed",
     Dropped => "dropped",
@@ -201,6 +255,7 @@ mod tests {
             egress_has_ipv4: true,
             mode: Mode::Enforce,
             leak_action: LeakAction::Rewrite,
+            liveness: Liveness::Fresh,
         }
     }
 
@@ -284,6 +339,38 @@ mod tests {
                         }
                     }
                 }
+            }
+        }
+    }
+
+    #[test]
+    fn liveness_gate() {
+        const S: u64 = 1_000_000_000;
+        assert_eq!(liveness(100 * S, 99 * S, 15 * S, 300 * S), Liveness::Fresh);
+        assert_eq!(liveness(100 * S, 85 * S, 15 * S, 300 * S), Liveness::Stale);
+        assert_eq!(liveness(400 * S, 100 * S, 15 * S, 300 * S), Liveness::Dead);
+        assert_eq!(
+            liveness(100 * S, 0, 15 * S, 300 * S),
+            Liveness::Dead,
+            "never written"
+        );
+        assert_eq!(
+            liveness(100 * S, 101 * S, 15 * S, 300 * S),
+            Liveness::Fresh,
+            "written after now: fresh"
+        );
+        // Stale: foreign is judged as unknown (kernel stopped, speaker passes).
+        let mut f = facts(Kind::Reply, Origin::Speaker, Ownership::Foreign, false);
+        f.liveness = Liveness::Stale;
+        assert_eq!(decide(&f), Verdict::Passed);
+        f.origin = Origin::Kernel;
+        assert_eq!(decide(&f), Verdict::Dropped);
+        // Dead: everything passes, whatever the state.
+        for &state in Ownership::ALL {
+            for &origin in Origin::ALL {
+                let mut f = facts(Kind::Gratuitous, origin, state, false);
+                f.liveness = Liveness::Dead;
+                assert_eq!(decide(&f), Verdict::Passed);
             }
         }
     }

@@ -6,12 +6,12 @@ use aya_ebpf::{
 };
 use aya_log_ebpf::error;
 use guard_common::{
-    decide,
+    decide, effective_state,
     frame::{ETH_HLEN, ETH_P_8021Q},
-    parse,
+    liveness, parse,
     verdict::classify,
-    Config, CounterKey, CounterValue, Facts, FrameReader, IfAddrKey, LbEntry, LeakAction, Mode,
-    Origin, Ownership, Parsed, Stat, Verdict, MAX_COUNTERS, MAX_IF_ADDRS, MAX_LB_IPS,
+    Config, CounterKey, CounterValue, Facts, FrameReader, IfAddrKey, LbEntry, LeakAction, Liveness,
+    Mode, Origin, Ownership, Parsed, Stat, Verdict, MAX_COUNTERS, MAX_IF_ADDRS, MAX_LB_IPS,
 };
 
 /// Linux's BPF_F_NO_PREALLOC: the counter map grows with use instead of
@@ -38,6 +38,9 @@ static STATS: PerCpuArray<u64> = PerCpuArray::with_max_entries(Stat::COUNT, 0);
 
 #[map(name = "CONFIG")]
 static CONFIG: Array<Config> = Array::with_max_entries(1, 0);
+
+#[map(name = "HEARTBEAT")]
+static HEARTBEAT: Array<u64> = Array::with_max_entries(1, 0);
 
 /// "No opinion": lets later programs in the TCX chain (or later cls_bpf
 /// filters) run, and passes the frame at the end of the chain.
@@ -94,10 +97,26 @@ fn judge(ctx: &TcContext, arp: &guard_common::ArpFrame) -> i32 {
     let Some(kind) = classify(arp) else {
         return PASS;
     };
-    let state = Ownership::from_u8(entry.state).unwrap_or(Ownership::Unknown);
+    let config = CONFIG.get(0).copied().unwrap_or_default();
+    // SAFETY: bpf_ktime_get_ns has no preconditions.
+    let now = unsafe { aya_ebpf::helpers::bpf_ktime_get_ns() };
+    let heartbeat = HEARTBEAT.get(0).copied().unwrap_or(0);
+    let live = liveness(now, heartbeat, config.stale_after_ns, config.dead_after_ns);
+    match live {
+        Liveness::Fresh => {}
+        Liveness::Stale => {
+            bump(Stat::GateStale);
+        }
+        Liveness::Dead => {
+            bump(Stat::GateOpen);
+        }
+    }
+    let state = effective_state(
+        Ownership::from_u8(entry.state).unwrap_or(Ownership::Unknown),
+        live,
+    );
     // SAFETY: ctx.skb.skb is the kernel's __sk_buff for this invocation.
     let ifindex = unsafe { (*ctx.skb.skb).ifindex };
-    let config = CONFIG.get(0).copied().unwrap_or_default();
     let mode = if config.mode == Mode::Monitor as u8 {
         Mode::Monitor
     } else {
@@ -126,6 +145,7 @@ fn judge(ctx: &TcContext, arp: &guard_common::ArpFrame) -> i32 {
         egress_has_ipv4: primary.is_some(),
         mode,
         leak_action,
+        liveness: live,
     };
     let mut verdict = decide(&facts);
     if verdict == Verdict::Rewritten {

@@ -103,6 +103,15 @@ pub struct RunArgs {
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     pub stale_after: Option<Duration>,
 
+    /// Liveness gate: once the daemon's heartbeat (written every 500 ms) is this
+    /// old, the program judges `foreign` as `unknown` (default: --stale-after, else 15s).
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub heartbeat_stale_after: Option<Duration>,
+
+    /// Liveness gate: once the heartbeat is this old, the program passes everything.
+    #[arg(long, value_name = "DURATION", default_value = "5m", value_parser = parse_duration)]
+    pub heartbeat_dead_after: Duration,
+
     /// Treat every IPv4 address on this interface as an LB IP (e.g. kube-ipvs0),
     /// kept current through netlink. IPs not in the ownership file are `unknown`.
     #[arg(long, value_name = "IFACE")]

@@ -13,8 +13,8 @@ use aya::{
     Ebpf, Pod,
 };
 use guard_common::{
-    Config, IfAddrKey, LbEntry, LeakAction, Mode, MAP_CONFIG, MAP_IF_ADDRS, MAP_IF_PRIMARY,
-    MAP_LB_IPS,
+    Config, IfAddrKey, LbEntry, LeakAction, Mode, MAP_CONFIG, MAP_HEARTBEAT, MAP_IF_ADDRS,
+    MAP_IF_PRIMARY, MAP_LB_IPS,
 };
 
 use crate::{cli::AttachArg, counters::Snapshot, view::View};
@@ -66,7 +66,37 @@ struct Applied {
     if_primary: BTreeMap<u32, u32>,
 }
 
+/// Heartbeat ages at which the program stops trusting the daemon.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Gate {
+    /// From here `foreign` is judged as `unknown`.
+    pub stale_after: std::time::Duration,
+    /// From here everything passes.
+    pub dead_after: std::time::Duration,
+}
+
+impl Default for Gate {
+    fn default() -> Self {
+        Gate {
+            stale_after: std::time::Duration::from_secs(15),
+            dead_after: std::time::Duration::from_secs(300),
+        }
+    }
+}
+
+/// CLOCK_MONOTONIC in ns: the clock bpf_ktime_get_ns reads.
+pub fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes into the timespec we own.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
 pub struct Datapath {
+    gate: Gate,
     ebpf: Ebpf,
     attached: Vec<Attachment>,
     applied: Applied,
@@ -92,26 +122,51 @@ impl Datapath {
             .map_err(|e| explain_load_error(e.into()))
             .context("loading the egress program")?;
         let mut dp = Datapath {
+            gate: Gate::default(),
             ebpf,
             attached: Vec::new(),
             applied: Applied::default(),
             logger,
         };
         dp.set_config(mode, leak_action)?;
+        dp.heartbeat()?;
         Ok(dp)
     }
 
     pub fn set_config(&mut self, mode: Mode, leak_action: LeakAction) -> Result<()> {
+        let gate = self.gate;
         let mut config: Array<&mut MapData, Config> = Array::try_from(self.map_mut(MAP_CONFIG)?)?;
-        config.set(
-            0,
-            Config {
-                mode: mode as u8,
-                leak_action: leak_action as u8,
-                _pad: [0; 6],
-            },
-            0,
-        )?;
+        let c = Config {
+            mode: mode as u8,
+            leak_action: leak_action as u8,
+            _pad: [0; 6],
+            stale_after_ns: gate.stale_after.as_nanos() as u64,
+            dead_after_ns: gate.dead_after.as_nanos() as u64,
+        };
+        config.set(0, c, 0)?;
+        Ok(())
+    }
+
+    /// The liveness gate's thresholds (see [`guard_common::liveness`]).
+    pub fn set_gate(&mut self, gate: Gate) -> Result<()> {
+        self.gate = gate;
+        let mut config: Array<&mut MapData, Config> = Array::try_from(self.map_mut(MAP_CONFIG)?)?;
+        let mut c = config.get(&0, 0)?;
+        c.stale_after_ns = gate.stale_after.as_nanos() as u64;
+        c.dead_after_ns = gate.dead_after.as_nanos() as u64;
+        config.set(0, c, 0)?;
+        Ok(())
+    }
+
+    /// Tell the program the daemon is alive (CLOCK_MONOTONIC, as bpf_ktime_get_ns).
+    pub fn heartbeat(&mut self) -> Result<()> {
+        self.heartbeat_at(monotonic_ns())
+    }
+
+    /// Write a heartbeat of a given time (tests fake its age).
+    pub fn heartbeat_at(&mut self, ns: u64) -> Result<()> {
+        let mut hb: Array<&mut MapData, u64> = Array::try_from(self.map_mut(MAP_HEARTBEAT)?)?;
+        hb.set(0, ns, 0)?;
         Ok(())
     }
 

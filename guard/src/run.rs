@@ -96,6 +96,8 @@ pub async fn run(args: RunArgs) -> Result<()> {
     // a clean detach, not in the default action.
     let mut sigterm = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
     let mut sigint = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
+    // SIGHUP's default action would kill the daemon: it re-reads everything instead.
+    let mut sighup = signal(SignalKind::hangup()).context("installing the SIGHUP handler")?;
 
     let (nl, notifications) = addrs::connect()?;
     let table = addrs::dump(&nl).await?;
@@ -126,6 +128,21 @@ pub async fn run(args: RunArgs) -> Result<()> {
     };
 
     let mut dp = Datapath::load(mode, leak_action)?;
+    let gate = datapath::Gate {
+        stale_after: args
+            .heartbeat_stale_after
+            .or(args.stale_after)
+            .unwrap_or(std::time::Duration::from_secs(15)),
+        dead_after: args.heartbeat_dead_after,
+    };
+    if gate.dead_after <= gate.stale_after {
+        bail!(
+            "--heartbeat-dead-after ({:?}) must be longer than the stale threshold ({:?})",
+            gate.dead_after,
+            gate.stale_after
+        );
+    }
+    dp.set_gate(gate)?;
     let file_now = file.as_ref().map(|(f, _)| f.clone());
     let view = derive(&node, &args, file_now.as_ref(), &table, None);
     // Fill the maps before attaching: the first frame already meets the policy.
@@ -185,7 +202,8 @@ pub async fn run(args: RunArgs) -> Result<()> {
         args.stats_interval
     });
     stats_tick.tick().await;
-    let mut log_tick = tokio::time::interval(std::time::Duration::from_secs(1));
+    // Heartbeats (and program log forwarding, and retries of failed writes).
+    let mut log_tick = tokio::time::interval(std::time::Duration::from_millis(500));
     let mut reconcile_tick =
         tokio::time::interval(args.resync.max(std::time::Duration::from_secs(1)));
     reconcile_tick.tick().await;
@@ -216,7 +234,15 @@ pub async fn run(args: RunArgs) -> Result<()> {
                 }
                 continue;
             }
+            _ = sighup.recv() => {
+                tracing::info!("SIGHUP: re-reading the maps and re-applying the view");
+                reconcile_tick.reset_immediately();
+                continue;
+            }
             _ = log_tick.tick() => {
+                if let Err(e) = dp.heartbeat() {
+                    tracing::warn!(error = %format!("{e:#}"), "cannot write the heartbeat");
+                }
                 dp.flush_program_logs();
                 // A write that failed (e.g. a full map) is retried until it lands.
                 if dirty {

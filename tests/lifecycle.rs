@@ -436,3 +436,44 @@ fn sighup_reapplies_and_keeps_running() {
     let status = guard.stop(libc::SIGTERM, Duration::from_secs(10)).unwrap();
     assert!(status.success());
 }
+
+/// A full LB IP map fails safe: the IPs that did not fit are not guarded
+/// (their frames pass), and they are reported in the log and the status.
+#[test]
+fn a_full_map_fails_safe_and_reports() {
+    use testbed::bed::FOREIGN_ON_EGRESS;
+    testbed::require_root();
+    let bed = Bed::new("full").unwrap();
+    let status = bed.dir.path().join("status.json");
+    // Six LB IPs, room for three: .101-.103 fit (ascending order), .104-.106 do not.
+    let guard = bed
+        .start(&[
+            "--max-lb-ips",
+            "3",
+            "--status-file",
+            status.to_str().unwrap(),
+        ])
+        .unwrap();
+    let line = guard
+        .wait_log("map full", Duration::from_secs(5))
+        .unwrap_or_else(|| panic!("{}", guard.log_text()));
+    assert!(
+        line.contains("\"count\":3") && line.contains("198.51.100.105"),
+        "{line}"
+    );
+    assert_eq!(
+        resolve(&bed, &FOREIGN.to_string()),
+        None,
+        "an IP that fit is guarded"
+    );
+    assert_eq!(
+        resolve(&bed, &FOREIGN_ON_EGRESS.to_string()),
+        Some(bed.node_mac),
+        "one that did not fit passes"
+    );
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&status).unwrap()).unwrap();
+    assert_eq!(v["not_enforced"], 3, "{v}");
+    assert_eq!(v["lb_ips"]["total"], 6, "{v}");
+    assert!(v["map_memory_bytes"].as_u64().unwrap() > 0, "{v}");
+}

@@ -138,6 +138,11 @@ pub struct RunArgs {
     #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = parse_duration)]
     pub resync: Duration,
 
+    /// Capacity of the LB IP map. LB IPs beyond it are not guarded (their
+    /// frames pass) and are reported in the log and the status.
+    #[arg(long, value_name = "N", default_value_t = guard_common::MAX_LB_IPS, value_parser = clap::value_parser!(u32).range(1..=1_048_576))]
+    pub max_lb_ips: u32,
+
     /// Keep a JSON summary of the daemon's state (attachments, LB IP counts,
     /// Kubernetes feed health) in this file, rewritten atomically on change.
     #[arg(long, value_name = "PATH")]

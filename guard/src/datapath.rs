@@ -54,8 +54,13 @@ pub struct Attachment {
 pub struct ApplyReport {
     pub written: usize,
     pub removed: usize,
-    /// Human-readable failures (e.g. a full map); the entry keeps its old value.
+    /// Human-readable failures; the entry keeps its old value and the write
+    /// is retried.
     pub errors: Vec<String>,
+    /// Entries that did not fit in a full map. An LB IP that did not fit is
+    /// not in the LB set: its frames pass (fail safe). Retried on the next
+    /// change and at each full reconcile.
+    pub full: Vec<String>,
 }
 
 /// What the maps currently hold, as written by us.
@@ -96,6 +101,8 @@ pub fn monotonic_ns() -> u64 {
 }
 
 pub struct Datapath {
+    /// Entries the last apply could not fit (full map); shown in the status.
+    pub not_enforced: usize,
     gate: Gate,
     ebpf: Ebpf,
     attached: Vec<Attachment>,
@@ -106,7 +113,16 @@ pub struct Datapath {
 impl Datapath {
     /// Load the program and its maps into the kernel (not attached yet).
     pub fn load(mode: Mode, leak_action: LeakAction) -> Result<Self> {
-        let mut ebpf = Ebpf::load(OBJECT).map_err(|e| explain_load_error(e.into()))?;
+        Self::load_with_capacity(mode, leak_action, guard_common::MAX_LB_IPS)
+    }
+
+    /// Load with room for `lb_ips` LB IPs in `LB_IPS` (the program's default
+    /// is 65,536; fewer saves kernel memory on small nodes).
+    pub fn load_with_capacity(mode: Mode, leak_action: LeakAction, lb_ips: u32) -> Result<Self> {
+        let mut ebpf = aya::EbpfLoader::new()
+            .map_max_entries(MAP_LB_IPS, lb_ips.max(1))
+            .load(OBJECT)
+            .map_err(|e| explain_load_error(e.into()))?;
         let logger = match aya_log::EbpfLogger::init(&mut ebpf) {
             Ok(l) => Some(l),
             Err(e) => {
@@ -122,6 +138,7 @@ impl Datapath {
             .map_err(|e| explain_load_error(e.into()))
             .context("loading the egress program")?;
         let mut dp = Datapath {
+            not_enforced: 0,
             gate: Gate::default(),
             ebpf,
             attached: Vec::new(),
@@ -316,6 +333,39 @@ impl Datapath {
         Ok(differing)
     }
 
+    /// Kernel memory the program's maps hold (their `memlock` in
+    /// /proc/self/fdinfo), for the status.
+    pub fn memlock_bytes(&self) -> u64 {
+        let ids: std::collections::BTreeSet<u32> = self
+            .ebpf
+            .maps()
+            .filter_map(|(_, m)| map_data(m)?.info().ok())
+            .map(|i| i.id())
+            .collect();
+        let Ok(dir) = std::fs::read_dir("/proc/self/fdinfo") else {
+            return 0;
+        };
+        let mut seen = std::collections::BTreeSet::new();
+        let mut total = 0;
+        for e in dir.flatten() {
+            let Ok(text) = std::fs::read_to_string(e.path()) else {
+                continue;
+            };
+            let field = |name: &str| {
+                text.lines()
+                    .find_map(|l| l.strip_prefix(name))
+                    .and_then(|v| v.trim().parse::<u64>().ok())
+            };
+            if let (Some(id), Some(mem)) = (field("map_id:"), field("memlock:")) {
+                // Several fds may refer to one map; count it once.
+                if ids.contains(&(id as u32)) && seen.insert(id) {
+                    total += mem;
+                }
+            }
+        }
+        total
+    }
+
     /// Sum the kernel-side counters over CPUs.
     pub fn snapshot(&self) -> Result<Snapshot> {
         Snapshot::read(|name| {
@@ -387,6 +437,14 @@ impl Datapath {
         self.ebpf
             .map_mut(name)
             .ok_or_else(|| anyhow!("map {name} missing from the embedded object"))
+    }
+}
+
+fn map_data(m: &aya::maps::Map) -> Option<&MapData> {
+    use aya::maps::Map::*;
+    match m {
+        Array(d) | HashMap(d) | PerCpuArray(d) | PerCpuHashMap(d) | RingBuf(d) => Some(d),
+        _ => None,
     }
 }
 
@@ -471,6 +529,8 @@ fn sync_map<K: Pod + Ord, V: Pod + PartialEq>(
             return;
         }
     };
+    // Entries that met a full map get a second chance once stale ones are gone.
+    let mut full = Vec::new();
     for (k, v) in desired {
         if applied.get(k) == Some(v) {
             continue;
@@ -480,6 +540,7 @@ fn sync_map<K: Pod + Ord, V: Pod + PartialEq>(
                 applied.insert(*k, *v);
                 report.written += 1;
             }
+            Err(e) if is_full(&e) => full.push(*k),
             Err(e) => report
                 .errors
                 .push(format!("{} not written: {}", describe(k), map_error(&e))),
@@ -503,6 +564,25 @@ fn sync_map<K: Pod + Ord, V: Pod + PartialEq>(
             }
         }
     }
+    for k in full {
+        let v = &desired[&k];
+        match map.insert(k, v, 0) {
+            Ok(()) => {
+                applied.insert(k, *v);
+                report.written += 1;
+            }
+            Err(e) if is_full(&e) => report.full.push(describe(&k)),
+            Err(e) => {
+                report
+                    .errors
+                    .push(format!("{} not written: {}", describe(&k), map_error(&e)))
+            }
+        }
+    }
+}
+
+fn is_full(e: &aya::maps::MapError) -> bool {
+    matches!(e, aya::maps::MapError::SyscallError(sys) if sys.io_error.raw_os_error() == Some(libc::E2BIG))
 }
 
 fn map_error(e: &aya::maps::MapError) -> String {

@@ -127,7 +127,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
         Some(cluster_tx)
     };
 
-    let mut dp = Datapath::load(mode, leak_action)?;
+    let mut dp = Datapath::load_with_capacity(mode, leak_action, args.max_lb_ips)?;
     let gate = datapath::Gate {
         stale_after: args
             .heartbeat_stale_after
@@ -161,17 +161,21 @@ pub async fn run(args: RunArgs) -> Result<()> {
     }
     let announcer_names: Vec<&'static str> =
         cluster_announcers.iter().map(Announcer::name).collect();
-    let status_of = |view: &View, cluster: Option<&ClusterView>| status::Status {
+    // Maps are sized at load; their memory is read once.
+    let memlock = dp.memlock_bytes();
+    let status_of = |dp: &Datapath, view: &View, cluster: Option<&ClusterView>| status::Status {
         node: node.clone(),
         mode: mode.as_str(),
         interfaces: interfaces.clone(),
         lb_ips: status::Counts::of(view),
+        not_enforced: dp.not_enforced,
+        map_memory_bytes: memlock,
         feed: cluster.map(|c| status::Feed::of(announcer_names.clone(), c)),
     };
     let mut last_status = None;
     if let Some(path) = &args.status_file {
         let c = cluster_on.then(|| cluster_rx.borrow().clone());
-        status::publish(path, &status_of(&view, c.as_ref()), &mut last_status);
+        status::publish(path, &status_of(&dp, &view, c.as_ref()), &mut last_status);
     }
     tracing::info!(
         node = %node,
@@ -277,9 +281,6 @@ pub async fn run(args: RunArgs) -> Result<()> {
             }
         }
         let next = derive(&node, &args, file.as_ref(), &table, cluster.as_ref());
-        if let Some(path) = &args.status_file {
-            status::publish(path, &status_of(&next, cluster.as_ref()), &mut last_status);
-        }
         if next != current {
             log_changes(&current, &next);
             dirty = !report_apply(&mut dp, &next);
@@ -291,6 +292,13 @@ pub async fn run(args: RunArgs) -> Result<()> {
                     "cluster change applied"
                 );
             }
+        }
+        if let Some(path) = &args.status_file {
+            status::publish(
+                path,
+                &status_of(&dp, &current, cluster.as_ref()),
+                &mut last_status,
+            );
         }
     };
     tracing::info!(signal = signal_name, "shutting down");
@@ -323,9 +331,20 @@ fn derive(
     })
 }
 
-/// Apply `view`; false if some entry could not be written (it will be retried).
+/// Apply `view`; false if some entry could not be written (it will be
+/// retried every second). Entries that did not fit in a full map are
+/// reported, and retried on the next change or reconcile.
 fn report_apply(dp: &mut Datapath, view: &View) -> bool {
     let r = dp.apply(view);
+    if !r.full.is_empty() {
+        let shown: Vec<&str> = r.full.iter().take(10).map(String::as_str).collect();
+        tracing::warn!(
+            count = r.full.len(),
+            first = ?shown,
+            "map full: these entries are not in the kernel; an LB IP that did not fit is not guarded (its frames pass)"
+        );
+    }
+    dp.not_enforced = r.full.len();
     for e in &r.errors {
         tracing::error!(error = %e, "map update failed; that entry keeps its previous value");
     }

@@ -15,6 +15,10 @@ pub struct Status {
     pub mode: &'static str,
     pub interfaces: Vec<Interface>,
     pub lb_ips: Counts,
+    /// Map entries that did not fit (full maps): those LB IPs are not guarded.
+    pub not_enforced: usize,
+    /// Kernel memory held by the program's maps (memlock), in bytes.
+    pub map_memory_bytes: u64,
     /// Present when an announcer reads the Kubernetes API.
     pub feed: Option<Feed>,
 }

@@ -477,3 +477,103 @@ fn a_full_map_fails_safe_and_reports() {
     assert_eq!(v["lb_ips"]["total"], 6, "{v}");
     assert!(v["map_memory_bytes"].as_u64().unwrap() > 0, "{v}");
 }
+
+/// Interfaces come and go: a pattern that matches nothing at start is a
+/// warning; an interface that appears, is deleted and re-created, or is
+/// renamed into the pattern gets the guard.
+#[test]
+fn interfaces_are_attached_as_they_come_and_go() {
+    use testbed::netns::veth;
+    testbed::require_root();
+    let bed = Bed::new("plug").unwrap();
+    let status = bed.dir.path().join("status.json");
+    let guard = bed
+        .start(&["-i", "up*", "--status-file", status.to_str().unwrap()])
+        .unwrap();
+    assert!(guard
+        .wait_log(
+            "no interface matches --interface up*",
+            Duration::from_secs(5)
+        )
+        .is_some());
+    let state = || -> serde_json::Value {
+        serde_json::from_str(&std::fs::read_to_string(&status).unwrap()).unwrap()
+    };
+    assert!(state()["interfaces"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|i| i["name"] == "up*" && i["state"] == "missing"));
+
+    // A second uplink: node side `dev`, neighbour side `peer_dev`, on 203.0.113.0/24.
+    let plug = |dev: &str, peer_dev: &str| {
+        veth(&bed.node, dev, &bed.peer, peer_dev).unwrap();
+        bed.node
+            .ip(&["addr", "add", "203.0.113.11/24", "dev", dev])
+            .unwrap();
+        bed.peer
+            .ip(&["addr", "add", "203.0.113.1/24", "dev", peer_dev])
+            .unwrap();
+    };
+    // Does the node's kernel answer a request for `ip` arriving on `peer_dev`'s link?
+    let answers = |peer_dev: &str, ip: std::net::Ipv4Addr| {
+        let sock = RawSocket::open(&bed.peer, peer_dev).unwrap();
+        let mac = bed.peer.mac(peer_dev).unwrap();
+        sock.drain();
+        sock.send(&ArpSpec::request(mac, "203.0.113.1".parse().unwrap(), ip).to_bytes())
+            .unwrap();
+        sock.wait_arp(Duration::from_millis(800), |c| c.op == 2 && c.spa == ip)
+            .unwrap()
+            .is_some()
+    };
+    let attached = |name: &str, n: usize| {
+        wait_for(Duration::from_secs(5), || {
+            (guard
+                .lines("guard attached to egress")
+                .iter()
+                .filter(|l| l.contains(&format!("\"interface\":\"{name}\"")))
+                .count()
+                >= n)
+                .then_some(())
+        })
+        .is_some()
+    };
+
+    plug("up1", "up1p");
+    assert!(attached("up1", 1), "{}", guard.log_text());
+    assert!(!answers("up1p", FOREIGN), "guarded as soon as it appeared");
+    assert!(answers("up1p", OWNED));
+
+    // Deleted and re-created (a new ifindex): guarded again.
+    bed.node.ip(&["link", "del", "up1"]).unwrap();
+    assert!(guard
+        .wait_log("guarded interface disappeared", Duration::from_secs(5))
+        .is_some());
+    plug("up1", "up1p");
+    assert!(attached("up1", 2), "{}", guard.log_text());
+    assert!(!answers("up1p", FOREIGN));
+
+    // Renamed into the pattern.
+    bed.node.ip(&["link", "del", "up1"]).unwrap();
+    plug("tmp9", "tmp9p");
+    assert!(
+        answers("tmp9p", FOREIGN),
+        "tmp9 matches no pattern: not guarded"
+    );
+    bed.node.ip(&["link", "set", "tmp9", "down"]).unwrap();
+    bed.node
+        .ip(&["link", "set", "tmp9", "name", "up2"])
+        .unwrap();
+    bed.node.ip(&["link", "set", "up2", "up"]).unwrap();
+    assert!(attached("up2", 1), "{}", guard.log_text());
+    assert!(
+        wait_for(Duration::from_secs(3), || (!answers("tmp9p", FOREIGN))
+            .then_some(()))
+        .is_some()
+    );
+    assert!(state()["interfaces"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|i| i["name"] == "up2" && i["state"] == "attached"));
+}

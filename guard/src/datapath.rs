@@ -45,6 +45,7 @@ impl AttachHow {
 #[derive(Debug)]
 pub struct Attachment {
     pub iface: String,
+    pub ifindex: u32,
     pub how: AttachHow,
     link: tc::SchedClassifierLinkId,
 }
@@ -214,10 +215,44 @@ impl Datapath {
         };
         self.attached.push(Attachment {
             iface: iface.to_owned(),
+            ifindex: ifindex(iface)?,
             how,
             link,
         });
         Ok(how)
+    }
+
+    /// How the program is attached to `ifindex`, if it is.
+    pub fn attached_how(&self, ifindex: u32) -> Option<AttachHow> {
+        self.attached
+            .iter()
+            .find(|a| a.ifindex == ifindex)
+            .map(|a| a.how)
+    }
+
+    /// Detach from one interface that is still there.
+    pub fn detach(&mut self, ifindex: u32) -> Result<()> {
+        let Some(pos) = self.attached.iter().position(|a| a.ifindex == ifindex) else {
+            return Ok(());
+        };
+        let a = self.attached.remove(pos);
+        self.program_mut()?.detach(a.link)?;
+        Ok(())
+    }
+
+    /// Drop the record of an attachment whose device is gone (the kernel
+    /// removed the attachment with it).
+    pub fn forget(&mut self, ifindex: u32) {
+        let (gone, keep): (Vec<Attachment>, Vec<Attachment>) = std::mem::take(&mut self.attached)
+            .into_iter()
+            .partition(|a| a.ifindex == ifindex);
+        self.attached = keep;
+        if let Ok(prog) = self.program_mut() {
+            for a in gone {
+                // Releases our side of the link; the kernel side is already gone.
+                let _ = prog.take_link(a.link);
+            }
+        }
     }
 
     /// Detach from every interface. Also happens on drop; explicit so that

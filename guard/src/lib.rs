@@ -7,6 +7,7 @@ pub mod cluster;
 pub mod counters;
 pub mod datapath;
 pub mod file_source;
+pub mod interfaces;
 pub mod ownership_file;
 pub mod preflight;
 pub mod run;

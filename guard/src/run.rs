@@ -15,7 +15,7 @@ use crate::{
     cli::{AnnouncerArg, KubeVipElection, RunArgs},
     cluster::{feed, objects::ServiceFilter, Announcer, ClusterView, FeedConfig, Key},
     datapath::{self, Datapath},
-    file_source,
+    file_source, interfaces,
     ownership_file::{self, OwnershipFile},
     preflight, status,
     view::{self, View},
@@ -75,8 +75,10 @@ pub async fn run(args: RunArgs) -> Result<()> {
     check_args(&args)?;
     preflight::check_capabilities()?;
     let node = preflight::node_name(args.node_name.clone())?;
-    for i in args.interfaces.iter().chain(&args.lb_ips_from) {
-        datapath::ifindex(i)?;
+    for i in &args.lb_ips_from {
+        if datapath::ifindex(i).is_err() {
+            tracing::warn!(interface = %i, "--lb-ips-from {i}: no such interface (yet); its addresses count once it appears");
+        }
     }
     let mode = Mode::from(args.mode);
     let leak_action = LeakAction::from(args.leak_action);
@@ -148,25 +150,36 @@ pub async fn run(args: RunArgs) -> Result<()> {
     // Fill the maps before attaching: the first frame already meets the policy.
     let mut dirty = !report_apply(&mut dp, &view);
     warn_if_node_unknown(&node, file_now.as_ref());
-    let mut attached_at = Vec::new();
-    let mut interfaces = Vec::new();
-    for iface in &args.interfaces {
-        let how = dp.attach(iface, args.attach)?;
-        tracing::info!(interface = %iface, attach = how.as_str(), "guard attached to egress");
-        attached_at.push((iface.clone(), table.ifindex(iface)));
-        interfaces.push(status::Interface {
-            name: iface.clone(),
-            attach: how.as_str(),
-        });
+    let mut attachments = interfaces::Attachments::default();
+    attachments.sync(
+        &mut dp,
+        &args.interfaces,
+        &args.lb_ips_from,
+        args.attach,
+        &table,
+    );
+    let mut links_seen = table.clone();
+    // With an explicit --attach that the kernel cannot do, nothing would ever attach.
+    if attachments.attached.is_empty() && !attachments.failed.is_empty() {
+        let (name, why) = attachments
+            .failed
+            .iter()
+            .next()
+            .map(|(n, w)| (n.clone(), w.clone()))
+            .unwrap_or_default();
+        bail!("cannot attach the guard to {name}: {why}");
     }
     let announcer_names: Vec<&'static str> =
         cluster_announcers.iter().map(Announcer::name).collect();
     // Maps are sized at load; their memory is read once.
     let memlock = dp.memlock_bytes();
-    let status_of = |dp: &Datapath, view: &View, cluster: Option<&ClusterView>| status::Status {
+    let status_of = |dp: &Datapath,
+                     att: &interfaces::Attachments,
+                     view: &View,
+                     cluster: Option<&ClusterView>| status::Status {
         node: node.clone(),
         mode: mode.as_str(),
-        interfaces: interfaces.clone(),
+        interfaces: status::Interface::of(att),
         lb_ips: status::Counts::of(view),
         not_enforced: dp.not_enforced,
         map_memory_bytes: memlock,
@@ -175,7 +188,11 @@ pub async fn run(args: RunArgs) -> Result<()> {
     let mut last_status = None;
     if let Some(path) = &args.status_file {
         let c = cluster_on.then(|| cluster_rx.borrow().clone());
-        status::publish(path, &status_of(&dp, &view, c.as_ref()), &mut last_status);
+        status::publish(
+            path,
+            &status_of(&dp, &attachments, &view, c.as_ref()),
+            &mut last_status,
+        );
     }
     tracing::info!(
         node = %node,
@@ -260,14 +277,6 @@ pub async fn run(args: RunArgs) -> Result<()> {
             .is_some()
             .then(|| file_rx.borrow_and_update().clone());
         let table = addr_rx.borrow_and_update().clone();
-        // An interface that disappears takes its attachment with it; until
-        // re-attachment is automatic, exit so that the supervisor restarts us.
-        if let Some((iface, _)) = attached_at.iter().find(|(i, idx)| table.ifindex(i) != *idx) {
-            tracing::error!(interface = %iface, "guarded interface was deleted or re-created; exiting so the guard is re-attached on restart");
-            log_counters(&dp, "final counters");
-            dp.detach_all();
-            bail!("guarded interface {iface} was deleted or re-created");
-        }
         let cluster = cluster_on.then(|| cluster_rx.borrow_and_update().clone());
         if let Some(c) = &cluster {
             if c.synced && !c.holders.is_empty() && !c.holders.contains(&node) && !node_warned {
@@ -293,10 +302,22 @@ pub async fn run(args: RunArgs) -> Result<()> {
                 );
             }
         }
+        // Interfaces that appeared, vanished or were renamed (after the maps
+        // know their addresses).
+        if table != links_seen {
+            attachments.sync(
+                &mut dp,
+                &args.interfaces,
+                &args.lb_ips_from,
+                args.attach,
+                &table,
+            );
+            links_seen = table;
+        }
         if let Some(path) = &args.status_file {
             status::publish(
                 path,
-                &status_of(&dp, &current, cluster.as_ref()),
+                &status_of(&dp, &attachments, &current, cluster.as_ref()),
                 &mut last_status,
             );
         }
@@ -321,11 +342,14 @@ fn derive(
     table: &AddrTable,
     cluster: Option<&ClusterView>,
 ) -> View {
+    let guarded: Vec<String> = interfaces::wanted(&args.interfaces, &args.lb_ips_from, table)
+        .into_keys()
+        .collect();
     view::compute(&view::Inputs {
         node,
         file,
         lb_ips_from: &args.lb_ips_from,
-        guarded: &args.interfaces,
+        guarded: &guarded,
         addrs: table,
         cluster,
     })

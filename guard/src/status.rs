@@ -25,8 +25,33 @@ pub struct Status {
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Interface {
+    /// A name, or a --interface pattern that matches nothing.
     pub name: String,
-    pub attach: &'static str,
+    /// `attached`, `missing` (nothing matches yet) or `failed`.
+    pub state: &'static str,
+    /// tcx or netlink-clsact when attached; the error when failed.
+    pub detail: String,
+}
+
+impl Interface {
+    pub fn of(a: &crate::interfaces::Attachments) -> Vec<Interface> {
+        let attached = a.attached.iter().map(|(n, (_, how))| Interface {
+            name: n.clone(),
+            state: "attached",
+            detail: (*how).into(),
+        });
+        let missing = a.missing.iter().map(|p| Interface {
+            name: p.clone(),
+            state: "missing",
+            detail: String::new(),
+        });
+        let failed = a.failed.iter().map(|(n, why)| Interface {
+            name: n.clone(),
+            state: "failed",
+            detail: why.clone(),
+        });
+        attached.chain(missing).chain(failed).collect()
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]

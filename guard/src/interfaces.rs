@@ -1,0 +1,154 @@
+//! Which interfaces are guarded, as links come and go.
+//!
+//! `--interface` takes names or glob patterns (`eth*`, `bond0.*`, `en?1`).
+//! Every change of the link table is compared with what is attached: a
+//! matching interface that appears (also re-created with a new ifindex, or
+//! renamed into a pattern) gets the program; one that disappears or is
+//! renamed away is forgotten or detached. A pattern that matches nothing is a
+//! warning, not an error: the interface may come later.
+
+use std::collections::BTreeMap;
+
+use crate::{addrs::AddrTable, cli::AttachArg, datapath::Datapath};
+
+/// `*` matches any run of characters, `?` one character; everything else itself.
+pub fn glob(pattern: &str, name: &str) -> bool {
+    fn m(p: &[u8], n: &[u8]) -> bool {
+        match (p.first(), n.first()) {
+            (None, None) => true,
+            (Some(b'*'), _) => m(&p[1..], n) || (!n.is_empty() && m(p, &n[1..])),
+            (Some(b'?'), Some(_)) => m(&p[1..], &n[1..]),
+            (Some(a), Some(b)) if a == b => m(&p[1..], &n[1..]),
+            _ => false,
+        }
+    }
+    m(pattern.as_bytes(), name.as_bytes())
+}
+
+/// Interfaces of `table` that some pattern names, except those excluded
+/// (the LB IP source interfaces, which never answer the segment).
+pub fn wanted(patterns: &[String], exclude: &[String], table: &AddrTable) -> BTreeMap<String, u32> {
+    table
+        .links
+        .iter()
+        .filter(|(name, _)| !exclude.contains(name) && patterns.iter().any(|p| glob(p, name)))
+        .map(|(n, i)| (n.clone(), *i))
+        .collect()
+}
+
+/// What is attached where, kept equal to [`wanted`].
+#[derive(Debug, Default)]
+pub struct Attachments {
+    /// Interface name -> (ifindex, how).
+    pub attached: BTreeMap<String, (u32, &'static str)>,
+    /// Patterns that matched nothing at the last sync (shown in the status).
+    pub missing: Vec<String>,
+    /// Interfaces whose attach failed at the last sync, with why.
+    pub failed: BTreeMap<String, String>,
+}
+
+impl Attachments {
+    /// Attach to what appeared, forget what vanished, detach what no longer matches.
+    pub fn sync(
+        &mut self,
+        dp: &mut Datapath,
+        patterns: &[String],
+        exclude: &[String],
+        how: AttachArg,
+        table: &AddrTable,
+    ) {
+        let want = wanted(patterns, exclude, table);
+        // Gone, re-created (new ifindex) or renamed away.
+        let stale: Vec<(String, u32)> = self
+            .attached
+            .iter()
+            .filter(|(name, (idx, _))| want.get(*name) != Some(idx))
+            .map(|(n, (i, _))| (n.clone(), *i))
+            .collect();
+        for (name, ifindex) in stale {
+            self.attached.remove(&name);
+            let still_there = table.links.values().any(|i| *i == ifindex);
+            if still_there {
+                // Renamed to a name no pattern matches: take the program off.
+                match dp.detach(ifindex) {
+                    Ok(()) => {
+                        tracing::info!(interface = %name, "interface no longer matches --interface; guard detached")
+                    }
+                    Err(e) => {
+                        tracing::warn!(interface = %name, error = %format!("{e:#}"), "detach failed")
+                    }
+                }
+            } else {
+                // The kernel removed the attachment with the device.
+                dp.forget(ifindex);
+                tracing::warn!(interface = %name, "guarded interface disappeared; it gets the guard again if it comes back");
+            }
+        }
+        self.failed.clear();
+        for (name, ifindex) in &want {
+            if self.attached.contains_key(name) {
+                continue;
+            }
+            // The same device under a new name: already attached, just renamed.
+            if let Some(h) = dp.attached_how(*ifindex) {
+                self.attached.insert(name.clone(), (*ifindex, h.as_str()));
+                continue;
+            }
+            match dp.attach(name, how) {
+                Ok(h) => {
+                    tracing::info!(interface = %name, attach = h.as_str(), "guard attached to egress");
+                    self.attached.insert(name.clone(), (*ifindex, h.as_str()));
+                }
+                Err(e) => {
+                    tracing::error!(interface = %name, error = %format!("{e:#}"), "cannot attach the guard; will retry on the next link change");
+                    self.failed.insert(name.clone(), format!("{e:#}"));
+                }
+            }
+        }
+        let missing: Vec<String> = patterns
+            .iter()
+            .filter(|p| !want.keys().any(|n| glob(p, n)))
+            .cloned()
+            .collect();
+        for p in missing.iter().filter(|p| !self.missing.contains(p)) {
+            tracing::warn!(interface = %p, "no interface matches --interface {p} (yet); it is guarded as soon as it appears");
+        }
+        self.missing = missing;
+    }
+
+    pub fn names(&self) -> Vec<String> {
+        self.attached.keys().cloned().collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn globs() {
+        assert!(glob("eth0", "eth0"));
+        assert!(!glob("eth0", "eth01"));
+        assert!(glob("eth*", "eth0") && glob("eth*", "eth") && !glob("eth*", "veth0"));
+        assert!(glob("bond0.*", "bond0.100") && !glob("bond0.*", "bond0"));
+        assert!(glob("en?1", "enp1") && !glob("en?1", "en1"));
+        assert!(glob("*", "anything") && glob("*0", "eth0"));
+    }
+
+    #[test]
+    fn wanted_follows_the_table() {
+        let mut t = AddrTable::default();
+        for (n, i) in [("eth0", 2), ("eth1", 3), ("kube-ipvs0", 4), ("lo", 1)] {
+            t.links.insert(n.into(), i);
+        }
+        let w = wanted(
+            &["eth*".into(), "kube-*".into()],
+            &["kube-ipvs0".into()],
+            &t,
+        );
+        assert_eq!(
+            w.into_iter().collect::<Vec<_>>(),
+            vec![("eth0".into(), 2), ("eth1".into(), 3)]
+        );
+    }
+}

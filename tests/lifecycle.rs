@@ -577,3 +577,160 @@ fn interfaces_are_attached_as_they_come_and_go() {
         .iter()
         .any(|i| i["name"] == "up2" && i["state"] == "attached"));
 }
+
+/// Sends a foreign IP's gratuitous ARP from the node's speaker socket every
+/// 0.5 ms until stopped; returns (sent, accepted by the kernel = not dropped).
+fn foreign_speaker(
+    bed: &Bed,
+) -> (
+    std::sync::Arc<std::sync::atomic::AtomicBool>,
+    std::thread::JoinHandle<(u64, u64)>,
+) {
+    let speaker = RawSocket::open(&bed.node, "eth0").unwrap();
+    let frame = ArpSpec::gratuitous(2, bed.node_mac, FOREIGN).to_bytes();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flag = stop.clone();
+    let h = std::thread::spawn(move || {
+        let (mut sent, mut passed) = (0, 0);
+        while !flag.load(std::sync::atomic::Ordering::Relaxed) {
+            passed += u64::from(speaker.send(&frame).unwrap());
+            sent += 1;
+            std::thread::sleep(Duration::from_micros(500));
+        }
+        (sent, passed)
+    });
+    (stop, h)
+}
+
+/// Pinned: a daemon killed with SIGKILL leaves its program and maps attached,
+/// and the next one takes them over; not one frame the policy drops gets out
+/// in between. The counters, pinned too, span both daemons.
+#[test]
+fn restart_after_sigkill_opens_no_gap() {
+    testbed::require_root();
+    let bed = Bed::new("restart").unwrap();
+    let fs = testbed::bed::Bpffs::new("pins").unwrap();
+    let dir = fs.path().join("arp-guard");
+    let d = dir.to_str().unwrap();
+    let cap = RawSocket::open(&bed.peer, "eth0").unwrap();
+    let mut guard = bed.start(&["--pin-dir", d]).unwrap();
+    for pin in ["prog", "map_LB_IPS", "map_COUNTERS", "map_HEARTBEAT"] {
+        assert!(dir.join(pin).exists(), "{pin} pinned");
+    }
+    assert!(std::fs::read_dir(&dir)
+        .unwrap()
+        .flatten()
+        .any(|e| e.file_name().to_string_lossy().starts_with("link_")));
+    cap.drain();
+    let (stop, sender) = foreign_speaker(&bed);
+    std::thread::sleep(Duration::from_millis(300));
+    guard.stop(libc::SIGKILL, Duration::from_secs(5)).unwrap();
+    std::thread::sleep(Duration::from_millis(500)); // nobody home: the pinned program guards alone
+    let mut guard = bed.start(&["--pin-dir", d]).unwrap();
+    assert!(
+        guard.log_text().contains("took over the pinned attachment"),
+        "{}",
+        guard.log_text()
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let (sent, passed) = sender.join().unwrap();
+    let leaked = cap
+        .collect_arp(Duration::from_millis(300))
+        .unwrap()
+        .into_iter()
+        .filter(|c| c.spa == FOREIGN)
+        .count();
+    assert_eq!((passed, leaked), (0, 0), "{sent} sent through the restart");
+    assert_eq!(
+        bed.packets(FOREIGN, "gratuitous", "speaker", "dropped")
+            .unwrap(),
+        sent,
+        "counted across both daemons"
+    );
+    assert!(sent > 1000);
+    // A clean stop with the default --on-exit remove takes everything away.
+    guard.stop(libc::SIGTERM, Duration::from_secs(10)).unwrap();
+    assert!(!dir.exists(), "pins removed");
+    assert_eq!(
+        resolve(&bed, &FOREIGN.to_string()),
+        Some(bed.node_mac),
+        "detached"
+    );
+}
+
+/// `--on-exit keep` leaves the guard enforcing after a clean stop;
+/// `arp-guard uninstall` then removes every pin and attachment.
+#[test]
+fn keep_on_exit_then_uninstall() {
+    testbed::require_root();
+    let bed = Bed::new("keep").unwrap();
+    let fs = testbed::bed::Bpffs::new("keep").unwrap();
+    let dir = fs.path().join("arp-guard");
+    let d = dir.to_str().unwrap();
+    let mut guard = bed.start(&["--pin-dir", d, "--on-exit", "keep"]).unwrap();
+    guard.stop(libc::SIGTERM, Duration::from_secs(10)).unwrap();
+    assert!(
+        guard
+            .log_text()
+            .contains("left attached for the next daemon"),
+        "{}",
+        guard.log_text()
+    );
+    assert_eq!(
+        resolve(&bed, &FOREIGN.to_string()),
+        None,
+        "still guarded by the pinned program"
+    );
+    let out = bed
+        .node
+        .exec(&[
+            guard_binary().to_str().unwrap(),
+            "uninstall",
+            "--pin-dir",
+            d,
+        ])
+        .unwrap();
+    assert!(out.contains("link_") && out.contains("map_LB_IPS"), "{out}");
+    assert!(!dir.exists());
+    assert_eq!(
+        resolve(&bed, &FOREIGN.to_string()),
+        Some(bed.node_mac),
+        "uninstalled: nothing guards"
+    );
+    assert!(!attached(&bed));
+}
+
+/// bpffs unmounted under a running daemon: it stays up, keeps enforcing from
+/// the maps it holds, and says so.
+#[test]
+fn bpffs_unmounted_under_a_running_daemon() {
+    testbed::require_root();
+    let bed = Bed::new("umount").unwrap();
+    let fs = testbed::bed::Bpffs::new("umount").unwrap();
+    let dir = fs.path().join("arp-guard");
+    let mut guard = bed
+        .start(&["--pin-dir", dir.to_str().unwrap(), "--resync", "1s"])
+        .unwrap();
+    fs.unmount_for(guard.pid()).unwrap();
+    assert!(
+        guard
+            .wait_log("the pins are gone", Duration::from_secs(5))
+            .is_some(),
+        "{}",
+        guard.log_text()
+    );
+    assert_eq!(resolve(&bed, &FOREIGN.to_string()), None, "still enforcing");
+    // The policy can still change.
+    std::fs::write(
+        &bed.owners,
+        testbed::bed::default_owners().replace("owner: node-b", "owner: node-a"),
+    )
+    .unwrap();
+    assert!(guard
+        .wait_log("ownership file reloaded", Duration::from_secs(5))
+        .is_some());
+    assert_eq!(resolve(&bed, &FOREIGN.to_string()), Some(bed.node_mac));
+    let status = guard.stop(libc::SIGTERM, Duration::from_secs(10)).unwrap();
+    assert!(status.success(), "{}", guard.log_text());
+}

@@ -38,6 +38,27 @@ pub enum Command {
     Counters(CountersArgs),
     /// Check an ownership file and print the view a node derives from it.
     Validate(ValidateArgs),
+    /// Remove every pin and attachment a guard left (pinned TCX links, maps,
+    /// program; netlink filters in arp-guard's slot).
+    Uninstall(UninstallArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct UninstallArgs {
+    /// The --pin-dir the guard ran with.
+    #[arg(long, value_name = "PATH", default_value = "/sys/fs/bpf/arp-guard")]
+    pub pin_dir: PathBuf,
+    /// Also remove arp-guard's netlink filter from these interfaces (default: every interface).
+    #[arg(short, long = "interface", value_name = "IFACE")]
+    pub interfaces: Vec<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum OnExit {
+    /// Leave the program attached with its pinned maps for the next daemon.
+    Keep,
+    /// Detach everywhere and remove the pins.
+    Remove,
 }
 
 #[derive(Debug, Args)]
@@ -142,6 +163,17 @@ pub struct RunArgs {
     /// frames pass) and are reported in the log and the status.
     #[arg(long, value_name = "N", default_value_t = guard_common::MAX_LB_IPS, value_parser = clap::value_parser!(u32).range(1..=1_048_576))]
     pub max_lb_ips: u32,
+
+    /// Pin maps, program and TCX links under this bpffs directory (mounting
+    /// bpffs at /sys/fs/bpf if needed). A restarted daemon takes them over
+    /// without a gap. Without it nothing is pinned.
+    #[arg(long, value_name = "PATH")]
+    pub pin_dir: Option<PathBuf>,
+
+    /// On SIGTERM/SIGINT: `remove` detaches and removes the pins; `keep` leaves
+    /// the guard attached for the next daemon (what a DaemonSet wants).
+    #[arg(long, value_enum, default_value_t = OnExit::Remove)]
+    pub on_exit: OnExit,
 
     /// Keep a JSON summary of the daemon's state (attachments, LB IP counts,
     /// Kubernetes feed health) in this file, rewritten atomically on change.

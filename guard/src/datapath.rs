@@ -47,7 +47,20 @@ pub struct Attachment {
     pub iface: String,
     pub ifindex: u32,
     pub how: AttachHow,
-    link: tc::SchedClassifierLinkId,
+    link: AttachLink,
+}
+
+/// Who holds an attachment.
+#[derive(Debug)]
+enum AttachLink {
+    /// The loaded program (netlink filters, and TCX links without pinning).
+    Owned(tc::SchedClassifierLinkId),
+    /// A TCX link pinned at `path`; our handle keeps an fd to it, the pin
+    /// keeps it alive after us.
+    Pinned {
+        link: aya::programs::links::FdLink,
+        path: std::path::PathBuf,
+    },
 }
 
 /// What one [`Datapath::apply`] changed.
@@ -109,6 +122,8 @@ pub struct Datapath {
     attached: Vec<Attachment>,
     applied: Applied,
     logger: Option<aya_log::EbpfLogger<&'static dyn log::Log>>,
+    /// `--pin-dir`: maps, program and TCX links are pinned there.
+    pin_dir: Option<std::path::PathBuf>,
 }
 
 impl Datapath {
@@ -120,8 +135,28 @@ impl Datapath {
     /// Load with room for `lb_ips` LB IPs in `LB_IPS` (the program's default
     /// is 65,536; fewer saves kernel memory on small nodes).
     pub fn load_with_capacity(mode: Mode, leak_action: LeakAction, lb_ips: u32) -> Result<Self> {
-        let mut ebpf = aya::EbpfLoader::new()
-            .map_max_entries(MAP_LB_IPS, lb_ips.max(1))
+        Self::load_pinned(mode, leak_action, lb_ips, None)
+    }
+
+    /// Load, reusing (or creating) the maps pinned under `pin_dir`: a daemon
+    /// that restarts finds the policy its predecessor left, intact.
+    pub fn load_pinned(
+        mode: Mode,
+        leak_action: LeakAction,
+        lb_ips: u32,
+        pin_dir: Option<&std::path::Path>,
+    ) -> Result<Self> {
+        let lb_ips = lb_ips.max(1);
+        let mut loader = aya::EbpfLoader::new();
+        loader.map_max_entries(MAP_LB_IPS, lb_ips);
+        if let Some(dir) = pin_dir {
+            crate::pins::ensure_bpffs(dir)?;
+            crate::pins::drop_incompatible_maps(dir, lb_ips);
+            for (name, ..) in crate::pins::pinned_maps(lb_ips) {
+                loader.map_pin_path(name, crate::pins::map_path(dir, name));
+            }
+        }
+        let mut ebpf = loader
             .load(OBJECT)
             .map_err(|e| explain_load_error(e.into()))?;
         let logger = match aya_log::EbpfLogger::init(&mut ebpf) {
@@ -138,7 +173,11 @@ impl Datapath {
         prog.load()
             .map_err(|e| explain_load_error(e.into()))
             .context("loading the egress program")?;
+        if let Some(dir) = pin_dir {
+            crate::pins::pin_program(prog, dir)?;
+        }
         let mut dp = Datapath {
+            pin_dir: pin_dir.map(std::path::Path::to_path_buf),
             not_enforced: 0,
             gate: Gate::default(),
             ebpf,
@@ -190,12 +229,31 @@ impl Datapath {
 
     /// Attach to the egress of `iface`.
     pub fn attach(&mut self, iface: &str, how: AttachArg) -> Result<AttachHow> {
+        let pin_dir = self.pin_dir.clone();
         let prog = self.program_mut()?;
         // First in the chain at attach time: a program that returns TCX_PASS
         // (Cilium's egress programs do) ends the chain, and the guard must have
         // seen the frame by then. The guard returns TCX_NEXT for what it passes.
         let tcx = || tc::TcAttachOptions::TcxOrder(LinkOrder::first());
         let netlink = |prog: &mut SchedClassifier| attach_netlink(prog, iface);
+        let index = ifindex(iface)?;
+        if let (Some(dir), false) = (&pin_dir, how == AttachArg::Netlink) {
+            match attach_pinned_tcx(prog, iface, index, dir) {
+                Ok(link) => {
+                    self.attached.push(Attachment {
+                        iface: iface.to_owned(),
+                        ifindex: index,
+                        how: AttachHow::Tcx,
+                        link,
+                    });
+                    return Ok(AttachHow::Tcx);
+                }
+                Err(e) if how == AttachArg::Tcx => return Err(e),
+                Err(e) => {
+                    tracing::info!(interface = iface, error = %format!("{e:#}"), "TCX attach failed; falling back to a netlink clsact filter")
+                }
+            }
+        }
         let (link, how) = match how {
             AttachArg::Tcx => (
                 prog.attach_with_options(iface, TcAttachType::Egress, tcx())
@@ -215,9 +273,9 @@ impl Datapath {
         };
         self.attached.push(Attachment {
             iface: iface.to_owned(),
-            ifindex: ifindex(iface)?,
+            ifindex: index,
             how,
-            link,
+            link: AttachLink::Owned(link),
         });
         Ok(how)
     }
@@ -236,7 +294,38 @@ impl Datapath {
             return Ok(());
         };
         let a = self.attached.remove(pos);
-        self.program_mut()?.detach(a.link)?;
+        self.release(a.link, true)
+    }
+
+    /// Let go of an attachment. `detach`: take the guard off the interface
+    /// (and remove its pin); else leave it in place (pinned TCX link, or a
+    /// netlink filter) for the next daemon to take over.
+    fn release(&mut self, link: AttachLink, detach: bool) -> Result<()> {
+        match link {
+            AttachLink::Owned(id) => {
+                let prog = self.program_mut()?;
+                if detach {
+                    prog.detach(id)?;
+                } else {
+                    // Taken out of the program and forgotten, so that unloading
+                    // the program does not remove the filter.
+                    std::mem::forget(prog.take_link(id)?);
+                }
+            }
+            AttachLink::Pinned { link, path } => {
+                if detach {
+                    match std::fs::remove_file(&path) {
+                        Ok(()) => {}
+                        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                        Err(e) => {
+                            return Err(e).with_context(|| format!("removing {}", path.display()))
+                        }
+                    }
+                }
+                // Our fd goes; without the pin this was the last reference.
+                drop(link);
+            }
+        }
         Ok(())
     }
 
@@ -247,11 +336,9 @@ impl Datapath {
             .into_iter()
             .partition(|a| a.ifindex == ifindex);
         self.attached = keep;
-        if let Ok(prog) = self.program_mut() {
-            for a in gone {
-                // Releases our side of the link; the kernel side is already gone.
-                let _ = prog.take_link(a.link);
-            }
+        for a in gone {
+            // The kernel side is gone with the device; drop ours (and a stale pin).
+            let _ = self.release(a.link, true);
         }
     }
 
@@ -259,17 +346,53 @@ impl Datapath {
     /// errors can be logged.
     pub fn detach_all(&mut self) -> Vec<(String, Result<()>)> {
         let attached = std::mem::take(&mut self.attached);
-        let prog = match self.program_mut() {
-            Ok(p) => p,
-            Err(e) => return vec![("*".into(), Err(e))],
-        };
+        let mut out: Vec<(String, Result<()>)> = attached
+            .into_iter()
+            .map(|a| (a.iface, self.release(a.link, true)))
+            .collect();
+        if let Some(dir) = self.pin_dir.clone() {
+            out.push((
+                dir.display().to_string(),
+                crate::pins::uninstall(&dir).map(|_| ()),
+            ));
+        }
+        out
+    }
+
+    /// Leave every attachment and pin in place for the next daemon
+    /// (`--on-exit keep`): the program keeps enforcing its last maps, within
+    /// the liveness gate's limits.
+    pub fn keep_all(&mut self) -> Vec<(String, Result<()>)> {
+        let attached = std::mem::take(&mut self.attached);
         attached
             .into_iter()
-            .map(|a| {
-                let r = prog.detach(a.link).map_err(anyhow::Error::from);
-                (a.iface, r)
-            })
+            .map(|a| (a.iface, self.release(a.link, false)))
             .collect()
+    }
+
+    /// The pins are gone (bpffs unmounted or the directory removed): pin
+    /// maps and program again where a bpffs can be had. The datapath itself
+    /// never depended on the pins while we run.
+    pub fn repin(&mut self) -> Result<()> {
+        let Some(dir) = self.pin_dir.clone() else {
+            return Ok(());
+        };
+        crate::pins::ensure_bpffs(&dir)?;
+        for (name, ..) in crate::pins::pinned_maps(u32::MAX) {
+            let path = crate::pins::map_path(&dir, name);
+            if let (false, Some(m)) = (
+                path.exists(),
+                self.ebpf.map_mut(name).and_then(map_data_mut),
+            ) {
+                m.pin(&path)
+                    .with_context(|| format!("pinning {}", path.display()))?;
+            }
+        }
+        crate::pins::pin_program(self.program_mut()?, &dir)?;
+        // Links are not pinned again: aya's pin() consumes the only handle
+        // and a failure would take the guard off the interface. Our fds keep
+        // them attached while we run; the next start attaches afresh.
+        Ok(())
     }
 
     /// Make the maps hold `view`, touching only what differs.
@@ -475,12 +598,75 @@ impl Datapath {
     }
 }
 
+fn map_data_mut(m: &mut aya::maps::Map) -> Option<&mut MapData> {
+    use aya::maps::Map::*;
+    match m {
+        Array(d) | HashMap(d) | PerCpuArray(d) | PerCpuHashMap(d) | RingBuf(d) => Some(d),
+        _ => None,
+    }
+}
+
 fn map_data(m: &aya::maps::Map) -> Option<&MapData> {
     use aya::maps::Map::*;
     match m {
         Array(d) | HashMap(d) | PerCpuArray(d) | PerCpuHashMap(d) | RingBuf(d) => Some(d),
         _ => None,
     }
+}
+
+/// TCX attach with the link pinned at `DIR/link_<ifindex>`. A link pinned
+/// there by an earlier daemon is taken over: the new program replaces the old
+/// one in that link atomically (BPF_LINK_UPDATE), so the interface is never
+/// unguarded.
+fn attach_pinned_tcx(
+    prog: &mut SchedClassifier,
+    iface: &str,
+    index: u32,
+    dir: &std::path::Path,
+) -> Result<AttachLink> {
+    use aya::programs::links::{FdLink, PinnedLink};
+    let path = crate::pins::link_path(dir, index);
+    let adopted = match PinnedLink::from_pin(&path) {
+        Ok(old) => {
+            let link: tc::SchedClassifierLink = FdLink::from(old)
+                .try_into()
+                .context("the pinned link is not a TCX link")?;
+            Some(prog.attach_to_link(link).with_context(|| {
+                format!(
+                    "replacing the program in the link pinned at {}",
+                    path.display()
+                )
+            })?)
+        }
+        Err(_) => None,
+    };
+    let id = match adopted {
+        Some(id) => {
+            tracing::info!(interface = iface, pin = %path.display(), "took over the pinned attachment: program replaced atomically");
+            id
+        }
+        None => {
+            let _ = std::fs::remove_file(&path); // a stale pin (not a link we can use)
+            prog.attach_with_options(
+                iface,
+                TcAttachType::Egress,
+                tc::TcAttachOptions::TcxOrder(LinkOrder::first()),
+            )
+            .with_context(|| format!("attaching to {iface} egress with TCX (needs Linux >= 6.6)"))?
+        }
+    };
+    let link: FdLink = prog.take_link(id)?.try_into().context("a TCX link")?;
+    let link = if path.exists() {
+        link
+    } else {
+        // pin() hands the fd back inside the PinnedLink; we keep it for the
+        // life of the daemon, the pin keeps the link after us.
+        FdLink::from(
+            link.pin(&path)
+                .with_context(|| format!("pinning {}", path.display()))?,
+        )
+    };
+    Ok(AttachLink::Pinned { link, path })
 }
 
 /// The clsact filter slot arp-guard uses in netlink mode. A fixed slot means a
@@ -650,6 +836,57 @@ fn explain_load_error(e: anyhow::Error) -> anyhow::Error {
         Some(libc::ENOSYS) => e.context("this kernel has no BPF support (bpf() returned ENOSYS)"),
         Some(libc::EINVAL) => e.context("the kernel rejected the BPF object; arp-guard needs Linux >= 5.15 with BPF_SYSCALL"),
         _ => e,
+    }
+}
+
+/// Every interface name in this network namespace.
+pub fn interface_names() -> Vec<String> {
+    let mut out = Vec::new();
+    // SAFETY: if_nameindex returns an array terminated by a zero entry, freed below.
+    unsafe {
+        let list = libc::if_nameindex();
+        if list.is_null() {
+            return out;
+        }
+        let mut p = list;
+        while (*p).if_index != 0 {
+            out.push(
+                std::ffi::CStr::from_ptr((*p).if_name)
+                    .to_string_lossy()
+                    .into_owned(),
+            );
+            p = p.add(1);
+        }
+        libc::if_freenameindex(list);
+    }
+    out
+}
+
+/// Remove arp-guard's netlink filter (fixed slot) from `iface`; false if there was none.
+pub fn remove_netlink_filter(iface: &str) -> Result<bool> {
+    use aya::programs::links::Link as _;
+    let link = tc::SchedClassifierLink::attached(
+        iface,
+        TcAttachType::Egress,
+        NETLINK_PRIORITY,
+        NETLINK_HANDLE,
+        None,
+    )?;
+    match link.detach() {
+        Ok(()) => Ok(true),
+        Err(e) => {
+            let msg = format!("{e:#}");
+            // No clsact qdisc, or no filter in our slot: nothing to remove.
+            if msg.contains("No such file")
+                || msg.contains("not found")
+                || msg.contains("Qdisc")
+                || msg.contains("exist")
+            {
+                Ok(false)
+            } else {
+                Err(anyhow!(e).context(format!("removing the netlink filter from {iface}")))
+            }
+        }
     }
 }
 

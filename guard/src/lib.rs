@@ -9,6 +9,7 @@ pub mod datapath;
 pub mod file_source;
 pub mod interfaces;
 pub mod ownership_file;
+pub mod pins;
 pub mod preflight;
 pub mod run;
 pub mod status;

@@ -36,6 +36,7 @@ fn main() -> ExitCode {
             .and_then(|rt| rt.block_on(guard::run::run(*args))),
         Command::Counters(args) => counters(&args.interfaces, args.output),
         Command::Validate(args) => validate(&args.file, args.node_name),
+        Command::Uninstall(args) => uninstall(&args.pin_dir, &args.interfaces),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -59,6 +60,24 @@ fn counters(interfaces: &[String], output: Output) -> anyhow::Result<()> {
                 v["interface"] = serde_json::Value::String(iface.clone());
                 println!("{v}");
             }
+        }
+    }
+    Ok(())
+}
+
+fn uninstall(pin_dir: &std::path::Path, interfaces: &[String]) -> anyhow::Result<()> {
+    guard::preflight::check_capabilities()?;
+    for name in guard::pins::uninstall(pin_dir)? {
+        println!("removed {}/{name}", pin_dir.display());
+    }
+    let names: Vec<String> = if interfaces.is_empty() {
+        guard::datapath::interface_names()
+    } else {
+        interfaces.to_vec()
+    };
+    for iface in names {
+        if guard::datapath::remove_netlink_filter(&iface)? {
+            println!("removed the netlink filter from {iface}");
         }
     }
     Ok(())

@@ -12,12 +12,12 @@ use tokio::{
 
 use crate::{
     addrs::{self, AddrTable},
-    cli::{AnnouncerArg, KubeVipElection, RunArgs},
+    cli::{AnnouncerArg, KubeVipElection, OnExit, RunArgs},
     cluster::{feed, objects::ServiceFilter, Announcer, ClusterView, FeedConfig, Key},
     datapath::{self, Datapath},
     file_source, interfaces,
     ownership_file::{self, OwnershipFile},
-    preflight, status,
+    pins, preflight, status,
     view::{self, View},
 };
 
@@ -129,7 +129,16 @@ pub async fn run(args: RunArgs) -> Result<()> {
         Some(cluster_tx)
     };
 
-    let mut dp = Datapath::load_with_capacity(mode, leak_action, args.max_lb_ips)?;
+    let mut dp =
+        Datapath::load_pinned(mode, leak_action, args.max_lb_ips, args.pin_dir.as_deref())?;
+    if args.pin_dir.is_some() {
+        // Pinned maps carry what the previous daemon wrote: start the diff from there.
+        match dp.reload_from_kernel() {
+            Ok(n) if n > 0 => tracing::info!(entries = n, "took over pinned maps"),
+            Ok(_) => {}
+            Err(e) => tracing::warn!(error = %format!("{e:#}"), "cannot read the pinned maps"),
+        }
+    }
     let gate = datapath::Gate {
         stale_after: args
             .heartbeat_stale_after
@@ -229,6 +238,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
         tokio::time::interval(args.resync.max(std::time::Duration::from_secs(1)));
     reconcile_tick.tick().await;
     let mut current = view;
+    let mut pins_ok = true;
     let mut node_warned = false;
     let signal_name = loop {
         tokio::select! {
@@ -244,6 +254,25 @@ pub async fn run(args: RunArgs) -> Result<()> {
                 continue;
             }
             _ = reconcile_tick.tick() => {
+                if let Some(dir) = args.pin_dir.as_deref() {
+                    if !pins::intact(dir) {
+                        if pins_ok {
+                            tracing::warn!(pin_dir = %dir.display(), "the pins are gone (bpffs unmounted?); the guard keeps enforcing, re-pinning");
+                        }
+                        pins_ok = match dp.repin() {
+                            Ok(()) => {
+                                tracing::info!(pin_dir = %dir.display(), "maps and program pinned again");
+                                true
+                            }
+                            Err(e) => {
+                                if pins_ok {
+                                    tracing::warn!(error = %format!("{e:#}"), "cannot pin again; a restart will not be seamless until bpffs is back");
+                                }
+                                false
+                            }
+                        };
+                    }
+                }
                 // Full reconcile: compare with what the kernel really holds.
                 match dp.reload_from_kernel() {
                     Ok(0) => {}
@@ -324,6 +353,19 @@ pub async fn run(args: RunArgs) -> Result<()> {
     };
     tracing::info!(signal = signal_name, "shutting down");
     log_counters(&dp, "final counters");
+    if args.on_exit == OnExit::Keep {
+        for (iface, r) in dp.keep_all() {
+            match r {
+                Ok(()) => {
+                    tracing::info!(interface = %iface, "guard left attached for the next daemon (--on-exit keep)")
+                }
+                Err(e) => {
+                    tracing::error!(interface = %iface, error = %format!("{e:#}"), "cannot leave the guard attached")
+                }
+            }
+        }
+        return Ok(());
+    }
     for (iface, r) in dp.detach_all() {
         match r {
             Ok(()) => tracing::info!(interface = %iface, "guard detached"),

@@ -168,3 +168,54 @@ impl Bed {
             .with_context(|| format!("no total {name}"))
     }
 }
+
+/// A private bpffs mounted in a temporary directory (the tests' pins never
+/// touch /sys/fs/bpf); unmounted on drop, which releases every pin in it.
+pub struct Bpffs {
+    dir: TempDir,
+}
+
+impl Bpffs {
+    pub fn new(tag: &str) -> Result<Self> {
+        let dir = TempDir::new(tag)?;
+        let out = std::process::Command::new("mount")
+            .args(["-t", "bpf", "bpf"])
+            .arg(dir.path())
+            .output()?;
+        anyhow::ensure!(
+            out.status.success(),
+            "mount -t bpf: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Ok(Bpffs { dir })
+    }
+
+    pub fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// Lazily unmount it in the mount namespace of process `pid` (a daemon
+    /// under `ip netns exec` has its own, where the root's unmount does not
+    /// reach). The root namespace's mount goes on drop.
+    pub fn unmount_for(&self, pid: u32) -> Result<()> {
+        let out = std::process::Command::new("nsenter")
+            .args(["-t", &pid.to_string(), "-m", "umount", "-l"])
+            .arg(self.dir.path())
+            .output()?;
+        anyhow::ensure!(
+            out.status.success(),
+            "umount: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Ok(())
+    }
+}
+
+impl Drop for Bpffs {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(self.dir.path())
+            .output();
+    }
+}

@@ -380,3 +380,52 @@ fn kube_vip_leases_per_service_annotated_and_global() {
     check(bed.wait_answer(lb2, Some("node-b"), CHANGE));
     check(bed.wait_answer(LB, None, CHANGE));
 }
+
+/// The API goes silent (connections accepted, never answered) for longer
+/// than a watch lasts, and changes happen meanwhile: the guard degrades,
+/// stays up, and after the outage relists and enforces the new owner.
+#[test]
+fn api_silent_for_minutes_then_back() {
+    testbed::require_root();
+    let bed = ClusterBed::new("long", &[LB]).unwrap();
+    bed.api.apply(
+        Resource::Services,
+        objects::service("default", "web", &["198.51.100.100"]),
+    );
+    bed.api.apply(
+        Resource::Leases,
+        cilium_lease("node-a", 600, "2026-11-30T10:00:00.000000Z"),
+    );
+    let guards = bed
+        .start(&["--announcer", "cilium", "--stale-after", "3s"])
+        .unwrap();
+    check(bed.wait_answer(LB, Some("node-a"), CHANGE));
+    bed.api.set_blackhole(true);
+    for g in &guards {
+        assert!(
+            g.wait_log("ownership feed stale", Duration::from_secs(20))
+                .is_some(),
+            "{}",
+            g.log_text()
+        );
+    }
+    // Failover happens while the guards cannot see it.
+    bed.api.apply(
+        Resource::Leases,
+        cilium_lease("node-b", 600, "2026-11-30T10:01:00.000000Z"),
+    );
+    // Longer than the watch timeout (55 s) and the client's read timeout (70 s).
+    std::thread::sleep(Duration::from_secs(75));
+    // Meanwhile each datapath keeps its last state within the rules: owned on
+    // node-a, and on node-b foreign degraded to unknown (its kernel still stopped).
+    assert_eq!(bed.who_answers(LB).as_deref(), Some("node-a"));
+    bed.api.set_blackhole(false);
+    for g in &guards {
+        assert!(
+            g.wait_log("fresh again", Duration::from_secs(30)).is_some(),
+            "{}",
+            g.log_text()
+        );
+    }
+    check(bed.wait_answer(LB, Some("node-b"), CHANGE));
+}

@@ -100,6 +100,8 @@ struct State {
     /// Bumped to cut every open watch.
     generation: u64,
     down: bool,
+    /// Connections are accepted and never answered (a silently dead API).
+    blackhole: bool,
     requests: u64,
     lists: u64,
 }
@@ -223,6 +225,15 @@ impl FakeApi {
         self.inner.changed.notify_all();
     }
 
+    /// Black hole: new connections are accepted and never answered, open
+    /// watches are cut (a network partition that drops packets silently).
+    pub fn set_blackhole(&self, on: bool) {
+        let mut st = self.inner.state.lock().unwrap();
+        st.blackhole = on;
+        st.generation += 1;
+        self.inner.changed.notify_all();
+    }
+
     /// Requests served so far.
     pub fn requests(&self) -> u64 {
         self.inner.state.lock().unwrap().requests
@@ -262,6 +273,19 @@ fn accept_loop(listener: TcpListener, inner: Arc<Inner>) {
 /// Serve requests on one keep-alive connection until a watch ends it.
 fn serve(stream: TcpStream, inner: &Inner) -> Result<()> {
     stream.set_nonblocking(false)?;
+    // A black hole holds the connection open and says nothing.
+    loop {
+        let st = inner.state.lock().unwrap();
+        if !st.blackhole || inner.stop.load(Ordering::SeqCst) {
+            break;
+        }
+        drop(
+            inner
+                .changed
+                .wait_timeout(st, Duration::from_millis(200))
+                .unwrap(),
+        );
+    }
     let mut reader = BufReader::new(stream.try_clone()?);
     let mut out = stream;
     loop {

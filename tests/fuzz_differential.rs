@@ -217,6 +217,11 @@ fn reference(f: &[u8], mode: Mode, leak_action: LeakAction, live: Liveness) -> E
         judged as u8,
         verdict as u8,
     ));
+    // Every decision that stops (or would stop) a frame makes an event,
+    // delivered or suppressed by the rate limit.
+    if verdict != Verdict::Passed {
+        stats.insert("events", 1);
+    }
     e.stats = stats;
     e
 }
@@ -245,13 +250,22 @@ fn counter_delta(before: &Snapshot, after: &Snapshot) -> BTreeMap<(u32, u8, u8, 
     d
 }
 
+/// Totals that changed. Delivered and suppressed drop events depend on the
+/// rate limit's clock, so only their sum ("events") is compared.
 fn stat_delta(before: &Snapshot, after: &Snapshot) -> BTreeMap<&'static str, u64> {
-    after
-        .stats
-        .iter()
-        .map(|(k, v)| (*k, v - before.stats[k]))
-        .filter(|(_, v)| *v > 0)
-        .collect()
+    let mut d: BTreeMap<&'static str, u64> = BTreeMap::new();
+    for (k, v) in &after.stats {
+        let n = v - before.stats[k];
+        let k = if k.starts_with("events_") {
+            "events"
+        } else {
+            *k
+        };
+        if n > 0 {
+            *d.entry(k).or_default() += n;
+        }
+    }
+    d
 }
 
 fn hex(f: &[u8]) -> String {

@@ -17,6 +17,60 @@ pub const MAP_STATS: &str = "STATS";
 pub const MAP_CONFIG: &str = "CONFIG";
 /// Array with one u64 at index 0: the daemon's last heartbeat, CLOCK_MONOTONIC ns.
 pub const MAP_HEARTBEAT: &str = "HEARTBEAT";
+/// Ring buffer of [`DropEvent`]s: one per decision that dropped, would drop or
+/// rewrote a frame, rate-limited in the kernel.
+pub const MAP_EVENTS: &str = "EVENTS";
+/// Per-CPU [`RateLimit`] state of the event token bucket.
+pub const MAP_EVENT_RATE: &str = "EVENT_RATE";
+
+/// One drop / would-drop / rewrite decision, for the operator's event stream.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct DropEvent {
+    /// The LB IP announced (SPA), host order.
+    pub lb_ip: u32,
+    /// The neighbour the frame was for (TPA), host order.
+    pub requester_ip: u32,
+    pub ifindex: u32,
+    /// THA: the requester's MAC (zero or broadcast for gratuitous ARP).
+    pub requester_mac: [u8; 6],
+    /// [`crate::Kind`], [`crate::Origin`], [`crate::Ownership`] (as judged), [`crate::Verdict`].
+    pub kind: u8,
+    pub origin: u8,
+    pub state: u8,
+    pub verdict: u8,
+    pub _pad: [u8; 2],
+}
+
+/// Token bucket for [`DropEvent`]s, per CPU.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct RateLimit {
+    /// Tokens, in millionths of an event.
+    pub tokens_micro: u64,
+    pub last_ns: u64,
+}
+
+/// Refill `bucket` for the time since its last use and take one token if it
+/// has one: the in-kernel rate limit of the event stream, `rate` events per
+/// second per CPU with bursts of `burst`.
+#[inline(always)]
+pub fn take_token(bucket: &mut RateLimit, now_ns: u64, rate: u32, burst: u32) -> bool {
+    const MICRO: u64 = 1_000_000;
+    let cap = u64::from(burst) * MICRO;
+    let elapsed = now_ns.saturating_sub(bucket.last_ns);
+    // rate events/s = rate * MICRO micro-events per 1e9 ns; cap elapsed first
+    // so the product cannot overflow.
+    let refill = elapsed.min(10_000_000_000) * u64::from(rate) / 1_000;
+    bucket.tokens_micro = (bucket.tokens_micro + refill).min(cap);
+    bucket.last_ns = now_ns;
+    if bucket.tokens_micro >= MICRO {
+        bucket.tokens_micro -= MICRO;
+        true
+    } else {
+        false
+    }
+}
 
 /// Capacity of [`MAP_LB_IPS`].
 pub const MAX_LB_IPS: u32 = 65_536;
@@ -85,6 +139,10 @@ pub enum Stat {
     GateStale = 7,
     /// LB announcements passed unjudged because the heartbeat was dead.
     GateOpen = 8,
+    /// Drop events handed to userspace.
+    EventsDelivered = 9,
+    /// Drop events held back by the rate limit (or a full ring buffer).
+    EventsSuppressed = 10,
 }
 
 impl Stat {
@@ -98,6 +156,8 @@ impl Stat {
         Stat::VlanInMetadata,
         Stat::GateStale,
         Stat::GateOpen,
+        Stat::EventsDelivered,
+        Stat::EventsSuppressed,
     ];
     pub const COUNT: u32 = Self::ALL.len() as u32;
 
@@ -112,6 +172,8 @@ impl Stat {
             Stat::VlanInMetadata => "arp_vlan_in_metadata",
             Stat::GateStale => "heartbeat_stale",
             Stat::GateOpen => "heartbeat_dead_passed",
+            Stat::EventsDelivered => "events_delivered",
+            Stat::EventsSuppressed => "events_suppressed",
         }
     }
 }
@@ -128,6 +190,36 @@ pub struct Config {
     pub stale_after_ns: u64,
     /// Heartbeat age from which everything passes (ns).
     pub dead_after_ns: u64,
+    /// Drop events per second per CPU, and the burst allowed.
+    pub events_per_sec: u32,
+    pub events_burst: u32,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn token_bucket() {
+        let s = 1_000_000_000u64;
+        let mut b = RateLimit {
+            tokens_micro: 0,
+            last_ns: 0,
+        };
+        // Starts full after a long idle time: `burst` events pass, then none.
+        let passed = (0..20)
+            .filter(|_| take_token(&mut b, 100 * s, 10, 5))
+            .count();
+        assert_eq!(passed, 5);
+        // Half a second later at 10/s: five more.
+        let passed = (0..20)
+            .filter(|_| take_token(&mut b, 100 * s + s / 2, 10, 5))
+            .count();
+        assert_eq!(passed, 5);
+        // Clock going backwards refills nothing.
+        assert!(!take_token(&mut b, 50 * s, 10, 5));
+        assert_eq!(core::mem::size_of::<DropEvent>(), 24);
+    }
 }
 
 #[cfg(feature = "user")]
@@ -139,4 +231,6 @@ mod pod {
     unsafe impl aya::Pod for super::CounterKey {}
     unsafe impl aya::Pod for super::CounterValue {}
     unsafe impl aya::Pod for super::Config {}
+    unsafe impl aya::Pod for super::DropEvent {}
+    unsafe impl aya::Pod for super::RateLimit {}
 }

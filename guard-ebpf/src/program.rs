@@ -1,17 +1,18 @@
 use aya_ebpf::{
     bindings::{TC_ACT_SHOT, TC_ACT_UNSPEC},
     macros::{classifier, map},
-    maps::{Array, HashMap, PerCpuArray, PerCpuHashMap},
+    maps::{Array, HashMap, PerCpuArray, PerCpuHashMap, RingBuf},
     programs::TcContext,
 };
 use aya_log_ebpf::error;
 use guard_common::{
     decide, effective_state,
     frame::{ETH_HLEN, ETH_P_8021Q},
-    liveness, parse,
+    liveness, parse, take_token,
     verdict::classify,
-    Config, CounterKey, CounterValue, Facts, FrameReader, IfAddrKey, LbEntry, LeakAction, Liveness,
-    Mode, Origin, Ownership, Parsed, Stat, Verdict, MAX_COUNTERS, MAX_IF_ADDRS, MAX_LB_IPS,
+    Config, CounterKey, CounterValue, DropEvent, Facts, FrameReader, IfAddrKey, LbEntry,
+    LeakAction, Liveness, Mode, Origin, Ownership, Parsed, RateLimit, Stat, Verdict, MAX_COUNTERS,
+    MAX_IF_ADDRS, MAX_LB_IPS,
 };
 
 /// Linux's BPF_F_NO_PREALLOC: the counter map grows with use instead of
@@ -41,6 +42,12 @@ static CONFIG: Array<Config> = Array::with_max_entries(1, 0);
 
 #[map(name = "HEARTBEAT")]
 static HEARTBEAT: Array<u64> = Array::with_max_entries(1, 0);
+
+#[map(name = "EVENTS")]
+static EVENTS: RingBuf = RingBuf::with_byte_size(256 * 1024, 0);
+
+#[map(name = "EVENT_RATE")]
+static EVENT_RATE: PerCpuArray<RateLimit> = PerCpuArray::with_max_entries(1, 0);
 
 /// "No opinion": lets later programs in the TCX chain (or later cls_bpf
 /// filters) run, and passes the frame at the end of the chain.
@@ -166,10 +173,68 @@ fn judge(ctx: &TcContext, arp: &guard_common::ArpFrame) -> i32 {
             verdict: verdict as u8,
         },
     );
+    if verdict != Verdict::Passed {
+        emit(
+            arp,
+            ifindex,
+            kind as u8,
+            origin as u8,
+            state as u8,
+            verdict as u8,
+            now,
+            &config,
+        );
+    }
     if verdict == Verdict::Dropped {
         DROP
     } else {
         PASS
+    }
+}
+
+/// One event for the operator, within the per-CPU rate limit: a storm of
+/// frames cannot flood userspace; what is held back is counted.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn emit(
+    arp: &guard_common::ArpFrame,
+    ifindex: u32,
+    kind: u8,
+    origin: u8,
+    state: u8,
+    verdict: u8,
+    now: u64,
+    config: &Config,
+) {
+    let Some(bucket) = EVENT_RATE.get_ptr_mut(0) else {
+        return;
+    };
+    // SAFETY: this CPU's slot of a per-CPU array.
+    let allowed = take_token(
+        unsafe { &mut *bucket },
+        now,
+        config.events_per_sec,
+        config.events_burst,
+    );
+    if !allowed {
+        bump(Stat::EventsSuppressed);
+        return;
+    }
+    let event = DropEvent {
+        lb_ip: arp.spa,
+        requester_ip: arp.tpa,
+        ifindex,
+        requester_mac: arp.tha,
+        kind,
+        origin,
+        state,
+        verdict,
+        _pad: [0; 2],
+    };
+    if EVENTS.output::<DropEvent>(&event, 0).is_ok() {
+        bump(Stat::EventsDelivered);
+    } else {
+        bump(Stat::EventsSuppressed);
     }
 }
 

@@ -41,6 +41,35 @@ pub enum Command {
     /// Remove every pin and attachment a guard left (pinned TCX links, maps,
     /// program; netlink filters in arp-guard's slot).
     Uninstall(UninstallArgs),
+    /// What the running daemon guards: attachments, mode, feed health, and a
+    /// table per LB IP (owner, state, counters).
+    Status(ClientArgs),
+    /// Why this node treats an IP as it does, and what the program would do
+    /// with each kind and origin of frame.
+    Explain(ExplainArgs),
+    /// Tail the drop events of the running daemon.
+    Events(ClientArgs),
+}
+
+/// The daemon's API address.
+pub const DEFAULT_API: &str = "127.0.0.1:9477";
+
+#[derive(Debug, Args)]
+pub struct ClientArgs {
+    /// The daemon's --listen address.
+    #[arg(long, value_name = "ADDR", default_value = DEFAULT_API, env = "ARP_GUARD_API")]
+    pub api: std::net::SocketAddr,
+    /// Output format.
+    #[arg(short, long, value_enum, default_value_t = Output::Table)]
+    pub output: Output,
+}
+
+#[derive(Debug, Args)]
+pub struct ExplainArgs {
+    /// The IPv4 address to explain.
+    pub ip: std::net::Ipv4Addr,
+    #[command(flatten)]
+    pub client: ClientArgs,
 }
 
 #[derive(Debug, Args)]
@@ -175,6 +204,21 @@ pub struct RunArgs {
     #[arg(long, value_enum, default_value_t = OnExit::Remove)]
     pub on_exit: OnExit,
 
+    /// Serve /metrics, /healthz, /readyz, /status, /explain and /events here
+    /// (`none` to disable). Loopback by default: exposing it off the node is
+    /// a deliberate choice.
+    #[arg(long, value_name = "ADDR", default_value = DEFAULT_API, value_parser = parse_listen)]
+    pub listen: Listen,
+
+    /// Drop events handed to userspace per second per CPU (in-kernel rate
+    /// limit; what exceeds it is counted as suppressed).
+    #[arg(long, value_name = "N", default_value_t = 100)]
+    pub event_rate: u32,
+
+    /// Burst of drop events allowed above the rate.
+    #[arg(long, value_name = "N", default_value_t = 200)]
+    pub event_burst: u32,
+
     /// Keep a JSON summary of the daemon's state (attachments, LB IP counts,
     /// Kubernetes feed health) in this file, rewritten atomically on change.
     #[arg(long, value_name = "PATH")]
@@ -264,6 +308,21 @@ pub enum AttachArg {
     Auto,
     Tcx,
     Netlink,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Listen {
+    Off,
+    On(std::net::SocketAddr),
+}
+
+fn parse_listen(s: &str) -> Result<Listen, String> {
+    if s == "none" || s == "off" {
+        return Ok(Listen::Off);
+    }
+    s.parse()
+        .map(Listen::On)
+        .map_err(|e| format!("`{s}`: {e} (use ADDR:PORT or none)"))
 }
 
 /// `500ms`, `5s`, `2m`, or a bare number of seconds.

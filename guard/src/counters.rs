@@ -41,17 +41,17 @@ struct JsonRow {
 
 /// A counter key's labels as names.
 #[derive(Serialize)]
-struct Labels {
-    lb_ip: String,
-    interface: String,
-    kind: &'static str,
-    origin: &'static str,
-    state: &'static str,
-    verdict: &'static str,
+pub struct Labels {
+    pub lb_ip: String,
+    pub interface: String,
+    pub kind: &'static str,
+    pub origin: &'static str,
+    pub state: &'static str,
+    pub verdict: &'static str,
 }
 
 impl Row {
-    fn labels(&self) -> Labels {
+    pub fn labels(&self) -> Labels {
         let k = self.key;
         Labels {
             lb_ip: Ipv4Addr::from(k.ip).to_string(),

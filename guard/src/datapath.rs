@@ -13,8 +13,8 @@ use aya::{
     Ebpf, Pod,
 };
 use guard_common::{
-    Config, IfAddrKey, LbEntry, LeakAction, Mode, MAP_CONFIG, MAP_HEARTBEAT, MAP_IF_ADDRS,
-    MAP_IF_PRIMARY, MAP_LB_IPS,
+    Config, IfAddrKey, LbEntry, LeakAction, Mode, MAP_CONFIG, MAP_COUNTERS, MAP_HEARTBEAT,
+    MAP_IF_ADDRS, MAP_IF_PRIMARY, MAP_LB_IPS, MAP_STATS,
 };
 
 use crate::{cli::AttachArg, counters::Snapshot, view::View};
@@ -124,6 +124,8 @@ pub struct Datapath {
     logger: Option<aya_log::EbpfLogger<&'static dyn log::Log>>,
     /// `--pin-dir`: maps, program and TCX links are pinned there.
     pin_dir: Option<std::path::PathBuf>,
+    /// Drop events per second per CPU, burst.
+    event_rate: (u32, u32),
 }
 
 impl Datapath {
@@ -177,6 +179,7 @@ impl Datapath {
             crate::pins::pin_program(prog, dir)?;
         }
         let mut dp = Datapath {
+            event_rate: (100, 200),
             pin_dir: pin_dir.map(std::path::Path::to_path_buf),
             not_enforced: 0,
             gate: Gate::default(),
@@ -191,7 +194,7 @@ impl Datapath {
     }
 
     pub fn set_config(&mut self, mode: Mode, leak_action: LeakAction) -> Result<()> {
-        let gate = self.gate;
+        let (gate, (events_per_sec, events_burst)) = (self.gate, self.event_rate);
         let mut config: Array<&mut MapData, Config> = Array::try_from(self.map_mut(MAP_CONFIG)?)?;
         let c = Config {
             mode: mode as u8,
@@ -199,9 +202,31 @@ impl Datapath {
             _pad: [0; 6],
             stale_after_ns: gate.stale_after.as_nanos() as u64,
             dead_after_ns: gate.dead_after.as_nanos() as u64,
+            events_per_sec,
+            events_burst,
         };
         config.set(0, c, 0)?;
         Ok(())
+    }
+
+    /// The in-kernel rate limit of drop events (per CPU).
+    pub fn set_event_rate(&mut self, per_sec: u32, burst: u32) -> Result<()> {
+        let rate = (per_sec, burst.max(1));
+        self.event_rate = rate;
+        let mut config: Array<&mut MapData, Config> = Array::try_from(self.map_mut(MAP_CONFIG)?)?;
+        let mut c = config.get(&0, 0)?;
+        (c.events_per_sec, c.events_burst) = rate;
+        config.set(0, c, 0)?;
+        Ok(())
+    }
+
+    /// Take the drop-event ring buffer (once) for a reader task.
+    pub fn take_events(&mut self) -> Result<aya::maps::RingBuf<MapData>> {
+        let map = self
+            .ebpf
+            .take_map(guard_common::MAP_EVENTS)
+            .ok_or_else(|| anyhow!("map EVENTS missing"))?;
+        Ok(aya::maps::RingBuf::try_from(map)?)
     }
 
     /// The liveness gate's thresholds (see [`guard_common::liveness`]).
@@ -522,6 +547,23 @@ impl Datapath {
             }
         }
         total
+    }
+
+    /// Our COUNTERS and STATS maps opened again by id (own fds), for readers
+    /// on other threads (the API).
+    pub fn counter_maps(&self) -> Result<(aya::maps::Map, aya::maps::Map)> {
+        let open = |name: &str| -> Result<MapData> {
+            let m = self
+                .ebpf
+                .map(name)
+                .and_then(map_data)
+                .ok_or_else(|| anyhow!("map {name} missing"))?;
+            Ok(MapData::from_id(m.info()?.id())?)
+        };
+        Ok((
+            aya::maps::Map::PerCpuHashMap(open(MAP_COUNTERS)?),
+            aya::maps::Map::PerCpuArray(open(MAP_STATS)?),
+        ))
     }
 
     /// Sum the kernel-side counters over CPUs.

@@ -2,15 +2,27 @@
 //! they do not own. The `arp-guard` binary is a thin shell over these modules.
 
 pub mod addrs;
+pub mod api;
 pub mod cli;
+pub mod client;
 pub mod cluster;
 pub mod counters;
 pub mod datapath;
+pub mod events;
 pub mod file_source;
 pub mod interfaces;
+pub mod metrics;
 pub mod ownership_file;
 pub mod pins;
 pub mod preflight;
 pub mod run;
 pub mod status;
 pub mod view;
+
+/// aa:bb:cc:dd:ee:ff
+pub fn netns_fmt_mac(m: &[u8; 6]) -> String {
+    m.iter()
+        .map(|b| format!("{b:02x}"))
+        .collect::<Vec<_>>()
+        .join(":")
+}

@@ -37,6 +37,9 @@ fn main() -> ExitCode {
         Command::Counters(args) => counters(&args.interfaces, args.output),
         Command::Validate(args) => validate(&args.file, args.node_name),
         Command::Uninstall(args) => uninstall(&args.pin_dir, &args.interfaces),
+        Command::Status(args) => guard::client::status(&args),
+        Command::Explain(args) => guard::client::explain(&args),
+        Command::Events(args) => guard::client::events(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

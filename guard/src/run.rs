@@ -1,7 +1,7 @@
 //! `arp-guard run`: start-up checks, attach, then keep the maps equal to the
 //! view until SIGTERM/SIGINT, then detach cleanly.
 
-use std::collections::BTreeSet;
+use std::{collections::BTreeSet, sync::Arc};
 
 use anyhow::{bail, Context as _, Result};
 use guard_common::{LeakAction, Mode, Ownership};
@@ -12,7 +12,8 @@ use tokio::{
 
 use crate::{
     addrs::{self, AddrTable},
-    cli::{AnnouncerArg, KubeVipElection, OnExit, RunArgs},
+    api,
+    cli::{AnnouncerArg, KubeVipElection, Listen, OnExit, RunArgs},
     cluster::{feed, objects::ServiceFilter, Announcer, ClusterView, FeedConfig, Key},
     datapath::{self, Datapath},
     file_source, interfaces,
@@ -154,6 +155,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
         );
     }
     dp.set_gate(gate)?;
+    dp.set_event_rate(args.event_rate, args.event_burst)?;
     let file_now = file.as_ref().map(|(f, _)| f.clone());
     let view = derive(&node, &args, file_now.as_ref(), &table, None);
     // Fill the maps before attaching: the first frame already meets the policy.
@@ -194,6 +196,81 @@ pub async fn run(args: RunArgs) -> Result<()> {
         map_memory_bytes: memlock,
         feed: cluster.map(|c| status::Feed::of(announcer_names.clone(), c)),
     };
+    // The API: bound now, so that a taken port fails the start, not later.
+    let shared = Arc::new(api::Shared {
+        state: Default::default(),
+        maps: dp
+            .counter_maps()
+            .map_err(
+                |e| tracing::warn!(error = %format!("{e:#}"), "counters unavailable to the API"),
+            )
+            .ok(),
+        events: tokio::sync::broadcast::channel(1024).0,
+    });
+    match dp.take_events() {
+        Ok(ring) => {
+            tokio::spawn(crate::events::run(ring, shared.clone()));
+        }
+        Err(e) => tracing::warn!(error = %format!("{e:#}"), "drop events unavailable"),
+    }
+    if let Listen::On(addr) = args.listen {
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .with_context(|| format!("--listen {addr}"))?;
+        let s = shared.clone();
+        tokio::spawn(async move {
+            if let Err(e) = api::serve(listener, s).await {
+                tracing::error!(error = %format!("{e:#}"), "the API stopped");
+            }
+        });
+    }
+    let publish_api = |dp: &Datapath,
+                       att: &interfaces::Attachments,
+                       view: &View,
+                       cluster: Option<&ClusterView>,
+                       view_changed: bool| {
+        let status = status_of(dp, att, view, cluster);
+        let mut not_ready = Vec::new();
+        for p in &att.missing {
+            not_ready.push(format!("no interface matches --interface {p}"));
+        }
+        for (i, why) in &att.failed {
+            not_ready.push(format!("attach to {i} failed: {why}"));
+        }
+        if att.attached.is_empty() {
+            not_ready.push("attached to no interface".into());
+        }
+        if cluster.is_some_and(|c| !c.synced) {
+            not_ready.push("Kubernetes feed not synced yet".into());
+        }
+        let ifnames: std::collections::BTreeMap<u32, String> = att
+            .attached
+            .iter()
+            .map(|(n, (i, _))| (*i, n.clone()))
+            .collect();
+        let mut st = shared.write();
+        if view_changed || st.ips.is_empty() {
+            st.ips = api::ip_entries(&st.ips, view, &ifnames);
+        }
+        st.interfaces = att
+            .attached
+            .iter()
+            .map(|(n, (i, _))| (n.clone(), view.if_primary.contains_key(i)))
+            .collect();
+        st.status = Some(status);
+        st.not_ready = not_ready;
+        st.mode = Some(mode);
+        st.leak_action = Some(leak_action);
+        st.feed_enabled = cluster.is_some();
+        st.feed_failing_since = cluster.and_then(|c| c.failing_since);
+    };
+    publish_api(
+        &dp,
+        &attachments,
+        &view,
+        cluster_on.then(|| cluster_rx.borrow().clone()).as_ref(),
+        true,
+    );
     let mut last_status = None;
     if let Some(path) = &args.status_file {
         let c = cluster_on.then(|| cluster_rx.borrow().clone());
@@ -319,7 +396,8 @@ pub async fn run(args: RunArgs) -> Result<()> {
             }
         }
         let next = derive(&node, &args, file.as_ref(), &table, cluster.as_ref());
-        if next != current {
+        let view_changed = next != current;
+        if view_changed {
             log_changes(&current, &next);
             dirty = !report_apply(&mut dp, &next);
             current = next;
@@ -411,7 +489,16 @@ fn report_apply(dp: &mut Datapath, view: &View) -> bool {
         );
     }
     dp.not_enforced = r.full.len();
+    let ops = &*api::OPS;
+    ops.map_writes
+        .fetch_add(r.written as u64, std::sync::atomic::Ordering::Relaxed);
+    ops.map_removes
+        .fetch_add(r.removed as u64, std::sync::atomic::Ordering::Relaxed);
+    if !r.full.is_empty() {
+        ops.error("map_full");
+    }
     for e in &r.errors {
+        ops.error("map_write");
         tracing::error!(error = %e, "map update failed; that entry keeps its previous value");
     }
     if view.ignored_v6 > 0 {

@@ -59,6 +59,8 @@ pub struct ClusterView {
     pub holders: BTreeSet<String>,
     /// When the change that produced this view reached the guard.
     pub event_at: Option<Instant>,
+    /// Since when the feed has been failing (None: healthy).
+    pub failing_since: Option<Instant>,
 }
 
 impl PartialEq for ClusterView {
@@ -396,6 +398,7 @@ impl Feed {
                 .map(str::to_owned)
                 .collect(),
             event_at,
+            failing_since: self.failing_since(),
         }
     }
 
@@ -421,12 +424,20 @@ impl Feed {
     }
 
     fn handle(&mut self, stream: usize, item: Result<Update, watcher::Error>, now: Instant) {
+        let name = self
+            .sources
+            .get(stream)
+            .map_or_else(|| "probe".to_owned(), Source::name);
         match item {
             Ok(u) => {
+                crate::api::OPS.feed_event(&name);
                 self.ok(stream);
                 self.apply(stream, u, now);
             }
-            Err(e) => self.failed(stream, &e, now),
+            Err(e) => {
+                crate::api::OPS.error("kubernetes_feed");
+                self.failed(stream, &e, now)
+            }
         }
     }
 }

@@ -1,0 +1,455 @@
+//! The daemon's local HTTP API: `/metrics` (Prometheus text), `/healthz`,
+//! `/readyz`, `/status`, `/explain?ip=`, `/events`. It listens on
+//! `--listen` (loopback by default: exposing it off the host is a deliberate
+//! choice). `arp-guard status|explain|events` are clients of it.
+
+use std::{
+    collections::BTreeMap,
+    convert::Infallible,
+    net::{Ipv4Addr, SocketAddr},
+    sync::{atomic::AtomicU64, Arc, Mutex, RwLock},
+    time::{Duration, Instant, SystemTime},
+};
+
+use crate::view::View;
+
+use anyhow::{Context as _, Result};
+use bytes::Bytes;
+use guard_common::{decide, Facts, Kind, LeakAction, Liveness, Mode, Origin, Ownership};
+use http_body_util::{combinators::BoxBody, BodyExt as _, Full, StreamBody};
+use hyper::{body::Frame, Request, Response, StatusCode};
+use serde::Serialize;
+use tokio::sync::broadcast;
+
+use crate::{counters::Snapshot, status::Status};
+
+/// One LB IP as the daemon currently treats it.
+#[derive(Debug, Clone, Serialize)]
+pub struct IpEntry {
+    pub state: &'static str,
+    /// Which object or line said so.
+    pub source: String,
+    /// When this state and source were first seen (Unix seconds).
+    pub since_unix: u64,
+    /// Guarded interfaces that carry the IP themselves.
+    pub on_interfaces: Vec<String>,
+}
+
+/// What the main loop publishes for the API.
+#[derive(Debug, Clone, Default)]
+pub struct ApiState {
+    pub status: Option<Status>,
+    /// Reasons the daemon is not ready (empty: ready).
+    pub not_ready: Vec<String>,
+    pub ips: BTreeMap<Ipv4Addr, IpEntry>,
+    pub mode: Option<Mode>,
+    pub leak_action: Option<LeakAction>,
+    /// Guarded interface -> has a primary IPv4 to rewrite leaks to.
+    pub interfaces: BTreeMap<String, bool>,
+    /// The Kubernetes feed: failing since (None: healthy or not used).
+    pub feed_failing_since: Option<Instant>,
+    pub feed_enabled: bool,
+}
+
+/// Operation counters of the daemon itself.
+#[derive(Debug, Default)]
+pub struct Ops {
+    pub feed_events: Mutex<BTreeMap<String, u64>>,
+    pub map_writes: AtomicU64,
+    pub map_removes: AtomicU64,
+    pub errors: Mutex<BTreeMap<&'static str, u64>>,
+}
+
+impl Ops {
+    pub fn error(&self, cause: &'static str) {
+        *self
+            .errors
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(cause)
+            .or_default() += 1;
+    }
+    pub fn feed_event(&self, source: &str) {
+        *self
+            .feed_events
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(source.to_owned())
+            .or_default() += 1;
+    }
+}
+
+/// The daemon's operation counters (one process, one set).
+pub static OPS: std::sync::LazyLock<Ops> = std::sync::LazyLock::new(Ops::default);
+
+/// Everything the API serves from, shared with the main loop.
+pub struct Shared {
+    pub state: RwLock<ApiState>,
+    /// Our own COUNTERS and STATS maps, opened again by id for this thread.
+    pub maps: Option<(aya::maps::Map, aya::maps::Map)>,
+    /// Drop events, one line of JSON each, for `/events` subscribers.
+    pub events: broadcast::Sender<String>,
+}
+
+impl Shared {
+    pub fn snapshot(&self) -> Result<Snapshot> {
+        let (counters, stats) = self.maps.as_ref().context("kernel maps not available")?;
+        Snapshot::read(|name| {
+            Ok(if name == guard_common::MAP_COUNTERS {
+                counters
+            } else {
+                stats
+            })
+        })
+    }
+
+    pub fn read(&self) -> std::sync::RwLockReadGuard<'_, ApiState> {
+        self.state.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn write(&self) -> std::sync::RwLockWriteGuard<'_, ApiState> {
+        self.state.write().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// The per-IP table for the API, keeping `since` for IPs whose state and
+/// source did not change.
+pub fn ip_entries(
+    old: &BTreeMap<Ipv4Addr, IpEntry>,
+    view: &View,
+    ifnames: &BTreeMap<u32, String>,
+) -> BTreeMap<Ipv4Addr, IpEntry> {
+    let now = unix_now();
+    view.lb
+        .iter()
+        .map(|(ip, l)| {
+            let state = l.state.as_str();
+            let source = l.source.to_string();
+            let on_interfaces = view
+                .if_addrs
+                .iter()
+                .filter(|(_, a)| a == ip)
+                .filter_map(|(i, _)| ifnames.get(i).cloned())
+                .collect();
+            let since_unix = match old.get(ip) {
+                Some(o) if o.state == state && o.source == source => o.since_unix,
+                _ => now,
+            };
+            (
+                *ip,
+                IpEntry {
+                    state,
+                    source,
+                    since_unix,
+                    on_interfaces,
+                },
+            )
+        })
+        .collect()
+}
+
+pub fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+type Body = BoxBody<Bytes, Infallible>;
+
+fn text(code: StatusCode, body: impl Into<Bytes>, ctype: &str) -> Response<Body> {
+    Response::builder()
+        .status(code)
+        .header("content-type", ctype)
+        .body(Full::new(body.into()).boxed())
+        .unwrap_or_else(|_| Response::new(Full::new(Bytes::new()).boxed()))
+}
+
+fn json(code: StatusCode, v: &impl Serialize) -> Response<Body> {
+    text(
+        code,
+        serde_json::to_string_pretty(v).unwrap_or_default() + "\n",
+        "application/json",
+    )
+}
+
+/// Serve on `listener` until it fails.
+pub async fn serve(listener: tokio::net::TcpListener, shared: Arc<Shared>) -> Result<()> {
+    if let Ok(addr) = listener.local_addr() {
+        tracing::info!(%addr, "API listening: /metrics /healthz /readyz /status /explain /events");
+    }
+    loop {
+        let (stream, _) = listener
+            .accept()
+            .await
+            .context("accepting an API connection")?;
+        let shared = shared.clone();
+        tokio::spawn(async move {
+            let io = hyper_util::rt::TokioIo::new(stream);
+            let svc = hyper::service::service_fn(move |req| {
+                let shared = shared.clone();
+                async move { Ok::<_, Infallible>(route(req, &shared)) }
+            });
+            let _ = hyper::server::conn::http1::Builder::new()
+                .serve_connection(io, svc)
+                .await;
+        });
+    }
+}
+
+fn route(req: Request<hyper::body::Incoming>, shared: &Arc<Shared>) -> Response<Body> {
+    let path = req.uri().path();
+    let query = req.uri().query().unwrap_or("");
+    match path {
+        "/healthz" => text(StatusCode::OK, "ok\n", "text/plain"),
+        "/readyz" => {
+            let st = shared.read();
+            if st.not_ready.is_empty() {
+                text(StatusCode::OK, "ready\n", "text/plain")
+            } else {
+                text(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    format!("not ready: {}\n", st.not_ready.join("; ")),
+                    "text/plain",
+                )
+            }
+        }
+        "/metrics" => match crate::metrics::render(shared) {
+            Ok(body) => text(
+                StatusCode::OK,
+                body,
+                "text/plain; version=0.0.4; charset=utf-8",
+            ),
+            Err(e) => text(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                format!("{e:#}\n"),
+                "text/plain",
+            ),
+        },
+        "/status" => status(shared),
+        "/explain" => {
+            let ip = query.split('&').find_map(|kv| kv.strip_prefix("ip="));
+            match ip.and_then(|s| s.parse::<Ipv4Addr>().ok()) {
+                Some(ip) => json(StatusCode::OK, &explain(shared, ip)),
+                None => text(
+                    StatusCode::BAD_REQUEST,
+                    "use /explain?ip=A.B.C.D\n",
+                    "text/plain",
+                ),
+            }
+        }
+        "/events" => events(shared),
+        _ => text(
+            StatusCode::NOT_FOUND,
+            "not found: try /metrics /healthz /readyz /status /explain?ip= /events\n",
+            "text/plain",
+        ),
+    }
+}
+
+#[derive(Serialize)]
+struct StatusDoc<'a> {
+    #[serde(flatten)]
+    status: Option<&'a Status>,
+    ready: bool,
+    not_ready: &'a [String],
+    ips: Vec<IpRow<'a>>,
+}
+
+#[derive(Serialize)]
+struct IpRow<'a> {
+    ip: String,
+    #[serde(flatten)]
+    entry: &'a IpEntry,
+    /// Decisions counted for this IP, by verdict.
+    counters: BTreeMap<&'static str, u64>,
+}
+
+fn status(shared: &Arc<Shared>) -> Response<Body> {
+    let snap = shared.snapshot().ok();
+    let st = shared.read();
+    let ips = st
+        .ips
+        .iter()
+        .map(|(ip, entry)| {
+            let mut counters = BTreeMap::new();
+            for r in snap
+                .iter()
+                .flat_map(|s| s.rows.iter())
+                .filter(|r| r.key.ip == u32::from(*ip))
+            {
+                let v = guard_common::Verdict::from_u8(r.key.verdict)
+                    .map_or("?", guard_common::Verdict::as_str);
+                *counters.entry(v).or_default() += r.value.packets;
+            }
+            IpRow {
+                ip: ip.to_string(),
+                entry,
+                counters,
+            }
+        })
+        .collect();
+    json(
+        StatusCode::OK,
+        &StatusDoc {
+            status: st.status.as_ref(),
+            ready: st.not_ready.is_empty(),
+            not_ready: &st.not_ready,
+            ips,
+        },
+    )
+}
+
+#[derive(Serialize)]
+pub struct Explanation {
+    pub ip: String,
+    /// Whether the IP is in this node's LB set at all.
+    pub lb_ip: bool,
+    pub state: Option<&'static str>,
+    pub source: Option<String>,
+    pub known_for_seconds: Option<u64>,
+    pub mode: Option<&'static str>,
+    pub leak_action: Option<&'static str>,
+    pub heartbeat: &'static str,
+    /// What the program would do with each kind of frame from each origin,
+    /// leaving through each guarded interface.
+    pub would: Vec<Would>,
+}
+
+#[derive(Serialize)]
+pub struct Would {
+    pub interface: String,
+    pub kind: &'static str,
+    pub origin: &'static str,
+    pub verdict: &'static str,
+}
+
+pub fn explain(shared: &Shared, ip: Ipv4Addr) -> Explanation {
+    let st = shared.read();
+    let entry = st.ips.get(&ip);
+    let (mode, leak_action) = (
+        st.mode.unwrap_or(Mode::Enforce),
+        st.leak_action.unwrap_or(LeakAction::Rewrite),
+    );
+    let mut would = Vec::new();
+    if let Some(e) = entry {
+        let state = Ownership::ALL
+            .iter()
+            .copied()
+            .find(|s| s.as_str() == e.state)
+            .unwrap_or(Ownership::Unknown);
+        for (iface, has_v4) in &st.interfaces {
+            for &kind in Kind::ALL {
+                for &origin in Origin::ALL {
+                    let verdict = decide(&Facts {
+                        kind,
+                        origin,
+                        state,
+                        ip_on_egress: e.on_interfaces.contains(iface),
+                        egress_has_ipv4: *has_v4,
+                        mode,
+                        leak_action,
+                        liveness: Liveness::Fresh,
+                    });
+                    would.push(Would {
+                        interface: iface.clone(),
+                        kind: kind.as_str(),
+                        origin: origin.as_str(),
+                        verdict: verdict.as_str(),
+                    });
+                }
+            }
+        }
+    }
+    Explanation {
+        ip: ip.to_string(),
+        lb_ip: entry.is_some(),
+        state: entry.map(|e| e.state),
+        source: entry.map(|e| e.source.clone()),
+        known_for_seconds: entry.map(|e| unix_now().saturating_sub(e.since_unix)),
+        mode: st.mode.map(Mode::as_str),
+        leak_action: st.leak_action.map(LeakAction::as_str),
+        // The daemon answering is the heartbeat: it writes one every 500 ms.
+        heartbeat: "fresh",
+        would,
+    }
+}
+
+/// A live stream of drop events, one JSON object per line.
+fn events(shared: &Arc<Shared>) -> Response<Body> {
+    let rx = shared.events.subscribe();
+    let stream = futures::stream::unfold(rx, |mut rx| async move {
+        let line = match rx.recv().await {
+            Ok(line) => line + "\n",
+            // A slow reader: say how much it missed and go on.
+            Err(broadcast::error::RecvError::Lagged(n)) => format!("{{\"lagged\":{n}}}\n"),
+            Err(broadcast::error::RecvError::Closed) => return None,
+        };
+        Some((Ok::<_, Infallible>(Frame::data(Bytes::from(line))), rx))
+    });
+    Response::builder()
+        .header("content-type", "application/x-ndjson")
+        .body(StreamBody::new(stream).boxed())
+        .unwrap_or_else(|_| Response::new(Full::new(Bytes::new()).boxed()))
+}
+
+/// A tiny HTTP/1.1 GET for the CLI: (status code, body). `stream` prints the
+/// body as it arrives instead (for `/events`).
+pub fn get(
+    addr: SocketAddr,
+    path: &str,
+    stream: Option<&mut dyn FnMut(&str)>,
+) -> Result<(u16, String)> {
+    use std::io::{BufRead as _, BufReader, Read as _, Write as _};
+    let mut s = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(2)).with_context(|| {
+        format!("no arp-guard daemon answers on {addr}: is it running, and with this --listen address (--api)?")
+    })?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )?;
+    let mut r = BufReader::new(s);
+    let mut line = String::new();
+    r.read_line(&mut line)?;
+    let code: u16 = line
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .context("bad HTTP answer")?;
+    let mut chunked = false;
+    loop {
+        let mut h = String::new();
+        r.read_line(&mut h)?;
+        if h.trim().is_empty() {
+            break;
+        }
+        if h.to_ascii_lowercase().starts_with("transfer-encoding:")
+            && h.to_ascii_lowercase().contains("chunked")
+        {
+            chunked = true;
+        }
+    }
+    let mut body = String::new();
+    if chunked {
+        let mut sink = stream;
+        loop {
+            let mut size = String::new();
+            if r.read_line(&mut size)? == 0 {
+                break;
+            }
+            let n = usize::from_str_radix(size.trim(), 16).unwrap_or(0);
+            if n == 0 {
+                break;
+            }
+            let mut buf = vec![0; n + 2];
+            r.read_exact(&mut buf)?;
+            let piece = String::from_utf8_lossy(&buf[..n]).into_owned();
+            match sink.as_mut() {
+                Some(f) => f(&piece),
+                None => body.push_str(&piece),
+            }
+        }
+    } else {
+        r.read_to_string(&mut body)?;
+    }
+    Ok((code, body))
+}

@@ -1,0 +1,109 @@
+//! Drop events from the kernel's ring buffer: logged with `tracing` (text or
+//! JSON, per --log-format), bursts summarised, and fanned out to `/events`
+//! subscribers (`arp-guard events`).
+
+use std::{collections::BTreeMap, net::Ipv4Addr, sync::Arc, time::Duration};
+
+use aya::maps::{MapData, RingBuf};
+use guard_common::{DropEvent, Kind, Origin, Ownership, Verdict};
+use serde::Serialize;
+use tokio::io::unix::AsyncFd;
+
+use crate::{api::Shared, datapath::ifname, netns_fmt_mac};
+
+/// Per (LB IP, kind, verdict) and second, this many events are logged one by
+/// one; the rest are summarised in one line.
+const LOG_PER_KEY_PER_SEC: u32 = 5;
+
+#[derive(Debug, Serialize)]
+pub struct EventJson {
+    pub time: String,
+    pub interface: String,
+    pub lb_ip: String,
+    pub requester_ip: String,
+    pub requester_mac: String,
+    pub kind: &'static str,
+    pub origin: &'static str,
+    pub state: &'static str,
+    pub verdict: &'static str,
+}
+
+pub fn decode(bytes: &[u8]) -> Option<EventJson> {
+    if bytes.len() < std::mem::size_of::<DropEvent>() {
+        return None;
+    }
+    // SAFETY: the buffer holds at least one DropEvent (checked above), a
+    // #[repr(C)] struct of integers valid for any bits; read unaligned.
+    let e: DropEvent = unsafe { std::ptr::read_unaligned(bytes.as_ptr() as *const DropEvent) };
+    Some(EventJson {
+        time: humantime_now(),
+        interface: ifname(e.ifindex).unwrap_or_else(|| format!("ifindex:{}", e.ifindex)),
+        lb_ip: Ipv4Addr::from(e.lb_ip).to_string(),
+        requester_ip: Ipv4Addr::from(e.requester_ip).to_string(),
+        requester_mac: netns_fmt_mac(&e.requester_mac),
+        kind: Kind::from_u8(e.kind).map_or("?", Kind::as_str),
+        origin: Origin::from_u8(e.origin).map_or("?", Origin::as_str),
+        state: Ownership::from_u8(e.state).map_or("?", Ownership::as_str),
+        verdict: Verdict::from_u8(e.verdict).map_or("?", Verdict::as_str),
+    })
+}
+
+fn humantime_now() -> String {
+    let d = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    format!("{}.{:03}", d.as_secs(), d.subsec_millis())
+}
+
+/// Read events until the ring buffer fails.
+pub async fn run(ring: RingBuf<MapData>, shared: Arc<Shared>) {
+    // SAFETY: the RingBuf owns its fd and moves into the AsyncFd, so the fd
+    // stays open until the AsyncFd (deregistering first) drops it.
+    let mut fd = match unsafe { AsyncFd::register(ring) } {
+        Ok(fd) => fd,
+        Err(e) => {
+            tracing::warn!(error = %e, "drop events unavailable");
+            return;
+        }
+    };
+    let mut window: BTreeMap<(String, &'static str, &'static str), u32> = BTreeMap::new();
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    loop {
+        tokio::select! {
+            guard = fd.readable_mut() => {
+                let Ok(mut guard) = guard else { return };
+                let ring = guard.get_inner_mut();
+                while let Some(item) = ring.next() {
+                    let Some(ev) = decode(&item) else { continue };
+                    let key = (ev.lb_ip.clone(), ev.kind, ev.verdict);
+                    let n = window.entry(key).or_default();
+                    *n += 1;
+                    if *n <= LOG_PER_KEY_PER_SEC {
+                        tracing::info!(
+                            target: "arp_guard::events",
+                            interface = %ev.interface, lb_ip = %ev.lb_ip, requester_ip = %ev.requester_ip,
+                            requester_mac = %ev.requester_mac, kind = ev.kind, origin = ev.origin, state = ev.state,
+                            verdict = ev.verdict, "ARP announcement stopped"
+                        );
+                    }
+                    if let Ok(line) = serde_json::to_string(&ev) {
+                        // No subscriber is fine.
+                        let _ = shared.events.send(line);
+                    }
+                }
+                guard.clear_ready();
+            }
+            _ = tick.tick() => {
+                for ((lb_ip, kind, verdict), n) in std::mem::take(&mut window) {
+                    if n > LOG_PER_KEY_PER_SEC {
+                        tracing::info!(
+                            target: "arp_guard::events",
+                            lb_ip = %lb_ip, kind, verdict, more = n - LOG_PER_KEY_PER_SEC,
+                            "burst: more events like these in the last second"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,297 @@
+//! `/metrics`: Prometheus text format, built with `prometheus-client` from
+//! the kernel-side counters (read at scrape time) and the daemon's state.
+//!
+//! | metric | type | labels |
+//! |---|---|---|
+//! | `arp_guard_arp_frames_total` | counter | lb_ip, interface, kind, origin, state, verdict |
+//! | `arp_guard_datapath_frames_total` | counter | class (frames, arp, malformed, not_lb, ...) |
+//! | `arp_guard_drop_events_total` | counter | outcome (delivered, suppressed) |
+//! | `arp_guard_lb_ips` | gauge | state |
+//! | `arp_guard_lb_ips_not_enforced` | gauge | |
+//! | `arp_guard_feed_unhealthy_seconds` | gauge | |
+//! | `arp_guard_feed_degraded` | gauge | |
+//! | `arp_guard_programs_attached` | gauge | interface, attach |
+//! | `arp_guard_mode` | gauge | mode |
+//! | `arp_guard_map_memory_bytes` | gauge | |
+//! | `arp_guard_feed_events_total` | counter | source |
+//! | `arp_guard_map_updates_total` | counter | op |
+//! | `arp_guard_errors_total` | counter | cause |
+
+use std::sync::atomic::Ordering;
+
+use anyhow::Result;
+use prometheus_client::{
+    collector::Collector,
+    encoding::{DescriptorEncoder, EncodeMetric as _},
+    metrics::{counter::ConstCounter, gauge::ConstGauge, MetricType},
+    registry::Registry,
+};
+
+use crate::api::Shared;
+
+type Labels = Vec<(&'static str, String)>;
+/// (name, help, series).
+type Family<V> = (&'static str, &'static str, Vec<(Labels, V)>);
+
+/// One scrape's worth of values.
+#[derive(Debug, Default)]
+struct Values {
+    counters: Vec<Family<u64>>,
+    gauges: Vec<Family<f64>>,
+}
+
+impl Collector for Values {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        for (name, help, series) in &self.counters {
+            let mut family = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
+            for (labels, v) in series {
+                ConstCounter::new(*v).encode(family.encode_family(labels)?)?;
+            }
+        }
+        for (name, help, series) in &self.gauges {
+            let mut family = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
+            for (labels, v) in series {
+                ConstGauge::new(*v).encode(family.encode_family(labels)?)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Every metric name the daemon exports (dashboards and alerts are checked against it).
+pub const NAMES: &[&str] = &[
+    "arp_guard_arp_frames_total",
+    "arp_guard_datapath_frames_total",
+    "arp_guard_drop_events_total",
+    "arp_guard_lb_ips",
+    "arp_guard_lb_ips_not_enforced",
+    "arp_guard_feed_unhealthy_seconds",
+    "arp_guard_feed_degraded",
+    "arp_guard_programs_attached",
+    "arp_guard_mode",
+    "arp_guard_map_memory_bytes",
+    "arp_guard_feed_events_total",
+    "arp_guard_map_updates_total",
+    "arp_guard_errors_total",
+];
+
+pub fn render(shared: &Shared) -> Result<String> {
+    let mut v = Values::default();
+    let snap = shared.snapshot()?;
+    let frames = snap
+        .rows
+        .iter()
+        .map(|r| {
+            let l = r.labels();
+            let labels: Labels = vec![
+                ("lb_ip", l.lb_ip),
+                ("interface", l.interface),
+                ("kind", l.kind.into()),
+                ("origin", l.origin.into()),
+                ("state", l.state.into()),
+                ("verdict", l.verdict.into()),
+            ];
+            (labels, r.value.packets)
+        })
+        .collect();
+    v.counters.push((
+        "arp_guard_arp_frames",
+        "ARP announcements of LB IPs judged by the egress program, by decision.",
+        frames,
+    ));
+    let (events, totals): (Vec<_>, Vec<_>) = snap
+        .stats
+        .iter()
+        .partition(|(k, _)| k.starts_with("events_"));
+    v.counters.push((
+        "arp_guard_datapath_frames",
+        "Frames seen by the egress program, by class (no LB IP label).",
+        totals
+            .into_iter()
+            .map(|(k, n)| (vec![("class", (*k).to_owned())], *n))
+            .collect(),
+    ));
+    v.counters.push((
+        "arp_guard_drop_events",
+        "Drop/rewrite events sent to userspace (delivered) or held back by the in-kernel rate limit (suppressed).",
+        events.into_iter().map(|(k, n)| (vec![("outcome", k.trim_start_matches("events_").to_owned())], *n)).collect(),
+    ));
+    let st = shared.read();
+    if let Some(status) = &st.status {
+        let c = &status.lb_ips;
+        v.gauges.push((
+            "arp_guard_lb_ips",
+            "LB IPs known to this node, by this node's state for them.",
+            vec![
+                (vec![("state", "owned".into())], c.owned as f64),
+                (vec![("state", "foreign".into())], c.foreign as f64),
+                (vec![("state", "unknown".into())], c.unknown as f64),
+            ],
+        ));
+        v.gauges.push((
+            "arp_guard_lb_ips_not_enforced",
+            "LB IPs that did not fit in the full map (not guarded).",
+            vec![(vec![], status.not_enforced as f64)],
+        ));
+        v.gauges.push((
+            "arp_guard_map_memory_bytes",
+            "Kernel memory held by the program's maps.",
+            vec![(vec![], status.map_memory_bytes as f64)],
+        ));
+        v.gauges.push((
+            "arp_guard_programs_attached",
+            "1 for each interface the egress program is attached to.",
+            status
+                .interfaces
+                .iter()
+                .filter(|i| i.state == "attached")
+                .map(|i| {
+                    (
+                        vec![("interface", i.name.clone()), ("attach", i.detail.clone())],
+                        1.0,
+                    )
+                })
+                .collect(),
+        ));
+        v.gauges.push((
+            "arp_guard_mode",
+            "1 for the mode in force.",
+            vec![(vec![("mode", status.mode.into())], 1.0)],
+        ));
+        if let Some(feed) = &status.feed {
+            v.gauges.push((
+                "arp_guard_feed_degraded",
+                "1 while foreign is degraded to unknown for lack of a fresh feed.",
+                vec![(vec![], f64::from(u8::from(feed.degraded)))],
+            ));
+        }
+    }
+    if st.feed_enabled {
+        let secs = st
+            .feed_failing_since
+            .map_or(0.0, |t| t.elapsed().as_secs_f64());
+        v.gauges.push((
+            "arp_guard_feed_unhealthy_seconds",
+            "Seconds the Kubernetes feed has been failing (0: healthy).",
+            vec![(vec![], secs)],
+        ));
+    }
+    drop(st);
+    let ops = &*crate::api::OPS;
+    v.counters.push((
+        "arp_guard_feed_events",
+        "Watch events received from the Kubernetes API, by stream.",
+        ops.feed_events
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .map(|(k, n)| (vec![("source", k.clone())], *n))
+            .collect(),
+    ));
+    v.counters.push((
+        "arp_guard_map_updates",
+        "BPF map entries written or removed by the daemon.",
+        vec![
+            (
+                vec![("op", "write".into())],
+                ops.map_writes.load(Ordering::Relaxed),
+            ),
+            (
+                vec![("op", "remove".into())],
+                ops.map_removes.load(Ordering::Relaxed),
+            ),
+        ],
+    ));
+    v.counters.push((
+        "arp_guard_errors",
+        "Errors by cause.",
+        ops.errors
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .map(|(k, n)| (vec![("cause", (*k).to_owned())], *n))
+            .collect(),
+    ));
+    let mut registry = Registry::default();
+    registry.register_collector(Box::new(v));
+    let mut out = String::new();
+    prometheus_client::encoding::prometheus_text::encode(&mut out, &registry)?;
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::NAMES;
+
+    /// Metric names (arp_guard_...) used in a text.
+    fn used(text: &str) -> Vec<String> {
+        let mut out = Vec::new();
+        let b = text.as_bytes();
+        let mut i = 0;
+        while let Some(p) = text[i..].find("arp_guard_") {
+            let start = i + p;
+            let mut end = start;
+            while end < b.len() && (b[end].is_ascii_alphanumeric() || b[end] == b'_') {
+                end += 1;
+            }
+            out.push(text[start..end].to_owned());
+            i = end;
+        }
+        out
+    }
+
+    #[test]
+    fn dashboard_and_alerts_use_only_exported_metrics() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy");
+        let dash = std::fs::read_to_string(root.join("grafana-dashboard.json")).unwrap();
+        let v: serde_json::Value = serde_json::from_str(&dash).unwrap();
+        let exprs: Vec<String> = v["panels"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .flat_map(|p| {
+                p["targets"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|t| t["expr"].as_str().unwrap().to_owned())
+            })
+            .collect();
+        assert!(exprs.len() >= 10);
+        let rules = std::fs::read_to_string(root.join("alerts.yaml")).unwrap();
+        let r: serde_yaml::Value = serde_yaml::from_str(&rules).unwrap();
+        let mut rule_exprs = Vec::new();
+        for g in r["groups"].as_sequence().unwrap() {
+            for rule in g["rules"].as_sequence().unwrap() {
+                assert!(
+                    rule["alert"].as_str().is_some_and(|a| !a.is_empty()),
+                    "{rule:?}"
+                );
+                assert!(
+                    rule["annotations"]["summary"].as_str().is_some(),
+                    "{rule:?}"
+                );
+                rule_exprs.push(rule["expr"].as_str().unwrap().to_owned());
+            }
+        }
+        assert!(rule_exprs.len() >= 5);
+        for e in exprs.iter().chain(&rule_exprs) {
+            let names = used(e);
+            assert!(!names.is_empty(), "no arp-guard metric in {e}");
+            for n in names {
+                assert!(
+                    NAMES.contains(&n.as_str()),
+                    "{n} (in `{e}`) is not exported"
+                );
+            }
+            // Balanced parentheses and braces: a cheap check of the PromQL's shape.
+            for (o, c) in [('(', ')'), ('{', '}'), ('[', ']')] {
+                assert_eq!(
+                    e.matches(o).count(),
+                    e.matches(c).count(),
+                    "unbalanced {o}{c} in {e}"
+                );
+            }
+        }
+    }
+}

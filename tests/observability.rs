@@ -1,0 +1,283 @@
+//! What an operator sees: `/metrics`, `/healthz`, `/readyz`, `arp-guard
+//! status | explain | events`, and the drop-event stream with its in-kernel
+//! rate limit, read back after causing drops in namespaces.
+
+use std::{
+    io::{BufRead as _, BufReader},
+    net::SocketAddr,
+    process::Stdio,
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use testbed::{
+    bed::{Bed, FOREIGN, OWNED, PEER_IP},
+    guard_binary, wait_for, ArpSpec, RawSocket,
+};
+
+const API: &str = "127.0.0.1:9477";
+
+/// GET `path` from the daemon's API inside `bed`'s node namespace.
+fn get(bed: &Bed, path: &str) -> (u16, String) {
+    let path = path.to_owned();
+    bed.node
+        .enter(move || guard::api::get(API.parse::<SocketAddr>().unwrap(), &path, None))
+        .unwrap()
+}
+
+fn cli(bed: &Bed, args: &[&str]) -> String {
+    let mut a = vec![guard_binary().to_str().unwrap().to_owned()];
+    a.extend(args.iter().map(|s| s.to_string()));
+    let a: Vec<&str> = a.iter().map(String::as_str).collect();
+    bed.node.exec(&a).unwrap()
+}
+
+/// The value of the series `name{labels}` in a Prometheus text scrape.
+fn series(scrape: &str, name_and_labels: &str) -> Option<f64> {
+    scrape
+        .lines()
+        .find_map(|l| l.strip_prefix(name_and_labels)?.trim().parse().ok())
+}
+
+#[test]
+fn metrics_status_explain_and_health() {
+    testbed::require_root();
+    let bed = Bed::new("obs").unwrap();
+    let _guard = bed.start(&[]).unwrap();
+    // Cause decisions: the neighbour asks for a foreign and an owned IP.
+    for ip in [FOREIGN, OWNED] {
+        bed.peer.flush_neigh("eth0").unwrap();
+        bed.peer.poke(&ip.to_string()).unwrap();
+    }
+    assert!(wait_for(Duration::from_secs(3), || (bed
+        .packets(FOREIGN, "reply", "kernel", "dropped")
+        .unwrap()
+        >= 1)
+        .then_some(()))
+    .is_some());
+    assert!(wait_for(Duration::from_secs(3), || (bed
+        .packets(OWNED, "reply", "kernel", "passed")
+        .unwrap()
+        >= 1)
+        .then_some(()))
+    .is_some());
+    let dropped = bed.packets(FOREIGN, "reply", "kernel", "dropped").unwrap() as f64;
+
+    let (code, m) = get(&bed, "/metrics");
+    assert_eq!(code, 200);
+    let frames = "arp_guard_arp_frames_total{lb_ip=\"198.51.100.102\",interface=\"eth0\",kind=\"reply\",origin=\"kernel\",state=\"foreign\",verdict=\"dropped\"}";
+    assert!(series(&m, frames).is_some_and(|v| v >= dropped), "{m}");
+    assert!(series(&m, "arp_guard_arp_frames_total{lb_ip=\"198.51.100.101\",interface=\"eth0\",kind=\"reply\",origin=\"kernel\",state=\"owned\",verdict=\"passed\"}").is_some_and(|v| v >= 1.0), "{m}");
+    assert_eq!(
+        series(&m, "arp_guard_lb_ips{state=\"foreign\"}"),
+        Some(2.0),
+        "{m}"
+    );
+    assert_eq!(
+        series(&m, "arp_guard_lb_ips{state=\"owned\"}"),
+        Some(2.0),
+        "{m}"
+    );
+    assert_eq!(
+        series(
+            &m,
+            "arp_guard_programs_attached{interface=\"eth0\",attach=\"tcx\"}"
+        ),
+        Some(1.0),
+        "{m}"
+    );
+    assert_eq!(
+        series(&m, "arp_guard_mode{mode=\"enforce\"}"),
+        Some(1.0),
+        "{m}"
+    );
+    assert!(
+        series(&m, "arp_guard_map_updates_total{op=\"write\"}").is_some_and(|v| v >= 6.0),
+        "{m}"
+    );
+    assert!(
+        series(&m, "arp_guard_datapath_frames_total{class=\"arp\"}").is_some_and(|v| v >= 2.0),
+        "{m}"
+    );
+    assert!(
+        m.contains("# TYPE arp_guard_arp_frames_total counter"),
+        "{m}"
+    );
+    for name in guard::metrics::NAMES.iter().filter(|n| !n.contains("feed")) {
+        assert!(
+            m.contains(&format!("# TYPE {name}")),
+            "{name} missing from the scrape:\n{m}"
+        );
+    }
+
+    assert_eq!(get(&bed, "/healthz").0, 200);
+    assert_eq!(get(&bed, "/readyz"), (200, "ready\n".to_owned()));
+
+    let v: serde_json::Value = serde_json::from_str(&cli(&bed, &["status", "-o", "json"])).unwrap();
+    assert_eq!(v["ready"], true);
+    let row = v["ips"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["ip"] == FOREIGN.to_string())
+        .unwrap()
+        .clone();
+    assert_eq!(row["state"], "foreign");
+    assert!(
+        row["source"]
+            .as_str()
+            .unwrap()
+            .contains("ownership file line"),
+        "{row}"
+    );
+    assert!(row["counters"]["dropped"].as_u64().unwrap() >= 1, "{row}");
+    let table = cli(&bed, &["status"]);
+    assert!(table.contains("198.51.100.102   foreign"), "{table}");
+
+    let text = cli(&bed, &["explain", &FOREIGN.to_string()]);
+    assert!(
+        text.contains("is foreign on this node") && text.contains("ownership file line"),
+        "{text}"
+    );
+    let e: serde_json::Value =
+        serde_json::from_str(&cli(&bed, &["explain", &FOREIGN.to_string(), "-o", "json"])).unwrap();
+    let verdict = |kind: &str, origin: &str| {
+        e["would"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|w| w["kind"] == kind && w["origin"] == origin)
+            .map(|w| w["verdict"].as_str().unwrap().to_owned())
+    };
+    assert_eq!(verdict("reply", "kernel").as_deref(), Some("dropped"));
+    assert_eq!(
+        verdict("announce_leak", "speaker").as_deref(),
+        Some("rewritten")
+    );
+    let e: serde_json::Value =
+        serde_json::from_str(&cli(&bed, &["explain", &PEER_IP.to_string(), "-o", "json"])).unwrap();
+    assert_eq!(e["lb_ip"], false);
+}
+
+#[test]
+fn readyz_names_what_is_missing_and_clients_say_when_no_daemon_runs() {
+    testbed::require_root();
+    let bed = Bed::new("ready").unwrap();
+    let out = bed
+        .node
+        .exec_output(&[guard_binary().to_str().unwrap(), "status"])
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr)
+            .contains("no arp-guard daemon answers on 127.0.0.1:9477"),
+        "{out:?}"
+    );
+    let _guard = bed.start(&["-i", "bond0.*"]).unwrap();
+    let (code, body) = get(&bed, "/readyz");
+    assert_eq!(code, 503);
+    assert!(
+        body.contains("no interface matches --interface bond0.*"),
+        "{body}"
+    );
+}
+
+#[test]
+fn drop_events_stream_with_a_rate_limit() {
+    testbed::require_root();
+    let bed = Bed::new("events").unwrap();
+    let guard = bed
+        .start(&["--event-rate", "50", "--event-burst", "20"])
+        .unwrap();
+    // `arp-guard events -o json` tails the stream.
+    let mut tail = bed
+        .node
+        .command(&guard_binary())
+        .args(["events", "-o", "json"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let lines = Arc::new(Mutex::new(Vec::<String>::new()));
+    let sink = lines.clone();
+    let stdout = tail.stdout.take().unwrap();
+    std::thread::spawn(move || {
+        for l in BufReader::new(stdout).lines().map_while(Result::ok) {
+            sink.lock().unwrap().push(l);
+        }
+    });
+    std::thread::sleep(Duration::from_millis(300)); // subscribed
+    let speaker = RawSocket::open(&bed.node, "eth0").unwrap();
+    let frame = ArpSpec::gratuitous(2, bed.node_mac, FOREIGN).to_bytes();
+    let flood = 3000u64;
+    let started = std::time::Instant::now();
+    for _ in 0..flood {
+        assert!(!speaker.send(&frame).unwrap(), "foreign: dropped");
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    std::thread::sleep(Duration::from_millis(800));
+    let m = get(&bed, "/metrics").1;
+    let delivered = series(&m, "arp_guard_drop_events_total{outcome=\"delivered\"}").unwrap();
+    let suppressed = series(&m, "arp_guard_drop_events_total{outcome=\"suppressed\"}").unwrap();
+    assert_eq!(
+        delivered + suppressed,
+        flood as f64,
+        "every drop made an event, delivered or suppressed"
+    );
+    // At most the burst plus the rate for the flood's duration, on each of the CPUs.
+    let cpus = std::thread::available_parallelism().map_or(2, |n| n.get()) as f64;
+    let bound = (20.0 + 50.0 * (elapsed + 0.1)) * cpus;
+    assert!(
+        delivered >= 20.0 && delivered <= bound,
+        "delivered {delivered}, bound {bound:.0} ({elapsed:.3} s flood)"
+    );
+    assert!(suppressed >= flood as f64 - bound);
+    // The tail got every delivered event, with its fields.
+    assert!(
+        wait_for(Duration::from_secs(3), || (lines.lock().unwrap().len()
+            as f64
+            >= delivered)
+            .then_some(()))
+        .is_some()
+    );
+    let got = lines.lock().unwrap().clone();
+    assert_eq!(got.len() as f64, delivered, "one line per delivered event");
+    let e: serde_json::Value = serde_json::from_str(&got[0]).unwrap();
+    assert_eq!(e["lb_ip"], FOREIGN.to_string());
+    assert_eq!(
+        (
+            e["kind"].as_str(),
+            e["origin"].as_str(),
+            e["verdict"].as_str(),
+            e["state"].as_str()
+        ),
+        (
+            Some("gratuitous"),
+            Some("speaker"),
+            Some("dropped"),
+            Some("foreign")
+        )
+    );
+    assert_eq!(
+        e["requester_ip"],
+        FOREIGN.to_string(),
+        "a gratuitous ARP targets its own IP"
+    );
+    assert_eq!(e["requester_mac"], "ff:ff:ff:ff:ff:ff");
+    assert_eq!(e["interface"], "eth0");
+    // The daemon logged a few one by one and summarised the burst.
+    // (The flood may straddle two one-second windows.)
+    assert!(
+        guard.count_log("ARP announcement stopped") <= 2 * 5,
+        "bursts are summarised"
+    );
+    assert!(
+        guard
+            .wait_log("burst: more events like these", Duration::from_secs(3))
+            .is_some(),
+        "{}",
+        guard.log_text()
+    );
+    let _ = tail.kill();
+    let _ = tail.wait();
+}

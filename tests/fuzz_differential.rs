@@ -10,33 +10,20 @@
 //! Any disagreement fails the test and prints the frame in hex.
 //! `ARP_GUARD_FUZZ_SEED` and `ARP_GUARD_FUZZ_FRAMES` change the run.
 
-use std::{collections::BTreeMap, net::Ipv4Addr};
+use std::collections::BTreeMap;
 
 use guard::{
     counters::Snapshot,
     datapath::{monotonic_ns, Datapath},
-    view::{LbIp, Source, View},
 };
 use guard_common::{
-    classify, decide, effective_state, frame, Facts, LeakAction, Liveness, Mode, Origin, Ownership,
-    Parsed, Verdict,
+    classify, decide, effective_state, frame, Facts, LeakAction, Liveness, Mode, Origin, Parsed,
+    Verdict,
 };
 
-const LO: u32 = 1;
-const PRIMARY: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 11);
-const PASS: i32 = -1;
-const DROP: i32 = 2;
-
-/// The LB set the program and the reference share.
-fn lb_ips() -> Vec<(Ipv4Addr, Ownership, bool)> {
-    vec![
-        (Ipv4Addr::new(198, 51, 100, 101), Ownership::Owned, false),
-        (Ipv4Addr::new(198, 51, 100, 102), Ownership::Foreign, false),
-        (Ipv4Addr::new(198, 51, 100, 103), Ownership::Unknown, false),
-        (Ipv4Addr::new(198, 51, 100, 104), Ownership::Unknown, true),
-        (Ipv4Addr::new(198, 51, 100, 105), Ownership::Foreign, true),
-    ]
-}
+#[path = "test_run_common.rs"]
+mod common;
+use common::{lb_ips, DROP, PASS, PRIMARY};
 
 /// xorshift64*: small, seedable, reproducible.
 struct Rng(u64);
@@ -283,23 +270,7 @@ struct Harness {
 
 impl Harness {
     fn new() -> Self {
-        let mut dp = Datapath::load(Mode::Enforce, LeakAction::Rewrite)
-            .expect("load the BPF program (root?)");
-        let mut view = View::default();
-        for (ip, state, on_egress) in lb_ips() {
-            view.lb.insert(
-                ip,
-                LbIp {
-                    state,
-                    source: Source::Interface("fuzz".into()),
-                },
-            );
-            if on_egress {
-                view.if_addrs.insert((LO, ip));
-            }
-        }
-        view.if_primary.insert(LO, PRIMARY);
-        assert!(dp.apply(&view).errors.is_empty());
+        let dp = common::datapath(true);
         Harness {
             seen: Default::default(),
             dp,

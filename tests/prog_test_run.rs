@@ -8,60 +8,18 @@
 
 use std::{collections::BTreeMap, net::Ipv4Addr};
 
-use guard::{
-    counters::Snapshot,
-    datapath::{monotonic_ns, Datapath},
-    view::{LbIp, Source, View},
-};
+use guard::{counters::Snapshot, datapath::monotonic_ns};
 use guard_common::{
-    decide, effective_state, Facts, Kind, LeakAction, Liveness, Mode, Origin, Ownership, Verdict,
+    decide, effective_state, Facts, Kind, LeakAction, Liveness, Mode, Origin, Verdict,
 };
 use testbed::ArpSpec;
 
-const LO: u32 = 1;
-const PRIMARY: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 11);
+#[path = "test_run_common.rs"]
+mod common;
+use common::{datapath, lb_ips, DROP, PASS, PRIMARY};
+
 const MAC: [u8; 6] = [2, 0, 0x5e, 0, 0x53, 9];
 const PEER: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 1);
-/// TC_ACT_UNSPEC: the program's "pass, let the next program decide".
-const PASS: i32 = -1;
-const DROP: i32 = 2;
-
-/// LB IPs with each state, some also "on the egress interface" (lo here).
-fn lb_ips() -> Vec<(Ipv4Addr, Ownership, bool)> {
-    vec![
-        (Ipv4Addr::new(198, 51, 100, 101), Ownership::Owned, false),
-        (Ipv4Addr::new(198, 51, 100, 102), Ownership::Foreign, false),
-        (Ipv4Addr::new(198, 51, 100, 103), Ownership::Unknown, false),
-        (Ipv4Addr::new(198, 51, 100, 104), Ownership::Unknown, true),
-        (Ipv4Addr::new(198, 51, 100, 105), Ownership::Foreign, true),
-        (Ipv4Addr::new(198, 51, 100, 106), Ownership::Owned, true),
-    ]
-}
-
-fn datapath(with_primary: bool) -> Datapath {
-    let mut dp =
-        Datapath::load(Mode::Enforce, LeakAction::Rewrite).expect("load the BPF program (root?)");
-    let mut view = View::default();
-    for (ip, state, on_egress) in lb_ips() {
-        view.lb.insert(
-            ip,
-            LbIp {
-                state,
-                source: Source::Interface("test".into()),
-            },
-        );
-        if on_egress {
-            view.if_addrs.insert((LO, ip));
-        }
-    }
-    view.if_addrs.insert((LO, PRIMARY));
-    if with_primary {
-        view.if_primary.insert(LO, PRIMARY);
-    }
-    let r = dp.apply(&view);
-    assert!(r.errors.is_empty(), "{:?}", r.errors);
-    dp
-}
 
 fn frames_for(ip: Ipv4Addr) -> Vec<(Kind, ArpSpec)> {
     vec![

@@ -717,6 +717,17 @@ fn attach_pinned_tcx(
 pub const NETLINK_PRIORITY: u16 = 1;
 pub const NETLINK_HANDLE: tc::TcHandle = tc::TcHandle::new(0, 0xa6d0);
 
+/// A handle on arp-guard's netlink filter slot on `iface` (it may be empty).
+fn our_netlink_slot(iface: &str) -> io::Result<tc::SchedClassifierLink> {
+    tc::SchedClassifierLink::attached(
+        iface,
+        TcAttachType::Egress,
+        NETLINK_PRIORITY,
+        NETLINK_HANDLE,
+        None,
+    )
+}
+
 fn attach_netlink(prog: &mut SchedClassifier, iface: &str) -> Result<tc::SchedClassifierLinkId> {
     // EEXIST: a clsact qdisc is already there (ours from before, or Cilium's).
     if let Err(e) = tc::qdisc_add_clsact(iface) {
@@ -738,13 +749,7 @@ fn attach_netlink(prog: &mut SchedClassifier, iface: &str) -> Result<tc::SchedCl
         Err(e) if is_exists(&e) => {
             // Our slot is taken by an earlier run's filter: swap the program in
             // place (one netlink change, no moment without a guard).
-            let old = tc::SchedClassifierLink::attached(
-                iface,
-                TcAttachType::Egress,
-                NETLINK_PRIORITY,
-                NETLINK_HANDLE,
-                None,
-            )?;
+            let old = our_netlink_slot(iface)?;
             let link = prog
                 .attach_to_link(old)
                 .with_context(|| format!("replacing the guard filter left on {iface}"))?;
@@ -907,14 +912,7 @@ pub fn interface_names() -> Vec<String> {
 /// Remove arp-guard's netlink filter (fixed slot) from `iface`; false if there was none.
 pub fn remove_netlink_filter(iface: &str) -> Result<bool> {
     use aya::programs::links::Link as _;
-    let link = tc::SchedClassifierLink::attached(
-        iface,
-        TcAttachType::Egress,
-        NETLINK_PRIORITY,
-        NETLINK_HANDLE,
-        None,
-    )?;
-    match link.detach() {
+    match our_netlink_slot(iface)?.detach() {
         Ok(()) => Ok(true),
         Err(e) => {
             let msg = format!("{e:#}");

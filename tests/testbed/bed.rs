@@ -134,15 +134,7 @@ impl Bed {
 
     /// `arp-guard counters -i eth0 -o json` inside the node namespace.
     pub fn counters(&self) -> Result<Value> {
-        let out = self.node.exec(&[
-            guard_binary().to_str().context("path")?,
-            "counters",
-            "-i",
-            "eth0",
-            "-o",
-            "json",
-        ])?;
-        serde_json::from_str(out.trim()).with_context(|| format!("counters output: {out}"))
+        crate::daemon::counters_json(&self.node, &guard_binary(), "eth0")
     }
 
     /// Packets counted for (LB IP, kind, origin, verdict).

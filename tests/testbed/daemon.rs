@@ -154,3 +154,20 @@ impl Drop for Daemon {
         }
     }
 }
+
+/// `arp-guard counters -i IFACE -o json` run by `binary` inside `ns`.
+pub fn counters_json(
+    ns: &Netns,
+    binary: &std::path::Path,
+    iface: &str,
+) -> Result<serde_json::Value> {
+    let out = ns.exec(&[
+        binary.to_str().context("binary path")?,
+        "counters",
+        "-i",
+        iface,
+        "-o",
+        "json",
+    ])?;
+    serde_json::from_str(out.trim()).with_context(|| format!("counters output: {out}"))
+}

@@ -261,15 +261,10 @@ impl Lab {
     fn read_counters(&self, binary: &std::path::Path) -> Result<BTreeMap<String, Value>> {
         let mut out = BTreeMap::new();
         for n in &self.nodes {
-            let text = n.ns.exec(&[
-                binary.to_str().context("binary path")?,
-                "counters",
-                "-i",
-                "eth0",
-                "-o",
-                "json",
-            ])?;
-            out.insert(n.name.clone(), serde_json::from_str(text.trim())?);
+            out.insert(
+                n.name.clone(),
+                testbed::daemon::counters_json(&n.ns, binary, "eth0")?,
+            );
         }
         Ok(out)
     }

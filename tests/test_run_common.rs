@@ -1,0 +1,56 @@
+//! Shared by the BPF_PROG_TEST_RUN tests: the LB set and a loaded program
+//! whose maps hold it. BPF_PROG_TEST_RUN runs the program on the loopback
+//! device (ifindex 1), so "on the egress interface" means on lo here.
+
+use std::net::Ipv4Addr;
+
+use guard::{
+    datapath::Datapath,
+    view::{LbIp, Source, View},
+};
+use guard_common::{LeakAction, Mode, Ownership};
+
+pub const LO: u32 = 1;
+pub const PRIMARY: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 11);
+/// TC_ACT_UNSPEC: the program's "pass, let the next program decide".
+pub const PASS: i32 = -1;
+pub const DROP: i32 = 2;
+
+/// LB IPs with each state, some also on the egress interface.
+pub fn lb_ips() -> Vec<(Ipv4Addr, Ownership, bool)> {
+    vec![
+        (Ipv4Addr::new(198, 51, 100, 101), Ownership::Owned, false),
+        (Ipv4Addr::new(198, 51, 100, 102), Ownership::Foreign, false),
+        (Ipv4Addr::new(198, 51, 100, 103), Ownership::Unknown, false),
+        (Ipv4Addr::new(198, 51, 100, 104), Ownership::Unknown, true),
+        (Ipv4Addr::new(198, 51, 100, 105), Ownership::Foreign, true),
+        (Ipv4Addr::new(198, 51, 100, 106), Ownership::Owned, true),
+    ]
+}
+
+/// The real program, loaded, its maps holding [`lb_ips`] (and lo's primary
+/// IPv4 when `with_primary`).
+pub fn datapath(with_primary: bool) -> Datapath {
+    let mut dp =
+        Datapath::load(Mode::Enforce, LeakAction::Rewrite).expect("load the BPF program (root?)");
+    let mut view = View::default();
+    for (ip, state, on_egress) in lb_ips() {
+        view.lb.insert(
+            ip,
+            LbIp {
+                state,
+                source: Source::Interface("test".into()),
+            },
+        );
+        if on_egress {
+            view.if_addrs.insert((LO, ip));
+        }
+    }
+    view.if_addrs.insert((LO, PRIMARY));
+    if with_primary {
+        view.if_primary.insert(LO, PRIMARY);
+    }
+    let r = dp.apply(&view);
+    assert!(r.errors.is_empty(), "{:?}", r.errors);
+    dp
+}

@@ -23,7 +23,7 @@ use guard_common::{
 
 #[path = "test_run_common.rs"]
 mod common;
-use common::{lb_ips, DROP, PASS, PRIMARY};
+use common::{counter_delta, lb_ips, DROP, PASS, PRIMARY};
 
 /// xorshift64*: small, seedable, reproducible.
 struct Rng(u64);
@@ -211,30 +211,6 @@ fn reference(f: &[u8], mode: Mode, leak_action: LeakAction, live: Liveness) -> E
     }
     e.stats = stats;
     e
-}
-
-fn counter_delta(before: &Snapshot, after: &Snapshot) -> BTreeMap<(u32, u8, u8, u8, u8), u64> {
-    let mut d = BTreeMap::new();
-    for r in &after.rows {
-        let b = before
-            .rows
-            .iter()
-            .find(|x| x.key == r.key)
-            .map_or(0, |x| x.value.packets);
-        if r.value.packets != b {
-            d.insert(
-                (
-                    r.key.ip,
-                    r.key.kind,
-                    r.key.origin,
-                    r.key.state,
-                    r.key.verdict,
-                ),
-                r.value.packets - b,
-            );
-        }
-    }
-    d
 }
 
 /// Totals that changed. Delivered and suppressed drop events depend on the

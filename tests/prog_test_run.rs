@@ -8,7 +8,7 @@
 
 use std::{collections::BTreeMap, net::Ipv4Addr};
 
-use guard::{counters::Snapshot, datapath::monotonic_ns};
+use guard::datapath::monotonic_ns;
 use guard_common::{
     decide, effective_state, Facts, Kind, LeakAction, Liveness, Mode, Origin, Verdict,
 };
@@ -16,7 +16,7 @@ use testbed::ArpSpec;
 
 #[path = "test_run_common.rs"]
 mod common;
-use common::{datapath, lb_ips, DROP, PASS, PRIMARY};
+use common::{counter_delta, datapath, lb_ips, DROP, PASS, PRIMARY};
 
 const MAC: [u8; 6] = [2, 0, 0x5e, 0, 0x53, 9];
 const PEER: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 1);
@@ -39,30 +39,6 @@ const TAGS: [&[(u16, u16)]; 4] = [
     &[(0x88a8, 100)],
     &[(0x88a8, 100), (0x8100, 7)],
 ];
-
-fn counter_delta(before: &Snapshot, after: &Snapshot) -> BTreeMap<(u32, u8, u8, u8, u8), u64> {
-    let key = |r: &guard::counters::Row| {
-        (
-            r.key.ip,
-            r.key.kind,
-            r.key.origin,
-            r.key.state,
-            r.key.verdict,
-        )
-    };
-    let mut d: BTreeMap<_, u64> = BTreeMap::new();
-    for r in &after.rows {
-        let b = before
-            .rows
-            .iter()
-            .find(|x| x.key == r.key)
-            .map_or(0, |x| x.value.packets);
-        if r.value.packets != b {
-            d.insert(key(r), r.value.packets - b);
-        }
-    }
-    d
-}
 
 #[test]
 fn program_agrees_with_reference_on_the_whole_table() {

@@ -2,9 +2,10 @@
 //! whose maps hold it. BPF_PROG_TEST_RUN runs the program on the loopback
 //! device (ifindex 1), so "on the egress interface" means on lo here.
 
-use std::net::Ipv4Addr;
+use std::{collections::BTreeMap, net::Ipv4Addr};
 
 use guard::{
+    counters::Snapshot,
     datapath::Datapath,
     view::{LbIp, Source, View},
 };
@@ -53,4 +54,29 @@ pub fn datapath(with_primary: bool) -> Datapath {
     let r = dp.apply(&view);
     assert!(r.errors.is_empty(), "{:?}", r.errors);
     dp
+}
+
+/// Counter changes between two snapshots: (ip, kind, origin, state, verdict) -> packets.
+pub fn counter_delta(before: &Snapshot, after: &Snapshot) -> BTreeMap<(u32, u8, u8, u8, u8), u64> {
+    let mut d = BTreeMap::new();
+    for r in &after.rows {
+        let b = before
+            .rows
+            .iter()
+            .find(|x| x.key == r.key)
+            .map_or(0, |x| x.value.packets);
+        if r.value.packets != b {
+            d.insert(
+                (
+                    r.key.ip,
+                    r.key.kind,
+                    r.key.origin,
+                    r.key.state,
+                    r.key.verdict,
+                ),
+                r.value.packets - b,
+            );
+        }
+    }
+    d
 }

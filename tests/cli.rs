@@ -53,6 +53,22 @@ fn startup_errors_name_the_culprit() {
 
     let log = fails(
         ns,
+        &[
+            "-i",
+            "eth0",
+            "--announcer",
+            "file",
+            "--lb-ips-from",
+            "kube-ipvs0",
+        ],
+    );
+    assert!(
+        log.contains("--announcer file needs --ownership-file"),
+        "{log}"
+    );
+
+    let log = fails(
+        ns,
         &["-i", "eth0", "-i", "eth0", "--lb-ips-from", "kube-ipvs0"],
     );
     assert!(log.contains("--interface eth0 is given twice"), "{log}");

@@ -106,9 +106,9 @@ pub struct RunArgs {
     #[arg(long, value_name = "PATH")]
     pub ownership_file: Option<PathBuf>,
 
-    /// Read owners from this announcer's records in the Kubernetes API; repeat
-    /// for several (for each Service the first with a record decides). The
-    /// ownership file, when given, overrides them all.
+    /// Where owners come from; repeat for several. cilium, kube-vip and metallb
+    /// read the Kubernetes API (for each Service the first with a record
+    /// decides); `file` is the ownership file, which overrides them all.
     #[arg(long = "announcer", value_enum, value_name = "ANNOUNCER")]
     pub announcers: Vec<AnnouncerArg>,
 
@@ -250,6 +250,9 @@ pub struct ValidateArgs {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum AnnouncerArg {
+    /// The ownership file (needs --ownership-file; the file, when given, is
+    /// always read and overrides the API).
+    File,
     Cilium,
     KubeVip,
     Metallb,

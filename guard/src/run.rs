@@ -30,6 +30,9 @@ pub fn check_args(args: &RunArgs) -> Result<()> {
             bail!("--interface {i} is given twice");
         }
     }
+    if args.announcers.contains(&AnnouncerArg::File) && args.ownership_file.is_none() {
+        bail!("--announcer file needs --ownership-file PATH");
+    }
     if args.ownership_file.is_none() && args.lb_ips_from.is_empty() && announcers(args).is_empty() {
         bail!(
             "nothing to enforce: give --announcer cilium|kube-vip|metallb, --ownership-file, and/or --lb-ips-from \
@@ -52,6 +55,8 @@ pub fn announcers(args: &RunArgs) -> Vec<Announcer> {
     let mut out = Vec::new();
     for a in &args.announcers {
         let a = match a {
+            // The file is its own source (--ownership-file), not an API reader.
+            AnnouncerArg::File => continue,
             AnnouncerArg::Cilium => Announcer::Cilium {
                 namespace: args.cilium_namespace.clone(),
             },

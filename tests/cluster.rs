@@ -433,3 +433,65 @@ fn api_silent_for_minutes_then_back() {
     }
     check(bed.wait_answer(LB, Some("node-b"), CHANGE));
 }
+
+/// A pinned guard restarted while the API is silent keeps the ownership its
+/// predecessor learned from the cluster: entries are only added until the
+/// new feed has synced, so a foreign IP stays stopped meanwhile.
+#[test]
+fn pinned_restart_keeps_cluster_knowledge_until_synced() {
+    testbed::require_root();
+    let bed = ClusterBed::new("prest", &[LB]).unwrap();
+    let fs = testbed::bed::Bpffs::new("prest").unwrap();
+    let pins = fs.path().join("arp-guard");
+    bed.api.apply(
+        Resource::Services,
+        objects::service("default", "web", &["198.51.100.100"]),
+    );
+    bed.api.apply(
+        Resource::Leases,
+        cilium_lease("node-a", 600, "2026-11-30T10:00:00.000000Z"),
+    );
+    let args = ["--announcer", "cilium", "--pin-dir", pins.to_str().unwrap()];
+    let mut guard = bed.start_on(1, &args, Duration::from_secs(20)).unwrap();
+    let node_b = &bed.nodes[1];
+    let speaker = RawSocket::open(&node_b.ns, "eth0").unwrap();
+    let garp = ArpSpec::gratuitous(2, node_b.mac, LB).to_bytes();
+    assert!(
+        wait_for(CHANGE, || (!speaker.send(&garp).unwrap()).then_some(())).is_some(),
+        "foreign on node-b"
+    );
+    bed.api.set_blackhole(true);
+    guard.stop(libc::SIGKILL, Duration::from_secs(5)).unwrap();
+    // Restarted without an API answer: no sync, so nothing is removed.
+    let kc = bed.kubeconfig.to_str().unwrap();
+    let mut a = vec![
+        "-i",
+        "eth0",
+        "--node-name",
+        "node-b",
+        "--kubeconfig",
+        kc,
+        "--lb-ips-from",
+        "kube-ipvs0",
+    ];
+    a.extend_from_slice(&args);
+    let _guard = testbed::Daemon::start(&node_b.ns, &a).unwrap();
+    for _ in 0..20 {
+        assert!(
+            !speaker.send(&garp).unwrap(),
+            "the foreign entry from before the restart still stops the speaker"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    bed.api.set_blackhole(false);
+    assert!(_guard
+        .wait_log(
+            "initial sync from the Kubernetes API done",
+            Duration::from_secs(20)
+        )
+        .is_some());
+    assert!(
+        !speaker.send(&garp).unwrap(),
+        "and after the sync, still foreign"
+    );
+}

@@ -260,8 +260,8 @@ impl Harness {
         self.dp.set_config(mode, leak_action).unwrap();
         let age = match live {
             Liveness::Fresh => 0,
-            Liveness::Stale => 60_000_000_000,
-            Liveness::Dead => 600_000_000_000,
+            Liveness::Stale => common::STALE_AGE,
+            Liveness::Dead => common::DEAD_AGE,
         };
         // A fresh heartbeat could age into `stale` during a long batch: give it an hour.
         let now = monotonic_ns();

@@ -53,14 +53,15 @@ fn program_agrees_with_reference_on_the_whole_table() {
                 })
             {
                 dp.set_config(mode, leak_action).unwrap();
-                // The default gate: stale after 15 s, dead after 5 min.
+                // The tests' gate: stale after 1 s, dead after 2 s. A fresh
+                // heartbeat is dated ahead so that it cannot age mid-loop.
                 let now = monotonic_ns();
-                let age = match live {
-                    Liveness::Fresh => 0,
-                    Liveness::Stale => 20_000_000_000,
-                    Liveness::Dead => 400_000_000_000,
-                };
-                dp.heartbeat_at(now - age).unwrap();
+                dp.heartbeat_at(match live {
+                    Liveness::Fresh => now + 3_600_000_000_000,
+                    Liveness::Stale => now - common::STALE_AGE,
+                    Liveness::Dead => now - common::DEAD_AGE,
+                })
+                .unwrap();
                 for (ip, state, on_egress) in lb_ips() {
                     for (kind, spec) in frames_for(ip) {
                         for tags in TAGS {

@@ -16,6 +16,11 @@ pub const PRIMARY: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 11);
 /// TC_ACT_UNSPEC: the program's "pass, let the next program decide".
 pub const PASS: i32 = -1;
 pub const DROP: i32 = 2;
+pub const STALE_AFTER: std::time::Duration = std::time::Duration::from_secs(1);
+pub const DEAD_AFTER: std::time::Duration = std::time::Duration::from_secs(2);
+/// Heartbeat ages (ns) that are stale, and dead, under these thresholds.
+pub const STALE_AGE: u64 = 1_200_000_000;
+pub const DEAD_AGE: u64 = 3_000_000_000;
 
 /// LB IPs with each state, some also on the egress interface.
 pub fn lb_ips() -> Vec<(Ipv4Addr, Ownership, bool)> {
@@ -51,8 +56,18 @@ pub fn datapath(with_primary: bool) -> Datapath {
     if with_primary {
         view.if_primary.insert(LO, PRIMARY);
     }
-    let r = dp.apply(&view);
+    let r = dp.apply(&view, false);
     assert!(r.errors.is_empty(), "{:?}", r.errors);
+    // Short gate thresholds, so that the tests can fake a stale or dead
+    // daemon without depending on the host's uptime.
+    dp.set_gate(guard::datapath::Gate {
+        stale_after: STALE_AFTER,
+        dead_after: DEAD_AFTER,
+    })
+    .unwrap();
+    // Fresh, dated ahead so that a slow run cannot age it into `stale`.
+    dp.heartbeat_at(guard::datapath::monotonic_ns() + 3_600_000_000_000)
+        .unwrap();
     dp
 }
 

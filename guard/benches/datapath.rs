@@ -40,23 +40,24 @@ fn main() {
         "run as root: it loads the BPF program"
     );
     let mut dp = Datapath::load(Mode::Enforce, LeakAction::Rewrite).unwrap();
+    dp.heartbeat().unwrap();
 
     // Map updates: fill 65,536 LB IPs, then change one, then change every state.
     let n = guard_common::MAX_LB_IPS;
     let full = view(n, |_| Ownership::Foreign);
     let t = Instant::now();
-    let r = dp.apply(&full);
+    let r = dp.apply(&full, false);
     let fill = t.elapsed();
     assert!(r.errors.is_empty(), "{:?}", r.errors);
     let mut one = full.clone();
     one.lb.get_mut(&lb(7)).unwrap().state = Ownership::Owned;
     let t = Instant::now();
-    let r = dp.apply(&one);
+    let r = dp.apply(&one, false);
     let single = t.elapsed();
     assert_eq!(r.written, 1);
     let flipped = view(n, |_| Ownership::Unknown);
     let t = Instant::now();
-    dp.apply(&flipped);
+    dp.apply(&flipped, false);
     let all = t.elapsed();
     println!("map updates: fill {n} LB IPs {fill:?} ({:.2} us/entry); one change {single:?}; change all {n} {all:?}", fill.as_secs_f64() * 1e6 / f64::from(n));
 

@@ -212,11 +212,11 @@ pub struct RunArgs {
 
     /// Drop events handed to userspace per second per CPU (in-kernel rate
     /// limit; what exceeds it is counted as suppressed).
-    #[arg(long, value_name = "N", default_value_t = 100)]
+    #[arg(long, value_name = "N", default_value_t = 100, value_parser = clap::value_parser!(u32).range(0..=1_000_000))]
     pub event_rate: u32,
 
     /// Burst of drop events allowed above the rate.
-    #[arg(long, value_name = "N", default_value_t = 200)]
+    #[arg(long, value_name = "N", default_value_t = 200, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
     pub event_burst: u32,
 
     /// Keep a JSON summary of the daemon's state (attachments, LB IP counts,

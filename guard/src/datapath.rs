@@ -189,7 +189,6 @@ impl Datapath {
             logger,
         };
         dp.set_config(mode, leak_action)?;
-        dp.heartbeat()?;
         Ok(dp)
     }
 
@@ -391,8 +390,57 @@ impl Datapath {
         let attached = std::mem::take(&mut self.attached);
         attached
             .into_iter()
-            .map(|a| (a.iface, self.release(a.link, false)))
+            .map(|a| {
+                let r = match a.link {
+                    // Its pin is gone (bpffs was lost): pin it again, or the
+                    // link goes with our fd. pin() consumes the handle; if it
+                    // fails the link detaches, as it would have anyway.
+                    AttachLink::Pinned { link, path } if !path.exists() => link
+                        .pin(&path)
+                        .map(drop)
+                        .map_err(|e| anyhow!("pinning {}: {e}", path.display())),
+                    link => self.release(link, false),
+                };
+                (a.iface, r)
+            })
             .collect()
+    }
+
+    /// Remove link pins that no attachment of ours uses (interfaces dropped
+    /// from `--interface`, or devices gone): their program would otherwise
+    /// keep running, unseen, on the shared maps.
+    pub fn prune_link_pins(&mut self) -> Vec<String> {
+        let Some(dir) = self.pin_dir.clone() else {
+            return Vec::new();
+        };
+        let ours: Vec<std::path::PathBuf> = self
+            .attached
+            .iter()
+            .filter_map(|a| match &a.link {
+                AttachLink::Pinned { path, .. } => Some(path.clone()),
+                AttachLink::Owned(_) => None,
+            })
+            .collect();
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            return Vec::new();
+        };
+        let mut pruned = Vec::new();
+        for e in entries.flatten() {
+            let path = e.path();
+            let name = e.file_name().to_string_lossy().into_owned();
+            if !name.starts_with("link_") || ours.contains(&path) {
+                continue;
+            }
+            match aya::programs::links::PinnedLink::from_pin(&path).map(|l| l.unpin()) {
+                // Unpinned and dropped: detached.
+                Ok(Ok(link)) => drop(link),
+                _ => {
+                    let _ = std::fs::remove_file(&path);
+                }
+            }
+            pruned.push(name);
+        }
+        pruned
     }
 
     /// The pins are gone (bpffs unmounted or the directory removed): pin
@@ -420,8 +468,10 @@ impl Datapath {
         Ok(())
     }
 
-    /// Make the maps hold `view`, touching only what differs.
-    pub fn apply(&mut self, view: &View) -> ApplyReport {
+    /// Make the maps hold `view`, touching only what differs. `additive`:
+    /// write new and changed entries, delete nothing (while a source has not
+    /// synced, pinned entries from the previous daemon stay).
+    pub fn apply(&mut self, view: &View, additive: bool) -> ApplyReport {
         let mut report = ApplyReport::default();
         let lb: BTreeMap<u32, LbEntry> = view
             .lb
@@ -466,17 +516,17 @@ impl Datapath {
                 None => report.errors.push(format!("map {name} missing")),
             };
         sync(MAP_IF_ADDRS, &mut |m, r| {
-            sync_map(m, &mut applied.if_addrs, &if_addrs, r, |k| {
+            sync_map(m, &mut applied.if_addrs, &if_addrs, additive, r, |k| {
                 format!("{}", Ipv4Addr::from(k.addr))
             })
         });
         sync(MAP_IF_PRIMARY, &mut |m, r| {
-            sync_map(m, &mut applied.if_primary, &if_primary, r, |k| {
+            sync_map(m, &mut applied.if_primary, &if_primary, additive, r, |k| {
                 format!("ifindex {k}")
             })
         });
         sync(MAP_LB_IPS, &mut |m, r| {
-            sync_map(m, &mut applied.lb, &lb, r, |k| {
+            sync_map(m, &mut applied.lb, &lb, additive, r, |k| {
                 format!("LB IP {}", Ipv4Addr::from(*k))
             })
         });
@@ -547,6 +597,14 @@ impl Datapath {
             }
         }
         total
+    }
+
+    /// The state an LB IP has in the map as last read or written.
+    pub fn map_state(&self, ip: std::net::Ipv4Addr) -> Option<guard_common::Ownership> {
+        self.applied
+            .lb
+            .get(&u32::from(ip))
+            .and_then(|e| guard_common::Ownership::from_u8(e.state))
     }
 
     /// Our COUNTERS and STATS maps opened again by id (own fds), for readers
@@ -785,6 +843,7 @@ fn sync_map<K: Pod + Ord, V: Pod + PartialEq>(
     map: &mut aya::maps::Map,
     applied: &mut BTreeMap<K, V>,
     desired: &BTreeMap<K, V>,
+    additive: bool,
     report: &mut ApplyReport,
     describe: impl Fn(&K) -> String,
 ) {
@@ -814,11 +873,15 @@ fn sync_map<K: Pod + Ord, V: Pod + PartialEq>(
                 .push(format!("{} not written: {}", describe(k), map_error(&e))),
         }
     }
-    let stale: Vec<K> = applied
-        .keys()
-        .filter(|k| !desired.contains_key(k))
-        .copied()
-        .collect();
+    let stale: Vec<K> = if additive {
+        Vec::new()
+    } else {
+        applied
+            .keys()
+            .filter(|k| !desired.contains_key(k))
+            .copied()
+            .collect()
+    };
     for k in stale {
         match map.remove(&k) {
             Ok(()) => {

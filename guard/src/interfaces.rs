@@ -58,6 +58,24 @@ impl Attachments {
         table: &AddrTable,
     ) {
         let want = wanted(patterns, exclude, table);
+        // Renamed within the patterns: the same device (ifindex), a new name.
+        // Only the record changes; the attachment is untouched.
+        let renamed: Vec<(String, String)> = self
+            .attached
+            .iter()
+            .filter(|(name, (idx, _))| !want.contains_key(*name) && want.values().any(|i| i == idx))
+            .filter_map(|(old, (idx, _))| {
+                want.iter()
+                    .find(|(_, i)| *i == idx)
+                    .map(|(new, _)| (old.clone(), new.clone()))
+            })
+            .collect();
+        for (old, new) in renamed {
+            if let Some(rec) = self.attached.remove(&old) {
+                tracing::info!(from = %old, to = %new, "guarded interface renamed; still guarded");
+                self.attached.insert(new, rec);
+            }
+        }
         // Gone, re-created (new ifindex) or renamed away.
         let stale: Vec<(String, u32)> = self
             .attached
@@ -87,11 +105,6 @@ impl Attachments {
         self.failed.clear();
         for (name, ifindex) in &want {
             if self.attached.contains_key(name) {
-                continue;
-            }
-            // The same device under a new name: already attached, just renamed.
-            if let Some(h) = dp.attached_how(*ifindex) {
-                self.attached.insert(name.clone(), (*ifindex, h.as_str()));
                 continue;
             }
             match dp.attach(name, how) {

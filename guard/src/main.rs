@@ -78,10 +78,17 @@ fn uninstall(pin_dir: &std::path::Path, interfaces: &[String]) -> anyhow::Result
     } else {
         interfaces.to_vec()
     };
+    // One interface failing (gone meanwhile) does not stop the others.
+    let mut failed = Vec::new();
     for iface in names {
-        if guard::datapath::remove_netlink_filter(&iface)? {
-            println!("removed the netlink filter from {iface}");
+        match guard::datapath::remove_netlink_filter(&iface) {
+            Ok(true) => println!("removed the netlink filter from {iface}"),
+            Ok(false) => {}
+            Err(e) => failed.push(format!("{iface}: {e:#}")),
         }
+    }
+    if !failed.is_empty() {
+        anyhow::bail!("could not check every interface: {}", failed.join("; "));
     }
     Ok(())
 }

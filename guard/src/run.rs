@@ -22,8 +22,30 @@ use crate::{
     view::{self, View},
 };
 
+/// The liveness gate's thresholds from the flags.
+fn gate(args: &RunArgs) -> datapath::Gate {
+    datapath::Gate {
+        stale_after: args
+            .heartbeat_stale_after
+            .or(args.stale_after)
+            .unwrap_or(std::time::Duration::from_secs(15)),
+        dead_after: args.heartbeat_dead_after,
+    }
+}
+
 /// Reject flag combinations that cannot do what the user means.
 pub fn check_args(args: &RunArgs) -> Result<()> {
+    let g = gate(args);
+    if g.dead_after <= g.stale_after {
+        bail!(
+            "--heartbeat-dead-after ({:?}) must be longer than the stale threshold ({:?})",
+            g.dead_after,
+            g.stale_after
+        );
+    }
+    if args.on_exit == OnExit::Keep && args.pin_dir.is_none() {
+        bail!("--on-exit keep needs --pin-dir: without pins the guard cannot outlive the daemon");
+    }
     let mut seen = BTreeSet::new();
     for i in &args.interfaces {
         if !seen.insert(i) {
@@ -107,6 +129,16 @@ pub async fn run(args: RunArgs) -> Result<()> {
     // SIGHUP's default action would kill the daemon: it re-reads everything instead.
     let mut sighup = signal(SignalKind::hangup()).context("installing the SIGHUP handler")?;
 
+    // A taken port fails the start before anything is loaded or attached.
+    let listener = match args.listen {
+        Listen::On(addr) => Some(
+            tokio::net::TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("--listen {addr}"))?,
+        ),
+        Listen::Off => None,
+    };
+
     let (nl, notifications) = addrs::connect()?;
     let table = addrs::dump(&nl).await?;
 
@@ -145,26 +177,19 @@ pub async fn run(args: RunArgs) -> Result<()> {
             Err(e) => tracing::warn!(error = %format!("{e:#}"), "cannot read the pinned maps"),
         }
     }
-    let gate = datapath::Gate {
-        stale_after: args
-            .heartbeat_stale_after
-            .or(args.stale_after)
-            .unwrap_or(std::time::Duration::from_secs(15)),
-        dead_after: args.heartbeat_dead_after,
-    };
-    if gate.dead_after <= gate.stale_after {
-        bail!(
-            "--heartbeat-dead-after ({:?}) must be longer than the stale threshold ({:?})",
-            gate.dead_after,
-            gate.stale_after
-        );
-    }
-    dp.set_gate(gate)?;
+    dp.set_gate(gate(&args))?;
     dp.set_event_rate(args.event_rate, args.event_burst)?;
     let file_now = file.as_ref().map(|(f, _)| f.clone());
-    let view = derive(&node, &args, file_now.as_ref(), &table, None);
+    let mut view = derive(&node, &args, file_now.as_ref(), &table, None);
+    if cluster_on {
+        view.hold_previous(|ip| dp.map_state(ip));
+    }
     // Fill the maps before attaching: the first frame already meets the policy.
-    let mut dirty = !report_apply(&mut dp, &view);
+    // Until the Kubernetes feed has synced, entries are only added: pinned
+    // maps still hold what the previous daemon learned from the cluster.
+    let mut dirty = !report_apply(&mut dp, &view, cluster_on);
+    // Only now, with the policy in place, does this daemon vouch for it.
+    dp.heartbeat()?;
     warn_if_node_unknown(&node, file_now.as_ref());
     let mut attachments = interfaces::Attachments::default();
     attachments.sync(
@@ -175,6 +200,9 @@ pub async fn run(args: RunArgs) -> Result<()> {
         &table,
     );
     let mut links_seen = table.clone();
+    for pin in dp.prune_link_pins() {
+        tracing::info!(pin = %pin, "removed a pinned attachment no --interface asks for");
+    }
     // With an explicit --attach that the kernel cannot do, nothing would ever attach.
     if attachments.attached.is_empty() && !attachments.failed.is_empty() {
         let (name, why) = attachments
@@ -204,6 +232,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
     // The API: bound now, so that a taken port fails the start, not later.
     let shared = Arc::new(api::Shared {
         state: Default::default(),
+        heartbeat_ns: std::sync::atomic::AtomicU64::new(datapath::monotonic_ns()),
         maps: dp
             .counter_maps()
             .map_err(
@@ -218,10 +247,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
         }
         Err(e) => tracing::warn!(error = %format!("{e:#}"), "drop events unavailable"),
     }
-    if let Listen::On(addr) = args.listen {
-        let listener = tokio::net::TcpListener::bind(addr)
-            .await
-            .with_context(|| format!("--listen {addr}"))?;
+    if let Some(listener) = listener {
         let s = shared.clone();
         tokio::spawn(async move {
             if let Err(e) = api::serve(listener, s).await {
@@ -356,11 +382,14 @@ pub async fn run(args: RunArgs) -> Result<()> {
                     }
                 }
                 // Full reconcile: compare with what the kernel really holds.
+                let additive = cluster_on && !cluster_rx.borrow().synced;
                 match dp.reload_from_kernel() {
-                    Ok(0) => {}
+                    Ok(0) if dp.not_enforced == 0 => {}
+                    // Entries that met a full map get another try.
+                    Ok(0) => dirty = !report_apply(&mut dp, &current, additive),
                     Ok(n) => {
                         tracing::warn!(entries = n, "BPF maps drifted from the view (changed outside arp-guard); repairing");
-                        dirty = !report_apply(&mut dp, &current);
+                        dirty = !report_apply(&mut dp, &current, additive);
                     }
                     Err(e) => tracing::warn!(error = %format!("{e:#}"), "cannot re-read the BPF maps"),
                 }
@@ -372,13 +401,18 @@ pub async fn run(args: RunArgs) -> Result<()> {
                 continue;
             }
             _ = log_tick.tick() => {
-                if let Err(e) = dp.heartbeat() {
-                    tracing::warn!(error = %format!("{e:#}"), "cannot write the heartbeat");
+                match dp.heartbeat() {
+                    Ok(()) => shared.heartbeat_ns.store(datapath::monotonic_ns(), std::sync::atomic::Ordering::Relaxed),
+                    Err(e) => {
+                        api::OPS.error("heartbeat");
+                        tracing::warn!(error = %format!("{e:#}"), "cannot write the heartbeat");
+                    }
                 }
                 dp.flush_program_logs();
                 // A write that failed (e.g. a full map) is retried until it lands.
                 if dirty {
-                    dirty = !report_apply(&mut dp, &current);
+                    let additive = cluster_on && !cluster_rx.borrow().synced;
+                    dirty = !report_apply(&mut dp, &current, additive);
                 }
                 continue;
             }
@@ -400,11 +434,15 @@ pub async fn run(args: RunArgs) -> Result<()> {
                 );
             }
         }
-        let next = derive(&node, &args, file.as_ref(), &table, cluster.as_ref());
+        let mut next = derive(&node, &args, file.as_ref(), &table, cluster.as_ref());
+        if cluster.as_ref().is_some_and(|c| !c.synced) {
+            next.hold_previous(|ip| dp.map_state(ip));
+        }
         let view_changed = next != current;
         if view_changed {
             log_changes(&current, &next);
-            dirty = !report_apply(&mut dp, &next);
+            let unsynced = cluster.as_ref().is_some_and(|c| !c.synced);
+            dirty = !report_apply(&mut dp, &next, unsynced);
             current = next;
             // How long a cluster event took to reach the maps (BENCHMARKS.md).
             if let Some(at) = cluster.as_ref().and_then(|c| c.event_at) {
@@ -426,6 +464,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
             );
             links_seen = table;
         }
+        publish_api(&dp, &attachments, &current, cluster.as_ref(), view_changed);
         if let Some(path) = &args.status_file {
             status::publish(
                 path,
@@ -483,8 +522,8 @@ fn derive(
 /// Apply `view`; false if some entry could not be written (it will be
 /// retried every second). Entries that did not fit in a full map are
 /// reported, and retried on the next change or reconcile.
-fn report_apply(dp: &mut Datapath, view: &View) -> bool {
-    let r = dp.apply(view);
+fn report_apply(dp: &mut Datapath, view: &View, additive: bool) -> bool {
+    let r = dp.apply(view, additive);
     if !r.full.is_empty() {
         let shown: Vec<&str> = r.full.iter().take(10).map(String::as_str).collect();
         tracing::warn!(

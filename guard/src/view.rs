@@ -21,6 +21,9 @@ pub enum Source {
     Interface(String),
     /// The Kubernetes API: which object said so.
     Cluster { owner: Option<String>, why: String },
+    /// What the previous daemon left in the pinned maps, kept until the
+    /// Kubernetes feed has synced.
+    Pinned,
 }
 
 impl std::fmt::Display for Source {
@@ -33,6 +36,9 @@ impl std::fmt::Display for Source {
             Source::File { line, owner: None } => write!(f, "ownership file line {line}: no owner"),
             Source::Interface(i) => write!(f, "address on {i}, no owner known"),
             Source::Cluster { why, .. } => f.write_str(why),
+            Source::Pinned => f.write_str(
+                "kept from the previous daemon's pinned maps until the Kubernetes feed syncs",
+            ),
         }
     }
 }
@@ -151,6 +157,20 @@ pub fn compute(i: &Inputs<'_>) -> View {
 }
 
 impl View {
+    /// Until the Kubernetes feed has synced, an IP that only the interface
+    /// source knows keeps the state the previous daemon left pinned (`held`):
+    /// "unknown" from kube-ipvs0 must not overrule "foreign" from the cluster.
+    pub fn hold_previous(&mut self, held: impl Fn(Ipv4Addr) -> Option<Ownership>) {
+        for (ip, l) in self.lb.iter_mut() {
+            if let (Source::Interface(_), Some(state)) = (&l.source, held(*ip)) {
+                *l = LbIp {
+                    state,
+                    source: Source::Pinned,
+                };
+            }
+        }
+    }
+
     pub fn count(&self, state: Ownership) -> usize {
         self.lb.values().filter(|l| l.state == state).count()
     }

@@ -37,8 +37,12 @@ pub fn wanted(patterns: &[String], exclude: &[String], table: &AddrTable) -> BTr
 }
 
 /// What is attached where, kept equal to [`wanted`].
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Attachments {
+    /// `--interface` patterns, the interfaces excluded from them, and how to attach.
+    patterns: Vec<String>,
+    exclude: Vec<String>,
+    how: AttachArg,
     /// Interface name -> (ifindex, how).
     pub attached: BTreeMap<String, (u32, &'static str)>,
     /// Patterns that matched nothing at the last sync (shown in the status).
@@ -48,16 +52,20 @@ pub struct Attachments {
 }
 
 impl Attachments {
+    pub fn new(patterns: &[String], exclude: &[String], how: AttachArg) -> Self {
+        Attachments {
+            patterns: patterns.to_vec(),
+            exclude: exclude.to_vec(),
+            how,
+            attached: BTreeMap::new(),
+            missing: Vec::new(),
+            failed: BTreeMap::new(),
+        }
+    }
+
     /// Attach to what appeared, forget what vanished, detach what no longer matches.
-    pub fn sync(
-        &mut self,
-        dp: &mut Datapath,
-        patterns: &[String],
-        exclude: &[String],
-        how: AttachArg,
-        table: &AddrTable,
-    ) {
-        let want = wanted(patterns, exclude, table);
+    pub fn sync(&mut self, dp: &mut Datapath, table: &AddrTable) {
+        let want = wanted(&self.patterns, &self.exclude, table);
         // Renamed within the patterns: the same device (ifindex), a new name.
         // Only the record changes; the attachment is untouched.
         let renamed: Vec<(String, String)> = self
@@ -107,7 +115,7 @@ impl Attachments {
             if self.attached.contains_key(name) {
                 continue;
             }
-            match dp.attach(name, how) {
+            match dp.attach(name, self.how) {
                 Ok(h) => {
                     tracing::info!(interface = %name, attach = h.as_str(), "guard attached to egress");
                     self.attached.insert(name.clone(), (*ifindex, h.as_str()));
@@ -118,7 +126,8 @@ impl Attachments {
                 }
             }
         }
-        let missing: Vec<String> = patterns
+        let missing: Vec<String> = self
+            .patterns
             .iter()
             .filter(|p| !want.keys().any(|n| glob(p, n)))
             .cloned()

@@ -191,15 +191,10 @@ pub async fn run(args: RunArgs) -> Result<()> {
     // Only now, with the policy in place, does this daemon vouch for it.
     dp.heartbeat()?;
     warn_if_node_unknown(&node, file_now.as_ref());
-    let mut attachments = interfaces::Attachments::default();
-    attachments.sync(
-        &mut dp,
-        &args.interfaces,
-        &args.lb_ips_from,
-        args.attach,
-        &table,
-    );
-    let mut links_seen = table.clone();
+    let mut attachments =
+        interfaces::Attachments::new(&args.interfaces, &args.lb_ips_from, args.attach);
+    attachments.sync(&mut dp, &table);
+    let mut links_seen = table.links.clone();
     for pin in dp.prune_link_pins() {
         tracing::info!(pin = %pin, "removed a pinned attachment no --interface asks for");
     }
@@ -255,12 +250,17 @@ pub async fn run(args: RunArgs) -> Result<()> {
             }
         });
     }
-    let publish_api = |dp: &Datapath,
+    // The daemon's state, built once per change, for the API and the status file.
+    let mut last_status = None;
+    let mut publish = |dp: &Datapath,
                        att: &interfaces::Attachments,
                        view: &View,
                        cluster: Option<&ClusterView>,
                        view_changed: bool| {
         let status = status_of(dp, att, view, cluster);
+        if let Some(path) = &args.status_file {
+            status::publish(path, &status, &mut last_status);
+        }
         let mut not_ready = Vec::new();
         for p in &att.missing {
             not_ready.push(format!("no interface matches --interface {p}"));
@@ -295,22 +295,13 @@ pub async fn run(args: RunArgs) -> Result<()> {
         st.feed_enabled = cluster.is_some();
         st.feed_failing_since = cluster.and_then(|c| c.failing_since);
     };
-    publish_api(
+    publish(
         &dp,
         &attachments,
         &view,
         cluster_on.then(|| cluster_rx.borrow().clone()).as_ref(),
         true,
     );
-    let mut last_status = None;
-    if let Some(path) = &args.status_file {
-        let c = cluster_on.then(|| cluster_rx.borrow().clone());
-        status::publish(
-            path,
-            &status_of(&dp, &attachments, &view, c.as_ref()),
-            &mut last_status,
-        );
-    }
     tracing::info!(
         node = %node,
         mode = mode.as_str(),
@@ -454,24 +445,11 @@ pub async fn run(args: RunArgs) -> Result<()> {
         }
         // Interfaces that appeared, vanished or were renamed (after the maps
         // know their addresses).
-        if table != links_seen {
-            attachments.sync(
-                &mut dp,
-                &args.interfaces,
-                &args.lb_ips_from,
-                args.attach,
-                &table,
-            );
-            links_seen = table;
+        if table.links != links_seen {
+            attachments.sync(&mut dp, &table);
+            links_seen = table.links.clone();
         }
-        publish_api(&dp, &attachments, &current, cluster.as_ref(), view_changed);
-        if let Some(path) = &args.status_file {
-            status::publish(
-                path,
-                &status_of(&dp, &attachments, &current, cluster.as_ref()),
-                &mut last_status,
-            );
-        }
+        publish(&dp, &attachments, &current, cluster.as_ref(), view_changed);
     };
     tracing::info!(signal = signal_name, "shutting down");
     log_counters(&dp, "final counters");

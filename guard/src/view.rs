@@ -70,6 +70,17 @@ pub struct Inputs<'a> {
     pub cluster: Option<&'a ClusterView>,
 }
 
+/// This node's state for an IP whose owner is `owner`. When the source may be
+/// stale, "another node owns it" is no longer trusted: unknown.
+fn state_of(owner: Option<&str>, node: &str, stale: bool) -> Ownership {
+    match owner {
+        Some(o) if o == node => Ownership::Owned,
+        Some(_) if stale => Ownership::Unknown,
+        Some(_) => Ownership::Foreign,
+        None => Ownership::Unknown,
+    }
+}
+
 pub fn compute(i: &Inputs<'_>) -> View {
     let mut view = View::default();
     // Addresses on the LB interfaces: LB IPs with no known owner.
@@ -92,12 +103,7 @@ pub fn compute(i: &Inputs<'_>) -> View {
                 view.ignored_v6 += 1;
                 continue;
             };
-            let state = match claim.owner.as_deref() {
-                Some(owner) if owner == i.node => Ownership::Owned,
-                Some(_) if c.degraded => Ownership::Unknown,
-                Some(_) => Ownership::Foreign,
-                None => Ownership::Unknown,
-            };
+            let state = state_of(claim.owner.as_deref(), i.node, c.degraded);
             view.lb.insert(
                 *v4,
                 LbIp {
@@ -117,11 +123,7 @@ pub fn compute(i: &Inputs<'_>) -> View {
                 view.ignored_v6 += 1;
                 continue;
             };
-            let state = match entry.owner.as_deref() {
-                Some(owner) if owner == i.node => Ownership::Owned,
-                Some(_) => Ownership::Foreign,
-                None => Ownership::Unknown,
-            };
+            let state = state_of(entry.owner.as_deref(), i.node, false);
             view.lb.insert(
                 *v4,
                 LbIp {

@@ -130,7 +130,13 @@ struct Expect {
     stats: BTreeMap<&'static str, u64>,
 }
 
-fn reference(f: &[u8], mode: Mode, leak_action: LeakAction, live: Liveness) -> Expect {
+fn reference(
+    f: &[u8],
+    mode: Mode,
+    leak_action: LeakAction,
+    live: Liveness,
+    origin: Origin,
+) -> Expect {
     let mut stats = BTreeMap::from([("frames", 1u64)]);
     let mut e = Expect {
         ret: PASS,
@@ -182,7 +188,7 @@ fn reference(f: &[u8], mode: Mode, leak_action: LeakAction, live: Liveness) -> E
     let judged = effective_state(state, live);
     let verdict = decide(&Facts {
         kind,
-        origin: Origin::Kernel,
+        origin,
         state,
         ip_on_egress: on_egress,
         egress_has_ipv4: true,
@@ -200,7 +206,7 @@ fn reference(f: &[u8], mode: Mode, leak_action: LeakAction, live: Liveness) -> E
     e.counted = Some((
         arp.spa,
         kind as u8,
-        Origin::Kernel as u8,
+        origin as u8,
         judged as u8,
         verdict as u8,
     ));
@@ -242,6 +248,8 @@ struct Harness {
     mode: Mode,
     leak_action: LeakAction,
     live: Liveness,
+    /// Kernel-built, or redirected (the test context names an ingress device).
+    origin: Origin,
 }
 
 impl Harness {
@@ -253,10 +261,12 @@ impl Harness {
             mode: Mode::Enforce,
             leak_action: LeakAction::Rewrite,
             live: Liveness::Fresh,
+            origin: Origin::Kernel,
         }
     }
 
-    fn configure(&mut self, mode: Mode, leak_action: LeakAction, live: Liveness) {
+    fn configure(&mut self, mode: Mode, leak_action: LeakAction, live: Liveness, origin: Origin) {
+        self.origin = origin;
         self.dp.set_config(mode, leak_action).unwrap();
         let age = match live {
             Liveness::Fresh => 0,
@@ -279,15 +289,23 @@ impl Harness {
     fn run_one(&self, f: &[u8], expect: &Expect) {
         let (ret, out) = self
             .dp
-            .test_run(f)
+            .test_run_from(
+                f,
+                if self.origin == Origin::Redirect {
+                    7
+                } else {
+                    0
+                },
+            )
             .unwrap_or_else(|e| panic!("BPF_PROG_TEST_RUN failed on {}: {e:#}", hex(f)));
         let ctx = || {
             format!(
-                "frame {} ({:?}, {:?}, {:?})",
+                "frame {} ({:?}, {:?}, {:?}, {:?})",
                 hex(f),
                 self.mode,
                 self.leak_action,
-                self.live
+                self.live,
+                self.origin
             )
         };
         assert_eq!(ret, expect.ret, "return code differs for {}", ctx());
@@ -300,7 +318,7 @@ impl Harness {
         let mut want_counters: BTreeMap<(u32, u8, u8, u8, u8), u64> = BTreeMap::new();
         let mut want_stats: BTreeMap<&'static str, u64> = BTreeMap::new();
         for f in frames {
-            let e = reference(f, self.mode, self.leak_action, self.live);
+            let e = reference(f, self.mode, self.leak_action, self.live, self.origin);
             self.run_one(f, &e);
             let outcome = match e.counted {
                 Some((.., v)) => Verdict::from_u8(v).map_or("?", Verdict::as_str).to_owned(),
@@ -324,7 +342,7 @@ impl Harness {
         }
         // Find the frame: replay one at a time.
         for f in frames {
-            let e = reference(f, self.mode, self.leak_action, self.live);
+            let e = reference(f, self.mode, self.leak_action, self.live, self.origin);
             let b = self.dp.snapshot().unwrap();
             self.run_one(f, &e);
             let a = self.dp.snapshot().unwrap();
@@ -368,8 +386,10 @@ fn corpus_agrees_with_reference() {
     assert!(frames.len() >= 10, "corpus too small");
     for mode in [Mode::Enforce, Mode::Monitor] {
         for live in [Liveness::Fresh, Liveness::Stale, Liveness::Dead] {
-            h.configure(mode, LeakAction::Rewrite, live);
-            h.run_batch(&frames);
+            for origin in [Origin::Kernel, Origin::Redirect] {
+                h.configure(mode, LeakAction::Rewrite, live, origin);
+                h.run_batch(&frames);
+            }
         }
     }
 }
@@ -406,14 +426,24 @@ fn generated_frames_agree_with_reference() {
             6 => Liveness::Dead,
             _ => Liveness::Fresh,
         };
-        h.configure(mode, leak, live);
+        let origin = if batch_no % 4 == 3 {
+            Origin::Redirect
+        } else {
+            Origin::Kernel
+        };
+        h.configure(mode, leak, live, origin);
         let frames: Vec<Vec<u8>> = (0..1000).map(|_| generate(&mut r)).collect();
         h.run_batch(&frames);
         done += frames.len();
         batch_no += 1;
     }
     // Every truncation of every corpus-like valid frame, tagged 0-2 times.
-    h.configure(Mode::Enforce, LeakAction::Rewrite, Liveness::Fresh);
+    h.configure(
+        Mode::Enforce,
+        LeakAction::Rewrite,
+        Liveness::Fresh,
+        Origin::Kernel,
+    );
     let mut cuts = Vec::new();
     for _ in 0..50 {
         let f = loop {

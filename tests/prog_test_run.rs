@@ -4,7 +4,8 @@
 //! the host-side reference `guard_common::decide`.
 //!
 //! BPF_PROG_TEST_RUN gives the skb a dummy socket of family AF_UNSPEC and the
-//! loopback device, so every frame here is kernel-originated on ifindex 1.
+//! loopback device, so a frame here is kernel-originated on ifindex 1, or
+//! redirected when the test context names an ingress device.
 
 use std::{collections::BTreeMap, net::Ipv4Addr};
 
@@ -64,11 +65,14 @@ fn program_agrees_with_reference_on_the_whole_table() {
                 .unwrap();
                 for (ip, state, on_egress) in lb_ips() {
                     for (kind, spec) in frames_for(ip) {
-                        for tags in TAGS {
+                        for (tags, origin) in TAGS
+                            .into_iter()
+                            .flat_map(|t| [(t, Origin::Kernel), (t, Origin::Redirect)])
+                        {
                             let frame = spec.clone().tagged(tags).to_bytes();
                             let want = decide(&Facts {
                                 kind,
-                                origin: Origin::Kernel,
+                                origin,
                                 state,
                                 ip_on_egress: on_egress,
                                 egress_has_ipv4: with_primary,
@@ -77,9 +81,10 @@ fn program_agrees_with_reference_on_the_whole_table() {
                                 liveness: live,
                             });
                             let before = dp.snapshot().unwrap();
-                            let (ret, out) = dp.test_run(&frame).unwrap();
+                            let ingress = if origin == Origin::Redirect { 7 } else { 0 };
+                            let (ret, out) = dp.test_run_from(&frame, ingress).unwrap();
                             let after = dp.snapshot().unwrap();
-                            let ctx = format!("{ip} {state:?} on_egress={on_egress} {kind:?} op={} tags={tags:?} {mode:?} {leak_action:?} primary={with_primary} {live:?}", spec.op);
+                            let ctx = format!("{ip} {state:?} on_egress={on_egress} {kind:?} {origin:?} op={} tags={tags:?} {mode:?} {leak_action:?} primary={with_primary} {live:?}", spec.op);
                             assert_eq!(
                                 ret,
                                 if want == Verdict::Dropped { DROP } else { PASS },
@@ -96,7 +101,7 @@ fn program_agrees_with_reference_on_the_whole_table() {
                             let key = (
                                 u32::from(ip),
                                 kind as u8,
-                                Origin::Kernel as u8,
+                                origin as u8,
                                 judged as u8,
                                 want as u8,
                             );

@@ -507,3 +507,76 @@ fn vlan_tag_in_metadata_is_judged_like_untagged() {
         "the replies reached the guard with their tag in metadata ({tagged} counted)"
     );
 }
+
+/// Cilium's L2 responder answers ARP from its TC ingress program: it turns
+/// the request into a reply in place and redirects it out of the same
+/// device. Such a reply reaches egress with no socket but with the device it
+/// came in on (`ingress_ifindex`): origin `redirect`, judged like a speaker
+/// (it gates itself), so `unknown` passes where a kernel reply would not.
+#[test]
+fn datapath_responder_replies_are_judged_like_speakers() {
+    use aya::{
+        maps::{Array, HashMap},
+        programs::{tc::TcAttachOptions, LinkOrder, SchedClassifier, TcAttachType},
+    };
+    testbed::require_root();
+    let bed = Bed::new("redir").unwrap();
+    let _guard = bed.start(&[]).unwrap();
+    const RESPONDER_MAC: [u8; 6] = [0x02, 0, 0x5e, 0, 0x53, 0xaa];
+    let _fixture = bed
+        .node
+        .enter(|| {
+            let mut ebpf = aya::Ebpf::load(guard::datapath::OBJECT)?;
+            let mut respond: HashMap<_, u32, u8> =
+                HashMap::try_from(ebpf.map_mut("FIXTURE_RESPOND").unwrap())?;
+            for ip in [OWNED, FOREIGN, UNKNOWN] {
+                respond.insert(u32::from(ip), 1, 0)?;
+            }
+            let mut mac: Array<_, [u8; 8]> = Array::try_from(ebpf.map_mut("FIXTURE_MAC").unwrap())?;
+            let mut m = [0u8; 8];
+            m[..6].copy_from_slice(&RESPONDER_MAC);
+            mac.set(0, m, 0)?;
+            let prog: &mut SchedClassifier = ebpf
+                .program_mut("fixture_arp_responder")
+                .unwrap()
+                .try_into()?;
+            prog.load()?;
+            prog.attach_with_options(
+                "eth0",
+                TcAttachType::Ingress,
+                TcAttachOptions::TcxOrder(LinkOrder::first()),
+            )?;
+            Ok(ebpf)
+        })
+        .unwrap();
+    // The neighbour's kernel asks (a request with no socket, as from a real host).
+    bed.peer.flush_neigh("eth0").unwrap();
+    for ip in [OWNED, FOREIGN, UNKNOWN] {
+        bed.peer.poke(&ip.to_string()).unwrap();
+    }
+    for (ip, expect) in [(OWNED, Pass), (FOREIGN, Drop), (UNKNOWN, Pass)] {
+        let cached = testbed::wait_for(ARRIVE, || {
+            bed.peer.cached_mac("eth0", &ip.to_string()).unwrap()
+        });
+        let want = (expect == Pass).then_some(RESPONDER_MAC);
+        assert_eq!(cached, want, "{ip}: what the neighbour learned");
+    }
+    // (The neighbour's kernel may ask more than once.)
+    assert!(bed.packets(OWNED, "reply", "redirect", "passed").unwrap() >= 1);
+    assert!(
+        bed.packets(FOREIGN, "reply", "redirect", "dropped")
+            .unwrap()
+            >= 1
+    );
+    assert!(bed.packets(UNKNOWN, "reply", "redirect", "passed").unwrap() >= 1);
+    // None of them was taken for the kernel's own reply.
+    for ip in [OWNED, FOREIGN, UNKNOWN] {
+        for v in ["passed", "dropped"] {
+            assert_eq!(
+                bed.packets(ip, "reply", "kernel", v).unwrap(),
+                0,
+                "{ip} {v}"
+            );
+        }
+    }
+}

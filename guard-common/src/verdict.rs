@@ -1,10 +1,10 @@
 //! The decision table of arp-guard: the one place where a verdict is made.
 //!
-//! | state     | kernel origin                                   | speaker origin |
-//! |-----------|-------------------------------------------------|----------------|
-//! | `owned`   | pass                                            | pass           |
-//! | `foreign` | stop                                            | stop           |
-//! | `unknown` | stop, unless the LB IP is on the egress iface   | pass           |
+//! | state     | kernel origin                                   | speaker / redirect origin |
+//! |-----------|-------------------------------------------------|---------------------------|
+//! | `owned`   | pass                                            | pass                      |
+//! | `foreign` | stop                                            | stop                      |
+//! | `unknown` | stop, unless the LB IP is on the egress iface   | pass                      |
 //!
 //! "stop" means drop for replies and gratuitous ARP. For an announce leak it
 //! means rewriting SPA to the egress interface's primary IPv4 (what
@@ -37,6 +37,11 @@ pub enum Origin {
     Kernel = 0,
     /// A userspace announcer (MetalLB, kube-vip) writing through an AF_PACKET socket.
     Speaker = 1,
+    /// A frame another program redirected out of this device (no socket, but
+    /// the skb remembers the device it came in on): a datapath responder such
+    /// as Cilium's, which answers ARP from its TC ingress program and gates
+    /// itself on its own ownership state. Judged like a speaker.
+    Redirect = 2,
 }
 
 /// This node's relation to an LB IP.
@@ -164,8 +169,8 @@ pub fn must_stop(origin: Origin, state: Ownership, ip_on_egress: bool) -> bool {
         Ownership::Owned => false,
         // Defence in depth against a split-brain speaker: stop every origin.
         Ownership::Foreign => true,
-        // strictARP's arp_ignore=1 rule for the kernel; a live speaker is the
-        // best authority we have, so it passes.
+        // strictARP's arp_ignore=1 rule for the kernel; a live speaker or
+        // datapath responder is the best authority we have, so it passes.
         Ownership::Unknown => origin == Origin::Kernel && !ip_on_egress,
     }
 }
@@ -229,7 +234,7 @@ macro_rules! names {
     };
 }
 names!(Kind { Reply => "reply", Gratuitous => "gratuitous", AnnounceLeak => "announce_leak" });
-names!(Origin { Kernel => "kernel", Speaker => "speaker" });
+names!(Origin { Kernel => "kernel", Speaker => "speaker", Redirect => "redirect" });
 names!(Ownership { Owned => "owned", Foreign => "foreign", Unknown => "unknown" });
 names!(Mode { Enforce => "enforce", Monitor => "monitor" });
 names!(LeakAction { Rewrite => "rewrite", Drop => "drop" });
@@ -293,6 +298,15 @@ mod tests {
             (AnnounceLeak, Kernel, Unknown, false, Rewritten),
             (AnnounceLeak, Kernel, Unknown, true, Passed),
             (AnnounceLeak, Speaker, Unknown, false, Passed),
+            // A datapath responder (Cilium) is judged like a speaker.
+            (Reply, Redirect, Owned, false, Passed),
+            (Reply, Redirect, Foreign, false, Dropped),
+            (Reply, Redirect, Foreign, true, Dropped),
+            (Reply, Redirect, Unknown, false, Passed),
+            (Gratuitous, Redirect, Unknown, false, Passed),
+            (Gratuitous, Redirect, Foreign, false, Dropped),
+            (AnnounceLeak, Redirect, Unknown, false, Passed),
+            (AnnounceLeak, Redirect, Foreign, false, Rewritten),
         ];
         for (kind, origin, state, on, want) in table {
             assert_eq!(
@@ -334,6 +348,12 @@ mod tests {
                                 // Owned never stops anything.
                                 if state == Ownership::Owned {
                                     assert_eq!(enforce, Verdict::Passed);
+                                }
+                                // A redirecting responder is judged like a speaker.
+                                if origin == Origin::Redirect {
+                                    let mut s = f;
+                                    s.origin = Origin::Speaker;
+                                    assert_eq!(monitor, decide(&s));
                                 }
                             }
                         }

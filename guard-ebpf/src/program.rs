@@ -251,13 +251,24 @@ fn outer_ethertype(ctx: &TcContext) -> Option<u16> {
 }
 
 /// Kernel ARP (replies, neighbour solicitations, address notifications) has
-/// no socket; a userspace speaker writes through an AF_PACKET socket.
+/// no socket and no ingress device; a userspace speaker writes through an
+/// AF_PACKET socket; a frame another program redirected out of this device
+/// (Cilium's ARP responder turns the request into a reply at TC ingress)
+/// has no socket but keeps the device it came in on.
 #[inline(always)]
 fn origin(ctx: &TcContext) -> Origin {
-    // SAFETY: reading skb->sk is allowed for TC programs; the verifier types
-    // it as a nullable socket pointer and we check for null before use.
+    // SAFETY: reading skb->sk and ingress_ifindex is allowed for TC programs;
+    // the verifier types sk as a nullable socket pointer and we check for
+    // null before use.
     unsafe {
-        let sk = (*ctx.skb.skb).__bindgen_anon_2.sk;
+        let skb = ctx.skb.skb;
+        // First: a frame that came in through a device was not built here,
+        // whatever socket it still references (since Linux 5.0 a frame
+        // crossing a veth keeps its sender's socket).
+        if (*skb).ingress_ifindex != 0 {
+            return Origin::Redirect;
+        }
+        let sk = (*skb).__bindgen_anon_2.sk;
         if !sk.is_null() && (*sk).family == AF_PACKET {
             Origin::Speaker
         } else {
@@ -308,6 +319,61 @@ pub fn fixture_vlan_meta(ctx: TcContext) -> i32 {
     // SAFETY: helper call on this invocation's skb; failure leaves it untagged.
     let _ = unsafe { aya_ebpf::helpers::bpf_skb_vlan_push(ctx.skb.skb, ETH_P_8021Q.to_be(), 7) };
     PASS
+}
+
+/// Test fixture maps: IPs the fixture responder answers for, and the MAC it
+/// answers with (index 0, 6 bytes + 2 padding).
+#[map(name = "FIXTURE_RESPOND")]
+static FIXTURE_RESPOND: HashMap<u32, u8> = HashMap::with_max_entries(64, 0);
+#[map(name = "FIXTURE_MAC")]
+static FIXTURE_MAC: Array<[u8; 8]> = Array::with_max_entries(1, 0);
+
+/// Test fixture, never attached by the daemon: a datapath ARP responder in
+/// the manner of Cilium's L2 announcements. At TC ingress it turns an ARP
+/// request for an IP in FIXTURE_RESPOND into the reply in place and
+/// redirects it out of the device it came in on, so the reply reaches the
+/// device's egress with no socket and with `ingress_ifindex` set.
+#[classifier]
+pub fn fixture_arp_responder(ctx: TcContext) -> i32 {
+    const ARP: usize = ETH_HLEN;
+    let Ok(ethertype) = ctx.load::<[u8; 2]>(12) else {
+        return PASS;
+    };
+    if u16::from_be_bytes(ethertype) != guard_common::frame::ETH_P_ARP {
+        return PASS;
+    }
+    let Ok(arp) = ctx.load::<[u8; guard_common::frame::ARP_LEN]>(ARP) else {
+        return PASS;
+    };
+    let Parsed::Arp(a) = guard_common::frame::parse_arp(&arp, ARP, 0) else {
+        return PASS;
+    };
+    // SAFETY: plain lookups of Copy values.
+    if a.op != guard_common::frame::ARPOP_REQUEST
+        || unsafe { FIXTURE_RESPOND.get(&a.tpa) }.is_none()
+    {
+        return PASS;
+    }
+    let Some(m) = FIXTURE_MAC.get(0).copied() else {
+        return PASS;
+    };
+    let mac = [m[0], m[1], m[2], m[3], m[4], m[5]];
+    let ok = ctx.store(0, &a.sha, 0).is_ok()
+        && ctx.store(6, &mac, 0).is_ok()
+        && ctx
+            .store(ARP + 6, &guard_common::frame::ARPOP_REPLY.to_be_bytes(), 0)
+            .is_ok()
+        && ctx.store(ARP + 8, &mac, 0).is_ok()
+        && ctx.store(ARP + 14, &a.tpa.to_be_bytes(), 0).is_ok()
+        && ctx.store(ARP + 18, &a.sha, 0).is_ok()
+        && ctx.store(ARP + 24, &a.spa.to_be_bytes(), 0).is_ok();
+    if !ok {
+        return PASS;
+    }
+    // SAFETY: ctx.skb.skb is this invocation's __sk_buff.
+    let ifindex = unsafe { (*ctx.skb.skb).ifindex };
+    // SAFETY: helper call with a valid ifindex; flags 0 = out of its egress.
+    unsafe { aya_ebpf::helpers::bpf_redirect(ifindex, 0) as i32 }
 }
 
 #[cfg(not(test))]

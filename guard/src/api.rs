@@ -105,6 +105,15 @@ impl Shared {
         })
     }
 
+    /// A cheap read of the STATS map: can the metrics path see the kernel?
+    pub fn stats_readable(&self) -> Result<()> {
+        let (_, stats) = self.maps.as_ref().context("kernel maps not available")?;
+        let stats: aya::maps::PerCpuArray<&aya::maps::MapData, u64> =
+            aya::maps::PerCpuArray::try_from(stats)?;
+        stats.get(&0, 0).context("reading STATS")?;
+        Ok(())
+    }
+
     /// Age of the main loop's last heartbeat (None: none yet).
     pub fn heartbeat_age(&self) -> Option<Duration> {
         let hb = self.heartbeat_ns.load(std::sync::atomic::Ordering::Relaxed);
@@ -222,12 +231,19 @@ fn route(req: Request<hyper::body::Incoming>, shared: &Arc<Shared>) -> Response<
         },
         "/readyz" => {
             let st = shared.read();
-            if st.not_ready.is_empty() {
+            let mut not_ready = st.not_ready.clone();
+            drop(st);
+            // Metrics that cannot read the kernel leave every dashboard and
+            // alert blind: not ready.
+            if let Err(e) = shared.stats_readable() {
+                not_ready.push(format!("/metrics cannot read the kernel counters: {e:#}"));
+            }
+            if not_ready.is_empty() {
                 text(StatusCode::OK, "ready\n", "text/plain")
             } else {
                 text(
                     StatusCode::SERVICE_UNAVAILABLE,
-                    format!("not ready: {}\n", st.not_ready.join("; ")),
+                    format!("not ready: {}\n", not_ready.join("; ")),
                     "text/plain",
                 )
             }
@@ -245,6 +261,14 @@ fn route(req: Request<hyper::body::Incoming>, shared: &Arc<Shared>) -> Response<
             ),
         },
         "/status" => status(shared),
+        "/counters" => match shared.snapshot() {
+            Ok(snap) => json(StatusCode::OK, &snap.to_doc()),
+            Err(e) => text(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                format!("{e:#}\n"),
+                "text/plain",
+            ),
+        },
         "/explain" => {
             let ip = query.split('&').find_map(|kv| kv.strip_prefix("ip="));
             match ip.and_then(|s| s.parse::<Ipv4Addr>().ok()) {

@@ -75,7 +75,7 @@ pub struct ExplainArgs {
 #[derive(Debug, Args)]
 pub struct UninstallArgs {
     /// The --pin-dir the guard ran with.
-    #[arg(long, value_name = "PATH", default_value = "/sys/fs/bpf/arp-guard")]
+    #[arg(long, value_name = "PATH", default_value = DEFAULT_PIN_DIR)]
     pub pin_dir: PathBuf,
     /// Also remove arp-guard's netlink filter from these interfaces (default: every interface).
     #[arg(short, long = "interface", value_name = "IFACE")]
@@ -229,14 +229,24 @@ pub struct RunArgs {
     pub stats_interval: Duration,
 }
 
+/// Where `--pin-dir` defaults for commands that read or remove pins.
+pub const DEFAULT_PIN_DIR: &str = "/sys/fs/bpf/arp-guard";
+
 #[derive(Debug, Args)]
 pub struct CountersArgs {
-    /// Interface whose attached guard is read (in the current network namespace).
+    /// Interface whose guard is read (in the current network namespace).
     #[arg(short, long = "interface", value_name = "IFACE", required = true)]
     pub interfaces: Vec<String>,
     /// Output format.
     #[arg(short, long, value_enum, default_value_t = Output::Table)]
     pub output: Output,
+    /// The daemon's --listen address, asked first.
+    #[arg(long, value_name = "ADDR", default_value = DEFAULT_API, env = "ARP_GUARD_API")]
+    pub api: std::net::SocketAddr,
+    /// The daemon's --pin-dir, read next when no daemon answers (needs only
+    /// read permission on the pins).
+    #[arg(long, value_name = "PATH", default_value = DEFAULT_PIN_DIR)]
+    pub pin_dir: PathBuf,
 }
 
 #[derive(Debug, Args)]

@@ -14,7 +14,7 @@ use aya::{
 use guard_common::{
     CounterKey, CounterValue, Kind, Origin, Ownership, Stat, Verdict, MAP_COUNTERS, MAP_STATS,
 };
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::datapath::ifname;
 
@@ -31,23 +31,33 @@ pub struct Snapshot {
     pub stats: BTreeMap<&'static str, u64>,
 }
 
-#[derive(Serialize)]
-struct JsonRow {
+/// One decision counter with its labels as names: what `arp-guard counters
+/// -o json` prints and what the API's `/counters` serves.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CounterRow {
     #[serde(flatten)]
-    labels: Labels,
-    packets: u64,
-    bytes: u64,
+    pub labels: Labels,
+    pub packets: u64,
+    pub bytes: u64,
+}
+
+/// The counters of one guard, as names (the CLI reads it from the API, from
+/// pinned maps, or from the kernel).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CountersDoc {
+    pub counters: Vec<CounterRow>,
+    pub totals: BTreeMap<String, u64>,
 }
 
 /// A counter key's labels as names.
-#[derive(Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Labels {
     pub lb_ip: String,
     pub interface: String,
-    pub kind: &'static str,
-    pub origin: &'static str,
-    pub state: &'static str,
-    pub verdict: &'static str,
+    pub kind: String,
+    pub origin: String,
+    pub state: String,
+    pub verdict: String,
 }
 
 impl Row {
@@ -56,10 +66,14 @@ impl Row {
         Labels {
             lb_ip: Ipv4Addr::from(k.ip).to_string(),
             interface: ifname(k.ifindex).unwrap_or_else(|| format!("ifindex:{}", k.ifindex)),
-            kind: Kind::from_u8(k.kind).map_or("?", Kind::as_str),
-            origin: Origin::from_u8(k.origin).map_or("?", Origin::as_str),
-            state: Ownership::from_u8(k.state).map_or("?", Ownership::as_str),
-            verdict: Verdict::from_u8(k.verdict).map_or("?", Verdict::as_str),
+            kind: Kind::from_u8(k.kind).map_or("?", Kind::as_str).into(),
+            origin: Origin::from_u8(k.origin).map_or("?", Origin::as_str).into(),
+            state: Ownership::from_u8(k.state)
+                .map_or("?", Ownership::as_str)
+                .into(),
+            verdict: Verdict::from_u8(k.verdict)
+                .map_or("?", Verdict::as_str)
+                .into(),
         }
     }
 }
@@ -90,11 +104,33 @@ impl Snapshot {
         Ok(Snapshot { rows, stats })
     }
 
-    /// Read the counters of the arp-guard program attached (TCX) to `iface`'s egress.
-    pub fn of_interface(iface: &str) -> Result<Self> {
+    /// Read the counters from the maps a guard pinned under `pin_dir`
+    /// (needs read permission on the pins, no capability).
+    pub fn of_pins(pin_dir: &std::path::Path) -> Result<Self> {
+        let open = |name: &str| -> Result<MapData> {
+            let path = crate::pins::map_path(pin_dir, name);
+            MapData::from_pin(&path).with_context(|| format!("opening {}", path.display()))
+        };
+        let counters = Map::PerCpuHashMap(open(MAP_COUNTERS)?);
+        let stats = Map::PerCpuArray(open(MAP_STATS)?);
+        Snapshot::read(|name| {
+            Ok(if name == MAP_COUNTERS {
+                &counters
+            } else {
+                &stats
+            })
+        })
+    }
+
+    /// Read the counters of the arp-guard program attached (TCX) to `iface`'s
+    /// egress, found through the kernel. Opening its maps by id needs
+    /// CAP_SYS_ADMIN (root on the node; not the DaemonSet's capabilities).
+    pub fn of_attached(iface: &str) -> Result<Self> {
         crate::datapath::ifindex(iface)?;
         let (_, progs) = SchedClassifier::query_tcx(iface, TcAttachType::Egress)
-            .with_context(|| format!("querying the TCX egress programs of {iface}"))?;
+            .with_context(|| {
+                format!("querying the TCX egress programs of {iface} (opening programs and maps by id needs CAP_SYS_ADMIN)")
+            })?;
         // The kernel keeps 15 characters of a program's name.
         let prefix = &crate::datapath::PROGRAM[..15];
         let Some(prog) = progs
@@ -112,7 +148,8 @@ impl Snapshot {
             .unwrap_or_default();
         let mut maps: BTreeMap<String, Map> = BTreeMap::new();
         for id in ids {
-            let data = MapData::from_id(id).with_context(|| format!("opening map id {id}"))?;
+            let data = MapData::from_id(id)
+                .with_context(|| format!("opening map id {id} (needs CAP_SYS_ADMIN)"))?;
             let name = data
                 .info()
                 .ok()
@@ -155,41 +192,24 @@ impl Snapshot {
         m
     }
 
-    pub fn to_json(&self) -> serde_json::Value {
-        let rows: Vec<JsonRow> = self
-            .rows
-            .iter()
-            .map(|r| JsonRow {
-                labels: r.labels(),
-                packets: r.value.packets,
-                bytes: r.value.bytes,
-            })
-            .collect();
-        serde_json::json!({ "counters": rows, "totals": self.stats })
-    }
-
-    /// A table for a terminal.
-    pub fn to_table(&self) -> String {
-        let mut out = String::new();
-        let _ = writeln!(
-            out,
-            "{:<16} {:<10} {:<14} {:<8} {:<8} {:<14} {:>10}",
-            "LB IP", "INTERFACE", "KIND", "ORIGIN", "STATE", "VERDICT", "PACKETS"
-        );
-        for r in &self.rows {
-            let l = r.labels();
-            let _ = writeln!(
-                out,
-                "{:<16} {:<10} {:<14} {:<8} {:<8} {:<14} {:>10}",
-                l.lb_ip, l.interface, l.kind, l.origin, l.state, l.verdict, r.value.packets
-            );
+    /// The counters as names.
+    pub fn to_doc(&self) -> CountersDoc {
+        CountersDoc {
+            counters: self
+                .rows
+                .iter()
+                .map(|r| CounterRow {
+                    labels: r.labels(),
+                    packets: r.value.packets,
+                    bytes: r.value.bytes,
+                })
+                .collect(),
+            totals: self
+                .stats
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), *v))
+                .collect(),
         }
-        if self.rows.is_empty() {
-            out.push_str("(no ARP frame from an LB IP seen yet)\n");
-        }
-        let totals: Vec<String> = self.stats.iter().map(|(k, v)| format!("{k}={v}")).collect();
-        let _ = writeln!(out, "totals: {}", totals.join(" "));
-        out
     }
 
     /// A one-line summary for logs.
@@ -209,5 +229,35 @@ impl Snapshot {
             },
             s.join(" ")
         )
+    }
+}
+
+impl CountersDoc {
+    /// A table for a terminal.
+    pub fn to_table(&self) -> String {
+        let mut out = String::new();
+        let _ = writeln!(
+            out,
+            "{:<16} {:<10} {:<14} {:<8} {:<8} {:<14} {:>10}",
+            "LB IP", "INTERFACE", "KIND", "ORIGIN", "STATE", "VERDICT", "PACKETS"
+        );
+        for r in &self.counters {
+            let l = &r.labels;
+            let _ = writeln!(
+                out,
+                "{:<16} {:<10} {:<14} {:<8} {:<8} {:<14} {:>10}",
+                l.lb_ip, l.interface, l.kind, l.origin, l.state, l.verdict, r.packets
+            );
+        }
+        if self.counters.is_empty() {
+            out.push_str("(no ARP frame from an LB IP seen yet)\n");
+        }
+        let totals: Vec<String> = self
+            .totals
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect();
+        let _ = writeln!(out, "totals: {}", totals.join(" "));
+        out
     }
 }

@@ -607,8 +607,10 @@ impl Datapath {
             .and_then(|e| guard_common::Ownership::from_u8(e.state))
     }
 
-    /// Our COUNTERS and STATS maps opened again by id (own fds), for readers
-    /// on other threads (the API).
+    /// Our COUNTERS and STATS maps on duplicated file descriptors, for
+    /// readers on other threads (the API). Duplicating an fd we hold needs no
+    /// privilege; opening a map by id would need CAP_SYS_ADMIN, which the
+    /// DaemonSet does not grant.
     pub fn counter_maps(&self) -> Result<(aya::maps::Map, aya::maps::Map)> {
         let open = |name: &str| -> Result<MapData> {
             let m = self
@@ -616,7 +618,10 @@ impl Datapath {
                 .map(name)
                 .and_then(map_data)
                 .ok_or_else(|| anyhow!("map {name} missing"))?;
-            Ok(MapData::from_id(m.info()?.id())?)
+            let fd = std::os::fd::AsFd::as_fd(m.fd())
+                .try_clone_to_owned()
+                .with_context(|| format!("duplicating the fd of map {name}"))?;
+            Ok(MapData::from_fd(fd)?)
         };
         Ok((
             aya::maps::Map::PerCpuHashMap(open(MAP_COUNTERS)?),
@@ -639,13 +644,25 @@ impl Datapath {
     /// egress interface and a dummy socket of family AF_UNSPEC, so the frame
     /// counts as kernel-originated.
     pub fn test_run(&self, frame: &[u8]) -> Result<(i32, Vec<u8>)> {
+        self.test_run_from(frame, 0)
+    }
+
+    /// The same as a frame that came in through `ingress_ifindex` (non-zero:
+    /// a redirected frame, origin `redirect`).
+    pub fn test_run_from(&self, frame: &[u8], ingress_ifindex: u32) -> Result<(i32, Vec<u8>)> {
         use aya::programs::{TestRun as _, TestRunOptions};
         let prog = self.program()?;
         let mut out = vec![0u8; frame.len() + 64];
+        // The head of a `struct __sk_buff` up to and including `ifindex`:
+        // ingress_ifindex sits at offset 36 and is one of the fields
+        // BPF_PROG_TEST_RUN copies into the skb (as skb_iif).
+        let mut ctx = [0u8; 44];
+        ctx[36..40].copy_from_slice(&ingress_ifindex.to_ne_bytes());
         let res = prog
             .test_run(TestRunOptions {
                 data_in: Some(frame),
                 data_out: Some(&mut out),
+                ctx_in: Some(&ctx),
                 ..TestRunOptions::new()
             })
             .context("BPF_PROG_TEST_RUN")?;

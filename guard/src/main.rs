@@ -3,7 +3,7 @@ use std::process::ExitCode;
 use clap::Parser as _;
 use guard::{
     cli::{Cli, Command, LogFormat, Output},
-    counters::Snapshot,
+    counters::{CountersDoc, Snapshot},
     ownership_file, preflight, view,
 };
 
@@ -34,7 +34,7 @@ fn main() -> ExitCode {
             .build()
             .map_err(anyhow::Error::from)
             .and_then(|rt| rt.block_on(guard::run::run(*args))),
-        Command::Counters(args) => counters(&args.interfaces, args.output),
+        Command::Counters(args) => counters(&args),
         Command::Validate(args) => validate(&args.file, args.node_name),
         Command::Uninstall(args) => uninstall(&args.pin_dir, &args.interfaces),
         Command::Status(args) => guard::client::status(&args),
@@ -50,16 +50,45 @@ fn main() -> ExitCode {
     }
 }
 
-fn counters(interfaces: &[String], output: Output) -> anyhow::Result<()> {
-    for iface in interfaces {
-        let snap = Snapshot::of_interface(iface)?;
-        match output {
+/// The counters of the guard on `iface`: from the running daemon's API, else
+/// from its pins, else through the kernel (TCX query and map ids: root only).
+fn counters_of(iface: &str, args: &guard::cli::CountersArgs) -> anyhow::Result<CountersDoc> {
+    let mut tried = Vec::new();
+    match guard::api::get(args.api, "/counters", None) {
+        Ok((200, body)) => return Ok(serde_json::from_str(&body)?),
+        Ok((code, body)) => tried.push(format!(
+            "the API on {} answered {code}: {}",
+            args.api,
+            body.trim()
+        )),
+        Err(e) => tried.push(format!("{e:#}")),
+    }
+    match Snapshot::of_pins(&args.pin_dir) {
+        Ok(s) => return Ok(s.to_doc()),
+        Err(e) => tried.push(format!("pins: {e:#}")),
+    }
+    match Snapshot::of_attached(iface) {
+        Ok(s) => Ok(s.to_doc()),
+        Err(e) => {
+            tried.push(format!("kernel: {e:#}"));
+            anyhow::bail!(
+                "cannot read the counters of {iface}:\n  {}",
+                tried.join("\n  ")
+            )
+        }
+    }
+}
+
+fn counters(args: &guard::cli::CountersArgs) -> anyhow::Result<()> {
+    for iface in &args.interfaces {
+        let doc = counters_of(iface, args)?;
+        match args.output {
             Output::Table => {
                 println!("== {iface} egress");
-                print!("{}", snap.to_table());
+                print!("{}", doc.to_table());
             }
             Output::Json => {
-                let mut v = snap.to_json();
+                let mut v = serde_json::to_value(&doc)?;
                 v["interface"] = serde_json::Value::String(iface.clone());
                 println!("{v}");
             }

@@ -113,10 +113,11 @@ impl Bed {
         })
     }
 
-    /// The usual daemon: guard eth0, ownership file, LB IPs from kube-ipvs0.
-    pub fn start(&self, extra: &[&str]) -> Result<Daemon> {
+    /// The usual daemon's arguments: guard eth0, ownership file, LB IPs
+    /// from kube-ipvs0, then `extra`.
+    pub fn args(&self, extra: &[&str]) -> Vec<String> {
         let owners = self.owners.to_string_lossy().into_owned();
-        let mut args = vec![
+        let mut args: Vec<String> = [
             "-i",
             "eth0",
             "--node-name",
@@ -127,8 +128,17 @@ impl Bed {
             "kube-ipvs0",
             "--file-poll",
             "200ms",
-        ];
-        args.extend_from_slice(extra);
+        ]
+        .map(str::to_owned)
+        .to_vec();
+        args.extend(extra.iter().map(|s| s.to_string()));
+        args
+    }
+
+    /// The usual daemon (see [`Bed::args`]).
+    pub fn start(&self, extra: &[&str]) -> Result<Daemon> {
+        let args = self.args(extra);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
         Daemon::start(&self.node, &args)
     }
 

@@ -25,15 +25,23 @@ impl Daemon {
 
     /// The same with an explicit binary.
     pub fn start_with(ns: &Netns, binary: &std::path::Path, args: &[&str]) -> Result<Self> {
-        let mut d = Self::spawn_with(ns, binary, args)?;
-        if d.wait_log("arp-guard is enforcing", Duration::from_secs(20))
+        Self::spawn_with(ns, binary, args)?.started()
+    }
+
+    /// Wait until the daemon enforces; fail with its log if it does not.
+    fn started(mut self) -> Result<Self> {
+        if self
+            .wait_log("arp-guard is enforcing", Duration::from_secs(20))
             .is_none()
         {
-            let log = d.log_text();
-            let status = d.child.as_mut().and_then(|c| c.try_wait().ok().flatten());
+            let log = self.log_text();
+            let status = self
+                .child
+                .as_mut()
+                .and_then(|c| c.try_wait().ok().flatten());
             bail!("arp-guard did not start (exit: {status:?}); its log:\n{log}");
         }
-        Ok(d)
+        Ok(self)
     }
 
     /// Start without waiting (for tests of start-up errors).
@@ -41,8 +49,30 @@ impl Daemon {
         Self::spawn_with(ns, &guard_binary(), args)
     }
 
+    /// Start `arp-guard run <args>` in `ns` under `wrapper` (a command that
+    /// ends by exec'ing its arguments, e.g. setpriv), and wait until it enforces.
+    pub fn start_wrapped(ns: &Netns, wrapper: &[String], args: &[&str]) -> Result<Self> {
+        Self::spawn_cmd(ns, wrapper, &guard_binary(), args)?.started()
+    }
+
     fn spawn_with(ns: &Netns, binary: &std::path::Path, args: &[&str]) -> Result<Self> {
-        let mut cmd = ns.command(binary);
+        Self::spawn_cmd(ns, &[], binary, args)
+    }
+
+    fn spawn_cmd(
+        ns: &Netns,
+        wrapper: &[String],
+        binary: &std::path::Path,
+        args: &[&str],
+    ) -> Result<Self> {
+        let mut cmd = match wrapper.split_first() {
+            None => ns.command(binary),
+            Some((first, rest)) => {
+                let mut c = ns.command(std::path::Path::new(first));
+                c.args(rest).arg(binary);
+                c
+            }
+        };
         cmd.args([
             "--log-format",
             "json",

@@ -88,9 +88,28 @@ fn startup_errors_name_the_culprit() {
         ],
     );
     assert!(
-        log.contains("cannot read ownership file /nonexistent/owners.yaml"),
+        log.contains("cannot read the ownership file")
+            && log.contains("/nonexistent/owners.yaml: cannot read"),
         "{log}"
     );
+
+    // A FIFO in place of the file: refused at once, not waited on.
+    let fifo = bed.dir.path().join("fifo.yaml");
+    let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+    // SAFETY: mkfifo with a valid NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    let log = fails(
+        ns,
+        &[
+            "-i",
+            "eth0",
+            "--ownership-file",
+            fifo.to_str().unwrap(),
+            "--node-name",
+            "node-a",
+        ],
+    );
+    assert!(log.contains("fifo.yaml: is a FIFO"), "{log}");
 
     let bad = bed.dir.path().join("bad.yaml");
     std::fs::write(

@@ -108,6 +108,82 @@ fn ownership_file_reload_valid_and_invalid() {
     );
 }
 
+/// Make `path` a FIFO (nobody ever writes it).
+fn mkfifo(path: &std::path::Path) {
+    let c = std::ffi::CString::new(path.to_str().unwrap()).unwrap();
+    // SAFETY: mkfifo with a valid NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+}
+
+fn rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap()
+}
+
+/// What a careless operator or an attacker can put at the file's path: a
+/// FIFO nobody writes (a plain read would block forever), a symlink to
+/// /dev/zero (a plain read would grow without end), a file over the limit.
+/// Each is refused at once, logged once with the path, the last good state
+/// stays, later valid edits are applied, and SIGTERM still ends the daemon.
+#[test]
+fn hostile_ownership_files_are_refused_without_blocking() {
+    testbed::require_root();
+    let bed = Bed::new("hostile").unwrap();
+    let mut guard = bed.start(&["--ownership-file-max-bytes", "4096"]).unwrap();
+    let f = FOREIGN.to_string();
+    assert_eq!(resolve(&bed, &f), None, "foreign at start");
+    let problems = [
+        ("FIFO", "is a FIFO"),
+        ("/dev/zero", "is a character device"),
+        ("too big", "more than the limit of 4096"),
+    ];
+    for (i, (what, message)) in problems.iter().enumerate() {
+        std::fs::remove_file(&bed.owners).unwrap();
+        match *what {
+            "FIFO" => mkfifo(&bed.owners),
+            "/dev/zero" => std::os::unix::fs::symlink("/dev/zero", &bed.owners).unwrap(),
+            _ => std::fs::write(
+                &bed.owners,
+                format!("# {}\n{}", "x".repeat(8192), owners_with(NODE)),
+            )
+            .unwrap(),
+        }
+        let line = guard
+            .wait_log(message, Duration::from_secs(5))
+            .unwrap_or_else(|| panic!("{what}: {}", guard.log_text()));
+        assert!(
+            line.contains("owners.yaml"),
+            "{what}: names the path: {line}"
+        );
+        // Many polls later (every 200 ms): still one line per problem.
+        std::thread::sleep(Duration::from_secs(1));
+        assert_eq!(guard.count_log(message), 1, "{what}: logged once");
+        assert_eq!(guard.count_log("ownership file unreadable"), i + 1);
+        assert_eq!(resolve(&bed, &f), None, "{what}: the last good state stays");
+        assert!(
+            rss_kib(guard.pid()) < 100 * 1024,
+            "{what}: memory stays bounded"
+        );
+    }
+    // A valid edit after all that is applied.
+    std::fs::remove_file(&bed.owners).unwrap();
+    std::fs::write(&bed.owners, owners_with(NODE)).unwrap();
+    assert!(guard
+        .wait_log("ownership file reloaded", Duration::from_secs(5))
+        .is_some());
+    assert_eq!(resolve(&bed, &f), Some(bed.node_mac), "now owned");
+    // And with a FIFO in place again, SIGTERM still ends the daemon promptly.
+    std::fs::remove_file(&bed.owners).unwrap();
+    mkfifo(&bed.owners);
+    std::thread::sleep(Duration::from_millis(500));
+    let status = guard.stop(libc::SIGTERM, Duration::from_secs(5)).unwrap();
+    assert!(status.success(), "{status:?}");
+}
+
 #[test]
 fn lb_ips_from_interface_track_its_addresses() {
     testbed::require_root();

@@ -6,7 +6,6 @@
 
 use std::time::Duration;
 
-use serde::Deserialize as _;
 use testbed::{
     bed::{Bed, Bpffs, FOREIGN, OWNED},
     guard_binary, wait_for, Daemon,
@@ -17,21 +16,20 @@ use testbed::{
 fn daemonset_privileges() -> (Vec<String>, bool) {
     let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/daemonset.yaml");
     let text = std::fs::read_to_string(path).unwrap();
-    for doc in serde_yaml::Deserializer::from_str(&text) {
-        let v = serde_yaml::Value::deserialize(doc).unwrap();
+    for v in serde_saphyr::from_str_multiple::<serde_json::Value, Vec<_>>(&text).unwrap() {
         if v["kind"] != "DaemonSet" {
             continue;
         }
         let sc = &v["spec"]["template"]["spec"]["containers"][0]["securityContext"];
         let drop: Vec<&str> = sc["capabilities"]["drop"]
-            .as_sequence()
+            .as_array()
             .unwrap()
             .iter()
             .map(|c| c.as_str().unwrap())
             .collect();
         assert_eq!(drop, ["ALL"], "the DaemonSet drops every capability first");
         let add = sc["capabilities"]["add"]
-            .as_sequence()
+            .as_array()
             .unwrap()
             .iter()
             .map(|c| c.as_str().unwrap().to_owned())

@@ -106,6 +106,14 @@ pub struct RunArgs {
     #[arg(long, value_name = "PATH")]
     pub ownership_file: Option<PathBuf>,
 
+    /// Largest ownership file read, in bytes (a Kubernetes ConfigMap holds at
+    /// most 1 MiB; the default fits about 65,536 entries). Anything larger,
+    /// and anything that is not a regular file, is rejected and the last good
+    /// state kept.
+    #[arg(long, value_name = "BYTES", default_value_t = crate::ownership_file::DEFAULT_MAX_BYTES,
+          value_parser = clap::value_parser!(u64).range(1024..=256 * 1024 * 1024))]
+    pub ownership_file_max_bytes: u64,
+
     /// Where owners come from; repeat for several. cilium, kube-vip and metallb
     /// read the Kubernetes API (for each Service the first with a record
     /// decides); `file` is the ownership file, which overrides them all.
@@ -253,6 +261,9 @@ pub struct CountersArgs {
 pub struct ValidateArgs {
     /// The ownership file to check.
     pub file: PathBuf,
+    /// Largest file accepted, in bytes (as `run --ownership-file-max-bytes`).
+    #[arg(long, value_name = "BYTES", default_value_t = crate::ownership_file::DEFAULT_MAX_BYTES)]
+    pub max_bytes: u64,
     /// Print the view of this node (default: $NODE_NAME, then the hostname).
     #[arg(long, env = "NODE_NAME")]
     pub node_name: Option<String>,
@@ -382,18 +393,16 @@ mod tests {
     /// The shipped manifests stay in step with the CLI and the file schema.
     #[test]
     fn deploy_manifests_are_accepted() {
-        use serde::Deserialize as _;
         let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy");
         let ds = std::fs::read_to_string(root.join("daemonset.yaml")).unwrap();
         let mut checked = 0;
-        for doc in serde_yaml::Deserializer::from_str(&ds) {
-            let v = serde_yaml::Value::deserialize(doc).unwrap();
+        for v in serde_saphyr::from_str_multiple::<serde_json::Value, Vec<_>>(&ds).unwrap() {
             if v["kind"] != "DaemonSet" {
                 continue;
             }
             let c = &v["spec"]["template"]["spec"]["containers"][0];
             let args: Vec<String> = c["args"]
-                .as_sequence()
+                .as_array()
                 .unwrap()
                 .iter()
                 .map(|a| a.as_str().unwrap().to_owned())
@@ -405,7 +414,7 @@ mod tests {
             };
             assert!(run.ownership_file.is_some() && !run.lb_ips_from.is_empty());
             let caps: Vec<&str> = c["securityContext"]["capabilities"]["add"]
-                .as_sequence()
+                .as_array()
                 .unwrap()
                 .iter()
                 .map(|x| x.as_str().unwrap())
@@ -417,21 +426,20 @@ mod tests {
         // RBAC: read-only, on exactly what the feed watches and nothing else.
         let rbac = std::fs::read_to_string(root.join("rbac.yaml")).unwrap();
         let mut grants = Vec::new();
-        for doc in serde_yaml::Deserializer::from_str(&rbac) {
-            let v = serde_yaml::Value::deserialize(doc).unwrap();
+        for v in serde_saphyr::from_str_multiple::<serde_json::Value, Vec<_>>(&rbac).unwrap() {
             if v["kind"] != "ClusterRole" {
                 continue;
             }
-            for rule in v["rules"].as_sequence().unwrap() {
+            for rule in v["rules"].as_array().unwrap() {
                 let verbs: Vec<&str> = rule["verbs"]
-                    .as_sequence()
+                    .as_array()
                     .unwrap()
                     .iter()
                     .map(|x| x.as_str().unwrap())
                     .collect();
                 assert_eq!(verbs, ["get", "list", "watch"]);
-                for g in rule["apiGroups"].as_sequence().unwrap() {
-                    for r in rule["resources"].as_sequence().unwrap() {
+                for g in rule["apiGroups"].as_array().unwrap() {
+                    for r in rule["resources"].as_array().unwrap() {
                         grants.push(format!("{}/{}", g.as_str().unwrap(), r.as_str().unwrap()));
                     }
                 }
@@ -448,7 +456,7 @@ mod tests {
             ]
         );
         let cm = std::fs::read_to_string(root.join("ownership-configmap.yaml")).unwrap();
-        let v: serde_yaml::Value = serde_yaml::from_str(&cm).unwrap();
+        let v: serde_json::Value = serde_saphyr::from_str(&cm).unwrap();
         let owners = v["data"]["owners.yaml"].as_str().unwrap();
         let f = crate::ownership_file::parse(std::path::Path::new("owners.yaml"), owners).unwrap();
         assert_eq!(f.ips.len(), 3);

@@ -33,9 +33,14 @@ fn main() -> ExitCode {
             .enable_all()
             .build()
             .map_err(anyhow::Error::from)
-            .and_then(|rt| rt.block_on(guard::run::run(*args))),
+            .and_then(|rt| {
+                let r = rt.block_on(guard::run::run(*args));
+                // Exit even if some blocking task (a stuck read) never returns.
+                rt.shutdown_timeout(std::time::Duration::from_secs(2));
+                r
+            }),
         Command::Counters(args) => counters(&args),
-        Command::Validate(args) => validate(&args.file, args.node_name),
+        Command::Validate(args) => validate(&args.file, args.max_bytes, args.node_name),
         Command::Uninstall(args) => uninstall(&args.pin_dir, &args.interfaces),
         Command::Status(args) => guard::client::status(&args),
         Command::Explain(args) => guard::client::explain(&args),
@@ -122,8 +127,8 @@ fn uninstall(pin_dir: &std::path::Path, interfaces: &[String]) -> anyhow::Result
     Ok(())
 }
 
-fn validate(path: &std::path::Path, node: Option<String>) -> anyhow::Result<()> {
-    let file = ownership_file::load(path)?;
+fn validate(path: &std::path::Path, max_bytes: u64, node: Option<String>) -> anyhow::Result<()> {
+    let file = ownership_file::load(path, max_bytes)?;
     let node = preflight::node_name(node)?;
     let table = guard::addrs::AddrTable::default();
     let v = view::compute(&view::Inputs {

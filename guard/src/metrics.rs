@@ -86,10 +86,10 @@ pub fn render(shared: &Shared) -> Result<String> {
             let labels: Labels = vec![
                 ("lb_ip", l.lb_ip),
                 ("interface", l.interface),
-                ("kind", l.kind.into()),
-                ("origin", l.origin.into()),
-                ("state", l.state.into()),
-                ("verdict", l.verdict.into()),
+                ("kind", l.kind),
+                ("origin", l.origin),
+                ("state", l.state),
+                ("verdict", l.verdict),
             ];
             (labels, r.value.packets)
         })
@@ -259,10 +259,10 @@ mod tests {
             .collect();
         assert!(exprs.len() >= 10);
         let rules = std::fs::read_to_string(root.join("alerts.yaml")).unwrap();
-        let r: serde_yaml::Value = serde_yaml::from_str(&rules).unwrap();
+        let r: serde_json::Value = serde_saphyr::from_str(&rules).unwrap();
         let mut rule_exprs = Vec::new();
-        for g in r["groups"].as_sequence().unwrap() {
-            for rule in g["rules"].as_sequence().unwrap() {
+        for g in r["groups"].as_array().unwrap() {
+            for rule in g["rules"].as_array().unwrap() {
                 assert!(
                     rule["alert"].as_str().is_some_and(|a| !a.is_empty()),
                     "{rule:?}"

@@ -1,7 +1,7 @@
 //! The cluster-wide ownership file: which node owns which LB IP.
 //!
 //! Every node reads the same file and derives its own view from its node name.
-//! Schema (YAML; JSON with the same fields also works):
+//! Schema (YAML; JSON, a subset of YAML, works too):
 //!
 //! ```yaml
 //! version: 1                 # optional; only 1 exists
@@ -14,21 +14,35 @@
 //! A file that does not parse, has an unknown field, a bad IP, an invalid node
 //! name, or lists an IP twice is rejected as a whole with the file, line and
 //! field named; the caller keeps its last good state.
+//!
+//! Reading is bounded: only a regular file (after symlinks) up to a size
+//! limit is read, opened non-blocking so that a FIFO or device put in its
+//! place cannot hang the reader, and parsed in linear time with the YAML
+//! parser's own spans (serde-saphyr) and budgets (no alias bombs).
 
 use std::{
     collections::BTreeMap,
     fmt,
+    io::Read as _,
     net::IpAddr,
     path::{Path, PathBuf},
 };
 
 use serde::Deserialize;
+use serde_saphyr::Spanned;
+
+/// Default `--ownership-file-max-bytes`: room for about 65,536 typical
+/// entries. (A Kubernetes ConfigMap holds at most 1 MiB.)
+pub const DEFAULT_MAX_BYTES: u64 = 4 * 1024 * 1024;
+
+/// Longest `service` text kept (it is only shown to humans).
+const MAX_SERVICE_LEN: usize = 253;
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawFile {
     #[serde(default)]
-    version: Option<u32>,
+    version: Option<Spanned<u32>>,
     /// Required, even when empty (`ips: []`): an empty or cut-off document
     /// must not read as "no LB IPs".
     ips: Vec<RawEntry>,
@@ -37,7 +51,7 @@ struct RawFile {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawEntry {
-    ip: IpAddr,
+    ip: Spanned<IpAddr>,
     #[serde(default)]
     owner: Option<String>,
     #[serde(default)]
@@ -84,21 +98,86 @@ impl fmt::Display for FileError {
 
 impl std::error::Error for FileError {}
 
-/// Read and parse `path`.
-pub fn load(path: &Path) -> Result<OwnershipFile, FileError> {
-    let text = std::fs::read_to_string(path).map_err(|e| FileError {
-        path: path.to_owned(),
-        line: None,
-        field: None,
-        message: format!("cannot read: {e}"),
-    })?;
-    parse(path, &text)
+impl FileError {
+    fn whole(path: &Path, message: String) -> Self {
+        FileError {
+            path: path.to_owned(),
+            line: None,
+            field: None,
+            message,
+        }
+    }
 }
 
-fn is_json(path: &Path, text: &str) -> bool {
-    path.extension()
-        .is_some_and(|e| e.eq_ignore_ascii_case("json"))
-        || text.trim_start().starts_with('{')
+/// Read `path` if it is a regular file of at most `max_bytes` (symlinks are
+/// followed: Kubernetes mounts ConfigMaps through them). The file is opened
+/// non-blocking, so a FIFO or device in its place is refused, never waited on.
+pub fn read_bounded(path: &Path, max_bytes: u64) -> Result<String, FileError> {
+    use std::os::unix::fs::{FileTypeExt as _, OpenOptionsExt as _};
+    let err = |m: String| FileError::whole(path, m);
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
+        .open(path)
+        .map_err(|e| err(format!("cannot read: {e}")))?;
+    let meta = file
+        .metadata()
+        .map_err(|e| err(format!("cannot read: {e}")))?;
+    let t = meta.file_type();
+    if !t.is_file() {
+        let what = if t.is_fifo() {
+            "a FIFO"
+        } else if t.is_char_device() {
+            "a character device"
+        } else if t.is_block_device() {
+            "a block device"
+        } else if t.is_socket() {
+            "a socket"
+        } else if t.is_dir() {
+            "a directory"
+        } else {
+            "not a regular file"
+        };
+        return Err(err(format!(
+            "is {what}, not a regular file; refusing to read it"
+        )));
+    }
+    let too_big = |n: u64| {
+        err(format!(
+            "is {n} bytes, more than the limit of {max_bytes} (--ownership-file-max-bytes)"
+        ))
+    };
+    if meta.len() > max_bytes {
+        return Err(too_big(meta.len()));
+    }
+    // The file may grow between fstat and read: never read past the limit.
+    let mut buf = Vec::with_capacity(meta.len() as usize);
+    file.take(max_bytes + 1)
+        .read_to_end(&mut buf)
+        .map_err(|e| err(format!("cannot read: {e}")))?;
+    if buf.len() as u64 > max_bytes {
+        return Err(too_big(buf.len() as u64));
+    }
+    String::from_utf8(buf).map_err(|e| err(format!("is not UTF-8 text ({e})")))
+}
+
+/// Read (bounded) and parse `path`.
+pub fn load(path: &Path, max_bytes: u64) -> Result<OwnershipFile, FileError> {
+    parse(path, &read_bounded(path, max_bytes)?)
+}
+
+/// The parser's limits: generous for the largest file the size limit lets
+/// through, and no room for alias expansion games.
+fn options(text: &str) -> serde_saphyr::Options {
+    let mut budget = serde_saphyr::Budget::default();
+    // Every node takes at least two bytes of text; an alias cannot multiply them.
+    let nodes = (text.len() / 2).max(budget.max_nodes);
+    budget.max_nodes = nodes;
+    budget.max_events = nodes.max(budget.max_events);
+    let mut o = serde_saphyr::Options::default();
+    o.budget = Some(budget);
+    o.with_snippet = false;
+    o
 }
 
 /// Parse the text of an ownership file; `path` is only used in errors.
@@ -109,60 +188,54 @@ pub fn parse(path: &Path, text: &str) -> Result<OwnershipFile, FileError> {
         field,
         message,
     };
-    let raw: RawFile = if is_json(path, text) {
-        let de = &mut serde_json::Deserializer::from_str(text);
-        serde_path_to_error::deserialize(de).map_err(|e| {
-            let field = non_root(e.path().to_string());
-            let inner = e.into_inner();
-            let line = (inner.line() > 0).then_some(inner.line());
-            err(
-                line,
-                field.clone(),
-                clean_message(&inner.to_string(), field.as_deref()),
-            )
-        })?
-    } else {
-        let de = serde_yaml::Deserializer::from_str(text);
-        serde_path_to_error::deserialize(de).map_err(|e| {
-            let field = non_root(e.path().to_string());
-            let inner = e.into_inner();
-            let line = inner.location().map(|l| l.line());
-            err(
-                line,
-                field.clone(),
-                clean_message(&inner.to_string(), field.as_deref()),
-            )
-        })?
+    let raw: RawFile = match serde_saphyr::from_str_with_options(text, options(text)) {
+        Ok(raw) => raw,
+        // Rare: parse once more, tracking the path, to name the field.
+        Err(e) => {
+            let mut field = None;
+            let _ =
+                serde_saphyr::with_deserializer_from_str_with_options(text, options(text), |de| {
+                    serde_path_to_error::deserialize::<_, RawFile>(de)
+                        .map(drop)
+                        .map_err(|e| {
+                            // `Spanned` adds a `.value` level the file does not have.
+                            let path = e.path().to_string();
+                            field = non_root(path.trim_end_matches(".value").to_owned());
+                            e.into_inner()
+                        })
+                });
+            let line = e.location().map(|l| l.line() as usize).filter(|l| *l > 0);
+            let message = if e.to_string().contains("end of input") {
+                "the document is empty or cut off: `ips` is required (`ips: []` means no LB IPs)"
+                    .to_owned()
+            } else {
+                clean_message(&e.to_string(), field.as_deref())
+            };
+            return Err(err(line, field, message));
+        }
     };
     if let Some(v) = raw.version {
-        if v != 1 {
-            let line = text
-                .lines()
-                .position(|l| l.trim_start().starts_with("version") || l.contains("\"version\""))
-                .map(|i| i + 1);
+        if v.value != 1 {
             return Err(err(
-                line,
+                Some(v.referenced.line() as usize),
                 Some("version".into()),
-                format!("unsupported version {v} (this arp-guard reads version 1)"),
+                format!(
+                    "unsupported version {} (this arp-guard reads version 1)",
+                    v.value
+                ),
             ));
         }
     }
     let mut ips = BTreeMap::new();
-    let mut search_from = 0;
     for (i, e) in raw.ips.into_iter().enumerate() {
-        // serde gives no spans for values: find the entry's line by its IP,
-        // searching forward from the previous entry (entries are in order).
-        let line =
-            line_of(text, &e.ip.to_string(), search_from).or(line_of(text, &e.ip.to_string(), 0));
-        if let Some(l) = line {
-            search_from = l;
-        }
+        let line = e.ip.referenced.line() as usize;
+        let ip = e.ip.value;
         let field = |name: &str| Some(format!("ips[{i}].{name}"));
-        if !is_unicast(e.ip) {
+        if !is_unicast(ip) {
             return Err(err(
-                line,
+                Some(line),
                 field("ip"),
-                format!("{} is not a unicast address an LB IP can have", e.ip),
+                format!("{ip} is not a unicast address an LB IP can have"),
             ));
         }
         let owner = match e.owner {
@@ -170,31 +243,31 @@ pub fn parse(path: &Path, text: &str) -> Result<OwnershipFile, FileError> {
             Some(o) => {
                 if let Err(why) = check_node_name(&o) {
                     return Err(err(
-                        line,
+                        Some(line),
                         field("owner"),
-                        format!("`{o}` is not a valid node name: {why}"),
+                        format!("`{}` is not a valid node name: {why}", clip(&o, 80)),
                     ));
                 }
                 Some(o)
             }
             None => None,
         };
-        let entry = Entry {
-            owner,
-            service: e.service,
-            line: line.unwrap_or(0),
-        };
-        if let Some(prev) = ips.get(&e.ip) {
+        if let Some(prev) = ips.get(&ip) {
             let Entry {
                 line: prev_line, ..
             } = prev;
             return Err(err(
-                line,
+                Some(line),
                 field("ip"),
-                format!("{} is listed twice (first at line {prev_line})", e.ip),
+                format!("{ip} is listed twice (first at line {prev_line})"),
             ));
         }
-        ips.insert(e.ip, entry);
+        let entry = Entry {
+            owner,
+            service: e.service.map(|s| clip(&s, MAX_SERVICE_LEN)),
+            line,
+        };
+        ips.insert(ip, entry);
     }
     Ok(OwnershipFile {
         path: path.to_owned(),
@@ -202,13 +275,30 @@ pub fn parse(path: &Path, text: &str) -> Result<OwnershipFile, FileError> {
     })
 }
 
+/// At most `max` characters of `s`, marked when cut: text from files and
+/// the cluster is shown to humans and logged, never in full when huge.
+pub fn clip(s: &str, max: usize) -> String {
+    match s.char_indices().nth(max) {
+        None => s.to_owned(),
+        Some((i, _)) => format!("{}...({} bytes)", &s[..i], s.len()),
+    }
+}
+
 fn non_root(p: String) -> Option<String> {
     (p != "." && !p.is_empty()).then_some(p)
 }
 
-/// serde_yaml prefixes the field path and both parsers append " at line X
-/// column Y"; we print field and line ourselves.
+/// serde-saphyr prefixes "error: line X column Y: " (we print the line
+/// ourselves), and messages may name the field again.
 fn clean_message(msg: &str, field: Option<&str>) -> String {
+    let first = msg.lines().next().unwrap_or(msg);
+    let msg = match first.strip_prefix("error: ") {
+        Some(rest) => match rest.find(": ") {
+            Some(i) if rest[..i].starts_with("line ") => &rest[i + 2..],
+            _ => rest,
+        },
+        None => first,
+    };
     let msg = match msg.rfind(" at line ") {
         Some(i) => &msg[..i],
         None => msg,
@@ -218,27 +308,6 @@ fn clean_message(msg: &str, field: Option<&str>) -> String {
         .and_then(|m| m.strip_prefix(": "))
         .unwrap_or(msg);
     msg.to_owned()
-}
-
-/// The 1-based number of the first line at or after line `from` (1-based,
-/// exclusive: lines after it) that contains `needle` as a whole token.
-fn line_of(text: &str, needle: &str, from: usize) -> Option<usize> {
-    text.lines().enumerate().skip(from).find_map(|(i, l)| {
-        let content = l.split('#').next().unwrap_or("");
-        let mut rest = content;
-        while let Some(pos) = rest.find(needle) {
-            let before = rest[..pos].chars().next_back();
-            let after = rest[pos + needle.len()..].chars().next();
-            let boundary = |c: Option<char>| {
-                c.is_none_or(|c| !(c.is_ascii_alphanumeric() || c == '.' || c == ':'))
-            };
-            if boundary(before) && boundary(after) {
-                return Some(i + 1);
-            }
-            rest = &rest[pos + needle.len()..];
-        }
-        None
-    })
 }
 
 fn is_unicast(ip: IpAddr) -> bool {
@@ -347,10 +416,10 @@ mod tests {
         assert!(e.line.is_some(), "{e}");
         let e = parse(
             Path::new("o.json"),
-            "{\"ips\": [\n  {\"ip\": \"198.51.100.1\",}\n]}",
+            "{\"ips\": [\n  {\"ip\": \"198.51.100.1\"}\n  {\"ip\": \"198.51.100.2\"}\n]}",
         )
         .unwrap_err();
-        assert_eq!(e.line, Some(2), "{e}");
+        assert_eq!(e.line, Some(3), "{e}");
     }
 
     #[test]
@@ -377,9 +446,97 @@ mod tests {
     }
 
     #[test]
-    fn line_search_is_token_exact() {
-        let text = "ips:\n  - ip: 198.51.100.100\n  - ip: 198.51.100.10\n";
-        assert_eq!(line_of(text, "198.51.100.10", 0), Some(3));
+    fn lines_come_from_the_parser_whatever_the_spelling() {
+        // The same address spelt differently, and a longer address that
+        // starts with it: each entry keeps its own line.
+        let text = "ips:\n  - ip: 198.51.100.100\n  - ip: fd00:0:0::1\n  - ip: 198.51.100.10\n  - {ip: \"fd00::2\", owner: n1}\n";
+        let f = p(text).unwrap();
+        let line = |s: &str| f.ips[&s.parse::<IpAddr>().unwrap()].line;
+        assert_eq!(
+            (
+                line("198.51.100.100"),
+                line("fd00::1"),
+                line("198.51.100.10"),
+                line("fd00::2")
+            ),
+            (2, 3, 4, 5)
+        );
+    }
+
+    /// 65,536 entries parse in linear time (the old line search was
+    /// quadratic: minutes for this size). Timing goes to BENCHMARKS.md; this
+    /// only guards against a return to quadratic behaviour: doubling the
+    /// input must not come near quadrupling the time.
+    #[test]
+    fn parsing_is_linear() {
+        let doc = |n: u32| {
+            let mut t = String::from("ips:\n");
+            for i in 0..n {
+                let ip = std::net::Ipv4Addr::from(0xc612_0000u32 + i);
+                t.push_str(&format!("  - ip: {ip}\n    owner: worker-{}\n", i % 50));
+            }
+            t
+        };
+        let time = |n: u32| {
+            let text = doc(n);
+            let t = std::time::Instant::now();
+            let f = p(&text).unwrap();
+            assert_eq!(f.ips.len(), n as usize);
+            t.elapsed()
+        };
+        let (small, big) = (time(2_048), time(8_192));
+        // Linear: ~4x; quadratic: ~16x. Allow noise up to 10x.
+        assert!(
+            big < small * 10,
+            "4x the entries took {big:?} vs {small:?}: not linear"
+        );
+    }
+
+    #[test]
+    fn huge_and_hostile_documents_are_bounded() {
+        // An alias bomb does not expand without limit.
+        let bomb = "a: &a [1,1,1,1,1,1,1,1,1]\nb: &b [*a,*a,*a,*a,*a,*a,*a,*a,*a]\nc: &c [*b,*b,*b,*b,*b,*b,*b,*b,*b]\nd: &d [*c,*c,*c,*c,*c,*c,*c,*c,*c]\ne: &e [*d,*d,*d,*d,*d,*d,*d,*d,*d]\nf: [*e,*e,*e,*e,*e,*e,*e,*e,*e]\nips: []\n";
+        assert!(p(bomb).is_err());
+        // A huge service text is kept short.
+        let long = "x".repeat(100_000);
+        let f = p(&format!(
+            "ips:\n  - ip: 198.51.100.1\n    service: {long}\n"
+        ))
+        .unwrap();
+        let s = f.ips.values().next().unwrap().service.clone().unwrap();
+        assert!(s.len() < 300 && s.ends_with("(100000 bytes)"), "{s}");
+    }
+
+    #[test]
+    fn only_regular_files_within_the_limit_are_read() {
+        let dir = std::env::temp_dir().join(format!("arp-guard-of-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("owners.yaml");
+        std::fs::write(&file, "ips: []\n").unwrap();
+        assert_eq!(read_bounded(&file, 100).unwrap(), "ips: []\n");
+        let e = read_bounded(&file, 4).unwrap_err();
+        assert!(e.message.contains("more than the limit of 4"), "{e}");
+        // A symlink to a device is followed and refused, not read forever.
+        let zero = dir.join("zero.yaml");
+        let _ = std::fs::remove_file(&zero);
+        std::os::unix::fs::symlink("/dev/zero", &zero).unwrap();
+        let e = read_bounded(&zero, 1 << 20).unwrap_err();
+        assert!(e.message.contains("character device"), "{e}");
+        // A FIFO with no writer: refused at once instead of blocking.
+        let fifo = dir.join("fifo.yaml");
+        let _ = std::fs::remove_file(&fifo);
+        let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+        // SAFETY: mkfifo with a valid NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        let e = read_bounded(&fifo, 1 << 20).unwrap_err();
+        assert!(e.message.contains("FIFO"), "{e}");
+        assert!(
+            e.to_string().contains("fifo.yaml"),
+            "the error names the path: {e}"
+        );
+        let e = read_bounded(&dir, 1 << 20).unwrap_err();
+        assert!(e.message.contains("directory"), "{e}");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

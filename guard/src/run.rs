@@ -114,8 +114,9 @@ pub async fn run(args: RunArgs) -> Result<()> {
     // The file must be valid at start: there is no "last good state" yet.
     let file = match &args.ownership_file {
         Some(path) => {
-            let text = std::fs::read_to_string(path)
-                .with_context(|| format!("cannot read ownership file {}", path.display()))?;
+            let text = file_source::read(path, args.ownership_file_max_bytes)
+                .await
+                .context("cannot read the ownership file")?;
             let file = ownership_file::parse(path, &text).context("invalid ownership file")?;
             Some((file, text))
         }
@@ -319,7 +320,13 @@ pub async fn run(args: RunArgs) -> Result<()> {
     // Without a file the sender stays here, so `changed()` simply never fires.
     let _idle_file_tx = match (args.ownership_file.clone(), file) {
         (Some(path), Some((_, text))) => {
-            tokio::spawn(file_source::watch(path, text, file_tx, args.file_poll));
+            tokio::spawn(file_source::watch(
+                path,
+                text,
+                file_tx,
+                args.file_poll,
+                args.ownership_file_max_bytes,
+            ));
             None
         }
         _ => Some(file_tx),

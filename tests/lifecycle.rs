@@ -810,3 +810,125 @@ fn bpffs_unmounted_under_a_running_daemon() {
     let status = guard.stop(libc::SIGTERM, Duration::from_secs(10)).unwrap();
     assert!(status.success(), "{}", guard.log_text());
 }
+
+/// LB IPs churn through (Services come and go): counter rows of IPs that
+/// left are reclaimed after the grace period, so the counter map never fills
+/// up with the past and new IPs are always counted per IP; /metrics keeps at
+/// most --metrics-max-ip-series per-IP series.
+#[test]
+fn counters_of_departed_ips_are_reclaimed_and_metrics_stay_bounded() {
+    testbed::require_root();
+    let bed = Bed::new("churn").unwrap();
+    // 64 LB IPs at most: the counter map then holds 1,024 rows; 8 rounds of
+    // 60 IPs with 3 decisions each (1,440 rows) would fill it without reclaim.
+    let guard = bed
+        .start(&[
+            "--max-lb-ips",
+            "64",
+            "--counter-grace",
+            "1s",
+            "--metrics-max-ip-series",
+            "50",
+        ])
+        .unwrap();
+    let bed_ips: Vec<std::net::Ipv4Addr> = testbed::bed::default_owners()
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("- ip: ")?.parse().ok())
+        .collect();
+    let pool: Vec<std::net::Ipv4Addr> = (2..255u8)
+        .map(|i| std::net::Ipv4Addr::new(203, 0, 113, i))
+        .chain((12..100u8).map(|i| std::net::Ipv4Addr::new(198, 51, 100, i)))
+        .chain((107..255u8).map(|i| std::net::Ipv4Addr::new(198, 51, 100, i)))
+        .filter(|ip| !bed_ips.contains(ip))
+        .collect();
+    let speaker = RawSocket::open(&bed.node, "eth0").unwrap();
+    let rows_for = |ips: &[std::net::Ipv4Addr]| -> usize {
+        let c = bed.counters().unwrap();
+        c["counters"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|r| ips.iter().any(|ip| r["lb_ip"] == ip.to_string()))
+            .count()
+    };
+    let mut reloads = 0;
+    for round in pool.chunks(60).take(8) {
+        let mut file = String::from("ips:\n");
+        for ip in round {
+            file.push_str(&format!("  - ip: {ip}\n    owner: {OTHER}\n"));
+        }
+        let tmp = bed.dir.path().join(".owners.tmp");
+        std::fs::write(&tmp, file).unwrap();
+        std::fs::rename(&tmp, &bed.owners).unwrap();
+        reloads += 1;
+        assert!(
+            wait_for(Duration::from_secs(5), || (guard
+                .count_log("ownership file reloaded")
+                == reloads)
+                .then_some(()))
+            .is_some(),
+            "{}",
+            guard.log_text()
+        );
+        // Applied once the first IP's gratuitous ARP is stopped.
+        let garp = ArpSpec::gratuitous(2, bed.node_mac, round[0]).to_bytes();
+        assert!(
+            wait_for(Duration::from_secs(5), || (!speaker.send(&garp).unwrap())
+                .then_some(()))
+            .is_some()
+        );
+        // Three decisions per IP: reply, gratuitous, announce leak (all foreign).
+        for ip in round {
+            assert!(!speaker
+                .send(&ArpSpec::gratuitous(2, bed.node_mac, *ip).to_bytes())
+                .unwrap());
+            assert!(!speaker
+                .send(
+                    &ArpSpec::reply(bed.node_mac, *ip, bed.peer_mac, testbed::bed::PEER_IP)
+                        .to_bytes()
+                )
+                .unwrap());
+            assert!(speaker
+                .send(&ArpSpec::request(bed.node_mac, *ip, testbed::bed::PEER_IP).to_bytes())
+                .unwrap());
+        }
+        assert_eq!(
+            rows_for(round),
+            3 * round.len(),
+            "every new IP is counted per IP"
+        );
+        // Rows of the IPs that left go once the grace period has passed.
+        let earlier: Vec<_> = pool[..reloads * 60 - 60].to_vec();
+        assert!(
+            wait_for(Duration::from_secs(5), || (rows_for(&earlier) == 0)
+                .then_some(()))
+            .is_some(),
+            "rows of departed IPs are reclaimed ({} left)",
+            rows_for(&earlier)
+        );
+        assert_eq!(
+            rows_for(round),
+            3 * round.len(),
+            "the current IPs keep theirs"
+        );
+    }
+    // 1,440 rows went through a map of 1,024 and it never filled.
+    assert_eq!(
+        bed.total("counter_map_full").unwrap(),
+        0,
+        "the map never filled"
+    );
+    // /metrics: at most 50 per-IP series, the rest summed as "other".
+    let (code, m) = bed
+        .node
+        .enter(|| guard::api::get("127.0.0.1:9477".parse().unwrap(), "/metrics", None))
+        .unwrap();
+    assert_eq!(code, 200);
+    let per_ip = m
+        .lines()
+        .filter(|l| l.starts_with("arp_guard_arp_frames_total{") && !l.contains("lb_ip=\"other\""))
+        .count();
+    assert_eq!(per_ip, 50, "{m}");
+    assert!(m.contains("lb_ip=\"other\""), "{m}");
+    assert!(m.contains("arp_guard_metrics_folded_series 130"), "{m}");
+}

@@ -281,3 +281,125 @@ fn drop_events_stream_with_a_rate_limit() {
     let _ = tail.kill();
     let _ = tail.wait();
 }
+
+/// Open `n` connections to the API from inside the node namespace, each
+/// having sent `prefix` (an unfinished request).
+fn open_connections(bed: &Bed, n: usize, prefix: &'static str) -> Vec<std::net::TcpStream> {
+    bed.node
+        .enter(move || {
+            let mut out = Vec::new();
+            for _ in 0..n {
+                let Ok(mut s) = std::net::TcpStream::connect(API) else {
+                    break;
+                };
+                use std::io::Write as _;
+                let _ = s.write_all(prefix.as_bytes());
+                out.push(s);
+            }
+            Ok(out)
+        })
+        .unwrap()
+}
+
+/// Closed by the server: a read sees EOF or a reset.
+fn closed_by_server(s: &mut std::net::TcpStream) -> bool {
+    use std::io::Read as _;
+    s.set_read_timeout(Some(Duration::from_millis(10))).unwrap();
+    let mut b = [0u8; 512];
+    match s.read(&mut b) {
+        Ok(0) => true,
+        Ok(_) => false,
+        Err(e) => !matches!(
+            e.kind(),
+            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+        ),
+    }
+}
+
+fn open_fds(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .count()
+}
+
+/// Any local user can connect to the API. Slow clients (slowloris), a flood
+/// of connections, running the daemon out of file descriptors, and wrong
+/// methods must never stop it: it keeps answering once they are gone.
+#[test]
+fn the_api_survives_its_clients() {
+    testbed::require_root();
+    let bed = Bed::new("apidos").unwrap();
+    let guard = bed.start(&[]).unwrap();
+    let fds_before = open_fds(guard.pid());
+
+    // 300 clients that never finish their headers.
+    let mut slow = open_connections(&bed, 300, "GET /metrics HTTP/1.1\r\nHost: x\r\n");
+    assert!(!slow.is_empty());
+    // The daemon holds at most its connection limit of them...
+    assert!(
+        open_fds(guard.pid()) <= fds_before + guard::api::MAX_CONNECTIONS + 4,
+        "{} fds",
+        open_fds(guard.pid())
+    );
+    // ...and closes every one once the header timeout passes.
+    let all_closed = wait_for(guard::api::HEADER_TIMEOUT + Duration::from_secs(3), || {
+        slow.iter_mut().all(closed_by_server).then_some(())
+    });
+    assert!(all_closed.is_some(), "slow clients are dropped");
+    drop(slow);
+    assert_eq!(get(&bed, "/healthz").0, 200, "and the API answers");
+
+    // Methods other than GET/HEAD.
+    let (code, _) = bed
+        .node
+        .enter(|| {
+            use std::io::{Read as _, Write as _};
+            let mut s = std::net::TcpStream::connect(API)?;
+            s.write_all(b"POST /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")?;
+            let mut r = String::new();
+            s.read_to_string(&mut r)?;
+            Ok((r.lines().next().unwrap_or("").to_owned(), r))
+        })
+        .map(|(status, r)| (status.contains(" 405 "), r))
+        .unwrap();
+    assert!(code, "POST answers 405");
+
+    // Out of file descriptors: the daemon may open only a few more (the
+    // soft limit; lowering and raising it within the hard one needs no
+    // privilege).
+    let pid = guard.pid().to_string();
+    let limit = open_fds(guard.pid()) + 6;
+    let out = std::process::Command::new("prlimit")
+        .args(["--pid", &pid, &format!("--nofile={limit}:")])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let hog = open_connections(&bed, 40, "GET /healthz HTTP/1.1\r\nHost: x\r\n");
+    assert!(
+        guard
+            .wait_log("the API cannot accept connections", Duration::from_secs(5))
+            .is_some(),
+        "accept fails with EMFILE: {}",
+        guard.log_text()
+    );
+    drop(hog);
+    let out = std::process::Command::new("prlimit")
+        .args(["--pid", &pid, "--nofile=1024:"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    assert!(
+        wait_for(Duration::from_secs(10), || (get(&bed, "/healthz").0 == 200)
+            .then_some(()))
+        .is_some(),
+        "the API answers again once descriptors are free"
+    );
+    assert!(guard
+        .wait_log("the API accepts connections again", Duration::from_secs(5))
+        .is_some());
+    assert_eq!(
+        guard.count_log("the API cannot accept connections"),
+        1,
+        "logged once per episode, not per attempt"
+    );
+}

@@ -91,6 +91,8 @@ pub struct Shared {
     pub maps: Option<(aya::maps::Map, aya::maps::Map)>,
     /// Drop events, one line of JSON each, for `/events` subscribers.
     pub events: broadcast::Sender<String>,
+    /// `--metrics-max-ip-series`.
+    pub metrics_max_ip_series: usize,
 }
 
 impl Shared {
@@ -189,31 +191,101 @@ fn json(code: StatusCode, v: &impl Serialize) -> Response<Body> {
     )
 }
 
-/// Serve on `listener` until it fails.
-pub async fn serve(listener: tokio::net::TcpListener, shared: Arc<Shared>) -> Result<()> {
+/// Connections served at once; more are closed at once (counted).
+pub const MAX_CONNECTIONS: usize = 64;
+/// A client must send a request's headers within this time, also between
+/// requests on a kept-alive connection (slow or idle clients are dropped).
+pub const HEADER_TIMEOUT: Duration = Duration::from_secs(5);
+/// A connection that is not an event stream is closed after this long.
+pub const CONNECTION_TIMEOUT: Duration = Duration::from_secs(60);
+/// `/events` subscribers at once.
+pub const MAX_EVENT_STREAMS: usize = 16;
+
+/// Serve on `listener` for the life of the daemon. Local clients cannot stop
+/// it: headers must come within [`HEADER_TIMEOUT`], at most
+/// [`MAX_CONNECTIONS`] are served at once, and a failing `accept` (EMFILE
+/// when the process is out of file descriptors) is logged and retried with
+/// a back-off instead of ending the API.
+pub async fn serve(listener: tokio::net::TcpListener, shared: Arc<Shared>) {
     if let Ok(addr) = listener.local_addr() {
-        tracing::info!(%addr, "API listening: /metrics /healthz /readyz /status /explain /events");
+        tracing::info!(%addr, "API listening: /metrics /healthz /readyz /status /explain /events /counters");
     }
+    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
+    let mut backoff = Duration::from_millis(10);
+    let mut failing = false;
     loop {
-        let (stream, _) = listener
-            .accept()
-            .await
-            .context("accepting an API connection")?;
+        let stream = match listener.accept().await {
+            Ok((stream, _)) => {
+                if failing {
+                    tracing::info!("the API accepts connections again");
+                    failing = false;
+                }
+                backoff = Duration::from_millis(10);
+                stream
+            }
+            Err(e) => {
+                OPS.error("api_accept");
+                if !failing {
+                    tracing::warn!(error = %e, "the API cannot accept connections; retrying");
+                    failing = true;
+                }
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(1));
+                continue;
+            }
+        };
+        let Ok(slot) = slots.clone().try_acquire_owned() else {
+            OPS.error("api_connection_limit");
+            drop(stream);
+            continue;
+        };
         let shared = shared.clone();
         tokio::spawn(async move {
+            let _slot = slot;
+            let streaming = Arc::new(std::sync::atomic::AtomicBool::new(false));
+            let flag = streaming.clone();
             let io = hyper_util::rt::TokioIo::new(stream);
             let svc = hyper::service::service_fn(move |req| {
                 let shared = shared.clone();
-                async move { Ok::<_, Infallible>(route(req, &shared)) }
+                let flag = flag.clone();
+                async move { Ok::<_, Infallible>(route(req, &shared, &flag)) }
             });
-            let _ = hyper::server::conn::http1::Builder::new()
-                .serve_connection(io, svc)
-                .await;
+            let conn = hyper::server::conn::http1::Builder::new()
+                .timer(hyper_util::rt::TokioTimer::new())
+                .header_read_timeout(HEADER_TIMEOUT)
+                .max_buf_size(64 * 1024)
+                .serve_connection(io, svc);
+            tokio::pin!(conn);
+            tokio::select! {
+                _ = &mut conn => {}
+                _ = tokio::time::sleep(CONNECTION_TIMEOUT) => {
+                    // An event stream lives as long as its reader wants.
+                    if streaming.load(std::sync::atomic::Ordering::Relaxed) {
+                        let _ = conn.await;
+                    }
+                }
+            }
         });
     }
 }
 
-fn route(req: Request<hyper::body::Incoming>, shared: &Arc<Shared>) -> Response<Body> {
+fn route(
+    req: Request<hyper::body::Incoming>,
+    shared: &Arc<Shared>,
+    streaming: &std::sync::atomic::AtomicBool,
+) -> Response<Body> {
+    if req.method() != hyper::Method::GET && req.method() != hyper::Method::HEAD {
+        let mut r = text(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "only GET and HEAD\n",
+            "text/plain",
+        );
+        r.headers_mut().insert(
+            "allow",
+            hyper::header::HeaderValue::from_static("GET, HEAD"),
+        );
+        return r;
+    }
     let path = req.uri().path();
     let query = req.uri().query().unwrap_or("");
     match path {
@@ -280,10 +352,13 @@ fn route(req: Request<hyper::body::Incoming>, shared: &Arc<Shared>) -> Response<
                 ),
             }
         }
-        "/events" => events(shared),
+        "/events" => {
+            streaming.store(true, std::sync::atomic::Ordering::Relaxed);
+            events(shared)
+        }
         _ => text(
             StatusCode::NOT_FOUND,
-            "not found: try /metrics /healthz /readyz /status /explain?ip= /events\n",
+            "not found: try /metrics /healthz /readyz /status /explain?ip= /events /counters\n",
             "text/plain",
         ),
     }
@@ -422,6 +497,13 @@ pub fn explain(shared: &Shared, ip: Ipv4Addr) -> Explanation {
 
 /// A live stream of drop events, one JSON object per line.
 fn events(shared: &Arc<Shared>) -> Response<Body> {
+    if shared.events.receiver_count() >= MAX_EVENT_STREAMS {
+        return text(
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("too many event streams (at most {MAX_EVENT_STREAMS})\n"),
+            "text/plain",
+        );
+    }
     let rx = shared.events.subscribe();
     let stream = futures::stream::unfold(rx, |mut rx| async move {
         let line = match rx.recv().await {

@@ -201,6 +201,17 @@ pub struct RunArgs {
     #[arg(long, value_name = "N", default_value_t = guard_common::MAX_LB_IPS, value_parser = clap::value_parser!(u32).range(1..=1_048_576))]
     pub max_lb_ips: u32,
 
+    /// Counter rows of an LB IP that left the LB set are deleted this long
+    /// after it left (long enough for a scrape to see their last values).
+    #[arg(long, value_name = "DURATION", default_value = "5m", value_parser = parse_duration)]
+    pub counter_grace: Duration,
+
+    /// At most this many per-LB-IP series in /metrics: past it, series of
+    /// passed frames go first, then the least busy, into lb_ip="other"
+    /// (0: no per-IP series at all; for large fleets).
+    #[arg(long, value_name = "N", default_value_t = 4096)]
+    pub metrics_max_ip_series: usize,
+
     /// Pin maps, program and TCX links under this bpffs directory (mounting
     /// bpffs at /sys/fs/bpf if needed). A restarted daemon takes them over
     /// without a gap. Without it nothing is pinned.

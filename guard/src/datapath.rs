@@ -13,8 +13,8 @@ use aya::{
     Ebpf, Pod,
 };
 use guard_common::{
-    Config, IfAddrKey, LbEntry, LeakAction, Mode, MAP_CONFIG, MAP_COUNTERS, MAP_HEARTBEAT,
-    MAP_IF_ADDRS, MAP_IF_PRIMARY, MAP_LB_IPS, MAP_STATS,
+    Config, CounterKey, CounterValue, IfAddrKey, LbEntry, LeakAction, Mode, MAP_CONFIG,
+    MAP_COUNTERS, MAP_HEARTBEAT, MAP_IF_ADDRS, MAP_IF_PRIMARY, MAP_LB_IPS, MAP_STATS,
 };
 
 use crate::{cli::AttachArg, counters::Snapshot, view::View};
@@ -103,6 +103,13 @@ impl Default for Gate {
     }
 }
 
+/// Rows of the per-IP counter map for a given LB IP capacity: room for
+/// several decisions (kinds, origins, verdicts, interfaces) per IP. Rows of
+/// IPs that left the LB set are reclaimed ([`Datapath::reclaim_counters`]).
+pub fn counter_capacity(lb_ips: u32) -> u32 {
+    lb_ips.saturating_mul(4).clamp(1024, 4 * 1024 * 1024)
+}
+
 /// CLOCK_MONOTONIC in ns: the clock bpf_ktime_get_ns reads.
 pub fn monotonic_ns() -> u64 {
     let mut ts = libc::timespec {
@@ -126,6 +133,8 @@ pub struct Datapath {
     pin_dir: Option<std::path::PathBuf>,
     /// Drop events per second per CPU, burst.
     event_rate: (u32, u32),
+    /// LB IPs with counter rows that are no longer in the LB set, and since when.
+    counters_gone: std::collections::HashMap<u32, std::time::Instant>,
 }
 
 impl Datapath {
@@ -151,6 +160,7 @@ impl Datapath {
         let lb_ips = lb_ips.max(1);
         let mut loader = aya::EbpfLoader::new();
         loader.map_max_entries(MAP_LB_IPS, lb_ips);
+        loader.map_max_entries(MAP_COUNTERS, counter_capacity(lb_ips));
         if let Some(dir) = pin_dir {
             crate::pins::ensure_bpffs(dir)?;
             crate::pins::drop_incompatible_maps(dir, lb_ips);
@@ -187,6 +197,7 @@ impl Datapath {
             attached: Vec::new(),
             applied: Applied::default(),
             logger,
+            counters_gone: Default::default(),
         };
         dp.set_config(mode, leak_action)?;
         Ok(dp)
@@ -547,17 +558,9 @@ impl Datapath {
         let lb: BTreeMap<u32, LbEntry> = read(&self.ebpf, MAP_LB_IPS)?;
         let if_addrs: BTreeMap<IfAddrKey, u8> = read(&self.ebpf, MAP_IF_ADDRS)?;
         let if_primary: BTreeMap<u32, u32> = read(&self.ebpf, MAP_IF_PRIMARY)?;
-        let diff = |a: usize, b: usize| a.abs_diff(b);
-        let differing = diff(lb.len(), self.applied.lb.len())
-            + lb.iter()
-                .filter(|(k, v)| self.applied.lb.get(k) != Some(v))
-                .count()
-            + diff(if_addrs.len(), self.applied.if_addrs.len())
-            + diff(if_primary.len(), self.applied.if_primary.len())
-            + if_primary
-                .iter()
-                .filter(|(k, v)| self.applied.if_primary.get(k) != Some(v))
-                .count();
+        let differing = differing(&lb, &self.applied.lb)
+            + differing(&if_addrs, &self.applied.if_addrs)
+            + differing(&if_primary, &self.applied.if_primary);
         self.applied = Applied {
             lb,
             if_addrs,
@@ -627,6 +630,44 @@ impl Datapath {
             aya::maps::Map::PerCpuHashMap(open(MAP_COUNTERS)?),
             aya::maps::Map::PerCpuArray(open(MAP_STATS)?),
         ))
+    }
+
+    /// Delete the counter rows of IPs that have been out of the LB map for
+    /// `grace` (long enough for a scrape to see their last values), so that
+    /// churn cannot fill the map and leave new IPs uncounted. Returns how
+    /// many rows went.
+    pub fn reclaim_counters(
+        &mut self,
+        now: std::time::Instant,
+        grace: std::time::Duration,
+    ) -> Result<usize> {
+        use aya::maps::PerCpuHashMap;
+        let Self {
+            ebpf,
+            applied,
+            counters_gone,
+            ..
+        } = self;
+        let map = ebpf
+            .map_mut(MAP_COUNTERS)
+            .ok_or_else(|| anyhow!("map {MAP_COUNTERS} missing"))?;
+        let mut map: PerCpuHashMap<&mut MapData, CounterKey, CounterValue> =
+            PerCpuHashMap::try_from(map)?;
+        let keys: Vec<CounterKey> = map.keys().filter_map(Result::ok).collect();
+        let mut gone_now = std::collections::HashSet::new();
+        let mut removed = 0;
+        for k in keys {
+            if applied.lb.contains_key(&k.ip) {
+                continue;
+            }
+            gone_now.insert(k.ip);
+            let since = *counters_gone.entry(k.ip).or_insert(now);
+            if now.saturating_duration_since(since) >= grace && map.remove(&k).is_ok() {
+                removed += 1;
+            }
+        }
+        counters_gone.retain(|ip, _| gone_now.contains(ip));
+        Ok(removed)
     }
 
     /// Sum the kernel-side counters over CPUs.
@@ -713,6 +754,18 @@ impl Datapath {
             .map_mut(name)
             .ok_or_else(|| anyhow!("map {name} missing from the embedded object"))
     }
+}
+
+/// Entries that differ between what a map holds and our record of it: keys
+/// on one side only, and keys whose values differ (by content, so a
+/// same-size swap is drift too).
+fn differing<K: Ord, V: PartialEq>(kernel: &BTreeMap<K, V>, ours: &BTreeMap<K, V>) -> usize {
+    let changed_or_extra = kernel
+        .iter()
+        .filter(|(k, v)| ours.get(k) != Some(v))
+        .count();
+    let missing = ours.keys().filter(|k| !kernel.contains_key(k)).count();
+    changed_or_extra + missing
 }
 
 fn map_data_mut(m: &mut aya::maps::Map) -> Option<&mut MapData> {

@@ -16,6 +16,7 @@
 //! | `arp_guard_feed_events_total` | counter | source |
 //! | `arp_guard_map_updates_total` | counter | op |
 //! | `arp_guard_errors_total` | counter | cause |
+//! | `arp_guard_metrics_folded_series` | gauge | |
 
 use std::sync::atomic::Ordering;
 
@@ -58,6 +59,39 @@ impl Collector for Values {
     }
 }
 
+/// The per-IP decision series, at most `max` of them with their own
+/// `lb_ip`: what alerts need most (frames stopped or that would be) keeps its
+/// label first, then the busiest; the rest is summed under lb_ip="other".
+/// Returns the series and how many rows were folded.
+fn ip_series(snap: &crate::counters::Snapshot, max: usize) -> (Vec<(Labels, u64)>, usize) {
+    let mut rows: Vec<&crate::counters::Row> = snap.rows.iter().collect();
+    let passed = guard_common::Verdict::Passed as u8;
+    rows.sort_by_key(|r| (r.key.verdict == passed, std::cmp::Reverse(r.value.packets)));
+    let labels = |r: &crate::counters::Row, ip: Option<String>| -> Labels {
+        let l = r.labels();
+        vec![
+            ("lb_ip", ip.unwrap_or(l.lb_ip)),
+            ("interface", l.interface),
+            ("kind", l.kind),
+            ("origin", l.origin),
+            ("state", l.state),
+            ("verdict", l.verdict),
+        ]
+    };
+    let mut out: Vec<(Labels, u64)> = rows
+        .iter()
+        .take(max)
+        .map(|r| (labels(r, None), r.value.packets))
+        .collect();
+    let mut other: std::collections::BTreeMap<Labels, u64> = Default::default();
+    for r in rows.iter().skip(max) {
+        *other.entry(labels(r, Some("other".into()))).or_default() += r.value.packets;
+    }
+    let folded = rows.len().saturating_sub(max);
+    out.extend(other);
+    (out, folded)
+}
+
 /// Every metric name the daemon exports (dashboards and alerts are checked against it).
 pub const NAMES: &[&str] = &[
     "arp_guard_arp_frames_total",
@@ -73,27 +107,18 @@ pub const NAMES: &[&str] = &[
     "arp_guard_feed_events_total",
     "arp_guard_map_updates_total",
     "arp_guard_errors_total",
+    "arp_guard_metrics_folded_series",
 ];
 
 pub fn render(shared: &Shared) -> Result<String> {
     let mut v = Values::default();
     let snap = shared.snapshot()?;
-    let frames = snap
-        .rows
-        .iter()
-        .map(|r| {
-            let l = r.labels();
-            let labels: Labels = vec![
-                ("lb_ip", l.lb_ip),
-                ("interface", l.interface),
-                ("kind", l.kind),
-                ("origin", l.origin),
-                ("state", l.state),
-                ("verdict", l.verdict),
-            ];
-            (labels, r.value.packets)
-        })
-        .collect();
+    let (frames, folded) = ip_series(&snap, shared.metrics_max_ip_series);
+    v.gauges.push((
+        "arp_guard_metrics_folded_series",
+        "Per-LB-IP counter series folded into lb_ip=\"other\" (--metrics-max-ip-series).",
+        vec![(vec![], folded as f64)],
+    ));
     v.counters.push((
         "arp_guard_arp_frames",
         "ARP announcements of LB IPs judged by the egress program, by decision.",

@@ -18,7 +18,7 @@ use anyhow::{bail, Context as _, Result};
 use aya::{maps::MapData, programs::links::PinnedLink};
 use guard_common::{
     Config, CounterKey, CounterValue, IfAddrKey, LbEntry, MAP_CONFIG, MAP_COUNTERS, MAP_HEARTBEAT,
-    MAP_IF_ADDRS, MAP_IF_PRIMARY, MAP_LB_IPS, MAP_STATS, MAX_COUNTERS, MAX_IF_ADDRS,
+    MAP_IF_ADDRS, MAP_IF_PRIMARY, MAP_LB_IPS, MAP_STATS, MAX_IF_ADDRS,
 };
 
 /// statfs(2) magic of bpffs.
@@ -44,7 +44,7 @@ pub fn pinned_maps(lb_capacity: u32) -> [(&'static str, u32, u32, u32); 7] {
             MAP_COUNTERS,
             size_of::<CounterKey>() as u32,
             size_of::<CounterValue>() as u32,
-            MAX_COUNTERS,
+            crate::datapath::counter_capacity(lb_capacity),
         ),
         (MAP_STATS, 4, 8, guard_common::Stat::COUNT),
         (MAP_CONFIG, 4, size_of::<Config>() as u32, 1),

@@ -236,6 +236,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
             )
             .ok(),
         events: tokio::sync::broadcast::channel(1024).0,
+        metrics_max_ip_series: args.metrics_max_ip_series,
     });
     match dp.take_events() {
         Ok(ring) => {
@@ -245,11 +246,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
     }
     if let Some(listener) = listener {
         let s = shared.clone();
-        tokio::spawn(async move {
-            if let Err(e) = api::serve(listener, s).await {
-                tracing::error!(error = %format!("{e:#}"), "the API stopped");
-            }
-        });
+        tokio::spawn(api::serve(listener, s));
     }
     // The daemon's state, built once per change, for the API and the status file.
     let mut last_status = None;
@@ -343,6 +340,13 @@ pub async fn run(args: RunArgs) -> Result<()> {
     let mut reconcile_tick =
         tokio::time::interval(args.resync.max(std::time::Duration::from_secs(1)));
     reconcile_tick.tick().await;
+    // Counter rows of IPs that left are looked at often enough to go soon
+    // after their grace period, and no more often than needed.
+    let mut reclaim_tick = tokio::time::interval((args.counter_grace / 2).clamp(
+        std::time::Duration::from_secs(1),
+        std::time::Duration::from_secs(30),
+    ));
+    reclaim_tick.tick().await;
     let mut current = view;
     let mut pins_ok = true;
     let mut node_warned = false;
@@ -390,6 +394,14 @@ pub async fn run(args: RunArgs) -> Result<()> {
                         dirty = !report_apply(&mut dp, &current, additive);
                     }
                     Err(e) => tracing::warn!(error = %format!("{e:#}"), "cannot re-read the BPF maps"),
+                }
+                continue;
+            }
+            _ = reclaim_tick.tick() => {
+                match dp.reclaim_counters(std::time::Instant::now(), args.counter_grace) {
+                    Ok(0) => {}
+                    Ok(n) => tracing::debug!(rows = n, "counter rows of LB IPs gone for --counter-grace removed"),
+                    Err(e) => tracing::warn!(error = %format!("{e:#}"), "cannot reclaim counter rows"),
                 }
                 continue;
             }

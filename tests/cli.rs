@@ -200,3 +200,39 @@ fn validate_prints_the_nodes_view() {
     );
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// Text logs written to a pipe or file carry no ANSI colour codes.
+#[test]
+fn text_logs_have_no_colour_codes_off_a_terminal() {
+    testbed::require_root();
+    let ns = Netns::new("ansi").unwrap();
+    let child = ns
+        .command(&guard_binary())
+        .args([
+            "--log-format",
+            "text",
+            "run",
+            "-i",
+            "eth9",
+            "--lb-ips-from",
+            "kube-ipvs9",
+            "--node-name",
+            "n",
+            "--listen",
+            "none",
+        ])
+        .stderr(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_secs(2));
+    // SAFETY: kill(2) on our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let out = child.wait_with_output().unwrap();
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert!(log.contains("WARN") && log.contains("kube-ipvs9"), "{log}");
+    assert!(
+        !log.contains('\u{1b}'),
+        "colour codes in a piped log: {log:?}"
+    );
+}

@@ -7,7 +7,7 @@ use std::{net::Ipv4Addr, time::Duration};
 
 use testbed::{
     cluster_bed::ClusterBed,
-    fake_api::{objects, Resource},
+    fake_api::{objects, Fault, Resource},
     wait_for, ArpSpec, RawSocket,
 };
 
@@ -493,5 +493,222 @@ fn pinned_restart_keeps_cluster_knowledge_until_synced() {
     assert!(
         !speaker.send(&garp).unwrap(),
         "and after the sync, still foreign"
+    );
+}
+
+/// Renews `lease` (held by `holder`) every 500 ms, as a live holder does,
+/// until dropped.
+struct Renewer {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Renewer {
+    fn start(api: &testbed::fake_api::FakeApi, holder: &'static str, duration: i32) -> Self {
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = stop.clone();
+        let api = api.handle();
+        let thread = std::thread::spawn(move || {
+            let mut n = 0u32;
+            while !flag.load(std::sync::atomic::Ordering::SeqCst) {
+                n += 1;
+                let renew = format!(
+                    "2026-11-30T11:{:02}:{:02}.{:06}Z",
+                    (n / 2) / 60 % 60,
+                    (n / 2) % 60,
+                    n % 1_000_000
+                );
+                api.apply(Resource::Leases, cilium_lease(holder, duration, &renew));
+                std::thread::sleep(Duration::from_millis(500));
+            }
+        });
+        Renewer {
+            stop,
+            thread: Some(thread),
+        }
+    }
+}
+
+impl Drop for Renewer {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Whoever the neighbour learns for `ip`, checked every 300 ms for `how_long`.
+fn always_answers(bed: &ClusterBed, ip: Ipv4Addr, want: &str, how_long: Duration) {
+    let end = std::time::Instant::now() + how_long;
+    while std::time::Instant::now() < end {
+        assert_eq!(
+            bed.who_answers(ip).as_deref(),
+            Some(want),
+            "the owner's answer must get through while the guard is blind"
+        );
+        std::thread::sleep(Duration::from_millis(300));
+    }
+}
+
+/// The guard going blind must never take permission away from the owner: a
+/// Lease watch stuck half-way through a chunk (while GETs still work), the
+/// API refusing the guard (403, 401, 500): node-a, whose Lease is renewed
+/// all along, keeps answering; node-b's speaker passes once node-b is
+/// degraded, its kernel does not. A confirmed move still takes effect.
+#[test]
+fn a_blind_guard_never_takes_the_owners_ip_away() {
+    testbed::require_root();
+    let bed = ClusterBed::new("blind", &[LB]).unwrap();
+    bed.api.apply(
+        Resource::Services,
+        objects::service("default", "web", &["198.51.100.100"]),
+    );
+    let renewer = Renewer::start(&bed.api, "node-a", 3);
+    let guards = bed.start(&["--announcer", "cilium"]).unwrap();
+    check(bed.wait_answer(LB, Some("node-a"), CHANGE));
+
+    // 1. The Lease watch is stuck: no renewal reaches the guards. Each
+    //    seeming expiry is confirmed by a GET, which shows the renewal.
+    let gets = bed.api.gets();
+    bed.api.set_fault(Resource::Leases, Some(Fault::StuckWatch));
+    always_answers(&bed, LB, "node-a", Duration::from_secs(10));
+    assert!(bed.api.gets() > gets, "expiries were confirmed with GETs");
+    for g in &guards {
+        assert!(
+            g.wait_log(
+                "the Lease watch is stuck; rebuilding it",
+                Duration::from_secs(5)
+            )
+            .is_some(),
+            "{}",
+            g.log_text()
+        );
+    }
+    bed.api.set_fault(Resource::Leases, None);
+
+    // 2. The API refuses the guards' Lease requests (RBAC broken for them).
+    bed.api
+        .set_fault(Resource::Leases, Some(Fault::Status(403)));
+    always_answers(&bed, LB, "node-a", Duration::from_secs(8));
+    assert!(
+        guards[0]
+            .wait_log("cannot confirm the expiry of Lease", Duration::from_secs(5))
+            .is_some(),
+        "{}",
+        guards[0].log_text()
+    );
+
+    // 3. Everything fails (500 for Services, 401 for Leases) past the
+    //    staleness threshold: both guards degrade; node-a keeps its IP.
+    bed.api
+        .set_fault(Resource::Services, Some(Fault::Status(500)));
+    bed.api
+        .set_fault(Resource::Leases, Some(Fault::Status(401)));
+    for g in &guards {
+        assert!(
+            g.wait_log("ownership feed stale", Duration::from_secs(30))
+                .is_some(),
+            "{}",
+            g.log_text()
+        );
+    }
+    always_answers(&bed, LB, "node-a", Duration::from_secs(3));
+    let node_b = &bed.nodes[1];
+    let speaker = RawSocket::open(&node_b.ns, "eth0").unwrap();
+    let garp = ArpSpec::gratuitous(2, node_b.mac, LB).to_bytes();
+    assert!(
+        speaker.send(&garp).unwrap(),
+        "degraded node-b: foreign judged unknown, its speaker passes"
+    );
+    bed.api.set_fault(Resource::Services, None);
+    bed.api.set_fault(Resource::Leases, None);
+    for g in &guards {
+        assert!(
+            g.wait_log("fresh again", Duration::from_secs(20)).is_some(),
+            "{}",
+            g.log_text()
+        );
+    }
+    assert!(
+        wait_for(CHANGE, || (!speaker.send(&garp).unwrap()).then_some(())).is_some(),
+        "foreign again on node-b"
+    );
+
+    // 4. A confirmed new holder still moves the IP.
+    drop(renewer);
+    let _renewer = Renewer::start(&bed.api, "node-b", 3);
+    check(bed.wait_answer(LB, Some("node-b"), CHANGE));
+}
+
+/// A stream that shows no progress at all (no event, no bookmark, no end of
+/// watch) past its idle deadline is stuck: it is relisted, and that shows in
+/// the log, the metrics and (with a short threshold) as degraded. An absurd
+/// lease duration is clamped and logged once.
+#[test]
+fn a_silent_stream_is_rebuilt_and_shows() {
+    testbed::require_root();
+    let bed = ClusterBed::new("idle", &[LB]).unwrap();
+    bed.api.apply(
+        Resource::Services,
+        objects::service("default", "web", &["198.51.100.100"]),
+    );
+    bed.api.apply(
+        Resource::Leases,
+        cilium_lease("node-a", 2147483647, "2026-11-30T10:00:00.000000Z"),
+    );
+    let guards = bed
+        .start(&[
+            "--announcer",
+            "cilium",
+            "--kube-watch-timeout",
+            "2s",
+            "--stale-after",
+            "5s",
+        ])
+        .unwrap();
+    let guard = &guards[0];
+    check(bed.wait_answer(LB, Some("node-a"), CHANGE));
+    bed.api
+        .set_fault(Resource::Services, Some(Fault::StuckWatch));
+    // Idle deadline: 2 s watch timeout + 10 s margin.
+    let line = guard
+        .wait_log("Kubernetes watch stream stuck", Duration::from_secs(20))
+        .unwrap_or_else(|| panic!("{}", guard.log_text()));
+    assert!(line.contains("services"), "{line}");
+    assert!(
+        guard
+            .wait_log("ownership feed stale", Duration::from_secs(5))
+            .is_some(),
+        "blind for 12 s > 5 s: degraded: {}",
+        guard.log_text()
+    );
+    let (code, m) = bed.nodes[0]
+        .ns
+        .enter(|| guard::api::get("127.0.0.1:9477".parse().unwrap(), "/metrics", None))
+        .unwrap();
+    assert_eq!(code, 200);
+    assert!(
+        m.lines()
+            .any(|l| l
+                .starts_with("arp_guard_feed_rebuilds_total{stream=\"services\",reason=\"idle\"}")),
+        "{m}"
+    );
+    assert!(
+        m.contains("arp_guard_feed_stream_healthy{stream=\"leases\"} 1"),
+        "{m}"
+    );
+    // Owned all along.
+    assert_eq!(bed.who_answers(LB).as_deref(), Some("node-a"));
+    bed.api.set_fault(Resource::Services, None);
+    assert!(guard
+        .wait_log("fresh again", Duration::from_secs(20))
+        .is_some());
+    // The absurd duration, seen in every relist, was logged once.
+    assert_eq!(
+        guard.count_log("absurd leaseDurationSeconds"),
+        1,
+        "{}",
+        guard.log_text()
     );
 }

@@ -932,3 +932,49 @@ fn counters_of_departed_ips_are_reclaimed_and_metrics_stay_bounded() {
     assert!(m.contains("lb_ip=\"other\""), "{m}");
     assert!(m.contains("arp_guard_metrics_folded_series 130"), "{m}");
 }
+
+/// A second daemon on the same pin directory would run beside the first and,
+/// exiting, remove the pins the first relies on for its no-gap restart. It
+/// is refused, naming the first's pid; so is `uninstall` unless forced.
+#[test]
+fn one_daemon_per_pin_directory() {
+    testbed::require_root();
+    let bed = Bed::new("lock").unwrap();
+    let fs = testbed::bed::Bpffs::new("lock").unwrap();
+    let dir = fs.path().join("arp-guard");
+    let d = dir.to_str().unwrap();
+    let first = bed.start(&["--pin-dir", d]).unwrap();
+    // The second one: same pins (another API port, so that the port is not
+    // what stops it).
+    let args = bed.args(&["--pin-dir", d, "--listen", "127.0.0.1:9478"]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let mut second = Daemon::spawn(&bed.node, &args).unwrap();
+    let status = second.wait_exit(Duration::from_secs(10)).unwrap();
+    assert!(!status.success());
+    let want = format!("another arp-guard (pid {}) uses --pin-dir {d}", first.pid());
+    assert!(second.log_text().contains(&want), "{}", second.log_text());
+    // The first one still guards, pins intact.
+    assert!(dir.join("map_LB_IPS").exists());
+    assert_eq!(resolve(&bed, &FOREIGN.to_string()), None);
+    let bin = guard_binary();
+    let uninstall = |extra: &[&str]| {
+        let mut a = vec![bin.to_str().unwrap(), "uninstall", "--pin-dir", d];
+        a.extend_from_slice(extra);
+        bed.node.exec_output(&a).unwrap()
+    };
+    let out = uninstall(&[]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(&format!("arp-guard pid {} holds --pin-dir", first.pid()))
+            && err.contains("--force"),
+        "{err}"
+    );
+    assert!(dir.join("map_LB_IPS").exists(), "nothing removed");
+    drop(first);
+    // Once the first is gone, a new daemon takes the directory over.
+    let _third = bed.start(&["--pin-dir", d]).unwrap();
+    let out = uninstall(&["--force"]);
+    assert!(out.status.success(), "{out:?}");
+    assert!(!dir.exists());
+}

@@ -58,6 +58,8 @@ pub struct Ops {
     pub map_writes: AtomicU64,
     pub map_removes: AtomicU64,
     pub errors: Mutex<BTreeMap<&'static str, u64>>,
+    /// Kubernetes streams rebuilt (relisted), by stream and reason.
+    pub feed_rebuilds: Mutex<BTreeMap<(String, &'static str), u64>>,
 }
 
 impl Ops {
@@ -67,6 +69,14 @@ impl Ops {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .entry(cause)
+            .or_default() += 1;
+    }
+    pub fn feed_rebuild(&self, stream: &str, reason: &'static str) {
+        *self
+            .feed_rebuilds
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry((stream.to_owned(), reason))
             .or_default() += 1;
     }
     pub fn feed_event(&self, source: &str) {

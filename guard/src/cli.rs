@@ -80,6 +80,9 @@ pub struct UninstallArgs {
     /// Also remove arp-guard's netlink filter from these interfaces (default: every interface).
     #[arg(short, long = "interface", value_name = "IFACE")]
     pub interfaces: Vec<String>,
+    /// Remove the pins even while a daemon holds the pin directory.
+    #[arg(long)]
+    pub force: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -156,8 +159,14 @@ pub struct RunArgs {
     #[arg(long)]
     pub external_ips: bool,
 
-    /// Treat `foreign` as `unknown` once the API has been unreachable this long
-    /// (default: the longest lease duration seen, at least 15s).
+    /// The API server ends each watch after this long; a stream that shows
+    /// no progress (event, bookmark, end of watch) for this plus 10 s is
+    /// stuck and is relisted.
+    #[arg(long, value_name = "DURATION", default_value = "55s", value_parser = parse_duration)]
+    pub kube_watch_timeout: Duration,
+
+    /// Treat `foreign` as `unknown` once the guard has been blind this long
+    /// (default: the longest lease duration in use, between 15s and 60s).
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     pub stale_after: Option<Duration>,
 

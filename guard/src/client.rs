@@ -50,11 +50,21 @@ pub fn status(args: &ClientArgs) -> Result<()> {
     if !v["feed"].is_null() {
         let f = &v["feed"];
         println!(
-            "  kubernetes feed: announcers {}  synced {}  degraded {}",
+            "  kubernetes feed: announcers {}  synced {}  blind {}  degraded {}  unconfirmed leases {}",
             s(&f["announcers"]),
             s(&f["synced"]),
-            s(&f["degraded"])
+            s(&f["blind"]),
+            s(&f["degraded"]),
+            s(&f["unconfirmed_leases"])
         );
+        for st in f["streams"].as_array().into_iter().flatten() {
+            let health = if st["healthy"] == true { "healthy" } else { "FAILING" };
+            println!(
+                "    stream {:<32} {health} {}",
+                s(&st["name"]),
+                st["error"].as_str().unwrap_or("")
+            );
+        }
     }
     println!(
         "  LB IPs {} (owned {}, foreign {}, unknown {}), not enforced {}, map memory {} bytes",

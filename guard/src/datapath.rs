@@ -135,6 +135,8 @@ pub struct Datapath {
     event_rate: (u32, u32),
     /// LB IPs with counter rows that are no longer in the LB set, and since when.
     counters_gone: std::collections::HashMap<u32, std::time::Instant>,
+    /// Held while we own `pin_dir` (released when we exit).
+    _pin_lock: Option<crate::pins::PinLock>,
 }
 
 impl Datapath {
@@ -161,8 +163,14 @@ impl Datapath {
         let mut loader = aya::EbpfLoader::new();
         loader.map_max_entries(MAP_LB_IPS, lb_ips);
         loader.map_max_entries(MAP_COUNTERS, counter_capacity(lb_ips));
+        let lock = match pin_dir {
+            Some(dir) => {
+                crate::pins::ensure_bpffs(dir)?;
+                Some(crate::pins::lock(dir)?)
+            }
+            None => None,
+        };
         if let Some(dir) = pin_dir {
-            crate::pins::ensure_bpffs(dir)?;
             crate::pins::drop_incompatible_maps(dir, lb_ips);
             for (name, ..) in crate::pins::pinned_maps(lb_ips) {
                 loader.map_pin_path(name, crate::pins::map_path(dir, name));
@@ -198,6 +206,7 @@ impl Datapath {
             applied: Applied::default(),
             logger,
             counters_gone: Default::default(),
+            _pin_lock: lock,
         };
         dp.set_config(mode, leak_action)?;
         Ok(dp)

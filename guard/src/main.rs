@@ -15,8 +15,11 @@ fn init_logging(cli: &Cli) {
         );
         tracing_subscriber::EnvFilter::new("info")
     });
+    // Colour only on a terminal: a file or a log collector gets plain text.
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(ansi)
         .with_writer(std::io::stderr);
     match cli.log_format {
         LogFormat::Text => builder.init(),
@@ -41,7 +44,7 @@ fn main() -> ExitCode {
             }),
         Command::Counters(args) => counters(&args),
         Command::Validate(args) => validate(&args.file, args.max_bytes, args.node_name),
-        Command::Uninstall(args) => uninstall(&args.pin_dir, &args.interfaces),
+        Command::Uninstall(args) => uninstall(&args.pin_dir, &args.interfaces, args.force),
         Command::Status(args) => guard::client::status(&args),
         Command::Explain(args) => guard::client::explain(&args),
         Command::Events(args) => guard::client::events(&args),
@@ -102,8 +105,22 @@ fn counters(args: &guard::cli::CountersArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn uninstall(pin_dir: &std::path::Path, interfaces: &[String]) -> anyhow::Result<()> {
+fn uninstall(pin_dir: &std::path::Path, interfaces: &[String], force: bool) -> anyhow::Result<()> {
     guard::preflight::check_capabilities()?;
+    if let Some(pid) = guard::pins::locked_by(pin_dir) {
+        let who = pid.map_or_else(
+            || "a running arp-guard".to_owned(),
+            |p| format!("arp-guard pid {p}"),
+        );
+        if !force {
+            anyhow::bail!(
+                "{who} holds --pin-dir {}: stop it first (uninstalling under it would take the guard \
+                 away from a daemon that relies on it), or pass --force",
+                pin_dir.display()
+            );
+        }
+        eprintln!("arp-guard: --force: removing the pins {who} holds");
+    }
     for name in guard::pins::uninstall(pin_dir)? {
         println!("removed {}/{name}", pin_dir.display());
     }

@@ -17,6 +17,9 @@
 //! | `arp_guard_map_updates_total` | counter | op |
 //! | `arp_guard_errors_total` | counter | cause |
 //! | `arp_guard_metrics_folded_series` | gauge | |
+//! | `arp_guard_feed_stream_healthy` | gauge | stream |
+//! | `arp_guard_feed_unconfirmed_leases` | gauge | |
+//! | `arp_guard_feed_rebuilds_total` | counter | stream, reason |
 
 use std::sync::atomic::Ordering;
 
@@ -108,6 +111,9 @@ pub const NAMES: &[&str] = &[
     "arp_guard_map_updates_total",
     "arp_guard_errors_total",
     "arp_guard_metrics_folded_series",
+    "arp_guard_feed_stream_healthy",
+    "arp_guard_feed_unconfirmed_leases",
+    "arp_guard_feed_rebuilds_total",
 ];
 
 pub fn render(shared: &Shared) -> Result<String> {
@@ -189,6 +195,24 @@ pub fn render(shared: &Shared) -> Result<String> {
                 "1 while foreign is degraded to unknown for lack of a fresh feed.",
                 vec![(vec![], f64::from(u8::from(feed.degraded)))],
             ));
+            v.gauges.push((
+                "arp_guard_feed_stream_healthy",
+                "1 while a Kubernetes watch stream delivers (0: failing or stuck).",
+                feed.streams
+                    .iter()
+                    .map(|s| {
+                        (
+                            vec![("stream", s.name.clone())],
+                            f64::from(u8::from(s.healthy)),
+                        )
+                    })
+                    .collect(),
+            ));
+            v.gauges.push((
+                "arp_guard_feed_unconfirmed_leases",
+                "Leases in use past their deadline that the API has not confirmed (their holders keep their claims).",
+                vec![(vec![], feed.unconfirmed_leases as f64)],
+            ));
         }
     }
     if st.feed_enabled {
@@ -211,6 +235,16 @@ pub fn render(shared: &Shared) -> Result<String> {
             .unwrap_or_else(|p| p.into_inner())
             .iter()
             .map(|(k, n)| (vec![("source", k.clone())], *n))
+            .collect(),
+    ));
+    v.counters.push((
+        "arp_guard_feed_rebuilds",
+        "Kubernetes watch streams rebuilt (relisted), by stream and reason (idle, stuck, api_back).",
+        ops.feed_rebuilds
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .map(|((s, r), n)| (vec![("stream", s.clone()), ("reason", (*r).to_owned())], *n))
             .collect(),
     ));
     v.counters.push((

@@ -178,6 +178,74 @@ pub fn uninstall(dir: &Path) -> Result<Vec<String>> {
     Ok(done)
 }
 
+/// An exclusive lock on a pin directory, held for the life of a daemon: a
+/// second daemon on the same pins would otherwise run beside the first and,
+/// exiting, remove the pins the first relies on. flock(2) on the directory
+/// itself (bpffs holds no regular files); the kernel releases it when the
+/// holder exits, however it exits.
+#[derive(Debug)]
+pub struct PinLock {
+    _dir: std::fs::File,
+}
+
+/// Take the lock on `dir`, or say which process holds it.
+pub fn lock(dir: &Path) -> Result<PinLock> {
+    use std::os::{fd::AsRawFd as _, unix::fs::OpenOptionsExt as _};
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECTORY)
+        .open(dir)
+        .with_context(|| format!("opening {}", dir.display()))?;
+    // SAFETY: flock on an fd we own.
+    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+        return Ok(PinLock { _dir: file });
+    }
+    let err = io::Error::last_os_error();
+    if err.raw_os_error() != Some(libc::EWOULDBLOCK) {
+        return Err(err).with_context(|| format!("locking {}", dir.display()));
+    }
+    match holder(dir) {
+        Some(pid) => bail!(
+            "another arp-guard (pid {pid}) uses --pin-dir {}; one daemon per pin directory",
+            dir.display()
+        ),
+        None => bail!(
+            "another arp-guard uses --pin-dir {}; one daemon per pin directory",
+            dir.display()
+        ),
+    }
+}
+
+/// Is a daemon holding the lock on `dir`? Its pid, if it can be told.
+pub fn locked_by(dir: &Path) -> Option<Option<u32>> {
+    match lock(dir) {
+        Ok(_) => None,
+        Err(_) if dir.exists() => Some(holder(dir)),
+        Err(_) => None,
+    }
+}
+
+/// The pid holding a flock on `dir`, from /proc/locks ("MAJ:MIN:INODE",
+/// major and minor in hex).
+fn holder(dir: &Path) -> Option<u32> {
+    use std::os::unix::fs::MetadataExt as _;
+    let meta = std::fs::metadata(dir).ok()?;
+    let dev = meta.dev();
+    let want = format!(
+        "{:02x}:{:02x}:{}",
+        libc::major(dev),
+        libc::minor(dev),
+        meta.ino()
+    );
+    let locks = std::fs::read_to_string("/proc/locks").ok()?;
+    locks.lines().find_map(|l| {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        (f.get(1) == Some(&"FLOCK") && f.get(5) == Some(&want.as_str()))
+            .then(|| f.get(4)?.parse().ok())
+            .flatten()
+    })
+}
+
 /// Is `dir` still there on a bpffs (it can be unmounted under us)?
 pub fn intact(dir: &Path) -> bool {
     dir.exists() && is_bpffs(dir)

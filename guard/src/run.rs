@@ -150,7 +150,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
     let (cluster_tx, mut cluster_rx) = watch::channel(ClusterView::default());
     let cluster_on = !cluster_announcers.is_empty();
     let _idle_cluster_tx = if cluster_on {
-        let client = feed::client(args.kubeconfig.as_deref()).await?;
+        let client = feed::client(args.kubeconfig.as_deref(), args.kube_watch_timeout).await?;
         let cfg = FeedConfig {
             announcers: cluster_announcers.clone(),
             filter: ServiceFilter {
@@ -159,6 +159,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
             },
             selector: args.service_selector.clone(),
             stale_after: args.stale_after,
+            watch_timeout: args.kube_watch_timeout,
         };
         let names: Vec<&str> = cluster_announcers.iter().map(Announcer::name).collect();
         tracing::info!(announcers = ?names, "reading ownership from the Kubernetes API");

@@ -67,8 +67,14 @@ pub struct Feed {
     pub announcers: Vec<&'static str>,
     /// Every stream has completed its first list.
     pub synced: bool,
-    /// Unreachable for longer than the threshold: foreign is enforced as unknown.
+    /// Blind for longer than the threshold: foreign is enforced as unknown.
     pub degraded: bool,
+    /// Blind now: a stream failing or stuck, or a Lease expiry the API has
+    /// not confirmed (IPs this node owns stay owned meanwhile).
+    pub blind: bool,
+    /// Leases in use past their deadline, not confirmed by the API.
+    pub unconfirmed_leases: usize,
+    pub streams: Vec<crate::cluster::feed::StreamStatus>,
 }
 
 impl Counts {
@@ -88,6 +94,9 @@ impl Feed {
             announcers,
             synced: c.synced,
             degraded: c.degraded,
+            blind: c.failing_since.is_some(),
+            unconfirmed_leases: c.unconfirmed,
+            streams: c.streams.clone(),
         }
     }
 }

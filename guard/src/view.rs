@@ -71,7 +71,9 @@ pub struct Inputs<'a> {
 }
 
 /// This node's state for an IP whose owner is `owner`. When the source may be
-/// stale, "another node owns it" is no longer trusted: unknown.
+/// stale, "another node owns it" is no longer trusted: unknown. The owner
+/// itself keeps its permission however stale the source: only a confirmed
+/// change takes it away.
 fn state_of(owner: Option<&str>, node: &str, stale: bool) -> Ownership {
     match owner {
         Some(o) if o == node => Ownership::Owned,
@@ -103,7 +105,7 @@ pub fn compute(i: &Inputs<'_>) -> View {
                 view.ignored_v6 += 1;
                 continue;
             };
-            let state = state_of(claim.owner.as_deref(), i.node, c.degraded);
+            let state = state_of(claim.owner.as_deref(), i.node, c.degraded || !claim.certain);
             view.lb.insert(
                 *v4,
                 LbIp {

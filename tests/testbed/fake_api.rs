@@ -9,7 +9,11 @@
 //! - a watch from a compacted resourceVersion gets an ERROR event with a 410
 //!   Gone Status, as the real server sends, which forces a relist;
 //! - tests can cut every open watch mid-stream, and take the server "down"
-//!   (every connection is accepted and closed at once) and up again.
+//!   (every connection is accepted and closed at once) and up again;
+//! - faults per resource: every request answers an HTTP error (500, 401,
+//!   403, ...), or watches get stuck half-way through a chunk while lists
+//!   and GETs still work;
+//! - a single object: `GET <collection>/NAME` (200, or 404 Not Found).
 //!
 //! Collections: `/api/v1[/namespaces/NS]/services`,
 //! `/apis/coordination.k8s.io/v1[/namespaces/NS]/leases`,
@@ -53,8 +57,8 @@ impl Resource {
             Resource::L2Statuses => "metallb.io/v1beta1",
         }
     }
-    /// (resource, namespace) from a request path.
-    fn from_path(path: &str) -> Option<(Resource, Option<String>)> {
+    /// (resource, namespace, object name) from a request path.
+    fn from_path(path: &str) -> Option<(Resource, Option<String>, Option<String>)> {
         let (prefix, rest) = if let Some(r) = path.strip_prefix("/api/v1/") {
             ("core", r)
         } else if let Some(r) = path.strip_prefix("/apis/coordination.k8s.io/v1/") {
@@ -65,9 +69,12 @@ impl Resource {
             return None;
         };
         let parts: Vec<&str> = rest.split('/').collect();
-        let (ns, plural) = match parts.as_slice() {
-            [plural] => (None, *plural),
-            ["namespaces", ns, plural] => (Some(ns.to_string()), *plural),
+        let (ns, plural, name) = match parts.as_slice() {
+            [plural] => (None, *plural, None),
+            ["namespaces", ns, plural] => (Some(ns.to_string()), *plural, None),
+            ["namespaces", ns, plural, name] => {
+                (Some(ns.to_string()), *plural, Some(name.to_string()))
+            }
             _ => return None,
         };
         let res = match (prefix, plural) {
@@ -76,8 +83,18 @@ impl Resource {
             ("metallb", "servicel2statuses") => Resource::L2Statuses,
             _ => return None,
         };
-        Some((res, ns))
+        Some((res, ns, name))
     }
+}
+
+/// A failure the server shows for one resource.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fault {
+    /// Every request (list, watch, GET) answers this HTTP status.
+    Status(u16),
+    /// Watches send half a chunk and then nothing, holding the connection
+    /// open; lists and GETs work (a stuck stream while new connections work).
+    StuckWatch,
 }
 
 type ObjKey = (Resource, String, String);
@@ -104,6 +121,9 @@ struct State {
     blackhole: bool,
     requests: u64,
     lists: u64,
+    faults: BTreeMap<Resource, Fault>,
+    /// Single-object GETs served.
+    gets: u64,
 }
 
 struct Inner {
@@ -148,40 +168,16 @@ impl FakeApi {
     }
 
     /// Create or replace an object (the object's apiVersion/kind are filled in).
-    pub fn apply(&self, res: Resource, mut object: Value) {
-        let mut st = self.inner.state.lock().unwrap();
-        st.rv += 1;
-        let rv = st.rv;
-        let ns = object["metadata"]["namespace"]
-            .as_str()
-            .unwrap_or("default")
-            .to_owned();
-        let name = object["metadata"]["name"]
-            .as_str()
-            .expect("metadata.name")
-            .to_owned();
-        object["apiVersion"] = json!(res.api_version());
-        object["kind"] = json!(res.kind());
-        object["metadata"]["namespace"] = json!(ns);
-        object["metadata"]["resourceVersion"] = json!(rv.to_string());
-        if object["metadata"]["uid"].is_null() {
-            object["metadata"]["uid"] = json!(format!("uid-{ns}-{name}-{rv}"));
+    pub fn apply(&self, res: Resource, object: Value) {
+        apply(&self.inner, res, object)
+    }
+
+    /// A handle that can change objects from another thread (it does not
+    /// stop the server when dropped).
+    pub fn handle(&self) -> ApiHandle {
+        ApiHandle {
+            inner: self.inner.clone(),
         }
-        let key = (res, ns.clone(), name);
-        let kind = if st.objects.contains_key(&key) {
-            "MODIFIED"
-        } else {
-            "ADDED"
-        };
-        st.objects.insert(key, object.clone());
-        st.log.push(Event {
-            rv,
-            res,
-            ns,
-            kind,
-            object,
-        });
-        self.inner.changed.notify_all();
     }
 
     pub fn delete(&self, res: Resource, ns: &str, name: &str) {
@@ -234,6 +230,23 @@ impl FakeApi {
         self.inner.changed.notify_all();
     }
 
+    /// Make every request for `res` fail, or its watches stick (None: heal).
+    /// Open watches of `res` are cut, so that the next ones meet the fault.
+    pub fn set_fault(&self, res: Resource, fault: Option<Fault>) {
+        let mut st = self.inner.state.lock().unwrap();
+        match fault {
+            Some(f) => st.faults.insert(res, f),
+            None => st.faults.remove(&res),
+        };
+        st.generation += 1;
+        self.inner.changed.notify_all();
+    }
+
+    /// Single-object GETs served so far.
+    pub fn gets(&self) -> u64 {
+        self.inner.state.lock().unwrap().gets
+    }
+
     /// Requests served so far.
     pub fn requests(&self) -> u64 {
         self.inner.state.lock().unwrap().requests
@@ -243,6 +256,55 @@ impl FakeApi {
     pub fn lists(&self) -> u64 {
         self.inner.state.lock().unwrap().lists
     }
+}
+
+/// See [`FakeApi::handle`].
+#[derive(Clone)]
+pub struct ApiHandle {
+    inner: Arc<Inner>,
+}
+
+impl ApiHandle {
+    pub fn apply(&self, res: Resource, object: Value) {
+        apply(&self.inner, res, object)
+    }
+}
+
+/// Create or replace an object (see [`FakeApi::apply`]).
+fn apply(inner: &Inner, res: Resource, mut object: Value) {
+    let mut st = inner.state.lock().unwrap();
+    st.rv += 1;
+    let rv = st.rv;
+    let ns = object["metadata"]["namespace"]
+        .as_str()
+        .unwrap_or("default")
+        .to_owned();
+    let name = object["metadata"]["name"]
+        .as_str()
+        .expect("metadata.name")
+        .to_owned();
+    object["apiVersion"] = json!(res.api_version());
+    object["kind"] = json!(res.kind());
+    object["metadata"]["namespace"] = json!(ns);
+    object["metadata"]["resourceVersion"] = json!(rv.to_string());
+    if object["metadata"]["uid"].is_null() {
+        object["metadata"]["uid"] = json!(format!("uid-{ns}-{name}-{rv}"));
+    }
+    let key = (res, ns.clone(), name);
+    let kind = if st.objects.contains_key(&key) {
+        "MODIFIED"
+    } else {
+        "ADDED"
+    };
+    st.objects.insert(key, object.clone());
+    st.log.push(Event {
+        rv,
+        res,
+        ns,
+        kind,
+        object,
+    });
+    inner.changed.notify_all();
 }
 
 impl Drop for FakeApi {
@@ -325,7 +387,7 @@ fn serve(stream: TcpStream, inner: &Inner) -> Result<()> {
                 return Ok(());
             }
         }
-        let Some((res, ns)) = Resource::from_path(path) else {
+        let Some((res, ns, name)) = Resource::from_path(path) else {
             respond(
                 &mut out,
                 404,
@@ -333,6 +395,36 @@ fn serve(stream: TcpStream, inner: &Inner) -> Result<()> {
             )?;
             continue;
         };
+        let fault = inner.state.lock().unwrap().faults.get(&res).copied();
+        if let Some(Fault::Status(code)) = fault {
+            let reason = match code {
+                401 => "Unauthorized",
+                403 => "Forbidden",
+                _ => "InternalError",
+            };
+            respond(
+                &mut out,
+                code,
+                &status(code, reason, &format!("fake API: {reason} for {path}")),
+            )?;
+            continue;
+        }
+        if let Some(name) = name {
+            let (code, body) = {
+                let mut st = inner.state.lock().unwrap();
+                st.gets += 1;
+                let key = (res, ns.clone().unwrap_or_default(), name.clone());
+                match st.objects.get(&key) {
+                    Some(o) => (200, o.clone()),
+                    None => (
+                        404,
+                        status(404, "NotFound", &format!("{} {name} not found", res.kind())),
+                    ),
+                }
+            };
+            respond(&mut out, code, &body)?;
+            continue;
+        }
         let filter = Filter {
             res,
             ns: ns.as_deref(),
@@ -353,6 +445,32 @@ fn serve(stream: TcpStream, inner: &Inner) -> Result<()> {
         let bookmarks = param("allowWatchBookmarks") == Some("true");
         return watch_stream(out, inner, &filter, from, timeout, bookmarks);
     }
+}
+
+/// True while `res` has a stuck-watch fault.
+fn stuck(inner: &Inner, res: Resource) -> bool {
+    inner.state.lock().unwrap().faults.get(&res) == Some(&Fault::StuckWatch)
+}
+
+/// Half a chunk, then silence until the client goes away or the test ends.
+fn hang(mut out: TcpStream, inner: &Inner) -> Result<()> {
+    out.write_all(b"40\r\n{\"type\":\"MODIFIED\",\"obj")?;
+    out.flush()?;
+    out.set_read_timeout(Some(Duration::from_millis(200)))?;
+    let mut b = [0u8; 64];
+    while !inner.stop.load(Ordering::SeqCst) {
+        match out.read(&mut b) {
+            Ok(0) => return Ok(()),
+            Ok(_) => {}
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) => {}
+            Err(_) => return Ok(()),
+        }
+    }
+    Ok(())
 }
 
 fn status(code: u16, reason: &str, message: &str) -> Value {
@@ -464,6 +582,9 @@ fn watch_stream(
     bookmarks: bool,
 ) -> Result<()> {
     write!(out, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n")?;
+    if stuck(inner, f.res) {
+        return hang(out, inner);
+    }
     let deadline = Instant::now() + timeout;
     let mut sent_up_to = from;
     let mut last_bookmark = Instant::now();
@@ -484,6 +605,10 @@ fn watch_stream(
         if inner.stop.load(Ordering::SeqCst) || st.generation != generation || st.down {
             // A cut connection: no terminating chunk, just close.
             return Ok(());
+        }
+        if st.faults.get(&f.res) == Some(&Fault::StuckWatch) {
+            drop(st);
+            return hang(out, inner);
         }
         if Instant::now() >= deadline {
             // timeoutSeconds reached: the server ends the stream properly.

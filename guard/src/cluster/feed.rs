@@ -1,32 +1,44 @@
-//! The ownership feed from the Kubernetes API: watchers on Services, Leases
-//! and ServiceL2Status objects keep a [`Model`], and every change (and every
-//! lease expiry) publishes the claims it implies.
+//! The ownership feed from the Kubernetes API: one list+watch stream per
+//! source (Services, Leases, each ServiceL2Status namespace) keeps a
+//! [`Model`], and every change (and every lease deadline) publishes the
+//! claims it implies.
 //!
-//! Health is tracked per stream. A stream is failing from its first error
-//! until it delivers again; a probe (a one-item list, bounded by a timeout)
-//! catches an API that went silent. Once anything has been failing for
-//! longer than the staleness threshold, the published view is `degraded` and
-//! the daemon treats every `foreign` IP as `unknown`: knowledge that may be
-//! stale must not keep blocking a node's speaker. When the probe succeeds
-//! again while streams are still failing, the streams are rebuilt, which
-//! relists everything: the feed is fresh only once every stream has synced.
+//! The guard must never take permission away because *it* is blind:
+//! - A Lease that seems to expire (no renewal seen within its duration) is
+//!   confirmed with a direct GET before it changes anything. A newer
+//!   renewTime from the GET means the watch is stuck: it is rebuilt, and the
+//!   owner keeps its permission all along. A failed GET means the guard is
+//!   blind: the holder keeps its claim, marked uncertain (owned stays owned,
+//!   foreign is judged unknown).
+//! - Each stream is driven here (list, then watch with bookmarks), so its
+//!   progress is seen: an event, a bookmark or the server's end of a watch.
+//!   A stream silent past its idle deadline (the server's watch timeout plus
+//!   a margin) is stuck: it is relisted, and shows as failing.
+//! - A stream is failing from its first error until it delivers again; a
+//!   probe (a one-item list) catches an API that went silent. Once the guard
+//!   has been blind for longer than the staleness threshold, the view is
+//!   `degraded` and every `foreign` IP is treated as `unknown`.
 
 use std::{
     collections::{BTreeMap, BTreeSet},
+    fmt::Debug,
     net::IpAddr,
-    pin::Pin,
     time::{Duration, Instant},
 };
 
 use anyhow::{Context as _, Result};
-use futures::{Stream, StreamExt as _};
+use futures::StreamExt as _;
 use k8s_openapi::api::{coordination::v1::Lease, core::v1::Service};
 use kube::{
-    api::{ApiResource, DynamicObject, GroupVersionKind, ListParams},
-    runtime::{watcher, WatchStreamExt as _},
-    Api, Client,
+    api::{ApiResource, DynamicObject, GroupVersionKind, ListParams, WatchEvent, WatchParams},
+    runtime::watcher,
+    Api, Client, Resource, ResourceExt as _,
 };
-use tokio::sync::watch;
+use serde::de::DeserializeOwned;
+use tokio::{
+    sync::{mpsc, watch},
+    task::JoinHandle,
+};
 
 use super::{
     model::{Announcer, Claim, Key, L2Status, Model, ServiceInfo},
@@ -40,8 +52,24 @@ pub struct FeedConfig {
     /// Label selector for Services (server-side).
     pub selector: Option<String>,
     /// Degrade after this long without a healthy feed; None: the longest
-    /// duration of the Leases in use, at least 15 s.
+    /// duration of the Leases in use, between 15 s and 60 s.
     pub stale_after: Option<Duration>,
+    /// The server ends each watch after this long (`timeoutSeconds`); a
+    /// stream silent for this plus [`IDLE_MARGIN`] is stuck.
+    pub watch_timeout: Duration,
+}
+
+/// One stream's health, as shown in the status and metrics.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct StreamStatus {
+    pub name: String,
+    /// Listed at least once.
+    pub synced: bool,
+    /// Delivering: no error and no missed deadline since its last progress.
+    pub healthy: bool,
+    /// The last error, while failing.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
 }
 
 /// What the cluster says, as published to the daemon.
@@ -52,15 +80,19 @@ pub struct ClusterView {
     pub claims: BTreeMap<IpAddr, Claim>,
     /// Every watcher has completed its first list.
     pub synced: bool,
-    /// The API has been unreachable for longer than the threshold.
+    /// The guard has been blind for longer than the threshold.
     pub degraded: bool,
     /// Every holder of a Lease in use and every announcing node (to spot a
     /// node name that matches none of them).
     pub holders: BTreeSet<String>,
     /// When the change that produced this view reached the guard.
     pub event_at: Option<Instant>,
-    /// Since when the feed has been failing (None: healthy).
+    /// Since when the guard has been blind (None: it sees).
     pub failing_since: Option<Instant>,
+    /// Per stream.
+    pub streams: Vec<StreamStatus>,
+    /// Leases in use past their deadline that the API has not confirmed.
+    pub unconfirmed: usize,
 }
 
 impl PartialEq for ClusterView {
@@ -69,12 +101,18 @@ impl PartialEq for ClusterView {
             && self.synced == o.synced
             && self.degraded == o.degraded
             && self.holders == o.holders
+            && self.streams == o.streams
+            && self.unconfirmed == o.unconfirmed
+            && self.failing_since.is_some() == o.failing_since.is_some()
     }
 }
 
 /// Build a client from `kubeconfig`, else the usual inference (in-cluster
 /// service account, then $KUBECONFIG / ~/.kube/config).
-pub async fn client(kubeconfig: Option<&std::path::Path>) -> Result<Client> {
+pub async fn client(
+    kubeconfig: Option<&std::path::Path>,
+    watch_timeout: Duration,
+) -> Result<Client> {
     // Several rustls providers could be compiled in; name ours. An error only
     // means one is installed already.
     let _ = rustls::crypto::ring::default_provider().install_default();
@@ -90,9 +128,9 @@ pub async fn client(kubeconfig: Option<&std::path::Path>) -> Result<Client> {
             .await
             .context("no Kubernetes API configuration (in-cluster or kubeconfig)")?,
     };
-    // A silently dead connection must surface as an error: watches end after
-    // WATCH_TIMEOUT_S on their own, so a longer read gap means trouble.
-    config.read_timeout = Some(Duration::from_secs(WATCH_TIMEOUT_S as u64 + 15));
+    // A silently dead connection must surface as an error: the server ends
+    // watches after watch_timeout on its own, so a longer read gap means trouble.
+    config.read_timeout = Some(watch_timeout + IDLE_MARGIN + Duration::from_secs(5));
     Client::try_from(config).context("building the Kubernetes client")
 }
 
@@ -103,24 +141,51 @@ pub fn l2status_resource() -> ApiResource {
     )
 }
 
-/// Server-side end of each watch; the watcher then resumes from its last
-/// resourceVersion (bookmarks keep it fresh, so that rarely needs a relist).
-const WATCH_TIMEOUT_S: u32 = 55;
+/// Default server-side end of each watch (`--kube-watch-timeout`).
+pub const WATCH_TIMEOUT: Duration = Duration::from_secs(55);
+/// A healthy stream shows progress (an event, a bookmark, or the server
+/// ending the watch) at least every watch timeout; this much later it is stuck.
+pub const IDLE_MARGIN: Duration = Duration::from_secs(10);
 const PROBE_EVERY: Duration = Duration::from_secs(2);
 const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
+/// A GET that confirms a Lease: its timeout, and how soon a failed one is retried.
+const CONFIRM_TIMEOUT: Duration = Duration::from_secs(2);
+const CONFIRM_RETRY: Duration = Duration::from_secs(2);
+/// Confirmations in flight at once.
+const CONFIRM_PARALLEL: usize = 16;
 /// A stream failing this long while the API answers is rebuilt (relisted).
 const REBUILD_AFTER: Duration = Duration::from_secs(5);
+/// The staleness threshold taken from Lease durations stays within these.
+pub const THRESHOLD_FLOOR: Duration = Duration::from_secs(15);
+pub const THRESHOLD_CAP: Duration = Duration::from_secs(60);
 /// Node heartbeats: thousands of renewals a minute on a big cluster, never an announcer's.
 const NODE_LEASES_NS: &str = "kube-node-lease";
+/// Objects per list page.
+const PAGE: u32 = 500;
 
 enum Update {
     Svc(Box<watcher::Event<Service>>),
-    Lease(watcher::Event<Lease>),
-    L2(watcher::Event<DynamicObject>),
+    Lease(Box<watcher::Event<Lease>>),
+    L2(Box<watcher::Event<DynamicObject>>),
 }
 
-/// Items of all streams, tagged with the stream's index.
-type Updates = Pin<Box<dyn Stream<Item = (usize, Result<Update, watcher::Error>)> + Send>>;
+/// What a stream task reports.
+enum Msg {
+    Update(Update),
+    /// The server showed it is alive for this stream: a bookmark, or its
+    /// clean end of a watch.
+    Progress,
+    /// A list or watch failed (it is retried with back-off).
+    Failed(String),
+    /// Nothing at all within the idle deadline: the stream is relisted.
+    Idle(Duration),
+}
+
+struct StreamMsg {
+    stream: usize,
+    generation: u64,
+    msg: Msg,
+}
 
 /// What one stream watches, for names in logs and for relist bookkeeping.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -163,8 +228,7 @@ fn sources(cfg: &FeedConfig) -> Vec<Source> {
 /// Where Leases are watched: one namespace when every Lease-based announcer
 /// points into the same one, else cluster-wide (kube-vip's per-service Leases
 /// live in each Service's namespace) without the node heartbeats.
-fn lease_api(client: &Client, cfg: &FeedConfig) -> (Api<Lease>, watcher::Config) {
-    let config = watcher::Config::default().timeout(WATCH_TIMEOUT_S);
+fn lease_api(client: &Client, cfg: &FeedConfig) -> (Api<Lease>, Option<String>) {
     let namespaces: BTreeSet<Option<&str>> = cfg
         .announcers
         .iter()
@@ -176,88 +240,325 @@ fn lease_api(client: &Client, cfg: &FeedConfig) -> (Api<Lease>, watcher::Config)
         })
         .collect();
     match namespaces.iter().collect::<Vec<_>>().as_slice() {
-        [Some(ns)] => (Api::namespaced(client.clone(), ns), config),
+        [Some(ns)] => (Api::namespaced(client.clone(), ns), None),
         _ => (
             Api::all(client.clone()),
-            config.fields(&format!("metadata.namespace!={NODE_LEASES_NS}")),
+            Some(format!("metadata.namespace!={NODE_LEASES_NS}")),
         ),
     }
 }
 
-fn streams(client: &Client, cfg: &FeedConfig, sources: &[Source]) -> Updates {
-    let base = || watcher::Config::default().timeout(WATCH_TIMEOUT_S);
-    let all: Vec<Updates> = sources
-        .iter()
-        .enumerate()
-        .map(|(i, src)| -> Updates {
-            match src {
-                Source::Services => {
-                    let mut c = base();
-                    if let Some(sel) = &cfg.selector {
-                        c = c.labels(sel);
+/// Label and field selectors of a stream.
+#[derive(Clone, Default)]
+struct Selectors {
+    labels: Option<String>,
+    fields: Option<String>,
+}
+
+/// Back-off between failed attempts: doubling up to 30 s, with jitter so
+/// that a fleet of guards does not come back in step after an API outage.
+fn backoff(attempt: u32) -> Duration {
+    let base = Duration::from_millis(500) * 2u32.saturating_pow(attempt.min(6));
+    let base = base.min(Duration::from_secs(30));
+    let jitter = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos())
+        % 1000;
+    base + base * jitter / 5000
+}
+
+/// List, then watch from the listed resourceVersion, for ever: events,
+/// progress and failures go to `tx`. A 410 Gone relists; a failed watch is
+/// resumed from the last resourceVersion after a back-off; a watch silent
+/// past `idle` is given up and relisted.
+#[allow(clippy::too_many_arguments)]
+async fn drive<K>(
+    api: Api<K>,
+    sel: Selectors,
+    watch_timeout: Duration,
+    wrap: fn(watcher::Event<K>) -> Update,
+    stream: usize,
+    generation: u64,
+    tx: mpsc::Sender<StreamMsg>,
+) where
+    K: Resource + Clone + DeserializeOwned + Debug + Send + 'static,
+{
+    let send = |msg: Msg| {
+        let tx = tx.clone();
+        async move {
+            tx.send(StreamMsg {
+                stream,
+                generation,
+                msg,
+            })
+            .await
+            .is_ok()
+        }
+    };
+    let idle = watch_timeout + IDLE_MARGIN;
+    let mut attempt = 0u32;
+    'relist: loop {
+        // List, page by page; Init goes out with the first page that arrives.
+        let mut lp = ListParams::default().limit(PAGE);
+        lp.label_selector = sel.labels.clone();
+        lp.field_selector = sel.fields.clone();
+        let mut first = true;
+        let rv = loop {
+            let page = tokio::time::timeout(idle, api.list(&lp)).await;
+            let list = match page {
+                Ok(Ok(list)) => list,
+                Ok(Err(e)) => {
+                    if !send(Msg::Failed(format!("list: {e}"))).await {
+                        return;
                     }
-                    let s = watcher(Api::<Service>::all(client.clone()), c).default_backoff();
-                    Box::pin(s.map(move |r| (i, r.map(|e| Update::Svc(Box::new(e))))))
+                    tokio::time::sleep(backoff(attempt)).await;
+                    attempt += 1;
+                    continue 'relist;
                 }
-                Source::Leases => {
-                    let (api, c) = lease_api(client, cfg);
-                    Box::pin(
-                        watcher(api, c)
-                            .default_backoff()
-                            .map(move |r| (i, r.map(Update::Lease))),
-                    )
+                Err(_) => {
+                    if !send(Msg::Failed(format!("list: no answer within {idle:?}"))).await {
+                        return;
+                    }
+                    tokio::time::sleep(backoff(attempt)).await;
+                    attempt += 1;
+                    continue 'relist;
                 }
-                Source::L2 { namespace } => {
-                    let api = Api::<DynamicObject>::namespaced_with(
-                        client.clone(),
-                        namespace,
-                        &l2status_resource(),
-                    );
-                    Box::pin(
-                        watcher(api, base())
-                            .default_backoff()
-                            .map(move |r| (i, r.map(Update::L2))),
-                    )
+            };
+            if std::mem::take(&mut first) && !send(Msg::Update(wrap(watcher::Event::Init))).await {
+                return;
+            }
+            for o in list.items {
+                if !send(Msg::Update(wrap(watcher::Event::InitApply(o)))).await {
+                    return;
                 }
             }
-        })
-        .collect();
-    Box::pin(futures::stream::select_all(all))
+            match list.metadata.continue_.filter(|c| !c.is_empty()) {
+                Some(c) => lp.continue_token = Some(c),
+                None => break list.metadata.resource_version.unwrap_or_default(),
+            }
+        };
+        if !send(Msg::Update(wrap(watcher::Event::InitDone))).await {
+            return;
+        }
+        attempt = 0;
+        let mut rv = rv;
+        // Bookmarks are on by default: they are the progress of a quiet stream.
+        let mut wp = WatchParams::default().timeout(watch_timeout.as_secs().clamp(1, 290) as u32);
+        wp.label_selector = sel.labels.clone();
+        wp.field_selector = sel.fields.clone();
+        loop {
+            let events = match api.watch(&wp, &rv).await {
+                Ok(s) => s.boxed(),
+                Err(kube::Error::Api(s)) if s.code == 410 => continue 'relist,
+                Err(e) => {
+                    if !send(Msg::Failed(format!("watch: {e}"))).await {
+                        return;
+                    }
+                    tokio::time::sleep(backoff(attempt)).await;
+                    attempt += 1;
+                    continue;
+                }
+            };
+            let mut events = events;
+            loop {
+                let msg = match tokio::time::timeout(idle, events.next()).await {
+                    Err(_) => {
+                        if !send(Msg::Idle(idle)).await {
+                            return;
+                        }
+                        continue 'relist;
+                    }
+                    // The server ended the watch (its timeout): resume.
+                    Ok(None) => {
+                        attempt = 0;
+                        if !send(Msg::Progress).await {
+                            return;
+                        }
+                        break;
+                    }
+                    Ok(Some(Ok(WatchEvent::Added(o) | WatchEvent::Modified(o)))) => {
+                        rv = o.resource_version().unwrap_or(rv);
+                        Msg::Update(wrap(watcher::Event::Apply(o)))
+                    }
+                    Ok(Some(Ok(WatchEvent::Deleted(o)))) => {
+                        rv = o.resource_version().unwrap_or(rv);
+                        Msg::Update(wrap(watcher::Event::Delete(o)))
+                    }
+                    Ok(Some(Ok(WatchEvent::Bookmark(b)))) => {
+                        rv = b.metadata.resource_version;
+                        Msg::Progress
+                    }
+                    Ok(Some(Ok(WatchEvent::Error(e)))) if e.code == 410 => {
+                        if !send(Msg::Failed(format!("watch: {} (relisting)", e.message))).await {
+                            return;
+                        }
+                        continue 'relist;
+                    }
+                    Ok(Some(Ok(WatchEvent::Error(e)))) => {
+                        Msg::Failed(format!("watch: {} ({})", e.message, e.code))
+                    }
+                    Ok(Some(Err(e))) => Msg::Failed(format!("watch: {e}")),
+                };
+                let failed = matches!(msg, Msg::Failed(_));
+                if !send(msg).await {
+                    return;
+                }
+                if failed {
+                    tokio::time::sleep(backoff(attempt)).await;
+                    attempt += 1;
+                    break;
+                }
+            }
+        }
+    }
+}
+
+/// Start the task that drives stream `i`.
+fn spawn_stream(
+    client: &Client,
+    cfg: &FeedConfig,
+    sources: &[Source],
+    i: usize,
+    generation: u64,
+    tx: mpsc::Sender<StreamMsg>,
+) -> JoinHandle<()> {
+    let t = cfg.watch_timeout;
+    match &sources[i] {
+        Source::Services => {
+            let sel = Selectors {
+                labels: cfg.selector.clone(),
+                fields: None,
+            };
+            let api = Api::<Service>::all(client.clone());
+            tokio::spawn(drive(
+                api,
+                sel,
+                t,
+                |e| Update::Svc(Box::new(e)),
+                i,
+                generation,
+                tx,
+            ))
+        }
+        Source::Leases => {
+            let (api, fields) = lease_api(client, cfg);
+            let sel = Selectors {
+                labels: None,
+                fields,
+            };
+            tokio::spawn(drive(
+                api,
+                sel,
+                t,
+                |e| Update::Lease(Box::new(e)),
+                i,
+                generation,
+                tx,
+            ))
+        }
+        Source::L2 { namespace } => {
+            let api = Api::<DynamicObject>::namespaced_with(
+                client.clone(),
+                namespace,
+                &l2status_resource(),
+            );
+            tokio::spawn(drive(
+                api,
+                Selectors::default(),
+                t,
+                |e| Update::L2(Box::new(e)),
+                i,
+                generation,
+                tx,
+            ))
+        }
+    }
 }
 
 /// A stream's relist in progress: objects since `Init`, swapped in at `InitDone`.
 enum Relist {
     Services(BTreeMap<Key, ServiceInfo>),
-    Leases(BTreeMap<Key, (Option<String>, Duration, Option<String>)>),
+    Leases(BTreeMap<Key, objects::LeaseFields>),
     L2(BTreeMap<Key, L2Status>),
 }
+
+/// One stream's health.
+#[derive(Debug, Clone)]
+struct Health {
+    synced: bool,
+    failing_since: Option<Instant>,
+    last_progress: Instant,
+    last_error: Option<String>,
+}
+
+/// The answer to a confirming GET of a Lease.
+pub(crate) type Confirmation = Result<Option<Lease>, String>;
 
 pub(crate) struct Feed {
     cfg: FeedConfig,
     sources: Vec<Source>,
     pub(crate) model: Model,
     relists: BTreeMap<usize, Relist>,
-    /// Streams that completed their first list.
-    synced: BTreeSet<usize>,
-    /// Stream index (or `usize::MAX` for the probe) -> failing since.
-    failing: BTreeMap<usize, Instant>,
+    health: Vec<Health>,
+    /// The probe (a one-item list): failing since.
+    probe_failing: Option<Instant>,
+    /// Leases whose absurd duration was logged (once each).
+    clamp_warned: BTreeSet<Key>,
+    /// Confirming GETs: when the last one for a Lease was sent.
+    confirm_sent: BTreeMap<Key, Instant>,
+    /// Streams to rebuild (relist), and why.
+    rebuild: BTreeMap<usize, &'static str>,
     last_error: Option<String>,
 }
 
-const PROBE: usize = usize::MAX;
-
 impl Feed {
-    pub(crate) fn new(cfg: FeedConfig) -> Self {
+    pub(crate) fn new(cfg: FeedConfig, now: Instant) -> Self {
         let sources = sources(&cfg);
+        let health = sources
+            .iter()
+            .map(|_| Health {
+                synced: false,
+                failing_since: None,
+                last_progress: now,
+                last_error: None,
+            })
+            .collect();
         Feed {
             cfg,
             sources,
             model: Model::default(),
             relists: BTreeMap::new(),
-            synced: BTreeSet::new(),
-            failing: BTreeMap::new(),
+            health,
+            probe_failing: None,
+            clamp_warned: BTreeSet::new(),
+            confirm_sent: BTreeMap::new(),
+            rebuild: BTreeMap::new(),
             last_error: None,
         }
+    }
+
+    fn name(&self, stream: usize) -> String {
+        self.sources
+            .get(stream)
+            .map_or_else(|| "probe".to_owned(), Source::name)
+    }
+
+    fn lease_stream(&self) -> Option<usize> {
+        self.sources.iter().position(|s| *s == Source::Leases)
+    }
+
+    /// Record a Lease the API told us about; log an absurd duration once.
+    fn upsert_lease(&mut self, key: Key, f: objects::LeaseFields, now: Instant) -> bool {
+        if let Some(v) = f.clamped {
+            if self.clamp_warned.insert(key.clone()) {
+                tracing::warn!(
+                    lease = %key, lease_duration_seconds = v, used = ?f.duration,
+                    "absurd leaseDurationSeconds; the guard uses a sane duration instead"
+                );
+            }
+        }
+        self.model
+            .upsert_lease(key, f.holder, f.duration, f.renew, now)
     }
 
     fn apply(&mut self, stream: usize, upd: Update, now: Instant) {
@@ -291,16 +592,17 @@ impl Feed {
                     if let Some(Relist::Services(b)) = self.relists.remove(&stream) {
                         self.model.services = b;
                     }
-                    self.synced.insert(stream);
+                    self.health[stream].synced = true;
                 }
             },
-            Update::Lease(ev) => match ev {
+            Update::Lease(ev) => match *ev {
                 Apply(l) => {
-                    let (h, d, r) = objects::lease(&l);
-                    self.model.upsert_lease(objects::key_of(&l), h, d, r, now);
+                    self.upsert_lease(objects::key_of(&l), objects::lease(&l), now);
                 }
                 Delete(l) => {
-                    self.model.leases.remove(&objects::key_of(&l));
+                    let key = objects::key_of(&l);
+                    self.clamp_warned.remove(&key);
+                    self.model.leases.remove(&key);
                 }
                 Init => {
                     self.relists.insert(stream, Relist::Leases(BTreeMap::new()));
@@ -316,14 +618,15 @@ impl Feed {
                         // whose holder and renewTime did not change: a relist
                         // never extends a lease that stopped being renewed.
                         self.model.leases.retain(|k, _| listed.contains_key(k));
-                        for (k, (h, d, r)) in listed {
-                            self.model.upsert_lease(k, h, d, r, now);
+                        self.clamp_warned.retain(|k| listed.contains_key(k));
+                        for (k, f) in listed {
+                            self.upsert_lease(k, f, now);
                         }
                     }
-                    self.synced.insert(stream);
+                    self.health[stream].synced = true;
                 }
             },
-            Update::L2(ev) => match ev {
+            Update::L2(ev) => match *ev {
                 Apply(o) => match objects::l2status(&o) {
                     Some(s) => {
                         self.model.l2.insert(objects::key_of(&o), s);
@@ -353,32 +656,43 @@ impl Feed {
                         self.model.l2.retain(|k, _| &k.ns != namespace);
                         self.model.l2.extend(b);
                     }
-                    self.synced.insert(stream);
+                    self.health[stream].synced = true;
                 }
             },
         }
     }
 
-    fn threshold(&self) -> Duration {
+    /// The staleness threshold: `--stale-after`, else the longest duration
+    /// of the Leases in use within [15 s, 60 s] (one absurd Lease must not
+    /// switch degradation off).
+    pub(crate) fn threshold(&self) -> Duration {
         self.cfg.stale_after.unwrap_or_else(|| {
             self.model
                 .max_lease_duration(&self.cfg.announcers)
                 .unwrap_or_default()
-                .max(Duration::from_secs(15))
+                .clamp(THRESHOLD_FLOOR, THRESHOLD_CAP)
         })
     }
 
-    fn failing_since(&self) -> Option<Instant> {
-        self.failing.values().min().copied()
+    /// Since when the guard has been blind: a failing stream or probe, or a
+    /// Lease in use past its deadline that the API has not confirmed.
+    fn failing_since(&self, now: Instant) -> Option<Instant> {
+        let streams = self.health.iter().filter_map(|h| h.failing_since);
+        let leases = self
+            .model
+            .unconfirmed(&self.cfg.announcers, now)
+            .into_iter()
+            .map(|(_, since)| since);
+        streams.chain(self.probe_failing).chain(leases).min()
     }
 
     fn degraded(&self, now: Instant) -> bool {
-        self.failing_since()
+        self.failing_since(now)
             .is_some_and(|t| now.duration_since(t) >= self.threshold())
     }
 
     fn synced(&self) -> bool {
-        self.synced.len() >= self.sources.len()
+        self.health.iter().all(|h| h.synced)
     }
 
     pub(crate) fn view(&self, now: Instant, event_at: Option<Instant>) -> ClusterView {
@@ -398,66 +712,214 @@ impl Feed {
                 .map(str::to_owned)
                 .collect(),
             event_at,
-            failing_since: self.failing_since(),
+            failing_since: self.failing_since(now),
+            streams: self
+                .health
+                .iter()
+                .enumerate()
+                .map(|(i, h)| StreamStatus {
+                    name: self.name(i),
+                    synced: h.synced,
+                    healthy: h.failing_since.is_none(),
+                    error: h.failing_since.and(h.last_error.clone()),
+                })
+                .collect(),
+            unconfirmed: self.model.unconfirmed(&self.cfg.announcers, now).len(),
         }
     }
 
-    fn ok(&mut self, who: usize) {
-        if self.failing.remove(&who).is_some() && self.failing.is_empty() {
+    fn all_healthy(&self) -> bool {
+        self.probe_failing.is_none() && self.health.iter().all(|h| h.failing_since.is_none())
+    }
+
+    /// The API answered for `stream` (or the probe).
+    fn ok(&mut self, stream: Option<usize>, now: Instant) {
+        let was = match stream {
+            Some(i) => {
+                self.health[i].last_progress = now;
+                self.health[i].failing_since.take().is_some()
+            }
+            None => self.probe_failing.take().is_some(),
+        };
+        if was && self.all_healthy() {
             tracing::info!("Kubernetes API feed healthy again");
         }
     }
 
-    fn failed(&mut self, who: usize, e: &dyn std::fmt::Display, now: Instant) {
-        let name = self
-            .sources
-            .get(who)
-            .map_or_else(|| "probe".to_owned(), Source::name);
+    /// `stream` (or the probe) failed; it has been failing since `since`.
+    fn failed(&mut self, stream: Option<usize>, e: &str, since: Instant) {
+        let name = stream.map_or_else(|| "probe".to_owned(), |i| self.name(i));
         let msg = format!("{name}: {e}");
-        if self.failing.is_empty() {
+        if self.all_healthy() {
             tracing::warn!(error = %msg, "Kubernetes API feed failing; keeping the last known ownership for now");
         } else if self.last_error.as_deref() != Some(msg.as_str()) {
             tracing::debug!(error = %msg, "feed still failing");
         }
-        self.failing.entry(who).or_insert(now);
+        match stream {
+            Some(i) => {
+                let h = &mut self.health[i];
+                h.failing_since.get_or_insert(since);
+                h.last_error = Some(e.to_owned());
+            }
+            None => {
+                self.probe_failing.get_or_insert(since);
+            }
+        }
         self.last_error = Some(msg);
     }
 
-    fn handle(&mut self, stream: usize, item: Result<Update, watcher::Error>, now: Instant) {
-        let name = self
-            .sources
-            .get(stream)
-            .map_or_else(|| "probe".to_owned(), Source::name);
-        match item {
-            Ok(u) => {
+    fn on_msg(&mut self, stream: usize, msg: Msg, now: Instant) {
+        let name = self.name(stream);
+        match msg {
+            Msg::Update(u) => {
                 crate::api::OPS.feed_event(&name);
-                self.ok(stream);
+                self.ok(Some(stream), now);
                 self.apply(stream, u, now);
             }
-            Err(e) => {
+            Msg::Progress => self.ok(Some(stream), now),
+            Msg::Failed(e) => {
                 crate::api::OPS.error("kubernetes_feed");
-                self.failed(stream, &e, now)
+                self.failed(Some(stream), &e, now);
+            }
+            Msg::Idle(idle) => {
+                // Blind since the last thing it delivered, not since now.
+                let since = self.health[stream].last_progress;
+                tracing::warn!(
+                    stream = %name, silent_for = ?idle,
+                    "Kubernetes watch stream stuck: no event, bookmark or end of watch within its deadline; relisting"
+                );
+                crate::api::OPS.feed_rebuild(&name, "idle");
+                self.failed(
+                    Some(stream),
+                    &format!(
+                        "no event, bookmark or end of watch within {idle:?}: stuck, relisting"
+                    ),
+                    since,
+                );
             }
         }
     }
+
+    /// Leases to confirm now (past their deadline, unconfirmed, and not
+    /// asked about within [`CONFIRM_RETRY`]).
+    fn due_confirmations(&mut self, now: Instant, in_flight: usize) -> Vec<Key> {
+        let room = CONFIRM_PARALLEL.saturating_sub(in_flight);
+        let due: Vec<Key> = self
+            .model
+            .unconfirmed(&self.cfg.announcers, now)
+            .into_iter()
+            .map(|(k, _)| k)
+            .filter(|k| {
+                self.confirm_sent
+                    .get(k)
+                    .is_none_or(|t| now.duration_since(*t) >= CONFIRM_RETRY)
+            })
+            .take(room)
+            .collect();
+        for k in &due {
+            self.confirm_sent.insert(k.clone(), now);
+        }
+        due
+    }
+
+    /// The answer to a confirming GET.
+    pub(crate) fn on_confirm(&mut self, key: Key, answer: Confirmation, now: Instant) {
+        let lease_stream = self.lease_stream();
+        let stuck = |feed: &mut Feed, what: String| {
+            tracing::warn!(lease = %key, "{what}: the Lease watch is stuck; rebuilding it");
+            if let Some(i) = lease_stream {
+                let since = feed.health[i].last_progress;
+                feed.failed(
+                    Some(i),
+                    &format!("missed a change of Lease {key}: stuck"),
+                    since,
+                );
+                feed.rebuild.insert(i, "stuck");
+            }
+        };
+        match answer {
+            Ok(Some(l)) => {
+                self.confirm_sent.remove(&key);
+                let f = objects::lease(&l);
+                let renew = f.renew.clone();
+                if self.upsert_lease(key.clone(), f, now) {
+                    stuck(
+                        self,
+                        format!(
+                            "a GET shows a renewal the watch never delivered (renewTime {})",
+                            renew.as_deref().unwrap_or("-")
+                        ),
+                    );
+                } else {
+                    tracing::info!(lease = %key, "Lease expiry confirmed by the API: not renewed within its duration");
+                }
+            }
+            Ok(None) => {
+                self.confirm_sent.remove(&key);
+                self.model.leases.remove(&key);
+                stuck(
+                    self,
+                    "a GET shows the Lease deleted, which the watch never delivered".into(),
+                );
+            }
+            Err(e) => {
+                crate::api::OPS.error("kubernetes_feed");
+                if let Some(i) = lease_stream {
+                    let since = self
+                        .model
+                        .leases
+                        .get(&key)
+                        .map_or(now, super::model::LeaseInfo::deadline);
+                    self.failed(
+                        Some(i),
+                        &format!("cannot confirm the expiry of Lease {key}: {e}"),
+                        since,
+                    );
+                }
+            }
+        }
+    }
+
+    fn take_rebuilds(&mut self) -> BTreeMap<usize, &'static str> {
+        std::mem::take(&mut self.rebuild)
+    }
+}
+
+/// GET one Lease, bounded in time.
+async fn confirm(client: Client, key: Key) -> (Key, Confirmation) {
+    let api = Api::<Lease>::namespaced(client, &key.ns);
+    let r = match tokio::time::timeout(CONFIRM_TIMEOUT, api.get_opt(&key.name)).await {
+        Ok(Ok(l)) => Ok(l),
+        Ok(Err(e)) => Err(e.to_string()),
+        Err(_) => Err(format!("no answer within {CONFIRM_TIMEOUT:?}")),
+    };
+    (key, r)
 }
 
 /// Run the feed for the life of the daemon, publishing into `tx`.
 pub async fn run(client: Client, cfg: FeedConfig, tx: watch::Sender<ClusterView>) {
-    let mut feed = Feed::new(cfg.clone());
-    let mut updates = streams(&client, &cfg, &feed.sources);
+    let mut feed = Feed::new(cfg.clone(), Instant::now());
+    let (msg_tx, mut msg_rx) = mpsc::channel::<StreamMsg>(4096);
+    let mut tasks: Vec<(JoinHandle<()>, u64)> = (0..feed.sources.len())
+        .map(|i| {
+            (
+                spawn_stream(&client, &cfg, &feed.sources, i, 0, msg_tx.clone()),
+                0,
+            )
+        })
+        .collect();
+    let mut last_rebuild: Vec<Instant> = vec![Instant::now(); tasks.len()];
+    let (confirm_tx, mut confirm_rx) = mpsc::channel::<(Key, Confirmation)>(64);
+    let mut in_flight = 0usize;
     let probe_api = Api::<Service>::all(client.clone());
     let mut next_probe = Instant::now() + PROBE_EVERY;
     let mut was_degraded = false;
     let mut announced_sync = false;
-    let mut last_rebuild = Instant::now();
     loop {
         let now = Instant::now();
-        // The probe is always due at `next_probe`, even if overdue; expiry
-        // and degrade deadlines only matter while they are ahead.
         let later = [
             feed.model.next_expiry(now),
-            feed.failing_since().map(|t| t + feed.threshold()),
+            feed.failing_since(now).map(|t| t + feed.threshold()),
         ];
         let wake = later
             .into_iter()
@@ -466,21 +928,32 @@ pub async fn run(client: Client, cfg: FeedConfig, tx: watch::Sender<ClusterView>
             .fold(next_probe, Instant::min);
         let mut event_at = None;
         tokio::select! {
-            item = updates.next() => {
-                let Some((stream, item)) = item else {
-                    tracing::error!("Kubernetes watch streams ended; restarting them");
-                    updates = streams(&client, &cfg, &feed.sources);
-                    continue;
-                };
+            m = msg_rx.recv() => {
+                let Some(m) = m else { return };
                 let t = Instant::now();
                 event_at = Some(t);
-                feed.handle(stream, item, t);
+                let mut next = Some(m);
                 // Batch what is already waiting: one map update per burst.
-                while let Some(Some((stream, item))) = futures::FutureExt::now_or_never(updates.next()) {
-                    feed.handle(stream, item, Instant::now());
+                while let Some(m) = next {
+                    if tasks.get(m.stream).is_some_and(|(_, g)| *g == m.generation) {
+                        feed.on_msg(m.stream, m.msg, Instant::now());
+                    }
+                    next = msg_rx.try_recv().ok();
                 }
             }
+            Some((key, answer)) = confirm_rx.recv() => {
+                in_flight -= 1;
+                feed.on_confirm(key, answer, Instant::now());
+            }
             _ = tokio::time::sleep_until(wake.into()) => {}
+        }
+        // A Lease past its deadline is confirmed before it changes anything.
+        for key in feed.due_confirmations(Instant::now(), in_flight) {
+            in_flight += 1;
+            let (client, tx) = (client.clone(), confirm_tx.clone());
+            tokio::spawn(async move {
+                let _ = tx.send(confirm(client, key).await).await;
+            });
         }
         if Instant::now() >= next_probe {
             let probe = tokio::time::timeout(
@@ -491,24 +964,34 @@ pub async fn run(client: Client, cfg: FeedConfig, tx: watch::Sender<ClusterView>
             let now = Instant::now();
             match probe {
                 Ok(Ok(_)) => {
-                    feed.ok(PROBE);
+                    feed.ok(None, now);
                     // The API answers but a stream has not delivered since its
-                    // error for a while (a resumed watch says nothing until
-                    // something changes, or it waits in backoff): rebuild the
-                    // streams, which relists everything and proves them fresh.
-                    let stuck = feed
-                        .failing_since()
-                        .is_some_and(|t| now.duration_since(t) >= REBUILD_AFTER);
-                    if stuck && now.duration_since(last_rebuild) >= REBUILD_AFTER {
-                        tracing::info!("Kubernetes API answers again; relisting");
-                        updates = streams(&client, &cfg, &feed.sources);
-                        last_rebuild = now;
+                    // error for a while (waiting in back-off): rebuild it.
+                    for (i, h) in feed.health.iter().enumerate() {
+                        let stuck = h
+                            .failing_since
+                            .is_some_and(|t| now.duration_since(t) >= REBUILD_AFTER);
+                        if stuck && now.duration_since(last_rebuild[i]) >= REBUILD_AFTER {
+                            feed.rebuild.entry(i).or_insert("api_back");
+                        }
                     }
                 }
-                Ok(Err(e)) => feed.failed(PROBE, &e, now),
-                Err(_) => feed.failed(PROBE, &format!("no answer within {PROBE_TIMEOUT:?}"), now),
+                Ok(Err(e)) => feed.failed(None, &e.to_string(), now),
+                Err(_) => feed.failed(None, &format!("no answer within {PROBE_TIMEOUT:?}"), now),
             }
             next_probe = now + PROBE_EVERY;
+        }
+        for (i, why) in feed.take_rebuilds() {
+            let name = feed.name(i);
+            if why == "api_back" {
+                tracing::info!(stream = %name, "Kubernetes API answers again; relisting");
+            }
+            crate::api::OPS.feed_rebuild(&name, why);
+            let (task, generation) = &mut tasks[i];
+            task.abort();
+            *generation += 1;
+            *task = spawn_stream(&client, &cfg, &feed.sources, i, *generation, msg_tx.clone());
+            last_rebuild[i] = Instant::now();
         }
         let view = feed.view(Instant::now(), event_at);
         if view.degraded != was_degraded {
@@ -517,7 +1000,8 @@ pub async fn run(client: Client, cfg: FeedConfig, tx: watch::Sender<ClusterView>
                 tracing::warn!(
                     after = ?feed.threshold(),
                     error = feed.last_error.as_deref().unwrap_or(""),
-                    "ownership feed stale: every foreign LB IP is treated as unknown until the API is back"
+                    "ownership feed stale: every foreign LB IP is treated as unknown until the API is back \
+                     (IPs this node owns stay owned)"
                 );
             } else {
                 tracing::info!("ownership feed fresh again: foreign LB IPs are enforced again");
@@ -563,15 +1047,19 @@ mod tests {
         .unwrap()
     }
 
-    fn feed() -> Feed {
-        Feed::new(FeedConfig {
-            announcers: vec![Announcer::Cilium {
-                namespace: "kube-system".into(),
-            }],
-            filter: ServiceFilter::default(),
-            selector: None,
-            stale_after: None,
-        })
+    fn feed(t0: Instant) -> Feed {
+        Feed::new(
+            FeedConfig {
+                announcers: vec![Announcer::Cilium {
+                    namespace: "kube-system".into(),
+                }],
+                filter: ServiceFilter::default(),
+                selector: None,
+                stale_after: None,
+                watch_timeout: WATCH_TIMEOUT,
+            },
+            t0,
+        )
     }
 
     fn list(f: &mut Feed, t: Instant, lease: Lease) {
@@ -579,15 +1067,23 @@ mod tests {
         f.apply(0, Update::Svc(Box::new(Init)), t);
         f.apply(0, Update::Svc(Box::new(InitApply(svc()))), t);
         f.apply(0, Update::Svc(Box::new(InitDone)), t);
-        f.apply(1, Update::Lease(Init), t);
-        f.apply(1, Update::Lease(InitApply(lease)), t);
-        f.apply(1, Update::Lease(InitDone), t);
+        f.apply(1, Update::Lease(Box::new(Init)), t);
+        f.apply(1, Update::Lease(Box::new(InitApply(lease))), t);
+        f.apply(1, Update::Lease(Box::new(InitDone)), t);
+    }
+
+    const IP: &str = "198.51.100.10";
+    const KEY: (&str, &str) = ("kube-system", "cilium-l2announce-default-web");
+
+    fn owner(f: &Feed, t: Instant) -> (Option<String>, bool) {
+        let c = &f.view(t, None).claims[&IP.parse::<IpAddr>().unwrap()];
+        (c.owner.clone(), c.certain)
     }
 
     #[test]
     fn a_relist_does_not_extend_a_lease_nobody_renews() {
         let t0 = Instant::now();
-        let mut f = feed();
+        let mut f = feed(t0);
         assert!(
             f.view(t0, None).claims.is_empty(),
             "nothing before the first sync"
@@ -597,33 +1093,92 @@ mod tests {
             t0,
             lease_json("node-a", "2026-11-30T10:00:00.000000Z"),
         );
-        let ip: IpAddr = "198.51.100.10".parse().unwrap();
-        assert_eq!(
-            f.view(t0, None).claims[&ip].owner.as_deref(),
-            Some("node-a")
-        );
+        assert_eq!(owner(&f, t0), (Some("node-a".into()), true));
         // A relist 8 s later with the same renewTime keeps the first observation...
+        let t8 = t0 + Duration::from_secs(8);
         list(
             &mut f,
-            t0 + Duration::from_secs(8),
+            t8,
             lease_json("node-a", "2026-11-30T10:00:00.000000Z"),
         );
-        assert_eq!(
-            f.view(t0 + Duration::from_secs(11), None).claims[&ip].owner,
-            None,
-            "expired 10 s after it was first seen"
+        // ...so at 11 s the lease is past its deadline (10 s after it was
+        // first seen); the API was last heard at 8 s: not confirmed yet.
+        let t11 = t0 + Duration::from_secs(11);
+        assert_eq!(owner(&f, t11), (Some("node-a".into()), false));
+        assert_eq!(f.due_confirmations(t11, 0), vec![Key::new(KEY.0, KEY.1)]);
+        assert!(f.due_confirmations(t11, 0).is_empty(), "one GET at a time");
+        // The GET shows the same renewTime: expiry confirmed, no owner.
+        f.on_confirm(
+            Key::new(KEY.0, KEY.1),
+            Ok(Some(lease_json("node-a", "2026-11-30T10:00:00.000000Z"))),
+            t11,
         );
+        assert_eq!(owner(&f, t11), (None, true));
+        assert!(f.take_rebuilds().is_empty(), "not a stuck stream");
         // ...and a renewal seen in a relist counts as one.
+        let t12 = t0 + Duration::from_secs(12);
         list(
             &mut f,
-            t0 + Duration::from_secs(12),
+            t12,
             lease_json("node-a", "2026-11-30T10:00:12.000000Z"),
         );
         assert_eq!(
-            f.view(t0 + Duration::from_secs(13), None).claims[&ip]
-                .owner
-                .as_deref(),
-            Some("node-a")
+            owner(&f, t12 + Duration::from_secs(1)),
+            (Some("node-a".into()), true)
+        );
+    }
+
+    /// The watch misses renewals (stuck half-way through a chunk): the
+    /// lease seems to expire, the GET shows a newer renewTime, the holder
+    /// keeps its claim throughout and the stream is rebuilt.
+    #[test]
+    fn a_stuck_watch_never_takes_the_owner_away() {
+        let t0 = Instant::now();
+        let mut f = feed(t0);
+        list(
+            &mut f,
+            t0,
+            lease_json("node-a", "2026-11-30T10:00:00.000000Z"),
+        );
+        let t10 = t0 + Duration::from_secs(10);
+        assert_eq!(
+            owner(&f, t10),
+            (Some("node-a".into()), false),
+            "held, uncertain"
+        );
+        assert_eq!(f.due_confirmations(t10, 0).len(), 1);
+        f.on_confirm(
+            Key::new(KEY.0, KEY.1),
+            Ok(Some(lease_json("node-a", "2026-11-30T10:00:09.000000Z"))),
+            t10,
+        );
+        assert_eq!(
+            owner(&f, t10),
+            (Some("node-a".into()), true),
+            "renewed: certain again"
+        );
+        assert_eq!(f.take_rebuilds().into_keys().collect::<Vec<_>>(), vec![1]);
+        let v = f.view(t10, None);
+        assert!(!v.streams[1].healthy, "the stuck stream shows as failing");
+        // Blind since its last progress (t0), so past the 15 s floor it degrades.
+        assert!(f.view(t0 + Duration::from_secs(15), None).degraded);
+        // A failed GET: the holder keeps its (uncertain) claim, blind since the deadline.
+        let mut g = feed(t0);
+        list(
+            &mut g,
+            t0,
+            lease_json("node-a", "2026-11-30T10:00:00.000000Z"),
+        );
+        let t11 = t0 + Duration::from_secs(11);
+        assert_eq!(g.due_confirmations(t11, 0).len(), 1);
+        g.on_confirm(Key::new(KEY.0, KEY.1), Err("403 Forbidden".into()), t11);
+        assert_eq!(owner(&g, t11), (Some("node-a".into()), false));
+        assert_eq!(g.view(t11, None).failing_since, Some(t10));
+        assert!(!g.view(t0 + Duration::from_secs(24), None).degraded);
+        assert!(g.view(t0 + Duration::from_secs(25), None).degraded);
+        assert_eq!(
+            owner(&g, t0 + Duration::from_secs(300)),
+            (Some("node-a".into()), false)
         );
     }
 
@@ -631,7 +1186,7 @@ mod tests {
     fn claims_wait_for_every_stream() {
         use watcher::Event::*;
         let t0 = Instant::now();
-        let mut f = feed();
+        let mut f = feed(t0);
         f.apply(0, Update::Svc(Box::new(Init)), t0);
         f.apply(0, Update::Svc(Box::new(InitApply(svc()))), t0);
         f.apply(0, Update::Svc(Box::new(InitDone)), t0);
@@ -642,22 +1197,60 @@ mod tests {
     #[test]
     fn degrades_after_the_threshold_and_recovers_per_stream() {
         let t0 = Instant::now();
-        let mut f = feed();
+        let mut f = feed(t0);
         list(
             &mut f,
             t0,
             lease_json("node-a", "2026-11-30T10:00:00.000000Z"),
         );
-        f.failed(1, &"connection refused", t0);
+        f.failed(Some(1), "connection refused", t0);
         assert!(!f.view(t0 + Duration::from_secs(14), None).degraded);
         assert!(
             f.view(t0 + Duration::from_secs(15), None).degraded,
             "15 s floor"
         );
         // The probe answering does not vouch for the lease stream.
-        f.ok(PROBE);
+        f.ok(None, t0);
         assert!(f.view(t0 + Duration::from_secs(16), None).degraded);
-        f.ok(1);
-        assert!(!f.view(t0 + Duration::from_secs(16), None).degraded);
+        f.ok(Some(1), t0);
+        // Streams healthy; the lease, past its deadline (10 s) and not yet
+        // confirmed, has kept the guard blind for 6 s only.
+        let v = f.view(t0 + Duration::from_secs(16), None);
+        assert!(!v.degraded && v.unconfirmed == 1);
+    }
+
+    #[test]
+    fn an_idle_stream_is_failing_since_its_last_progress() {
+        let t0 = Instant::now();
+        let mut f = feed(t0);
+        list(
+            &mut f,
+            t0,
+            lease_json("node-a", "2026-11-30T10:00:00.000000Z"),
+        );
+        let t = t0 + WATCH_TIMEOUT + IDLE_MARGIN;
+        f.on_msg(0, Msg::Idle(WATCH_TIMEOUT + IDLE_MARGIN), t);
+        let v = f.view(t, None);
+        assert!(!v.streams[0].healthy);
+        assert!(v.streams[0].error.as_deref().unwrap().contains("stuck"));
+        assert_eq!(f.health[0].failing_since, Some(t0));
+        assert!(v.degraded, "blind for longer than the threshold");
+        f.on_msg(0, Msg::Progress, t);
+        assert!(f.view(t, None).streams[0].healthy);
+    }
+
+    /// One Lease with an absurd duration cannot switch degradation off: the
+    /// threshold stays within [15 s, 60 s].
+    #[test]
+    fn the_threshold_is_capped() {
+        let t0 = Instant::now();
+        let mut f = feed(t0);
+        let mut l = lease_json("node-a", "2026-11-30T10:00:00.000000Z");
+        l.spec.as_mut().unwrap().lease_duration_seconds = Some(2147483647);
+        list(&mut f, t0, l);
+        assert_eq!(f.threshold(), THRESHOLD_CAP);
+        f.failed(Some(0), "500 Internal Server Error", t0);
+        assert!(!f.view(t0 + Duration::from_secs(59), None).degraded);
+        assert!(f.view(t0 + Duration::from_secs(60), None).degraded);
     }
 }

@@ -53,12 +53,50 @@ pub struct LeaseInfo {
     /// When *this guard* last saw holder or renewTime change (client-go's
     /// `observedTime`). The lease is live until `observed + duration`.
     pub observed: Instant,
+    /// When the API last told us about this Lease (an event, a list or a
+    /// GET), changed or not. An expiry counts only once the API has been
+    /// asked after the deadline: until then the guard may simply be blind.
+    pub checked: Instant,
+}
+
+/// What a Lease says at a moment, as far as this guard can tell.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LeaseState<'a> {
+    /// Renewed within its duration.
+    Live(&'a str),
+    /// Its duration passed without a renewal we saw, and the API has not
+    /// been heard from since: the holder may have stopped, or we may be
+    /// blind (a stuck watch). Not yet a reason to take permission away.
+    Unconfirmed(&'a str),
+    /// The API confirmed, after the deadline, that it was not renewed.
+    Expired,
+    /// No holder.
+    Vacant,
 }
 
 impl LeaseInfo {
+    pub fn deadline(&self) -> Instant {
+        self.observed + self.duration
+    }
+
+    pub fn state(&self, now: Instant) -> LeaseState<'_> {
+        let Some(holder) = self.holder.as_deref().filter(|h| !h.is_empty()) else {
+            return LeaseState::Vacant;
+        };
+        if now < self.deadline() {
+            LeaseState::Live(holder)
+        } else if self.checked >= self.deadline() {
+            LeaseState::Expired
+        } else {
+            LeaseState::Unconfirmed(holder)
+        }
+    }
+
     pub fn live_holder(&self, now: Instant) -> Option<&str> {
-        let holder = self.holder.as_deref().filter(|h| !h.is_empty())?;
-        (now < self.observed + self.duration).then_some(holder)
+        match self.state(now) {
+            LeaseState::Live(h) => Some(h),
+            _ => None,
+        }
     }
 }
 
@@ -100,6 +138,10 @@ pub struct Claim {
     pub owner: Option<String>,
     /// Which object said so, in words an operator can look up.
     pub why: String,
+    /// False while the record may be outdated for want of an answer from
+    /// the API (a Lease past its deadline, not yet confirmed). The owner
+    /// keeps its permission; "another node owns it" is not trusted.
+    pub certain: bool,
 }
 
 #[derive(Debug, Default, Clone)]
@@ -112,6 +154,8 @@ pub struct Model {
 impl Model {
     /// Record a Lease as seen now. Keeps the observation time when neither
     /// holder nor renewTime changed (a resync or an unrelated field update).
+    /// Returns whether holder or renewTime changed (a renewal we had not
+    /// seen), for an existing Lease.
     pub fn upsert_lease(
         &mut self,
         key: Key,
@@ -119,10 +163,11 @@ impl Model {
         duration: Duration,
         renew: Option<String>,
         now: Instant,
-    ) {
-        let observed = match self.leases.get(&key) {
-            Some(old) if old.holder == holder && old.renew == renew => old.observed,
-            _ => now,
+    ) -> bool {
+        let (observed, renewed) = match self.leases.get(&key) {
+            Some(old) if old.holder == holder && old.renew == renew => (old.observed, false),
+            Some(_) => (now, true),
+            None => (now, false),
         };
         self.leases.insert(
             key,
@@ -131,8 +176,10 @@ impl Model {
                 duration,
                 renew,
                 observed,
+                checked: now,
             },
         );
+        renewed
     }
 
     /// The longest duration of the Leases in use (the feed's default
@@ -145,14 +192,28 @@ impl Model {
             .max()
     }
 
-    /// The earliest future moment at which a live lease expires: when the
-    /// ownership must be derived again even if nothing else happens.
+    /// The earliest future moment at which a live lease reaches its
+    /// deadline: when the ownership must be looked at again even if nothing
+    /// else happens.
     pub fn next_expiry(&self, now: Instant) -> Option<Instant> {
         self.leases
             .values()
-            .map(|l| l.observed + l.duration)
+            .map(LeaseInfo::deadline)
             .filter(|t| *t > now)
             .min()
+    }
+
+    /// Leases some Service depends on that passed their deadline without
+    /// the API being heard from since: each must be confirmed with a GET
+    /// before it changes anything. With the deadline (since when).
+    pub fn unconfirmed(&self, announcers: &[Announcer], now: Instant) -> Vec<(Key, Instant)> {
+        self.referenced_leases(announcers)
+            .into_iter()
+            .filter_map(|k| {
+                let l = self.leases.get(&k)?;
+                matches!(l.state(now), LeaseState::Unconfirmed(_)).then(|| (k, l.deadline()))
+            })
+            .collect()
     }
 
     /// The Lease that decides `svc` for a Lease-based announcer.
@@ -199,21 +260,32 @@ impl Model {
     ) -> Option<Claim> {
         let lease_claim = |key: Key| {
             let lease = self.leases.get(&key)?;
-            Some(match lease.live_holder(now) {
-                Some(h) => Claim {
+            Some(match lease.state(now) {
+                LeaseState::Live(h) => Claim {
                     owner: Some(h.to_owned()),
                     why: format!("Lease {key} held by {h}"),
+                    certain: true,
                 },
-                None if lease.holder.as_deref().is_some_and(|h| !h.is_empty()) => Claim {
+                LeaseState::Unconfirmed(h) => Claim {
+                    owner: Some(h.to_owned()),
+                    why: format!(
+                        "Lease {key} held by {h}, not renewed within its duration as far as \
+                         this guard saw; waiting for the API to confirm"
+                    ),
+                    certain: false,
+                },
+                LeaseState::Expired => Claim {
                     owner: None,
                     why: format!(
                         "Lease {key} expired (holder {} stopped renewing)",
                         lease.holder.as_deref().unwrap_or("")
                     ),
+                    certain: true,
                 },
-                None => Claim {
+                LeaseState::Vacant => Claim {
                     owner: None,
                     why: format!("Lease {key} has no holder"),
+                    certain: true,
                 },
             })
         };
@@ -235,6 +307,7 @@ impl Model {
                         Some(Claim {
                             owner: Some(n.to_owned()),
                             why: format!("ServiceL2Status for {svc}: node {n}"),
+                            certain: true,
                         })
                     }
                     _ => Some(Claim {
@@ -243,6 +316,7 @@ impl Model {
                             "ServiceL2Status for {svc} names several nodes ({}): owner unknown",
                             nodes.into_iter().collect::<Vec<_>>().join(", ")
                         ),
+                        certain: true,
                     }),
                 }
             }
@@ -261,13 +335,16 @@ impl Model {
                 .unwrap_or_else(|| Claim {
                     owner: None,
                     why: format!("Service {svc}: no announcer record"),
+                    certain: true,
                 });
             for ip in &info.ips {
                 match out.get_mut(ip) {
                     None => {
                         out.insert(*ip, claim.clone());
                     }
-                    Some(prev) if prev.owner == claim.owner => {}
+                    Some(prev) if prev.owner == claim.owner => {
+                        prev.certain &= claim.certain;
+                    }
                     Some(prev) => {
                         *prev = Claim {
                             owner: None,
@@ -275,6 +352,7 @@ impl Model {
                                 "IP shared by Services whose owners disagree: {} / {}",
                                 prev.why, claim.why
                             ),
+                            certain: prev.certain && claim.certain,
                         };
                     }
                 }
@@ -360,13 +438,32 @@ mod tests {
             Some("r2".into()),
             t0 + 24 * SEC,
         );
+        // Past the deadline (25 s) with the API last heard at 24 s: the
+        // holder keeps an uncertain claim until the API confirms.
+        let o = m.ownership(&cilium, t0 + 26 * SEC);
+        let c = &o[&ip("198.51.100.10")];
+        assert_eq!((c.owner.as_deref(), c.certain), (Some("node-a"), false));
+        assert_eq!(
+            m.unconfirmed(&cilium, t0 + 26 * SEC),
+            vec![(key.clone(), t0 + 25 * SEC)]
+        );
+        // The API, asked after the deadline, shows no renewal: expired.
+        m.upsert_lease(
+            key.clone(),
+            Some("node-a".into()),
+            15 * SEC,
+            Some("r2".into()),
+            t0 + 26 * SEC,
+        );
         let o = m.ownership(&cilium, t0 + 26 * SEC);
         assert_eq!(
             o[&ip("198.51.100.10")].owner,
             None,
             "expired: unknown, not foreign"
         );
+        assert!(o[&ip("198.51.100.10")].certain);
         assert!(o[&ip("198.51.100.10")].why.contains("expired"), "{:?}", o);
+        assert!(m.unconfirmed(&cilium, t0 + 26 * SEC).is_empty());
         assert_eq!(m.next_expiry(t0 + 26 * SEC), None);
         assert_eq!(m.next_expiry(t0 + 11 * SEC), Some(t0 + 25 * SEC));
     }

@@ -7,6 +7,7 @@ use k8s_openapi::api::{coordination::v1::Lease, core::v1::Service};
 use kube::{api::DynamicObject, ResourceExt as _};
 
 use super::model::{Key, L2Status, ServiceInfo};
+use crate::ownership_file::clip;
 
 /// Which Services count: type LoadBalancer, the asked-for class, and (when
 /// asked) spec.externalIPs besides the ingress IPs.
@@ -20,7 +21,10 @@ pub struct ServiceFilter {
 pub const KUBE_VIP_LEASE_ANNOTATION: &str = "kube-vip.io/leaseName";
 
 pub fn key_of<K: kube::Resource>(o: &K) -> Key {
-    Key::new(o.namespace().unwrap_or_default(), o.name_any())
+    Key::new(
+        field(&o.namespace().unwrap_or_default()),
+        field(&o.name_any()),
+    )
 }
 
 /// The Service's LB IPs, or None if it is not an LB Service we guard.
@@ -57,46 +61,86 @@ pub fn service(svc: &Service, filter: &ServiceFilter) -> Option<ServiceInfo> {
     let kube_vip_lease = svc
         .annotations()
         .get(KUBE_VIP_LEASE_ANNOTATION)
-        .cloned()
-        .filter(|s| !s.is_empty());
+        .filter(|s| !s.is_empty())
+        .map(|s| clip(s, 2 * MAX_FIELD + 1));
     Some(ServiceInfo {
         ips,
         kube_vip_lease,
     })
 }
 
-/// (holder, duration, renewTime as text) of a Lease. A Lease without a
-/// duration gets client-go's default of 15 s.
-pub fn lease(l: &Lease) -> (Option<String>, Duration, Option<String>) {
+/// Longest text kept from a cluster object's field: a node name has at most
+/// 253 characters, and whatever the API sends is logged and shown (a 1 MB
+/// holderIdentity must not become a 1 MB log line). A clipped value carries
+/// a marker, so it can never equal a valid node name.
+pub const MAX_FIELD: usize = 253;
+
+fn field(s: &str) -> String {
+    clip(s, MAX_FIELD)
+}
+
+/// A Lease as the model reads it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaseFields {
+    pub holder: Option<String>,
+    pub duration: Duration,
+    pub renew: Option<String>,
+    /// leaseDurationSeconds when it was absurd (not set, at most 0, or
+    /// above an hour) and replaced: the value found.
+    pub clamped: Option<i32>,
+}
+
+/// Lease durations the guard believes: client-go's default when unset or
+/// not positive; at most an hour (a holder that claims more cannot make a
+/// guard wait that long to notice it is gone).
+pub const DEFAULT_LEASE: Duration = Duration::from_secs(15);
+pub const MAX_LEASE: Duration = Duration::from_secs(3600);
+
+/// The fields of a Lease, strings clipped, duration made sane.
+pub fn lease(l: &Lease) -> LeaseFields {
     let spec = l.spec.as_ref();
     let holder = spec
-        .and_then(|s| s.holder_identity.clone())
-        .filter(|h| !h.is_empty());
-    let secs = spec
-        .and_then(|s| s.lease_duration_seconds)
-        .filter(|d| *d > 0)
-        .unwrap_or(15);
+        .and_then(|s| s.holder_identity.as_deref())
+        .filter(|h| !h.is_empty())
+        .map(field);
+    let raw = spec.and_then(|s| s.lease_duration_seconds);
+    let (duration, clamped) = match raw {
+        None => (DEFAULT_LEASE, None),
+        Some(d) if d <= 0 => (DEFAULT_LEASE, Some(d)),
+        Some(d) if u64::try_from(d).is_ok_and(|d| d > MAX_LEASE.as_secs()) => (MAX_LEASE, Some(d)),
+        Some(d) => (Duration::from_secs(d as u64), None),
+    };
     let renew = spec
         .and_then(|s| s.renew_time.as_ref())
         .map(|t| t.0.to_string());
-    (holder, Duration::from_secs(secs as u64), renew)
+    LeaseFields {
+        holder,
+        duration,
+        renew,
+        clamped,
+    }
 }
 
 /// MetalLB's ServiceL2Status: status.node/serviceName/serviceNamespace, with
 /// the labels as a fallback (older speakers filled only those).
 pub fn l2status(o: &DynamicObject) -> Option<L2Status> {
     let status = o.data.get("status");
-    let field = |f: &str| {
+    let status_field = |f: &str| {
         status
             .and_then(|s| s.get(f))
             .and_then(|v| v.as_str())
             .filter(|s| !s.is_empty())
-            .map(str::to_owned)
+            .map(field)
     };
-    let label = |l: &str| o.labels().get(l).cloned().filter(|s| !s.is_empty());
-    let name = field("serviceName").or_else(|| label("metallb.io/service-name"))?;
-    let ns = field("serviceNamespace").or_else(|| label("metallb.io/service-namespace"))?;
-    let node = field("node").or_else(|| label("metallb.io/node"));
+    let label = |l: &str| {
+        o.labels()
+            .get(l)
+            .filter(|s| !s.is_empty())
+            .map(|s| field(s))
+    };
+    let name = status_field("serviceName").or_else(|| label("metallb.io/service-name"))?;
+    let ns = status_field("serviceNamespace").or_else(|| label("metallb.io/service-namespace"))?;
+    let node = status_field("node").or_else(|| label("metallb.io/node"));
     Some(L2Status {
         node,
         service: Key::new(ns, name),
@@ -170,14 +214,47 @@ mod tests {
             "spec": {"holderIdentity": "node-a", "leaseDurationSeconds": 20, "renewTime": "2026-11-30T10:00:01.123456Z"}
         }))
         .unwrap();
-        let (h, d, r) = lease(&l);
-        assert_eq!((h.as_deref(), d), (Some("node-a"), Duration::from_secs(20)));
-        assert!(r.unwrap().starts_with("2026-11-30T10:00:01"));
+        let f = lease(&l);
+        assert_eq!(
+            (f.holder.as_deref(), f.duration, f.clamped),
+            (Some("node-a"), Duration::from_secs(20), None)
+        );
+        assert!(f.renew.unwrap().starts_with("2026-11-30T10:00:01"));
         let empty: Lease = serde_json::from_value(
             json!({"metadata": {"name": "x"}, "spec": {"holderIdentity": ""}}),
         )
         .unwrap();
-        assert_eq!(lease(&empty), (None, Duration::from_secs(15), None));
+        assert_eq!(
+            lease(&empty),
+            LeaseFields {
+                holder: None,
+                duration: DEFAULT_LEASE,
+                renew: None,
+                clamped: None
+            }
+        );
+    }
+
+    #[test]
+    fn absurd_durations_and_huge_fields_are_tamed() {
+        let with = |d: i32, holder: &str| -> Lease {
+            serde_json::from_value(json!({
+                "metadata": {"name": "x", "namespace": "kube-system"},
+                "spec": {"holderIdentity": holder, "leaseDurationSeconds": d}
+            }))
+            .unwrap()
+        };
+        let f = lease(&with(2147483647, "n1"));
+        assert_eq!((f.duration, f.clamped), (MAX_LEASE, Some(2147483647)));
+        let f = lease(&with(0, "n1"));
+        assert_eq!((f.duration, f.clamped), (DEFAULT_LEASE, Some(0)));
+        let f = lease(&with(-5, "n1"));
+        assert_eq!((f.duration, f.clamped), (DEFAULT_LEASE, Some(-5)));
+        // A 1 MB holder is kept short and can never match a node name.
+        let f = lease(&with(15, &"a".repeat(1 << 20)));
+        let h = f.holder.unwrap();
+        assert!(h.len() < 300, "{}", h.len());
+        assert!(crate::ownership_file::check_node_name(&h).is_err());
     }
 
     #[test]

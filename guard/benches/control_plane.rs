@@ -4,7 +4,7 @@
 //! 1. An address added to (or removed from) `--lb-ips-from kube-ipvs0`, until
 //!    the LB_IPS map holds (or no longer holds) it: measured from the bench
 //!    process, which writes `addr add`/`addr del` to a long-running
-//!    `ip -batch -` and polls the daemon's pinned map. With 2 and 500
+//!    `ip -batch -` and polls the daemon's pinned map. With 2 and 300
 //!    addresses already there.
 //! 2. An ownership file of 65,536 entries: parse time, and the daemon's start
 //!    to enforcing (spawn to "arp-guard is enforcing", maps filled).
@@ -72,8 +72,6 @@ fn address_latency(n: usize) {
             "kube-ipvs0",
             "--pin-dir",
             pins.to_str().unwrap(),
-            "--log-level",
-            "warn",
         ],
     )
     .unwrap();
@@ -151,7 +149,7 @@ fn ownership_file(n: u32) {
 
 fn main() {
     testbed::require_root();
-    for n in [2, 500] {
+    for n in [2, 300] {
         address_latency(n);
     }
     ownership_file(65_536);

@@ -58,7 +58,11 @@ pub fn status(args: &ClientArgs) -> Result<()> {
             s(&f["unconfirmed_leases"])
         );
         for st in f["streams"].as_array().into_iter().flatten() {
-            let health = if st["healthy"] == true { "healthy" } else { "FAILING" };
+            let health = if st["healthy"] == true {
+                "healthy"
+            } else {
+                "FAILING"
+            };
             println!(
                 "    stream {:<32} {health} {}",
                 s(&st["name"]),

@@ -593,7 +593,10 @@ fn a_blind_guard_never_takes_the_owners_ip_away() {
     always_answers(&bed, LB, "node-a", Duration::from_secs(8));
     assert!(
         guards[0]
-            .wait_log("cannot confirm the expiry of Lease", Duration::from_secs(5))
+            .wait_log(
+                "cannot confirm the expiry of a Lease",
+                Duration::from_secs(5)
+            )
             .is_some(),
         "{}",
         guards[0].log_text()
@@ -657,16 +660,39 @@ fn a_silent_stream_is_rebuilt_and_shows() {
         Resource::Leases,
         cilium_lease("node-a", 2147483647, "2026-11-30T10:00:00.000000Z"),
     );
-    let guards = bed
-        .start(&[
-            "--announcer",
-            "cilium",
-            "--kube-watch-timeout",
-            "2s",
-            "--stale-after",
-            "5s",
-        ])
-        .unwrap();
+    // node-a with a short threshold; node-b with the default one, taken
+    // from the Lease durations in use: the absurd one is capped at 60 s.
+    let sync = Duration::from_secs(20);
+    let guards = [
+        bed.start_on(
+            0,
+            &[
+                "--announcer",
+                "cilium",
+                "--kube-watch-timeout",
+                "2s",
+                "--stale-after",
+                "5s",
+            ],
+            sync,
+        )
+        .unwrap(),
+        bed.start_on(1, &["--announcer", "cilium"], sync).unwrap(),
+    ];
+    let status_b = |path: &'static str| {
+        bed.nodes[1]
+            .ns
+            .enter(move || guard::api::get("127.0.0.1:9477".parse().unwrap(), path, None))
+            .unwrap()
+    };
+    let v: serde_json::Value = serde_json::from_str(&status_b("/status").1).unwrap();
+    assert_eq!(v["feed"]["threshold_seconds"], 60, "{v}");
+    assert_eq!(
+        guards[1].count_log("absurd leaseDurationSeconds"),
+        1,
+        "{}",
+        guards[1].log_text()
+    );
     let guard = &guards[0];
     check(bed.wait_answer(LB, Some("node-a"), CHANGE));
     bed.api

@@ -292,7 +292,7 @@ impl Harness {
             .test_run_from(
                 f,
                 if self.origin == Origin::Redirect {
-                    7
+                    common::LO
                 } else {
                     0
                 },

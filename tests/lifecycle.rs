@@ -435,6 +435,51 @@ fn drifted_maps_are_repaired() {
         None,
         "repaired: the foreign IP is guarded again"
     );
+    // A swap that keeps IF_ADDRS the same size: UNKNOWN_ON_EGRESS's entry
+    // replaced by a made-up one. Its kernel reply (unknown, on the egress
+    // interface) would now be dropped; the drift is seen by content.
+    let on_egress = testbed::bed::UNKNOWN_ON_EGRESS;
+    assert_eq!(resolve(&bed, &on_egress.to_string()), Some(bed.node_mac));
+    bed.node
+        .enter(move || {
+            // SAFETY: if_nametoindex with a NUL-terminated name.
+            let ifindex = unsafe { libc::if_nametoindex(c"eth0".as_ptr()) };
+            let (_, progs) = SchedClassifier::query_tcx("eth0", TcAttachType::Egress)?;
+            let prog = progs
+                .iter()
+                .find(|p| p.name_as_str().is_some_and(|n| n.starts_with("arp_guard")))
+                .expect("attached");
+            for id in prog.map_ids()?.unwrap_or_default() {
+                let data = MapData::from_id(id)?;
+                if data.info()?.name_as_str() == Some(guard_common::MAP_IF_ADDRS) {
+                    let mut m: HashMap<MapData, guard_common::IfAddrKey, u8> =
+                        HashMap::try_from(Map::HashMap(data))?;
+                    let key = |a: std::net::Ipv4Addr| guard_common::IfAddrKey {
+                        ifindex,
+                        addr: u32::from(a),
+                    };
+                    m.remove(&key(on_egress))?;
+                    m.insert(key(std::net::Ipv4Addr::new(198, 51, 100, 250)), 1, 0)?;
+                }
+            }
+            Ok(())
+        })
+        .unwrap();
+    assert!(
+        wait_for(Duration::from_secs(5), || guard
+            .lines("BPF maps drifted")
+            .iter()
+            .any(|l| l.contains("\"entries\":2"))
+            .then_some(()))
+        .is_some(),
+        "{}",
+        guard.log_text()
+    );
+    assert_eq!(
+        resolve(&bed, &on_egress.to_string()),
+        Some(bed.node_mac),
+        "repaired: the address is known on the egress interface again"
+    );
 }
 
 /// The liveness gate, with the daemon frozen (SIGSTOP: no more heartbeats).

@@ -65,10 +65,16 @@ fn program_agrees_with_reference_on_the_whole_table() {
                 .unwrap();
                 for (ip, state, on_egress) in lb_ips() {
                     for (kind, spec) in frames_for(ip) {
-                        for (tags, origin) in TAGS
-                            .into_iter()
-                            .flat_map(|t| [(t, Origin::Kernel), (t, Origin::Redirect)])
-                        {
+                        // The test run's device is lo (ifindex 1): a frame
+                        // that came in on lo was redirected out of it; one
+                        // that came in on another device was forwarded.
+                        for (tags, ingress, origin) in TAGS.into_iter().flat_map(|t| {
+                            [
+                                (t, 0, Origin::Kernel),
+                                (t, common::LO, Origin::Redirect),
+                                (t, 7, Origin::Kernel),
+                            ]
+                        }) {
                             let frame = spec.clone().tagged(tags).to_bytes();
                             let want = decide(&Facts {
                                 kind,
@@ -81,10 +87,9 @@ fn program_agrees_with_reference_on_the_whole_table() {
                                 liveness: live,
                             });
                             let before = dp.snapshot().unwrap();
-                            let ingress = if origin == Origin::Redirect { 7 } else { 0 };
                             let (ret, out) = dp.test_run_from(&frame, ingress).unwrap();
                             let after = dp.snapshot().unwrap();
-                            let ctx = format!("{ip} {state:?} on_egress={on_egress} {kind:?} {origin:?} op={} tags={tags:?} {mode:?} {leak_action:?} primary={with_primary} {live:?}", spec.op);
+                            let ctx = format!("{ip} {state:?} on_egress={on_egress} {kind:?} {origin:?} ingress={ingress} op={} tags={tags:?} {mode:?} {leak_action:?} primary={with_primary} {live:?}", spec.op);
                             assert_eq!(
                                 ret,
                                 if want == Verdict::Dropped { DROP } else { PASS },

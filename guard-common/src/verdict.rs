@@ -37,10 +37,11 @@ pub enum Origin {
     Kernel = 0,
     /// A userspace announcer (MetalLB, kube-vip) writing through an AF_PACKET socket.
     Speaker = 1,
-    /// A frame another program redirected out of this device (no socket, but
-    /// the skb remembers the device it came in on): a datapath responder such
-    /// as Cilium's, which answers ARP from its TC ingress program and gates
-    /// itself on its own ownership state. Judged like a speaker.
+    /// A frame another program redirected out of the device it came in on
+    /// (no socket of this node; the skb's ingress device is the egress one):
+    /// a datapath responder such as Cilium's, which answers ARP from its TC
+    /// ingress program and gates itself on its own ownership state. Judged
+    /// like a speaker.
     Redirect = 2,
 }
 

@@ -252,25 +252,23 @@ fn outer_ethertype(ctx: &TcContext) -> Option<u16> {
 
 /// Kernel ARP (replies, neighbour solicitations, address notifications) has
 /// no socket and no ingress device; a userspace speaker writes through an
-/// AF_PACKET socket; a frame another program redirected out of this device
-/// (Cilium's ARP responder turns the request into a reply at TC ingress)
-/// has no socket but keeps the device it came in on.
+/// AF_PACKET socket; a frame another program redirected out of the device it
+/// came in on (Cilium's ARP responder turns the request into a reply at TC
+/// ingress) has no socket of this node and keeps that device as its
+/// `ingress_ifindex`. A frame forwarded from another device (a bridge port)
+/// is not a responder gating itself: it is judged as the kernel's.
 #[inline(always)]
 fn origin(ctx: &TcContext) -> Origin {
-    // SAFETY: reading skb->sk and ingress_ifindex is allowed for TC programs;
-    // the verifier types sk as a nullable socket pointer and we check for
-    // null before use.
+    // SAFETY: reading skb->sk, ingress_ifindex and ifindex is allowed for TC
+    // programs; the verifier types sk as a nullable socket pointer and we
+    // check for null before use.
     unsafe {
         let skb = ctx.skb.skb;
-        // First: a frame that came in through a device was not built here,
-        // whatever socket it still references (since Linux 5.0 a frame
-        // crossing a veth keeps its sender's socket).
-        if (*skb).ingress_ifindex != 0 {
-            return Origin::Redirect;
-        }
         let sk = (*skb).__bindgen_anon_2.sk;
         if !sk.is_null() && (*sk).family == AF_PACKET {
             Origin::Speaker
+        } else if (*skb).ingress_ifindex != 0 && (*skb).ingress_ifindex == (*skb).ifindex {
+            Origin::Redirect
         } else {
             Origin::Kernel
         }

@@ -24,6 +24,8 @@ use tokio::sync::watch;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct IfAddr {
     pub addr: Ipv4Addr,
+    /// The prefix length: the same address may be there twice, with two.
+    pub prefix: u8,
     /// IFA_F_SECONDARY: not the primary address of its subnet on this interface.
     pub secondary: bool,
 }
@@ -80,20 +82,23 @@ fn v4_addr(msg: &AddressMessage) -> Option<(u32, IfAddr)> {
         msg.header.index,
         IfAddr {
             addr,
+            prefix: msg.header.prefix_len,
             secondary: msg.header.flags.contains(AddressHeaderFlags::Secondary),
         },
     ))
 }
 
 impl AddrTable {
-    /// Apply one notification. Returns whether the table changed; `None`
-    /// for a message that says notifications were lost (dump again).
-    pub fn apply(&mut self, msg: &RouteNetlinkMessage) -> Option<bool> {
-        Some(match msg {
+    /// Apply one notification. Returns whether the table changed.
+    pub fn apply(&mut self, msg: &RouteNetlinkMessage) -> bool {
+        match msg {
             RouteNetlinkMessage::NewAddress(m) => match v4_addr(m) {
                 Some((index, a)) => {
                     let list = self.v4.entry(index).or_default();
-                    match list.iter_mut().find(|x| x.addr == a.addr) {
+                    match list
+                        .iter_mut()
+                        .find(|x| x.addr == a.addr && x.prefix == a.prefix)
+                    {
                         Some(x) if *x == a => false,
                         Some(x) => {
                             *x = a;
@@ -111,7 +116,7 @@ impl AddrTable {
                 Some((index, a)) => {
                     let list = self.v4.entry(index).or_default();
                     let before = list.len();
-                    list.retain(|x| x.addr != a.addr);
+                    list.retain(|x| (x.addr, x.prefix) != (a.addr, a.prefix));
                     let changed = list.len() != before;
                     if list.is_empty() {
                         self.v4.remove(&index);
@@ -123,7 +128,7 @@ impl AddrTable {
             RouteNetlinkMessage::NewLink(m) => {
                 let index = m.header.index;
                 let Some(name) = link_name(m) else {
-                    return Some(false);
+                    return false;
                 };
                 if self.links.get(&name) == Some(&index) {
                     false
@@ -142,7 +147,7 @@ impl AddrTable {
                 gone || self.links.len() != before
             }
             _ => false,
-        })
+        }
     }
 }
 
@@ -223,10 +228,7 @@ pub async fn watch(
                 let mut next = Some(first);
                 while let Some(msg) = next {
                     match msg.payload {
-                        NetlinkPayload::InnerMessage(m) => match table.apply(&m) {
-                            Some(c) => changed |= c,
-                            None => lost = true,
-                        },
+                        NetlinkPayload::InnerMessage(m) => changed |= table.apply(&m),
                         NetlinkPayload::Overrun(_) => lost = true,
                         _ => {}
                     }
@@ -268,6 +270,7 @@ mod tests {
         let mut m = AddressMessage::default();
         m.header.family = AddressFamily::Inet;
         m.header.index = index;
+        m.header.prefix_len = 32;
         if secondary {
             m.header.flags = AddressHeaderFlags::Secondary;
         }
@@ -287,41 +290,32 @@ mod tests {
     fn notifications_apply_one_change_each() {
         let mut t = AddrTable::default();
         use RouteNetlinkMessage::*;
-        assert_eq!(t.apply(&NewLink(link_msg(5, "kube-ipvs0"))), Some(true));
-        assert_eq!(t.apply(&NewLink(link_msg(5, "kube-ipvs0"))), Some(false));
-        assert_eq!(
-            t.apply(&NewAddress(addr_msg(5, "198.51.100.100", false))),
-            Some(true)
-        );
-        assert_eq!(
-            t.apply(&NewAddress(addr_msg(5, "198.51.100.101", true))),
-            Some(true)
-        );
-        assert_eq!(
-            t.apply(&NewAddress(addr_msg(5, "198.51.100.101", true))),
-            Some(false)
-        );
+        assert!(t.apply(&NewLink(link_msg(5, "kube-ipvs0"))));
+        assert!(!t.apply(&NewLink(link_msg(5, "kube-ipvs0"))));
+        assert!(t.apply(&NewAddress(addr_msg(5, "198.51.100.100", false))));
+        assert!(t.apply(&NewAddress(addr_msg(5, "198.51.100.101", true))));
+        assert!(!t.apply(&NewAddress(addr_msg(5, "198.51.100.101", true))));
         // A promoted secondary: same address, new flags.
-        assert_eq!(
-            t.apply(&NewAddress(addr_msg(5, "198.51.100.101", false))),
-            Some(true)
-        );
+        assert!(t.apply(&NewAddress(addr_msg(5, "198.51.100.101", false))));
         assert_eq!(t.v4_of("kube-ipvs0").len(), 2);
         assert!(!t.v4_of("kube-ipvs0")[1].secondary);
-        assert_eq!(
-            t.apply(&DelAddress(addr_msg(5, "198.51.100.100", false))),
-            Some(true)
-        );
+        // The same address with another prefix is another entry.
+        let mut other = addr_msg(5, "198.51.100.101", false);
+        other.header.prefix_len = 24;
+        assert!(t.apply(&NewAddress(other.clone())));
+        assert!(t.apply(&DelAddress(other)));
+        assert_eq!(t.v4_of("kube-ipvs0").len(), 2, "the /32 stays");
+        assert!(t.apply(&DelAddress(addr_msg(5, "198.51.100.100", false))));
         assert_eq!(t.v4_of("kube-ipvs0").len(), 1);
         // IPv6 is not in this table.
         let mut v6 = addr_msg(5, "fd00::1", false);
         v6.header.family = AddressFamily::Inet6;
-        assert_eq!(t.apply(&NewAddress(v6)), Some(false));
+        assert!(!t.apply(&NewAddress(v6)));
         // Renamed, then deleted with its addresses.
-        assert_eq!(t.apply(&NewLink(link_msg(5, "lb0"))), Some(true));
+        assert!(t.apply(&NewLink(link_msg(5, "lb0"))));
         assert_eq!(t.ifindex("kube-ipvs0"), None);
         assert_eq!(t.v4_of("lb0").len(), 1);
-        assert_eq!(t.apply(&DelLink(link_msg(5, "lb0"))), Some(true));
+        assert!(t.apply(&DelLink(link_msg(5, "lb0"))));
         assert_eq!(t, AddrTable::default());
     }
 }

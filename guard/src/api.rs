@@ -103,6 +103,8 @@ pub struct Shared {
     pub events: broadcast::Sender<String>,
     /// `--metrics-max-ip-series`.
     pub metrics_max_ip_series: usize,
+    /// Which counter rows /metrics labels with their IP (see [`crate::metrics::Fold`]).
+    pub fold: Mutex<crate::metrics::Fold>,
 }
 
 impl Shared {
@@ -201,7 +203,8 @@ fn json(code: StatusCode, v: &impl Serialize) -> Response<Body> {
     )
 }
 
-/// Connections served at once; more are closed at once (counted).
+/// Connections served at once; a new one beyond evicts the oldest that is
+/// not an event stream (counted).
 pub const MAX_CONNECTIONS: usize = 64;
 /// A client must send a request's headers within this time, also between
 /// requests on a kept-alive connection (slow or idle clients are dropped).
@@ -212,15 +215,22 @@ pub const CONNECTION_TIMEOUT: Duration = Duration::from_secs(60);
 pub const MAX_EVENT_STREAMS: usize = 16;
 
 /// Serve on `listener` for the life of the daemon. Local clients cannot stop
-/// it: headers must come within [`HEADER_TIMEOUT`], at most
-/// [`MAX_CONNECTIONS`] are served at once, and a failing `accept` (EMFILE
-/// when the process is out of file descriptors) is logged and retried with
-/// a back-off instead of ending the API.
+/// it: headers must come within [`HEADER_TIMEOUT`]; at most
+/// [`MAX_CONNECTIONS`] are served at once, and a new one evicts the oldest
+/// that is not an event stream (so a crowd of slow clients cannot lock out
+/// the kubelet's probes); a failing `accept` (EMFILE when the process is out
+/// of file descriptors) is logged and retried with a back-off instead of
+/// ending the API.
 pub async fn serve(listener: tokio::net::TcpListener, shared: Arc<Shared>) {
     if let Ok(addr) = listener.local_addr() {
         tracing::info!(%addr, "API listening: /metrics /healthz /readyz /status /explain /events /counters");
     }
-    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
+    struct Conn {
+        streaming: Arc<std::sync::atomic::AtomicBool>,
+        task: tokio::task::AbortHandle,
+    }
+    let mut conns: BTreeMap<u64, Conn> = BTreeMap::new();
+    let mut next_id = 0u64;
     let mut backoff = Duration::from_millis(10);
     let mut failing = false;
     loop {
@@ -244,38 +254,64 @@ pub async fn serve(listener: tokio::net::TcpListener, shared: Arc<Shared>) {
                 continue;
             }
         };
-        let Ok(slot) = slots.clone().try_acquire_owned() else {
-            OPS.error("api_connection_limit");
-            drop(stream);
-            continue;
-        };
-        let shared = shared.clone();
-        tokio::spawn(async move {
-            let _slot = slot;
-            let streaming = Arc::new(std::sync::atomic::AtomicBool::new(false));
-            let flag = streaming.clone();
-            let io = hyper_util::rt::TokioIo::new(stream);
-            let svc = hyper::service::service_fn(move |req| {
-                let shared = shared.clone();
-                let flag = flag.clone();
-                async move { Ok::<_, Infallible>(route(req, &shared, &flag)) }
-            });
-            let conn = hyper::server::conn::http1::Builder::new()
-                .timer(hyper_util::rt::TokioTimer::new())
-                .header_read_timeout(HEADER_TIMEOUT)
-                .max_buf_size(64 * 1024)
-                .serve_connection(io, svc);
-            tokio::pin!(conn);
-            tokio::select! {
-                _ = &mut conn => {}
-                _ = tokio::time::sleep(CONNECTION_TIMEOUT) => {
-                    // An event stream lives as long as its reader wants.
-                    if streaming.load(std::sync::atomic::Ordering::Relaxed) {
-                        let _ = conn.await;
-                    }
+        conns.retain(|_, c| !c.task.is_finished());
+        if conns.len() >= MAX_CONNECTIONS {
+            let oldest = conns
+                .iter()
+                .find(|(_, c)| !c.streaming.load(std::sync::atomic::Ordering::Relaxed))
+                .map(|(id, _)| *id);
+            match oldest.and_then(|id| conns.remove(&id)) {
+                Some(c) => {
+                    OPS.error("api_connection_evicted");
+                    c.task.abort();
+                }
+                None => {
+                    OPS.error("api_connection_limit");
+                    drop(stream);
+                    continue;
                 }
             }
-        });
+        }
+        let streaming = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let task = tokio::spawn(serve_connection(stream, shared.clone(), streaming.clone()));
+        conns.insert(
+            next_id,
+            Conn {
+                streaming,
+                task: task.abort_handle(),
+            },
+        );
+        next_id += 1;
+    }
+}
+
+/// One client connection, bounded in time unless it becomes an event stream.
+async fn serve_connection(
+    stream: tokio::net::TcpStream,
+    shared: Arc<Shared>,
+    streaming: Arc<std::sync::atomic::AtomicBool>,
+) {
+    let flag = streaming.clone();
+    let io = hyper_util::rt::TokioIo::new(stream);
+    let svc = hyper::service::service_fn(move |req| {
+        let shared = shared.clone();
+        let flag = flag.clone();
+        async move { Ok::<_, Infallible>(route(req, &shared, &flag)) }
+    });
+    let conn = hyper::server::conn::http1::Builder::new()
+        .timer(hyper_util::rt::TokioTimer::new())
+        .header_read_timeout(HEADER_TIMEOUT)
+        .max_buf_size(64 * 1024)
+        .serve_connection(io, svc);
+    tokio::pin!(conn);
+    tokio::select! {
+        _ = &mut conn => {}
+        _ = tokio::time::sleep(CONNECTION_TIMEOUT) => {
+            // An event stream lives as long as its reader wants.
+            if streaming.load(std::sync::atomic::Ordering::Relaxed) {
+                let _ = conn.await;
+            }
+        }
     }
 }
 
@@ -312,23 +348,8 @@ fn route(
             ),
         },
         "/readyz" => {
-            let st = shared.read();
-            let mut not_ready = st.not_ready.clone();
-            drop(st);
-            // Metrics that cannot read the kernel leave every dashboard and
-            // alert blind: not ready.
-            if let Err(e) = shared.stats_readable() {
-                not_ready.push(format!("/metrics cannot read the kernel counters: {e:#}"));
-            }
-            if not_ready.is_empty() {
-                text(StatusCode::OK, "ready\n", "text/plain")
-            } else {
-                text(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    format!("not ready: {}\n", not_ready.join("; ")),
-                    "text/plain",
-                )
-            }
+            let (code, body) = readyz(shared);
+            text(code, body, "text/plain")
         }
         "/metrics" => match crate::metrics::render(shared) {
             Ok(body) => text(
@@ -343,14 +364,7 @@ fn route(
             ),
         },
         "/status" => status(shared),
-        "/counters" => match shared.snapshot() {
-            Ok(snap) => json(StatusCode::OK, &snap.to_doc()),
-            Err(e) => text(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                format!("{e:#}\n"),
-                "text/plain",
-            ),
-        },
+        "/counters" => counters(shared, query),
         "/explain" => {
             let ip = query.split('&').find_map(|kv| kv.strip_prefix("ip="));
             match ip.and_then(|s| s.parse::<Ipv4Addr>().ok()) {
@@ -369,6 +383,49 @@ fn route(
         _ => text(
             StatusCode::NOT_FOUND,
             "not found: try /metrics /healthz /readyz /status /explain?ip= /events /counters\n",
+            "text/plain",
+        ),
+    }
+}
+
+/// Ready: attached everywhere asked, synced, and `/metrics` can read the
+/// kernel counters (metrics that cannot leave every dashboard and alert
+/// blind); else 503 with the reasons.
+fn readyz(shared: &Shared) -> (StatusCode, String) {
+    let mut not_ready = shared.read().not_ready.clone();
+    if let Err(e) = shared.stats_readable() {
+        not_ready.push(format!("/metrics cannot read the kernel counters: {e:#}"));
+    }
+    if not_ready.is_empty() {
+        (StatusCode::OK, "ready\n".into())
+    } else {
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("not ready: {}\n", not_ready.join("; ")),
+        )
+    }
+}
+
+/// The kernel counters; with `?interface=NAME`, that interface's rows (404
+/// if the guard is not attached there).
+fn counters(shared: &Shared, query: &str) -> Response<Body> {
+    let iface = query
+        .split('&')
+        .find_map(|kv| kv.strip_prefix("interface="));
+    if let Some(i) = iface {
+        if !shared.read().interfaces.contains_key(i) {
+            return text(
+                StatusCode::NOT_FOUND,
+                format!("the guard is not attached to {i}\n"),
+                "text/plain",
+            );
+        }
+    }
+    match shared.snapshot() {
+        Ok(snap) => json(StatusCode::OK, &snap.to_doc().only(iface)),
+        Err(e) => text(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("{e:#}\n"),
             "text/plain",
         ),
     }
@@ -594,4 +651,39 @@ pub fn get(
         r.read_to_string(&mut body)?;
     }
     Ok((code, body))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shared(maps: Option<(aya::maps::Map, aya::maps::Map)>) -> Shared {
+        Shared {
+            state: Default::default(),
+            heartbeat_ns: AtomicU64::new(1),
+            maps,
+            events: broadcast::channel(1).0,
+            metrics_max_ip_series: 10,
+            fold: Default::default(),
+        }
+    }
+
+    /// A metrics path that cannot read the kernel is not ready: every
+    /// dashboard and alert would be blind.
+    #[test]
+    fn not_ready_when_metrics_cannot_read_the_kernel() {
+        let s = shared(None);
+        let (code, body) = readyz(&s);
+        assert_eq!(code, StatusCode::SERVICE_UNAVAILABLE);
+        assert!(
+            body.contains("/metrics cannot read the kernel counters"),
+            "{body}"
+        );
+        s.write().not_ready.push("attached to no interface".into());
+        let (_, body) = readyz(&s);
+        assert!(
+            body.contains("attached to no interface") && body.contains("/metrics"),
+            "{body}"
+        );
+    }
 }

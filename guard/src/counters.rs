@@ -233,6 +233,15 @@ impl Snapshot {
 }
 
 impl CountersDoc {
+    /// Only the rows of `iface` (all with None); the totals stay global (the
+    /// program's STATS are not per interface).
+    pub fn only(mut self, iface: Option<&str>) -> Self {
+        if let Some(i) = iface {
+            self.counters.retain(|r| r.labels.interface == i);
+        }
+        self
+    }
+
     /// A table for a terminal.
     pub fn to_table(&self) -> String {
         let mut out = String::new();

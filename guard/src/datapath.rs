@@ -133,8 +133,6 @@ pub struct Datapath {
     pin_dir: Option<std::path::PathBuf>,
     /// Drop events per second per CPU, burst.
     event_rate: (u32, u32),
-    /// LB IPs with counter rows that are no longer in the LB set, and since when.
-    counters_gone: std::collections::HashMap<u32, std::time::Instant>,
     /// Held while we own `pin_dir` (released when we exit).
     _pin_lock: Option<crate::pins::PinLock>,
 }
@@ -205,7 +203,6 @@ impl Datapath {
             attached: Vec::new(),
             applied: Applied::default(),
             logger,
-            counters_gone: Default::default(),
             _pin_lock: lock,
         };
         dp.set_config(mode, leak_action)?;
@@ -620,63 +617,41 @@ impl Datapath {
     }
 
     /// Our COUNTERS and STATS maps on duplicated file descriptors, for
-    /// readers on other threads (the API). Duplicating an fd we hold needs no
-    /// privilege; opening a map by id would need CAP_SYS_ADMIN, which the
-    /// DaemonSet does not grant.
+    /// readers on other threads (the API).
     pub fn counter_maps(&self) -> Result<(aya::maps::Map, aya::maps::Map)> {
-        let open = |name: &str| -> Result<MapData> {
-            let m = self
-                .ebpf
-                .map(name)
-                .and_then(map_data)
-                .ok_or_else(|| anyhow!("map {name} missing"))?;
-            let fd = std::os::fd::AsFd::as_fd(m.fd())
-                .try_clone_to_owned()
-                .with_context(|| format!("duplicating the fd of map {name}"))?;
-            Ok(MapData::from_fd(fd)?)
-        };
         Ok((
-            aya::maps::Map::PerCpuHashMap(open(MAP_COUNTERS)?),
-            aya::maps::Map::PerCpuArray(open(MAP_STATS)?),
+            aya::maps::Map::PerCpuHashMap(self.dup_map(MAP_COUNTERS)?),
+            aya::maps::Map::PerCpuArray(self.dup_map(MAP_STATS)?),
         ))
     }
 
-    /// Delete the counter rows of IPs that have been out of the LB map for
-    /// `grace` (long enough for a scrape to see their last values), so that
-    /// churn cannot fill the map and leave new IPs uncounted. Returns how
-    /// many rows went.
-    pub fn reclaim_counters(
-        &mut self,
-        now: std::time::Instant,
-        grace: std::time::Duration,
-    ) -> Result<usize> {
-        use aya::maps::PerCpuHashMap;
-        let Self {
-            ebpf,
-            applied,
-            counters_gone,
-            ..
-        } = self;
-        let map = ebpf
-            .map_mut(MAP_COUNTERS)
-            .ok_or_else(|| anyhow!("map {MAP_COUNTERS} missing"))?;
-        let mut map: PerCpuHashMap<&mut MapData, CounterKey, CounterValue> =
-            PerCpuHashMap::try_from(map)?;
-        let keys: Vec<CounterKey> = map.keys().filter_map(Result::ok).collect();
-        let mut gone_now = std::collections::HashSet::new();
-        let mut removed = 0;
-        for k in keys {
-            if applied.lb.contains_key(&k.ip) {
-                continue;
-            }
-            gone_now.insert(k.ip);
-            let since = *counters_gone.entry(k.ip).or_insert(now);
-            if now.saturating_duration_since(since) >= grace && map.remove(&k).is_ok() {
-                removed += 1;
-            }
-        }
-        counters_gone.retain(|ip, _| gone_now.contains(ip));
-        Ok(removed)
+    /// The IPs the LB map holds (as last written or read).
+    pub fn lb_set(&self) -> std::collections::HashSet<u32> {
+        self.applied.lb.keys().copied().collect()
+    }
+
+    /// A reclaimer of counter rows on its own (duplicated) fd of COUNTERS,
+    /// to run off the main loop.
+    pub fn counter_reclaimer(&self) -> Result<CounterReclaimer> {
+        Ok(CounterReclaimer {
+            map: aya::maps::Map::PerCpuHashMap(self.dup_map(MAP_COUNTERS)?),
+            gone: Default::default(),
+        })
+    }
+
+    /// One of our maps on a duplicated file descriptor. Duplicating an fd we
+    /// hold needs no privilege; opening a map by id would need CAP_SYS_ADMIN,
+    /// which the DaemonSet does not grant.
+    fn dup_map(&self, name: &str) -> Result<MapData> {
+        let m = self
+            .ebpf
+            .map(name)
+            .and_then(map_data)
+            .ok_or_else(|| anyhow!("map {name} missing"))?;
+        let fd = std::os::fd::AsFd::as_fd(m.fd())
+            .try_clone_to_owned()
+            .with_context(|| format!("duplicating the fd of map {name}"))?;
+        Ok(MapData::from_fd(fd)?)
     }
 
     /// Sum the kernel-side counters over CPUs.
@@ -762,6 +737,44 @@ impl Datapath {
         self.ebpf
             .map_mut(name)
             .ok_or_else(|| anyhow!("map {name} missing from the embedded object"))
+    }
+}
+
+/// Deletes the counter rows of IPs that have been out of the LB map for a
+/// grace period (long enough for a scrape to see their last values), so that
+/// churn cannot fill the map and leave new IPs uncounted. It walks the whole
+/// map, so it runs off the main loop.
+pub struct CounterReclaimer {
+    map: aya::maps::Map,
+    /// LB IPs with counter rows that are no longer in the LB set, and since when.
+    gone: std::collections::HashMap<u32, std::time::Instant>,
+}
+
+impl CounterReclaimer {
+    /// Returns how many rows went.
+    pub fn reclaim(
+        &mut self,
+        lb: &std::collections::HashSet<u32>,
+        now: std::time::Instant,
+        grace: std::time::Duration,
+    ) -> Result<usize> {
+        let mut map: aya::maps::PerCpuHashMap<&mut MapData, CounterKey, CounterValue> =
+            aya::maps::PerCpuHashMap::try_from(&mut self.map)?;
+        let keys: Vec<CounterKey> = map.keys().filter_map(Result::ok).collect();
+        let mut gone_now = std::collections::HashSet::new();
+        let mut removed = 0;
+        for k in keys {
+            if lb.contains(&k.ip) {
+                continue;
+            }
+            gone_now.insert(k.ip);
+            let since = *self.gone.entry(k.ip).or_insert(now);
+            if now.saturating_duration_since(since) >= grace && map.remove(&k).is_ok() {
+                removed += 1;
+            }
+        }
+        self.gone.retain(|ip, _| gone_now.contains(ip));
+        Ok(removed)
     }
 }
 
@@ -1098,4 +1111,22 @@ pub fn ifname(ifindex: u32) -> Option<String> {
             .to_string_lossy()
             .into_owned(),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::differing;
+    use std::collections::BTreeMap;
+
+    #[test]
+    fn drift_is_seen_by_content() {
+        let ours = BTreeMap::from([(1, 1u8), (2, 1)]);
+        assert_eq!(differing(&ours, &ours), 0);
+        // Same size, another key: one extra, one missing.
+        assert_eq!(differing(&BTreeMap::from([(1, 1), (3, 1)]), &ours), 2);
+        // Same keys, another value.
+        assert_eq!(differing(&BTreeMap::from([(1, 1), (2, 9)]), &ours), 1);
+        assert_eq!(differing(&BTreeMap::new(), &ours), 2);
+        assert_eq!(differing(&ours, &BTreeMap::new()), 2);
+    }
 }

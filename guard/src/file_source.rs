@@ -84,6 +84,8 @@ pub async fn watch(
     let mut last_text = first_text;
     // The last problem logged: each distinct one is logged once.
     let mut last_rejected: Option<String> = None;
+    // A digest of the last content rejected as invalid.
+    let mut rejected_digest: Option<u64> = None;
     let reject = |last: &mut Option<String>, why: String, what: &str| {
         if last.as_deref() != Some(&why) {
             tracing::error!(file = %path.display(), error = %why, "{what}; keeping the last good state");
@@ -130,7 +132,15 @@ pub async fn watch(
                 continue;
             }
         };
-        if text == last_text {
+        // Same as what is in force, or as what was rejected already: nothing
+        // to do (a big bad file is not re-parsed every poll).
+        let digest = {
+            use std::hash::{Hash as _, Hasher as _};
+            let mut h = std::collections::hash_map::DefaultHasher::new();
+            text.hash(&mut h);
+            h.finish()
+        };
+        if text == last_text || rejected_digest == Some(digest) {
             continue;
         }
         // A writer may be half-way through (`cat > file`): take the content
@@ -145,9 +155,13 @@ pub async fn watch(
                 tracing::info!(file = %path.display(), ips = file.ips.len(), "ownership file reloaded");
                 last_text = text;
                 last_rejected = None;
+                rejected_digest = None;
                 tx.send_replace(file);
             }
-            Err(e) => reject(&mut last_rejected, e.to_string(), "ownership file rejected"),
+            Err(e) => {
+                rejected_digest = Some(digest);
+                reject(&mut last_rejected, e.to_string(), "ownership file rejected")
+            }
         }
     }
 }

@@ -62,8 +62,9 @@ fn main() -> ExitCode {
 /// from its pins, else through the kernel (TCX query and map ids: root only).
 fn counters_of(iface: &str, args: &guard::cli::CountersArgs) -> anyhow::Result<CountersDoc> {
     let mut tried = Vec::new();
-    match guard::api::get(args.api, "/counters", None) {
+    match guard::api::get(args.api, &format!("/counters?interface={iface}"), None) {
         Ok((200, body)) => return Ok(serde_json::from_str(&body)?),
+        Ok((404, body)) => anyhow::bail!("{}", body.trim()),
         Ok((code, body)) => tried.push(format!(
             "the API on {} answered {code}: {}",
             args.api,
@@ -72,11 +73,11 @@ fn counters_of(iface: &str, args: &guard::cli::CountersArgs) -> anyhow::Result<C
         Err(e) => tried.push(format!("{e:#}")),
     }
     match Snapshot::of_pins(&args.pin_dir) {
-        Ok(s) => return Ok(s.to_doc()),
+        Ok(s) => return Ok(s.to_doc().only(Some(iface))),
         Err(e) => tried.push(format!("pins: {e:#}")),
     }
     match Snapshot::of_attached(iface) {
-        Ok(s) => Ok(s.to_doc()),
+        Ok(s) => Ok(s.to_doc().only(Some(iface))),
         Err(e) => {
             tried.push(format!("kernel: {e:#}"));
             anyhow::bail!(
@@ -107,20 +108,25 @@ fn counters(args: &guard::cli::CountersArgs) -> anyhow::Result<()> {
 
 fn uninstall(pin_dir: &std::path::Path, interfaces: &[String], force: bool) -> anyhow::Result<()> {
     guard::preflight::check_capabilities()?;
-    if let Some(pid) = guard::pins::locked_by(pin_dir) {
-        let who = pid.map_or_else(
-            || "a running arp-guard".to_owned(),
-            |p| format!("arp-guard pid {p}"),
-        );
-        if !force {
-            anyhow::bail!(
-                "{who} holds --pin-dir {}: stop it first (uninstalling under it would take the guard \
-                 away from a daemon that relies on it), or pass --force",
-                pin_dir.display()
+    // Held while the pins go, so that no daemon starts on them half-way.
+    let _lock = match guard::pins::try_lock(pin_dir) {
+        Ok(lock) => lock,
+        Err(pid) => {
+            let who = pid.map_or_else(
+                || "a running arp-guard".to_owned(),
+                |p| format!("arp-guard pid {p}"),
             );
+            if !force {
+                anyhow::bail!(
+                    "{who} holds --pin-dir {}: stop it first (uninstalling under it would take the guard \
+                     away from a daemon that relies on it), or pass --force",
+                    pin_dir.display()
+                );
+            }
+            eprintln!("arp-guard: --force: removing the pins {who} holds");
+            None
         }
-        eprintln!("arp-guard: --force: removing the pins {who} holds");
-    }
+    };
     for name in guard::pins::uninstall(pin_dir)? {
         println!("removed {}/{name}", pin_dir.display());
     }

@@ -216,13 +216,14 @@ pub fn lock(dir: &Path) -> Result<PinLock> {
     }
 }
 
-/// Is a daemon holding the lock on `dir`? Its pid, if it can be told.
-pub fn locked_by(dir: &Path) -> Option<Option<u32>> {
-    match lock(dir) {
-        Ok(_) => None,
-        Err(_) if dir.exists() => Some(holder(dir)),
-        Err(_) => None,
+/// The lock on `dir` for a one-off job (uninstall), held until dropped:
+/// `Err(pid)` while a daemon holds it (the pid if it can be told). A
+/// directory that does not exist needs no lock.
+pub fn try_lock(dir: &Path) -> std::result::Result<Option<PinLock>, Option<u32>> {
+    if !dir.exists() {
+        return Ok(None);
     }
+    lock(dir).map(Some).map_err(|_| holder(dir))
 }
 
 /// The pid holding a flock on `dir`, from /proc/locks ("MAJ:MIN:INODE",
@@ -243,6 +244,8 @@ fn holder(dir: &Path) -> Option<u32> {
         (f.get(1) == Some(&"FLOCK") && f.get(5) == Some(&want.as_str()))
             .then(|| f.get(4)?.parse().ok())
             .flatten()
+            // A holder in another pid namespace reads as 0: unknown.
+            .filter(|pid| *pid != 0)
     })
 }
 

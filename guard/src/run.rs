@@ -112,16 +112,23 @@ pub async fn run(args: RunArgs) -> Result<()> {
     let leak_action = LeakAction::from(args.leak_action);
 
     // The file must be valid at start: there is no "last good state" yet.
-    let file = match &args.ownership_file {
-        Some(path) => {
-            let text = file_source::read(path, args.ownership_file_max_bytes)
+    // It is read and parsed while the BPF program loads (a big file takes
+    // a few hundred ms), and checked before anything is attached.
+    let file_job = args.ownership_file.clone().map(|path| {
+        let max = args.ownership_file_max_bytes;
+        tokio::spawn(async move {
+            let text = file_source::read(&path, max)
                 .await
                 .context("cannot read the ownership file")?;
-            let file = ownership_file::parse(path, &text).context("invalid ownership file")?;
-            Some((file, text))
-        }
-        None => None,
-    };
+            let file = tokio::task::spawn_blocking(move || {
+                ownership_file::parse(&path, &text).map(|f| (f, text))
+            })
+            .await
+            .context("parsing the ownership file")?
+            .context("invalid ownership file")?;
+            Ok::<_, anyhow::Error>(file)
+        })
+    });
 
     // Before anything is attached: a signal during start-up must also end in
     // a clean detach, not in the default action.
@@ -171,6 +178,10 @@ pub async fn run(args: RunArgs) -> Result<()> {
 
     let mut dp =
         Datapath::load_pinned(mode, leak_action, args.max_lb_ips, args.pin_dir.as_deref())?;
+    let file = match file_job {
+        Some(job) => Some(job.await.context("reading the ownership file")??),
+        None => None,
+    };
     if args.pin_dir.is_some() {
         // Pinned maps carry what the previous daemon wrote: start the diff from there.
         match dp.reload_from_kernel() {
@@ -238,6 +249,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
             .ok(),
         events: tokio::sync::broadcast::channel(1024).0,
         metrics_max_ip_series: args.metrics_max_ip_series,
+        fold: Default::default(),
     });
     match dp.take_events() {
         Ok(ring) => {
@@ -348,6 +360,11 @@ pub async fn run(args: RunArgs) -> Result<()> {
         std::time::Duration::from_secs(30),
     ));
     reclaim_tick.tick().await;
+    let reclaimer = dp
+        .counter_reclaimer()
+        .map_err(|e| tracing::warn!(error = %format!("{e:#}"), "counter rows cannot be reclaimed"))
+        .ok()
+        .map(|r| std::sync::Arc::new(tokio::sync::Mutex::new(r)));
     let mut current = view;
     let mut pins_ok = true;
     let mut node_warned = false;
@@ -399,10 +416,19 @@ pub async fn run(args: RunArgs) -> Result<()> {
                 continue;
             }
             _ = reclaim_tick.tick() => {
-                match dp.reclaim_counters(std::time::Instant::now(), args.counter_grace) {
-                    Ok(0) => {}
-                    Ok(n) => tracing::debug!(rows = n, "counter rows of LB IPs gone for --counter-grace removed"),
-                    Err(e) => tracing::warn!(error = %format!("{e:#}"), "cannot reclaim counter rows"),
+                // Off the main loop: it walks the whole counter map. One run
+                // at a time.
+                if let (Some(r), lb) = (reclaimer.as_ref(), dp.lb_set()) {
+                    if let Ok(mut r) = r.clone().try_lock_owned() {
+                        let grace = args.counter_grace;
+                        tokio::task::spawn_blocking(move || {
+                            match r.reclaim(&lb, std::time::Instant::now(), grace) {
+                                Ok(0) => {}
+                                Ok(n) => tracing::debug!(rows = n, "counter rows of LB IPs gone for --counter-grace removed"),
+                                Err(e) => tracing::warn!(error = %format!("{e:#}"), "cannot reclaim counter rows"),
+                            }
+                        });
+                    }
                 }
                 continue;
             }

@@ -74,6 +74,8 @@ pub struct Feed {
     pub blind: bool,
     /// Leases in use past their deadline, not confirmed by the API.
     pub unconfirmed_leases: usize,
+    /// Blind this long, foreign is enforced as unknown.
+    pub threshold_seconds: u64,
     pub streams: Vec<crate::cluster::feed::StreamStatus>,
 }
 
@@ -96,6 +98,7 @@ impl Feed {
             degraded: c.degraded,
             blind: c.failing_since.is_some(),
             unconfirmed_leases: c.unconfirmed,
+            threshold_seconds: c.threshold.as_secs(),
             streams: c.streams.clone(),
         }
     }

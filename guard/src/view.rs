@@ -192,6 +192,7 @@ mod tests {
         t.links.insert("kube-ipvs0".into(), 5);
         let a = |s: &str, secondary| IfAddr {
             addr: s.parse().unwrap(),
+            prefix: 32,
             secondary,
         };
         t.v4.insert(

@@ -93,6 +93,8 @@ pub struct ClusterView {
     pub streams: Vec<StreamStatus>,
     /// Leases in use past their deadline that the API has not confirmed.
     pub unconfirmed: usize,
+    /// Blind this long, the view degrades.
+    pub threshold: Duration,
 }
 
 impl PartialEq for ClusterView {
@@ -104,6 +106,7 @@ impl PartialEq for ClusterView {
             && self.streams == o.streams
             && self.unconfirmed == o.unconfirmed
             && self.failing_since.is_some() == o.failing_since.is_some()
+            && self.threshold == o.threshold
     }
 }
 
@@ -150,11 +153,16 @@ const PROBE_EVERY: Duration = Duration::from_secs(2);
 const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
 /// A GET that confirms a Lease: its timeout, and how soon a failed one is retried.
 const CONFIRM_TIMEOUT: Duration = Duration::from_secs(2);
+/// First retry of a failed confirmation; doubling per attempt up to 30 s
+/// (a failing API must not be hammered by a fleet of guards).
 const CONFIRM_RETRY: Duration = Duration::from_secs(2);
 /// Confirmations in flight at once.
 const CONFIRM_PARALLEL: usize = 16;
-/// A stream failing this long while the API answers is rebuilt (relisted).
+/// A stream failing this long while the API answers has its back-off cut
+/// short; one whose request has hung this long while the probe answers
+/// within seconds is rebuilt.
 const REBUILD_AFTER: Duration = Duration::from_secs(5);
+const HUNG_REQUEST: Duration = Duration::from_secs(30);
 /// The staleness threshold taken from Lease durations stays within these.
 pub const THRESHOLD_FLOOR: Duration = Duration::from_secs(15);
 pub const THRESHOLD_CAP: Duration = Duration::from_secs(60);
@@ -255,16 +263,58 @@ struct Selectors {
     fields: Option<String>,
 }
 
-/// Back-off between failed attempts: doubling up to 30 s, with jitter so
-/// that a fleet of guards does not come back in step after an API outage.
-fn backoff(attempt: u32) -> Duration {
-    let base = Duration::from_millis(500) * 2u32.saturating_pow(attempt.min(6));
-    let base = base.min(Duration::from_secs(30));
+/// Back-off between failed attempts: doubling from `base` up to 30 s, with
+/// jitter so that a fleet of guards does not come back in step after an API
+/// outage.
+fn backoff(base: Duration, attempt: u32) -> Duration {
+    let d = (base * 2u32.saturating_pow(attempt.min(8))).min(Duration::from_secs(30));
     let jitter = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.subsec_nanos())
         % 1000;
-    base + base * jitter / 5000
+    d + d * jitter / 4000
+}
+
+/// Shared between a stream's task and the feed: the feed can cut a back-off
+/// short (the API answers again) and can tell a task waiting in back-off from
+/// one stuck in a request.
+#[derive(Default)]
+struct StreamCtl {
+    kick: tokio::sync::Notify,
+    /// When the request in flight (a list page, or a watch being opened)
+    /// started, in ms of [`mono_ms`]; 0 while none is.
+    busy_since: std::sync::atomic::AtomicU64,
+}
+
+fn mono_ms() -> u64 {
+    crate::datapath::monotonic_ns() / 1_000_000 + 1
+}
+
+impl StreamCtl {
+    /// Run `f` as a request: seen as busy meanwhile.
+    async fn request<T>(&self, f: impl std::future::Future<Output = T>) -> T {
+        use std::sync::atomic::Ordering::Relaxed;
+        self.busy_since.store(mono_ms(), Relaxed);
+        let r = f.await;
+        self.busy_since.store(0, Relaxed);
+        r
+    }
+
+    /// Wait out a back-off, unless kicked.
+    async fn pause(&self, d: Duration) {
+        tokio::select! {
+            _ = tokio::time::sleep(d) => {}
+            _ = self.kick.notified() => {}
+        }
+    }
+
+    /// How long the request in flight has been going.
+    fn busy_for(&self) -> Option<Duration> {
+        match self.busy_since.load(std::sync::atomic::Ordering::Relaxed) {
+            0 => None,
+            t => Some(Duration::from_millis(mono_ms().saturating_sub(t))),
+        }
+    }
 }
 
 /// List, then watch from the listed resourceVersion, for ever: events,
@@ -279,6 +329,7 @@ async fn drive<K>(
     wrap: fn(watcher::Event<K>) -> Update,
     stream: usize,
     generation: u64,
+    ctl: std::sync::Arc<StreamCtl>,
     tx: mpsc::Sender<StreamMsg>,
 ) where
     K: Resource + Clone + DeserializeOwned + Debug + Send + 'static,
@@ -296,6 +347,7 @@ async fn drive<K>(
         }
     };
     let idle = watch_timeout + IDLE_MARGIN;
+    let base = Duration::from_millis(500);
     let mut attempt = 0u32;
     'relist: loop {
         // List, page by page; Init goes out with the first page that arrives.
@@ -304,14 +356,14 @@ async fn drive<K>(
         lp.field_selector = sel.fields.clone();
         let mut first = true;
         let rv = loop {
-            let page = tokio::time::timeout(idle, api.list(&lp)).await;
+            let page = ctl.request(tokio::time::timeout(idle, api.list(&lp))).await;
             let list = match page {
                 Ok(Ok(list)) => list,
                 Ok(Err(e)) => {
                     if !send(Msg::Failed(format!("list: {e}"))).await {
                         return;
                     }
-                    tokio::time::sleep(backoff(attempt)).await;
+                    ctl.pause(backoff(base, attempt)).await;
                     attempt += 1;
                     continue 'relist;
                 }
@@ -319,7 +371,7 @@ async fn drive<K>(
                     if !send(Msg::Failed(format!("list: no answer within {idle:?}"))).await {
                         return;
                     }
-                    tokio::time::sleep(backoff(attempt)).await;
+                    ctl.pause(backoff(base, attempt)).await;
                     attempt += 1;
                     continue 'relist;
                 }
@@ -347,19 +399,31 @@ async fn drive<K>(
         wp.label_selector = sel.labels.clone();
         wp.field_selector = sel.fields.clone();
         loop {
-            let events = match api.watch(&wp, &rv).await {
-                Ok(s) => s.boxed(),
-                Err(kube::Error::Api(s)) if s.code == 410 => continue 'relist,
-                Err(e) => {
+            let opened = ctl
+                .request(tokio::time::timeout(idle, api.watch(&wp, &rv)))
+                .await;
+            let mut events = match opened {
+                Ok(Ok(s)) => s.boxed(),
+                Ok(Err(kube::Error::Api(s))) if s.code == 410 => continue 'relist,
+                Ok(Err(e)) => {
                     if !send(Msg::Failed(format!("watch: {e}"))).await {
                         return;
                     }
-                    tokio::time::sleep(backoff(attempt)).await;
+                    ctl.pause(backoff(base, attempt)).await;
+                    attempt += 1;
+                    continue;
+                }
+                Err(_) => {
+                    if !send(Msg::Failed(format!("watch: no answer within {idle:?}"))).await {
+                        return;
+                    }
+                    ctl.pause(backoff(base, attempt)).await;
                     attempt += 1;
                     continue;
                 }
             };
-            let mut events = events;
+            let opened_at = Instant::now();
+            let mut delivered = false;
             loop {
                 let msg = match tokio::time::timeout(idle, events.next()).await {
                     Err(_) => {
@@ -368,14 +432,18 @@ async fn drive<K>(
                         }
                         continue 'relist;
                     }
-                    // The server ended the watch (its timeout): resume.
-                    Ok(None) => {
+                    // The server ended the watch. After its timeout, or after
+                    // delivering: progress, resume. At once, with nothing (a
+                    // proxy closing watches): a failure, with back-off, not
+                    // a hot loop that looks healthy.
+                    Ok(None) if delivered || opened_at.elapsed() >= Duration::from_secs(1) => {
                         attempt = 0;
                         if !send(Msg::Progress).await {
                             return;
                         }
                         break;
                     }
+                    Ok(None) => Msg::Failed("watch: the server ended it at once".into()),
                     Ok(Some(Ok(WatchEvent::Added(o) | WatchEvent::Modified(o)))) => {
                         rv = o.resource_version().unwrap_or(rv);
                         Msg::Update(wrap(watcher::Event::Apply(o)))
@@ -400,11 +468,12 @@ async fn drive<K>(
                     Ok(Some(Err(e))) => Msg::Failed(format!("watch: {e}")),
                 };
                 let failed = matches!(msg, Msg::Failed(_));
+                delivered |= !failed;
                 if !send(msg).await {
                     return;
                 }
                 if failed {
-                    tokio::time::sleep(backoff(attempt)).await;
+                    ctl.pause(backoff(base, attempt)).await;
                     attempt += 1;
                     break;
                 }
@@ -420,6 +489,7 @@ fn spawn_stream(
     sources: &[Source],
     i: usize,
     generation: u64,
+    ctl: std::sync::Arc<StreamCtl>,
     tx: mpsc::Sender<StreamMsg>,
 ) -> JoinHandle<()> {
     let t = cfg.watch_timeout;
@@ -437,6 +507,7 @@ fn spawn_stream(
                 |e| Update::Svc(Box::new(e)),
                 i,
                 generation,
+                ctl,
                 tx,
             ))
         }
@@ -453,6 +524,7 @@ fn spawn_stream(
                 |e| Update::Lease(Box::new(e)),
                 i,
                 generation,
+                ctl,
                 tx,
             ))
         }
@@ -469,6 +541,7 @@ fn spawn_stream(
                 |e| Update::L2(Box::new(e)),
                 i,
                 generation,
+                ctl,
                 tx,
             ))
         }
@@ -504,8 +577,11 @@ pub(crate) struct Feed {
     probe_failing: Option<Instant>,
     /// Leases whose absurd duration was logged (once each).
     clamp_warned: BTreeSet<Key>,
-    /// Confirming GETs: when the last one for a Lease was sent.
-    confirm_sent: BTreeMap<Key, Instant>,
+    /// Confirming GETs: when the last one for a Lease was sent, and how many
+    /// failed in a row.
+    confirm_sent: BTreeMap<Key, (Instant, u32)>,
+    /// Confirming GETs failing since (the guard cannot confirm: blind).
+    confirm_failing: Option<Instant>,
     /// Streams to rebuild (relist), and why.
     rebuild: BTreeMap<usize, &'static str>,
     last_error: Option<String>,
@@ -532,6 +608,7 @@ impl Feed {
             probe_failing: None,
             clamp_warned: BTreeSet::new(),
             confirm_sent: BTreeMap::new(),
+            confirm_failing: None,
             rebuild: BTreeMap::new(),
             last_error: None,
         }
@@ -683,7 +760,11 @@ impl Feed {
             .unconfirmed(&self.cfg.announcers, now)
             .into_iter()
             .map(|(_, since)| since);
-        streams.chain(self.probe_failing).chain(leases).min()
+        streams
+            .chain(self.probe_failing)
+            .chain(self.confirm_failing)
+            .chain(leases)
+            .min()
     }
 
     fn degraded(&self, now: Instant) -> bool {
@@ -725,11 +806,14 @@ impl Feed {
                 })
                 .collect(),
             unconfirmed: self.model.unconfirmed(&self.cfg.announcers, now).len(),
+            threshold: self.threshold(),
         }
     }
 
     fn all_healthy(&self) -> bool {
-        self.probe_failing.is_none() && self.health.iter().all(|h| h.failing_since.is_none())
+        self.probe_failing.is_none()
+            && self.confirm_failing.is_none()
+            && self.health.iter().all(|h| h.failing_since.is_none())
     }
 
     /// The API answered for `stream` (or the probe).
@@ -748,6 +832,9 @@ impl Feed {
 
     /// `stream` (or the probe) failed; it has been failing since `since`.
     fn failed(&mut self, stream: Option<usize>, e: &str, since: Instant) {
+        // Errors carry text from the API server: kept and logged short.
+        let e = crate::ownership_file::clip(e, super::objects::MAX_FIELD);
+        let e = e.as_str();
         let name = stream.map_or_else(|| "probe".to_owned(), |i| self.name(i));
         let msg = format!("{name}: {e}");
         if self.all_healthy() {
@@ -800,8 +887,9 @@ impl Feed {
         }
     }
 
-    /// Leases to confirm now (past their deadline, unconfirmed, and not
-    /// asked about within [`CONFIRM_RETRY`]).
+    /// Leases to confirm now: past their deadline, unconfirmed, and not
+    /// asked about recently (a failed GET is retried after 2 s, doubling up
+    /// to 30 s, with jitter).
     fn due_confirmations(&mut self, now: Instant, in_flight: usize) -> Vec<Key> {
         let room = CONFIRM_PARALLEL.saturating_sub(in_flight);
         let due: Vec<Key> = self
@@ -809,21 +897,39 @@ impl Feed {
             .unconfirmed(&self.cfg.announcers, now)
             .into_iter()
             .map(|(k, _)| k)
-            .filter(|k| {
-                self.confirm_sent
-                    .get(k)
-                    .is_none_or(|t| now.duration_since(*t) >= CONFIRM_RETRY)
+            .filter(|k| match self.confirm_sent.get(k) {
+                None => true,
+                Some((sent, 0)) => now.duration_since(*sent) >= CONFIRM_TIMEOUT,
+                Some((sent, fails)) => {
+                    now.duration_since(*sent) >= backoff(CONFIRM_RETRY, fails - 1)
+                }
             })
             .take(room)
             .collect();
         for k in &due {
-            self.confirm_sent.insert(k.clone(), now);
+            let fails = self.confirm_sent.get(k).map_or(0, |(_, f)| *f);
+            self.confirm_sent.insert(k.clone(), (now, fails));
         }
         due
     }
 
-    /// The answer to a confirming GET.
-    pub(crate) fn on_confirm(&mut self, key: Key, answer: Confirmation, now: Instant) {
+    /// The answer to a confirming GET sent at `sent`.
+    pub(crate) fn on_confirm(
+        &mut self,
+        key: Key,
+        sent: Instant,
+        answer: Confirmation,
+        now: Instant,
+    ) {
+        // The watch told us something newer since the GET went out (or the
+        // Lease is gone from the model): the answer is old news.
+        match self.model.leases.get(&key) {
+            Some(l) if l.checked <= sent => {}
+            _ => {
+                self.confirm_sent.remove(&key);
+                return;
+            }
+        }
         let lease_stream = self.lease_stream();
         let stuck = |feed: &mut Feed, what: String| {
             tracing::warn!(lease = %key, "{what}: the Lease watch is stuck; rebuilding it");
@@ -837,9 +943,17 @@ impl Feed {
                 feed.rebuild.insert(i, "stuck");
             }
         };
+        let ok = |feed: &mut Feed| {
+            feed.confirm_sent.remove(&key);
+            if feed.confirm_failing.take().is_some() && feed.all_healthy() {
+                tracing::info!(
+                    "Lease expiries can be confirmed again; Kubernetes API feed healthy again"
+                );
+            }
+        };
         match answer {
             Ok(Some(l)) => {
-                self.confirm_sent.remove(&key);
+                ok(self);
                 let f = objects::lease(&l);
                 let renew = f.renew.clone();
                 if self.upsert_lease(key.clone(), f, now) {
@@ -855,7 +969,7 @@ impl Feed {
                 }
             }
             Ok(None) => {
-                self.confirm_sent.remove(&key);
+                ok(self);
                 self.model.leases.remove(&key);
                 stuck(
                     self,
@@ -864,18 +978,24 @@ impl Feed {
             }
             Err(e) => {
                 crate::api::OPS.error("kubernetes_feed");
-                if let Some(i) = lease_stream {
+                if let Some((_, fails)) = self.confirm_sent.get_mut(&key) {
+                    *fails += 1;
+                }
+                let e = crate::ownership_file::clip(&e, super::objects::MAX_FIELD);
+                if self.confirm_failing.is_none() {
+                    tracing::warn!(
+                        lease = %key, error = %e,
+                        "cannot confirm the expiry of a Lease: the guard is blind; its holder keeps its claim"
+                    );
+                    // Blind since the deadline the GET was to confirm.
                     let since = self
                         .model
                         .leases
                         .get(&key)
                         .map_or(now, super::model::LeaseInfo::deadline);
-                    self.failed(
-                        Some(i),
-                        &format!("cannot confirm the expiry of Lease {key}: {e}"),
-                        since,
-                    );
+                    self.confirm_failing = Some(since);
                 }
+                self.last_error = Some(format!("confirming Lease {key}: {e}"));
             }
         }
     }
@@ -900,16 +1020,24 @@ async fn confirm(client: Client, key: Key) -> (Key, Confirmation) {
 pub async fn run(client: Client, cfg: FeedConfig, tx: watch::Sender<ClusterView>) {
     let mut feed = Feed::new(cfg.clone(), Instant::now());
     let (msg_tx, mut msg_rx) = mpsc::channel::<StreamMsg>(4096);
-    let mut tasks: Vec<(JoinHandle<()>, u64)> = (0..feed.sources.len())
-        .map(|i| {
-            (
-                spawn_stream(&client, &cfg, &feed.sources, i, 0, msg_tx.clone()),
-                0,
-            )
-        })
-        .collect();
-    let mut last_rebuild: Vec<Instant> = vec![Instant::now(); tasks.len()];
-    let (confirm_tx, mut confirm_rx) = mpsc::channel::<(Key, Confirmation)>(64);
+    let sources = feed.sources.clone();
+    let spawn = |i: usize, generation: u64| {
+        let ctl = std::sync::Arc::new(StreamCtl::default());
+        let task = spawn_stream(
+            &client,
+            &cfg,
+            &sources,
+            i,
+            generation,
+            ctl.clone(),
+            msg_tx.clone(),
+        );
+        (task, generation, ctl)
+    };
+    let mut tasks: Vec<(JoinHandle<()>, u64, std::sync::Arc<StreamCtl>)> =
+        (0..feed.sources.len()).map(|i| spawn(i, 0)).collect();
+    let mut last_kick: Vec<Instant> = vec![Instant::now(); tasks.len()];
+    let (confirm_tx, mut confirm_rx) = mpsc::channel::<(Key, Instant, Confirmation)>(64);
     let mut in_flight = 0usize;
     let probe_api = Api::<Service>::all(client.clone());
     let mut next_probe = Instant::now() + PROBE_EVERY;
@@ -935,15 +1063,15 @@ pub async fn run(client: Client, cfg: FeedConfig, tx: watch::Sender<ClusterView>
                 let mut next = Some(m);
                 // Batch what is already waiting: one map update per burst.
                 while let Some(m) = next {
-                    if tasks.get(m.stream).is_some_and(|(_, g)| *g == m.generation) {
+                    if tasks.get(m.stream).is_some_and(|(_, g, _)| *g == m.generation) {
                         feed.on_msg(m.stream, m.msg, Instant::now());
                     }
                     next = msg_rx.try_recv().ok();
                 }
             }
-            Some((key, answer)) = confirm_rx.recv() => {
+            Some((key, sent, answer)) = confirm_rx.recv() => {
                 in_flight -= 1;
-                feed.on_confirm(key, answer, Instant::now());
+                feed.on_confirm(key, sent, answer, Instant::now());
             }
             _ = tokio::time::sleep_until(wake.into()) => {}
         }
@@ -951,8 +1079,10 @@ pub async fn run(client: Client, cfg: FeedConfig, tx: watch::Sender<ClusterView>
         for key in feed.due_confirmations(Instant::now(), in_flight) {
             in_flight += 1;
             let (client, tx) = (client.clone(), confirm_tx.clone());
+            let sent = Instant::now();
             tokio::spawn(async move {
-                let _ = tx.send(confirm(client, key).await).await;
+                let (key, answer) = confirm(client, key).await;
+                let _ = tx.send((key, sent, answer)).await;
             });
         }
         if Instant::now() >= next_probe {
@@ -966,13 +1096,27 @@ pub async fn run(client: Client, cfg: FeedConfig, tx: watch::Sender<ClusterView>
                 Ok(Ok(_)) => {
                     feed.ok(None, now);
                     // The API answers but a stream has not delivered since its
-                    // error for a while (waiting in back-off): rebuild it.
+                    // error for a while. Waiting in back-off: cut it short.
+                    // Hung in a request the probe shows would have been
+                    // answered long ago (a connection dead since an outage):
+                    // rebuild it. A request merely in flight is left alone.
                     for (i, h) in feed.health.iter().enumerate() {
-                        let stuck = h
+                        let failing = h
                             .failing_since
                             .is_some_and(|t| now.duration_since(t) >= REBUILD_AFTER);
-                        if stuck && now.duration_since(last_rebuild[i]) >= REBUILD_AFTER {
-                            feed.rebuild.entry(i).or_insert("api_back");
+                        if !failing || now.duration_since(last_kick[i]) < REBUILD_AFTER {
+                            continue;
+                        }
+                        last_kick[i] = now;
+                        match tasks[i].2.busy_for() {
+                            None => {
+                                tracing::info!(stream = %feed.name(i), "Kubernetes API answers again; retrying now");
+                                tasks[i].2.kick.notify_one();
+                            }
+                            Some(busy) if busy >= HUNG_REQUEST => {
+                                feed.rebuild.entry(i).or_insert("api_back");
+                            }
+                            Some(_) => {}
                         }
                     }
                 }
@@ -984,14 +1128,12 @@ pub async fn run(client: Client, cfg: FeedConfig, tx: watch::Sender<ClusterView>
         for (i, why) in feed.take_rebuilds() {
             let name = feed.name(i);
             if why == "api_back" {
-                tracing::info!(stream = %name, "Kubernetes API answers again; relisting");
+                tracing::info!(stream = %name, "Kubernetes API answers again, this stream's request hangs; relisting");
             }
             crate::api::OPS.feed_rebuild(&name, why);
-            let (task, generation) = &mut tasks[i];
-            task.abort();
-            *generation += 1;
-            *task = spawn_stream(&client, &cfg, &feed.sources, i, *generation, msg_tx.clone());
-            last_rebuild[i] = Instant::now();
+            tasks[i].0.abort();
+            let generation = tasks[i].1 + 1;
+            tasks[i] = spawn(i, generation);
         }
         let view = feed.view(Instant::now(), event_at);
         if view.degraded != was_degraded {
@@ -1110,6 +1252,7 @@ mod tests {
         // The GET shows the same renewTime: expiry confirmed, no owner.
         f.on_confirm(
             Key::new(KEY.0, KEY.1),
+            t11,
             Ok(Some(lease_json("node-a", "2026-11-30T10:00:00.000000Z"))),
             t11,
         );
@@ -1149,6 +1292,7 @@ mod tests {
         assert_eq!(f.due_confirmations(t10, 0).len(), 1);
         f.on_confirm(
             Key::new(KEY.0, KEY.1),
+            t10,
             Ok(Some(lease_json("node-a", "2026-11-30T10:00:09.000000Z"))),
             t10,
         );
@@ -1171,7 +1315,12 @@ mod tests {
         );
         let t11 = t0 + Duration::from_secs(11);
         assert_eq!(g.due_confirmations(t11, 0).len(), 1);
-        g.on_confirm(Key::new(KEY.0, KEY.1), Err("403 Forbidden".into()), t11);
+        g.on_confirm(
+            Key::new(KEY.0, KEY.1),
+            t11,
+            Err("403 Forbidden".into()),
+            t11,
+        );
         assert_eq!(owner(&g, t11), (Some("node-a".into()), false));
         assert_eq!(g.view(t11, None).failing_since, Some(t10));
         assert!(!g.view(t0 + Duration::from_secs(24), None).degraded);
@@ -1180,6 +1329,55 @@ mod tests {
             owner(&g, t0 + Duration::from_secs(300)),
             (Some("node-a".into()), false)
         );
+    }
+
+    /// A GET's answer that the watch has overtaken is old news: it neither
+    /// expires a Lease that was renewed meanwhile nor removes one that was
+    /// re-created, nor revives one the watch deleted.
+    #[test]
+    fn an_overtaken_confirmation_is_ignored() {
+        use watcher::Event::*;
+        let t0 = Instant::now();
+        let mut f = feed(t0);
+        list(
+            &mut f,
+            t0,
+            lease_json("node-a", "2026-11-30T10:00:00.000000Z"),
+        );
+        let (t10, t11, t12) = (
+            t0 + Duration::from_secs(10),
+            t0 + Duration::from_secs(11),
+            t0 + Duration::from_secs(12),
+        );
+        assert_eq!(f.due_confirmations(t10, 0).len(), 1);
+        // The watch delivers a renewal after the GET went out...
+        f.apply(
+            1,
+            Update::Lease(Box::new(Apply(lease_json(
+                "node-a",
+                "2026-11-30T10:00:11.000000Z",
+            )))),
+            t11,
+        );
+        // ...then the GET's answer, from before it, arrives: ignored.
+        let old = Ok(Some(lease_json("node-a", "2026-11-30T10:00:00.000000Z")));
+        f.on_confirm(Key::new(KEY.0, KEY.1), t10, old, t12);
+        assert_eq!(owner(&f, t12), (Some("node-a".into()), true));
+        assert!(f.take_rebuilds().is_empty(), "no false alarm");
+        f.on_confirm(Key::new(KEY.0, KEY.1), t10, Ok(None), t12);
+        assert_eq!(owner(&f, t12), (Some("node-a".into()), true), "not removed");
+        // Deleted by the watch after the GET went out: not revived.
+        f.apply(
+            1,
+            Update::Lease(Box::new(Delete(lease_json(
+                "node-a",
+                "2026-11-30T10:00:11.000000Z",
+            )))),
+            t12,
+        );
+        let renewed = Ok(Some(lease_json("node-a", "2026-11-30T10:00:12.000000Z")));
+        f.on_confirm(Key::new(KEY.0, KEY.1), t11, renewed, t12);
+        assert!(f.model.leases.is_empty());
     }
 
     #[test]

@@ -24,5 +24,16 @@ fn main() -> anyhow::Result<()> {
         root_dir,
         ..Default::default()
     };
-    aya_build::build_ebpf([ebpf_package], Toolchain::default())
+    // The channel is pinned in one place: guard-ebpf/rust-toolchain.toml.
+    let toolchain_file = std::path::Path::new(root_dir).join("rust-toolchain.toml");
+    println!("cargo:rerun-if-changed={}", toolchain_file.display());
+    let text = std::fs::read_to_string(&toolchain_file)
+        .with_context(|| format!("reading {}", toolchain_file.display()))?;
+    let channel = text
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("channel"))
+        .and_then(|rest| rest.trim().strip_prefix('='))
+        .map(|v| v.trim().trim_matches('"').to_owned())
+        .ok_or_else(|| anyhow!("no channel in {}", toolchain_file.display()))?;
+    aya_build::build_ebpf([ebpf_package], Toolchain::Custom(&channel))
 }

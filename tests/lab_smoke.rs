@@ -1,7 +1,7 @@
 //! The lab (the project's main job) on a short run: the incident's mechanism
 //! shows in phase 1 and is gone in phase 2.
 
-use xtask::lab::{run, Options};
+use testbed::lab::{run, Options};
 
 #[test]
 fn lab_reproduces_then_stops_the_incident() {

@@ -461,7 +461,7 @@ fn vlan_tag_in_metadata_is_judged_like_untagged() {
     let _fixture = bed
         .node
         .enter(|| {
-            let mut ebpf = aya::Ebpf::load(guard::datapath::OBJECT)?;
+            let mut ebpf = aya::Ebpf::load(guard::testing::FIXTURES)?;
             let prog: &mut SchedClassifier =
                 ebpf.program_mut("fixture_vlan_meta").unwrap().try_into()?;
             prog.load()?;
@@ -526,7 +526,7 @@ fn datapath_responder_replies_are_judged_like_speakers() {
     let _fixture = bed
         .node
         .enter(|| {
-            let mut ebpf = aya::Ebpf::load(guard::datapath::OBJECT)?;
+            let mut ebpf = aya::Ebpf::load(guard::testing::FIXTURES)?;
             let mut respond: HashMap<_, u32, u8> =
                 HashMap::try_from(ebpf.map_mut("FIXTURE_RESPOND").unwrap())?;
             for ip in [OWNED, FOREIGN, UNKNOWN] {

@@ -224,13 +224,23 @@ mod tests {
 
 #[cfg(feature = "user")]
 mod pod {
-    // SAFETY: all of these are #[repr(C)], made only of integers, with the
-    // padding spelled out as fields, so every bit pattern is valid.
-    unsafe impl aya::Pod for super::LbEntry {}
-    unsafe impl aya::Pod for super::IfAddrKey {}
-    unsafe impl aya::Pod for super::CounterKey {}
-    unsafe impl aya::Pod for super::CounterValue {}
-    unsafe impl aya::Pod for super::Config {}
-    unsafe impl aya::Pod for super::DropEvent {}
-    unsafe impl aya::Pod for super::RateLimit {}
+    /// `aya::Pod` for map keys and values: all of these are `#[repr(C)]`,
+    /// made only of integers, with the padding spelled out as fields, so
+    /// every bit pattern is valid.
+    macro_rules! pod {
+        ($($t:ty),*) => {$(
+            // SAFETY: see the macro's comment: repr(C), integers only, no
+            // implicit padding.
+            unsafe impl aya::Pod for $t {}
+        )*};
+    }
+    pod!(
+        super::LbEntry,
+        super::IfAddrKey,
+        super::CounterKey,
+        super::CounterValue,
+        super::Config,
+        super::DropEvent,
+        super::RateLimit
+    );
 }

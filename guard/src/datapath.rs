@@ -22,9 +22,8 @@ use crate::{cli::AttachArg, counters::Snapshot, view::View};
 /// The program's name in the object file (and, truncated, in `bpftool prog`).
 pub const PROGRAM: &str = "arp_guard_egress";
 
-/// The compiled eBPF object, embedded at build time by build.rs (aya-build).
-/// Besides the guard it holds `fixture_vlan_meta`, a test fixture the daemon
-/// never attaches.
+/// The compiled eBPF object, embedded at build time by build.rs (aya-build):
+/// the guard and nothing else (test fixtures are in their own object).
 pub static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/arp-guard-ebpf"));
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -258,14 +257,19 @@ impl Datapath {
 
     /// Tell the program the daemon is alive (CLOCK_MONOTONIC, as bpf_ktime_get_ns).
     pub fn heartbeat(&mut self) -> Result<()> {
-        self.heartbeat_at(monotonic_ns())
+        self.write_heartbeat(monotonic_ns())
     }
 
-    /// Write a heartbeat of a given time (tests fake its age).
-    pub fn heartbeat_at(&mut self, ns: u64) -> Result<()> {
+    fn write_heartbeat(&mut self, ns: u64) -> Result<()> {
         let mut hb: Array<&mut MapData, u64> = Array::try_from(self.map_mut(MAP_HEARTBEAT)?)?;
         hb.set(0, ns, 0)?;
         Ok(())
+    }
+
+    #[cfg(feature = "testing")]
+    /// Write a heartbeat of a given time (tests fake its age).
+    pub fn heartbeat_at(&mut self, ns: u64) -> Result<()> {
+        self.write_heartbeat(ns)
     }
 
     /// Attach to the egress of `iface`.
@@ -663,6 +667,7 @@ impl Datapath {
         })
     }
 
+    #[cfg(feature = "testing")]
     /// Run the loaded program on `frame` with BPF_PROG_TEST_RUN (nothing is
     /// transmitted). Returns the program's return code and the frame as the
     /// program left it. The kernel runs it with the loopback device as the
@@ -672,6 +677,7 @@ impl Datapath {
         self.test_run_from(frame, 0)
     }
 
+    #[cfg(feature = "testing")]
     /// The same as a frame that came in through `ingress_ifindex` (non-zero:
     /// a redirected frame, origin `redirect`).
     pub fn test_run_from(&self, frame: &[u8], ingress_ifindex: u32) -> Result<(i32, Vec<u8>)> {
@@ -695,6 +701,7 @@ impl Datapath {
         Ok((res.return_value as i32, out))
     }
 
+    #[cfg(feature = "testing")]
     /// Average kernel time of one program run on `frame` over `repeat` runs
     /// (BPF_PROG_TEST_RUN's own timing; for benchmarks).
     pub fn test_run_timed(&self, frame: &[u8], repeat: u32) -> Result<std::time::Duration> {
@@ -717,6 +724,7 @@ impl Datapath {
         }
     }
 
+    #[cfg(feature = "testing")]
     fn program(&self) -> Result<&SchedClassifier> {
         let p = self
             .ebpf

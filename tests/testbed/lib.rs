@@ -1,6 +1,7 @@
 //! Test bed for arp-guard: throwaway network namespaces joined by veth pairs,
 //! raw Ethernet frames in and out, neighbour caches, and the daemon as a child
-//! process. Used by the integration tests and by `cargo xtask lab`.
+//! process. Used by the integration tests and by `cargo xtask lab` (the lab
+//! itself is [`lab`]).
 //!
 //! Everything created here is removed on drop, also when a test panics:
 //! namespaces (and with them every interface inside), and child processes.
@@ -11,6 +12,7 @@ pub mod cluster_bed;
 pub mod daemon;
 pub mod fake_api;
 pub mod frames;
+pub mod lab;
 pub mod netns;
 pub mod packet;
 
@@ -37,11 +39,8 @@ pub fn guard_binary() -> std::path::PathBuf {
 /// The integration tests create namespaces and load BPF programs.
 pub fn require_root() {
     // SAFETY: geteuid has no preconditions.
-    assert_eq!(
-        unsafe { libc::geteuid() },
-        0,
-        "this test needs root (network namespaces, BPF)"
-    );
+    let uid = unsafe { libc::geteuid() };
+    assert_eq!(uid, 0, "this test needs root (network namespaces, BPF)");
 }
 
 /// Poll `f` every 20 ms until it returns `Some` or `timeout` passes.

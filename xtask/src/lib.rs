@@ -1,4 +1,4 @@
-//! Project automation: tool-chain set-up and the incident lab.
+//! Project automation: tool-chain set-up (the incident lab lives in the test
+//! bed, `testbed::lab`).
 
-pub mod lab;
 pub mod setup;

@@ -95,8 +95,8 @@ fn task(task: Task) -> Result<()> {
             let mut build = cargo();
             build.args(["build", "-p", "guard"]);
             run(&mut build)?;
-            xtask::lab::install_interrupt_handler();
-            let (_, after) = xtask::lab::run(&xtask::lab::Options {
+            testbed::lab::install_interrupt_handler();
+            let (_, after) = testbed::lab::run(&testbed::lab::Options {
                 attempts: duration,
                 binary: guard_binary(),
             })?;

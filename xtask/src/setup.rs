@@ -8,6 +8,22 @@ use anyhow::{bail, Context as _, Result};
 /// The bpf-linker release whose LLVM matches the pinned nightly's LLVM 22.
 const BPF_LINKER_VERSION: &str = "0.13.0";
 const LLVM_PREFIX: &str = "/usr/lib/llvm-22";
+/// The commit date of the nightly the eBPF build was checked with.
+const NIGHTLY_DATE: &str = "2026-05-19";
+
+/// The channel pinned in guard-ebpf/rust-toolchain.toml (guard/build.rs
+/// reads the same line).
+pub fn ebpf_channel() -> Result<String> {
+    let path =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../guard-ebpf/rust-toolchain.toml");
+    let text =
+        std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+    text.lines()
+        .find_map(|l| l.trim().strip_prefix("channel"))
+        .and_then(|rest| rest.trim().strip_prefix('='))
+        .map(|v| v.trim().trim_matches('"').to_owned())
+        .with_context(|| format!("no channel in {}", path.display()))
+}
 
 /// Debian packages and a file each one provides (checked before installing).
 const PACKAGES: &[(&str, &str)] = &[
@@ -62,26 +78,34 @@ pub fn setup() -> Result<()> {
             .env("DEBIAN_FRONTEND", "noninteractive"))?;
     }
 
-    // 2. The nightly toolchain that builds the eBPF crate. It is preinstalled
-    //    and must not float: bpf-linker's LLVM has to be at least its LLVM.
-    let nightly = output(Command::new("rustup").args(["run", "nightly", "rustc", "-vV"])).context(
-        "the `nightly` toolchain is missing (rustup toolchain list); it builds the eBPF program",
-    )?;
+    // 2. The nightly toolchain that builds the eBPF crate, as pinned in
+    //    guard-ebpf/rust-toolchain.toml. It is preinstalled and must not
+    //    float: bpf-linker's LLVM has to be at least its LLVM.
+    let channel = ebpf_channel()?;
+    let nightly = output(Command::new("rustup").args(["run", &channel, "rustc", "-vV"]))
+        .with_context(|| {
+            format!("the `{channel}` toolchain is missing (rustup toolchain list); it builds the eBPF program")
+        })?;
     let llvm = nightly
         .lines()
         .find_map(|l| l.strip_prefix("LLVM version: "))
         .unwrap_or("?")
         .to_owned();
     if !llvm.starts_with("22.") {
-        eprintln!(
-            "xtask setup: warning: nightly uses LLVM {llvm}; bpf-linker is built against LLVM 22"
-        );
+        bail!("the {channel} toolchain uses LLVM {llvm}; bpf-linker {BPF_LINKER_VERSION} is built against LLVM 22 (see guard-ebpf/rust-toolchain.toml)");
+    }
+    let date = nightly
+        .lines()
+        .find_map(|l| l.strip_prefix("commit-date: "))
+        .unwrap_or("?");
+    if date != NIGHTLY_DATE {
+        eprintln!("xtask setup: warning: the {channel} toolchain is from {date}; the eBPF build was checked with {NIGHTLY_DATE}");
     }
     let has_src = output(Command::new("rustup").args([
         "component",
         "list",
         "--toolchain",
-        "nightly",
+        &channel,
         "--installed",
     ]))
     .is_some_and(|o| o.lines().any(|l| l.starts_with("rust-src")));
@@ -91,7 +115,7 @@ pub fn setup() -> Result<()> {
             "add",
             "rust-src",
             "--toolchain",
-            "nightly",
+            &channel,
         ]))?;
     }
 

@@ -34,11 +34,7 @@ fn view(n: u32, state: impl Fn(u32) -> Ownership) -> View {
 }
 
 fn main() {
-    assert_eq!(
-        unsafe { libc::geteuid() },
-        0,
-        "run as root: it loads the BPF program"
-    );
+    testbed::require_root();
     let mut dp = Datapath::load(Mode::Enforce, LeakAction::Rewrite).unwrap();
     dp.heartbeat().unwrap();
 

@@ -26,13 +26,13 @@ use std::{
     time::{Duration, Instant},
 };
 
-use anyhow::{bail, Context as _, Result};
-use serde_json::Value;
-use testbed::{
+use crate::{
     bed::TempDir,
     netns::{fmt_mac, kube_ipvs0, veth},
     Daemon, Netns,
 };
+use anyhow::{bail, Context as _, Result};
+use serde_json::Value;
 
 pub const LB_IP: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 100);
 const CLIENT_IP: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 1);
@@ -263,7 +263,7 @@ impl Lab {
         for n in &self.nodes {
             out.insert(
                 n.name.clone(),
-                testbed::daemon::counters_json(&n.ns, binary, "eth0")?,
+                crate::daemon::counters_json(&n.ns, binary, "eth0")?,
             );
         }
         Ok(out)

@@ -48,90 +48,51 @@ fn startup_errors_name_the_culprit() {
     let bed = Bed::new("cli").unwrap();
     let ns = &bed.node;
 
-    let log = fails(ns, &["-i", "eth0", "--node-name", "node-a"]);
-    assert!(log.contains("nothing to enforce"), "{log}");
-
-    let log = fails(
-        ns,
-        &[
-            "-i",
-            "eth0",
-            "--announcer",
-            "file",
-            "--lb-ips-from",
-            "kube-ipvs0",
-        ],
-    );
-    assert!(
-        log.contains("--announcer file needs --ownership-file"),
-        "{log}"
-    );
-
-    let log = fails(
-        ns,
-        &["-i", "eth0", "-i", "eth0", "--lb-ips-from", "kube-ipvs0"],
-    );
-    assert!(log.contains("--interface eth0 is given twice"), "{log}");
-
-    let log = fails(ns, &["-i", "eth0", "--lb-ips-from", "eth0"]);
-    assert!(log.contains("conflicts with --interface eth0"), "{log}");
-
-    let log = fails(
-        ns,
-        &[
-            "-i",
-            "eth0",
-            "--ownership-file",
-            "/nonexistent/owners.yaml",
-            "--node-name",
-            "node-a",
-        ],
-    );
-    assert!(
-        log.contains("cannot read the ownership file")
-            && log.contains("/nonexistent/owners.yaml: cannot read"),
-        "{log}"
-    );
-
     // A FIFO in place of the file: refused at once, not waited on.
     let fifo = bed.dir.path().join("fifo.yaml");
-    let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
-    // SAFETY: mkfifo with a valid NUL-terminated path.
-    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
-    let log = fails(
-        ns,
-        &[
-            "-i",
-            "eth0",
-            "--ownership-file",
-            fifo.to_str().unwrap(),
-            "--node-name",
-            "node-a",
-        ],
-    );
-    assert!(log.contains("fifo.yaml: is a FIFO"), "{log}");
-
+    testbed::mkfifo(&fifo);
     let bad = bed.dir.path().join("bad.yaml");
     std::fs::write(
         &bad,
         "ips:\n  - ip: 198.51.100.10\n    owner: node-a\n    colour: blue\n",
     )
     .unwrap();
-    let log = fails(
-        ns,
-        &[
-            "-i",
-            "eth0",
-            "--ownership-file",
-            bad.to_str().unwrap(),
-            "--node-name",
-            "node-a",
-        ],
-    );
-    assert!(
-        log.contains("bad.yaml:4") && log.contains("colour"),
-        "{log}"
-    );
+    let file = |path: &std::path::Path| {
+        let path = path.to_str().unwrap().to_string();
+        ["--ownership-file", &path, "--node-name", "node-a"].map(String::from)
+    };
+    let cases: Vec<(Vec<String>, &[&str])> = vec![
+        (words("--node-name node-a"), &["nothing to enforce"]),
+        (
+            words("--announcer file --lb-ips-from kube-ipvs0"),
+            &["--announcer file needs --ownership-file"],
+        ),
+        (
+            words("-i eth0 --lb-ips-from kube-ipvs0"),
+            &["--interface eth0 is given twice"],
+        ),
+        (
+            words("--lb-ips-from eth0"),
+            &["conflicts with --interface eth0"],
+        ),
+        (
+            file("/nonexistent/owners.yaml".as_ref()).to_vec(),
+            &[
+                "cannot read the ownership file",
+                "/nonexistent/owners.yaml: cannot read",
+            ],
+        ),
+        (file(&fifo).to_vec(), &["fifo.yaml: is a FIFO"]),
+        (file(&bad).to_vec(), &["bad.yaml:4", "colour"]),
+    ];
+    for (args, expected) in cases {
+        let mut argv = vec!["-i", "eth0"];
+        argv.extend(args.iter().map(String::as_str));
+        let log = fails(ns, &argv);
+        for e in expected {
+            assert!(log.contains(e), "{argv:?}: no {e:?} in {log}");
+        }
+    }
 
     // Nothing was attached by any of these.
     let filters = ns.exec(&["bpftool", "net", "show", "dev", "eth0"]).unwrap();
@@ -142,24 +103,13 @@ fn startup_errors_name_the_culprit() {
 fn without_privileges_says_what_is_missing() {
     testbed::require_root();
     let ns = Netns::new("nopriv").unwrap();
-    let out = ns
-        .exec_output(&[
-            "setpriv",
-            "--reuid=65534",
-            "--regid=65534",
-            "--clear-groups",
-            "--inh-caps=-all",
-            "--bounding-set=-all",
-            guard_binary().to_str().unwrap(),
-            "run",
-            "-i",
-            "lo",
-            "--ownership-file",
-            "/dev/null",
-            "--node-name",
-            "n",
-        ])
-        .unwrap();
+    let bin = guard_binary();
+    let mut argv = words("setpriv --reuid=65534 --regid=65534 --clear-groups");
+    argv.extend(words("--inh-caps=-all --bounding-set=-all"));
+    argv.push(bin.to_str().unwrap().to_string());
+    argv.extend(words("run -i lo --ownership-file /dev/null --node-name n"));
+    let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
+    let out = ns.exec_output(&argv).unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());
     assert!(
@@ -235,4 +185,8 @@ fn text_logs_have_no_colour_codes_off_a_terminal() {
         !log.contains('\u{1b}'),
         "colour codes in a piped log: {log:?}"
     );
+}
+
+fn words(s: &str) -> Vec<String> {
+    s.split_whitespace().map(String::from).collect()
 }

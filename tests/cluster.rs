@@ -8,7 +8,7 @@ use std::{net::Ipv4Addr, time::Duration};
 use testbed::{
     cluster_bed::ClusterBed,
     fake_api::{objects, Fault, Resource},
-    wait_for, ArpSpec, RawSocket,
+    wait_for, wait_until, ArpSpec, RawSocket,
 };
 
 const LB: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 100);
@@ -22,6 +22,21 @@ fn cilium_lease(holder: &str, duration: i32, renew: &str) -> serde_json::Value {
         duration,
         renew,
     )
+}
+
+/// A two-node bed whose Service `web` (LB) is announced by node-a under a
+/// Cilium lease of `lease_secs`.
+fn web_held_by_node_a(name: &str, lease_secs: i32) -> ClusterBed {
+    let bed = ClusterBed::new(name, &[LB]).unwrap();
+    bed.api.apply(
+        Resource::Services,
+        objects::service("default", "web", &["198.51.100.100"]),
+    );
+    bed.api.apply(
+        Resource::Leases,
+        cilium_lease("node-a", lease_secs, "2026-11-30T10:00:00.000000Z"),
+    );
+    bed
 }
 
 fn check(r: Option<String>) {
@@ -46,13 +61,7 @@ fn cilium_lease_moves_and_the_guards_swap_verdicts() {
     // node-b holds nothing yet: its name matching no holder is reported once
     // (after its first look at the cluster), node-a's is not.
     let warning = "matches none of the lease holders";
-    assert!(
-        guards[1]
-            .wait_log(warning, Duration::from_secs(5))
-            .is_some(),
-        "{}",
-        guards[1].log_text()
-    );
+    guards[1].expect_log(warning, Duration::from_secs(5));
     check(bed.wait_answer(LB, Some("node-a"), CHANGE));
     assert_eq!(guards[1].count_log(warning), 1, "once");
     assert_eq!(guards[0].count_log(warning), 0);
@@ -67,12 +76,7 @@ fn cilium_lease_moves_and_the_guards_swap_verdicts() {
     );
     check(bed.wait_answer(LB, Some("node-b"), CHANGE));
     for g in &guards {
-        assert!(
-            g.wait_log("ownership changed", Duration::from_secs(5))
-                .is_some(),
-            "{}",
-            g.log_text()
-        );
+        g.expect_log("ownership changed", Duration::from_secs(5));
     }
     for _ in 0..3 {
         assert_eq!(bed.who_answers(LB).as_deref(), Some("node-b"));
@@ -161,15 +165,7 @@ fn metallb_status_appears_moves_and_disappears() {
 #[test]
 fn losing_the_api_degrades_foreign_to_unknown_and_recovers() {
     testbed::require_root();
-    let bed = ClusterBed::new("down", &[LB]).unwrap();
-    bed.api.apply(
-        Resource::Services,
-        objects::service("default", "web", &["198.51.100.100"]),
-    );
-    bed.api.apply(
-        Resource::Leases,
-        cilium_lease("node-a", 120, "2026-11-30T10:00:00.000000Z"),
-    );
+    let bed = web_held_by_node_a("down", 120);
     let status = bed.dir.path().join("status-b.json");
     let status_arg = status.to_str().unwrap();
     let sync = Duration::from_secs(20);
@@ -199,10 +195,8 @@ fn losing_the_api_degrades_foreign_to_unknown_and_recovers() {
             v["feed"]["degraded"].as_bool()?,
         ))
     };
-    assert!(wait_for(Duration::from_secs(5), || (feed_state()
-        == Some((true, false)))
-    .then_some(()))
-    .is_some());
+    assert!(wait_until(Duration::from_secs(5), || feed_state()
+        == Some((true, false))));
     let node_b = &bed.nodes[1];
     let speaker = RawSocket::open(&node_b.ns, "eth0").unwrap();
     let garp = ArpSpec::gratuitous(2, node_b.mac, LB).to_bytes();
@@ -228,21 +222,11 @@ fn losing_the_api_degrades_foreign_to_unknown_and_recovers() {
         "the status file says degraded"
     );
     bed.api.set_down(false);
+    guards[1].expect_log("fresh again", Duration::from_secs(15));
+    assert!(wait_until(Duration::from_secs(3), || feed_state()
+        == Some((true, false))));
     assert!(
-        guards[1]
-            .wait_log("fresh again", Duration::from_secs(15))
-            .is_some(),
-        "{}",
-        guards[1].log_text()
-    );
-    assert!(wait_for(Duration::from_secs(3), || (feed_state()
-        == Some((true, false)))
-    .then_some(()))
-    .is_some());
-    assert!(
-        wait_for(Duration::from_secs(3), || (!speaker.send(&garp).unwrap())
-            .then_some(()))
-        .is_some(),
+        wait_until(Duration::from_secs(3), || !speaker.send(&garp).unwrap()),
         "foreign again"
     );
 }
@@ -391,27 +375,14 @@ fn kube_vip_leases_per_service_annotated_and_global() {
 #[test]
 fn api_silent_for_minutes_then_back() {
     testbed::require_root();
-    let bed = ClusterBed::new("long", &[LB]).unwrap();
-    bed.api.apply(
-        Resource::Services,
-        objects::service("default", "web", &["198.51.100.100"]),
-    );
-    bed.api.apply(
-        Resource::Leases,
-        cilium_lease("node-a", 600, "2026-11-30T10:00:00.000000Z"),
-    );
+    let bed = web_held_by_node_a("long", 600);
     let guards = bed
         .start(&["--announcer", "cilium", "--stale-after", "3s"])
         .unwrap();
     check(bed.wait_answer(LB, Some("node-a"), CHANGE));
     bed.api.set_blackhole(true);
     for g in &guards {
-        assert!(
-            g.wait_log("ownership feed stale", Duration::from_secs(20))
-                .is_some(),
-            "{}",
-            g.log_text()
-        );
+        g.expect_log("ownership feed stale", Duration::from_secs(20));
     }
     // Failover happens while the guards cannot see it.
     bed.api.apply(
@@ -425,11 +396,7 @@ fn api_silent_for_minutes_then_back() {
     assert_eq!(bed.who_answers(LB).as_deref(), Some("node-a"));
     bed.api.set_blackhole(false);
     for g in &guards {
-        assert!(
-            g.wait_log("fresh again", Duration::from_secs(30)).is_some(),
-            "{}",
-            g.log_text()
-        );
+        g.expect_log("fresh again", Duration::from_secs(30));
     }
     check(bed.wait_answer(LB, Some("node-b"), CHANGE));
 }
@@ -457,7 +424,7 @@ fn pinned_restart_keeps_cluster_knowledge_until_synced() {
     let speaker = RawSocket::open(&node_b.ns, "eth0").unwrap();
     let garp = ArpSpec::gratuitous(2, node_b.mac, LB).to_bytes();
     assert!(
-        wait_for(CHANGE, || (!speaker.send(&garp).unwrap()).then_some(())).is_some(),
+        wait_until(CHANGE, || !speaker.send(&garp).unwrap()),
         "foreign on node-b"
     );
     bed.api.set_blackhole(true);
@@ -484,12 +451,10 @@ fn pinned_restart_keeps_cluster_knowledge_until_synced() {
         std::thread::sleep(Duration::from_millis(100));
     }
     bed.api.set_blackhole(false);
-    assert!(_guard
-        .wait_log(
-            "initial sync from the Kubernetes API done",
-            Duration::from_secs(20)
-        )
-        .is_some());
+    _guard.expect_log(
+        "initial sync from the Kubernetes API done",
+        Duration::from_secs(20),
+    );
     assert!(
         !speaker.send(&garp).unwrap(),
         "and after the sync, still foreign"
@@ -575,14 +540,9 @@ fn a_blind_guard_never_takes_the_owners_ip_away() {
     always_answers(&bed, LB, "node-a", Duration::from_secs(10));
     assert!(bed.api.gets() > gets, "expiries were confirmed with GETs");
     for g in &guards {
-        assert!(
-            g.wait_log(
-                "the Lease watch is stuck; rebuilding it",
-                Duration::from_secs(5)
-            )
-            .is_some(),
-            "{}",
-            g.log_text()
+        g.expect_log(
+            "the Lease watch is stuck; rebuilding it",
+            Duration::from_secs(5),
         );
     }
     bed.api.set_fault(Resource::Leases, None);
@@ -591,15 +551,9 @@ fn a_blind_guard_never_takes_the_owners_ip_away() {
     bed.api
         .set_fault(Resource::Leases, Some(Fault::Status(403)));
     always_answers(&bed, LB, "node-a", Duration::from_secs(8));
-    assert!(
-        guards[0]
-            .wait_log(
-                "cannot confirm the expiry of a Lease",
-                Duration::from_secs(5)
-            )
-            .is_some(),
-        "{}",
-        guards[0].log_text()
+    guards[0].expect_log(
+        "cannot confirm the expiry of a Lease",
+        Duration::from_secs(5),
     );
 
     // 3. Everything fails (500 for Services, 401 for Leases) past the
@@ -609,12 +563,7 @@ fn a_blind_guard_never_takes_the_owners_ip_away() {
     bed.api
         .set_fault(Resource::Leases, Some(Fault::Status(401)));
     for g in &guards {
-        assert!(
-            g.wait_log("ownership feed stale", Duration::from_secs(30))
-                .is_some(),
-            "{}",
-            g.log_text()
-        );
+        g.expect_log("ownership feed stale", Duration::from_secs(30));
     }
     always_answers(&bed, LB, "node-a", Duration::from_secs(3));
     let node_b = &bed.nodes[1];
@@ -627,14 +576,10 @@ fn a_blind_guard_never_takes_the_owners_ip_away() {
     bed.api.set_fault(Resource::Services, None);
     bed.api.set_fault(Resource::Leases, None);
     for g in &guards {
-        assert!(
-            g.wait_log("fresh again", Duration::from_secs(20)).is_some(),
-            "{}",
-            g.log_text()
-        );
+        g.expect_log("fresh again", Duration::from_secs(20));
     }
     assert!(
-        wait_for(CHANGE, || (!speaker.send(&garp).unwrap()).then_some(())).is_some(),
+        wait_until(CHANGE, || !speaker.send(&garp).unwrap()),
         "foreign again on node-b"
     );
 
@@ -651,15 +596,7 @@ fn a_blind_guard_never_takes_the_owners_ip_away() {
 #[test]
 fn a_silent_stream_is_rebuilt_and_shows() {
     testbed::require_root();
-    let bed = ClusterBed::new("idle", &[LB]).unwrap();
-    bed.api.apply(
-        Resource::Services,
-        objects::service("default", "web", &["198.51.100.100"]),
-    );
-    bed.api.apply(
-        Resource::Leases,
-        cilium_lease("node-a", 2147483647, "2026-11-30T10:00:00.000000Z"),
-    );
+    let bed = web_held_by_node_a("idle", 2147483647);
     // node-a with a short threshold; node-b with the default one, taken
     // from the Lease durations in use: the absurd one is capped at 60 s.
     let sync = Duration::from_secs(20);
@@ -682,7 +619,7 @@ fn a_silent_stream_is_rebuilt_and_shows() {
     let status_b = |path: &'static str| {
         bed.nodes[1]
             .ns
-            .enter(move || guard::api::get("127.0.0.1:9477".parse().unwrap(), path, None))
+            .enter(move || guard::testing::get("127.0.0.1:9477".parse().unwrap(), path))
             .unwrap()
     };
     let v: serde_json::Value = serde_json::from_str(&status_b("/status").1).unwrap();
@@ -698,20 +635,13 @@ fn a_silent_stream_is_rebuilt_and_shows() {
     bed.api
         .set_fault(Resource::Services, Some(Fault::StuckWatch));
     // Idle deadline: 2 s watch timeout + 10 s margin.
-    let line = guard
-        .wait_log("Kubernetes watch stream stuck", Duration::from_secs(20))
-        .unwrap_or_else(|| panic!("{}", guard.log_text()));
+    let line = guard.expect_log("Kubernetes watch stream stuck", Duration::from_secs(20));
     assert!(line.contains("services"), "{line}");
-    assert!(
-        guard
-            .wait_log("ownership feed stale", Duration::from_secs(5))
-            .is_some(),
-        "blind for 12 s > 5 s: degraded: {}",
-        guard.log_text()
-    );
+    // blind for 12 s > 5 s: degraded
+    guard.expect_log("ownership feed stale", Duration::from_secs(5));
     let (code, m) = bed.nodes[0]
         .ns
-        .enter(|| guard::api::get("127.0.0.1:9477".parse().unwrap(), "/metrics", None))
+        .enter(|| guard::testing::get("127.0.0.1:9477".parse().unwrap(), "/metrics"))
         .unwrap();
     assert_eq!(code, 200);
     assert!(
@@ -727,9 +657,7 @@ fn a_silent_stream_is_rebuilt_and_shows() {
     // Owned all along.
     assert_eq!(bed.who_answers(LB).as_deref(), Some("node-a"));
     bed.api.set_fault(Resource::Services, None);
-    assert!(guard
-        .wait_log("fresh again", Duration::from_secs(20))
-        .is_some());
+    guard.expect_log("fresh again", Duration::from_secs(20));
     // The absurd duration, seen in every relist, was logged once.
     assert_eq!(
         guard.count_log("absurd leaseDurationSeconds"),

@@ -12,10 +12,7 @@
 
 use std::collections::BTreeMap;
 
-use guard::{
-    counters::Snapshot,
-    datapath::{monotonic_ns, Datapath},
-};
+use guard::testing::{monotonic_ns, Datapath, Snapshot};
 use guard_common::{
     classify, decide, effective_state, frame, Facts, LeakAction, Liveness, Mode, Origin, Parsed,
     Verdict,
@@ -314,7 +311,7 @@ impl Harness {
 
     /// Run a batch, compare per frame and then the counters over the batch.
     fn run_batch(&self, frames: &[Vec<u8>]) {
-        let before = self.dp.snapshot().unwrap();
+        let before = Snapshot::of_datapath(&self.dp).unwrap();
         let mut want_counters: BTreeMap<(u32, u8, u8, u8, u8), u64> = BTreeMap::new();
         let mut want_stats: BTreeMap<&'static str, u64> = BTreeMap::new();
         for f in frames {
@@ -334,7 +331,7 @@ impl Harness {
                 *want_stats.entry(k).or_default() += v;
             }
         }
-        let after = self.dp.snapshot().unwrap();
+        let after = Snapshot::of_datapath(&self.dp).unwrap();
         if counter_delta(&before, &after) == want_counters
             && stat_delta(&before, &after) == want_stats
         {
@@ -343,9 +340,9 @@ impl Harness {
         // Find the frame: replay one at a time.
         for f in frames {
             let e = reference(f, self.mode, self.leak_action, self.live, self.origin);
-            let b = self.dp.snapshot().unwrap();
+            let b = Snapshot::of_datapath(&self.dp).unwrap();
             self.run_one(f, &e);
-            let a = self.dp.snapshot().unwrap();
+            let a = Snapshot::of_datapath(&self.dp).unwrap();
             let want: BTreeMap<_, _> = e.counted.into_iter().map(|k| (k, 1)).collect();
             assert_eq!(
                 counter_delta(&b, &a),

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use testbed::{
     bed::{Bed, FOREIGN, NODE, OTHER, OWNED},
-    guard_binary, wait_for, ArpSpec, Daemon, RawSocket,
+    guard_binary, wait_for, wait_until, ArpSpec, Daemon, RawSocket,
 };
 
 const RESOLVE: Duration = Duration::from_secs(3);
@@ -39,13 +39,7 @@ fn ownership_file_reload_valid_and_invalid() {
     let tmp = bed.dir.path().join(".owners.tmp");
     std::fs::write(&tmp, owners_with(NODE)).unwrap();
     std::fs::rename(&tmp, &bed.owners).unwrap();
-    assert!(
-        guard
-            .wait_log("ownership file reloaded", Duration::from_secs(5))
-            .is_some(),
-        "{}",
-        guard.log_text()
-    );
+    guard.expect_log("ownership file reloaded", Duration::from_secs(5));
     assert_eq!(
         resolve(&bed, &f),
         Some(bed.node_mac),
@@ -55,9 +49,7 @@ fn ownership_file_reload_valid_and_invalid() {
     // An invalid update in place: rejected with file, line and field; the
     // last good state (owned) stays in force.
     std::fs::write(&bed.owners, "ips:\n  - ip: 198.51.100.101\n    owner: node-a\n  - ip: 198.51.100.300\n    owner: node-b\n").unwrap();
-    let line = guard
-        .wait_log("ownership file rejected", Duration::from_secs(5))
-        .unwrap_or_else(|| panic!("{}", guard.log_text()));
+    let line = guard.expect_log("ownership file rejected", Duration::from_secs(5));
     assert!(
         line.contains("owners.yaml:4"),
         "names file and line: {line}"
@@ -80,48 +72,26 @@ fn ownership_file_reload_valid_and_invalid() {
         "ips:\n  - ip: 198.51.100.101\n    owner: [node-a\n",
     )
     .unwrap();
-    assert!(wait_for(Duration::from_secs(5), || (guard
+    assert!(wait_until(Duration::from_secs(5), || guard
         .count_log("ownership file rejected")
-        == 2)
-        .then_some(()))
-    .is_some());
+        == 2));
     assert_eq!(resolve(&bed, &f), Some(bed.node_mac));
 
     // A file that disappears keeps the state as well.
     std::fs::remove_file(&bed.owners).unwrap();
-    assert!(guard
-        .wait_log("ownership file unreadable", Duration::from_secs(5))
-        .is_some());
+    guard.expect_log("ownership file unreadable", Duration::from_secs(5));
     assert_eq!(resolve(&bed, &f), Some(bed.node_mac));
 
     // Valid again, owned by the other node: protection is back.
     std::fs::write(&bed.owners, owners_with(OTHER)).unwrap();
-    assert!(wait_for(Duration::from_secs(5), || (guard
+    assert!(wait_until(Duration::from_secs(5), || guard
         .count_log("ownership file reloaded")
-        == 2)
-        .then_some(()))
-    .is_some());
+        == 2));
     assert_eq!(resolve(&bed, &f), None, "foreign again: dropped");
     assert!(
         guard.count_log("ownership changed") >= 2,
         "state changes are logged"
     );
-}
-
-/// Make `path` a FIFO (nobody ever writes it).
-fn mkfifo(path: &std::path::Path) {
-    let c = std::ffi::CString::new(path.to_str().unwrap()).unwrap();
-    // SAFETY: mkfifo with a valid NUL-terminated path.
-    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
-}
-
-fn rss_kib(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.split_whitespace().next()?.parse().ok())
-        .unwrap()
 }
 
 /// What a careless operator or an attacker can put at the file's path: a
@@ -144,7 +114,7 @@ fn hostile_ownership_files_are_refused_without_blocking() {
     for (i, (what, message)) in problems.iter().enumerate() {
         std::fs::remove_file(&bed.owners).unwrap();
         match *what {
-            "FIFO" => mkfifo(&bed.owners),
+            "FIFO" => testbed::mkfifo(&bed.owners),
             "/dev/zero" => std::os::unix::fs::symlink("/dev/zero", &bed.owners).unwrap(),
             _ => std::fs::write(
                 &bed.owners,
@@ -164,21 +134,16 @@ fn hostile_ownership_files_are_refused_without_blocking() {
         assert_eq!(guard.count_log(message), 1, "{what}: logged once");
         assert_eq!(guard.count_log("ownership file unreadable"), i + 1);
         assert_eq!(resolve(&bed, &f), None, "{what}: the last good state stays");
-        assert!(
-            rss_kib(guard.pid()) < 100 * 1024,
-            "{what}: memory stays bounded"
-        );
+        assert!(guard.rss_kib() < 100 * 1024, "{what}: memory stays bounded");
     }
     // A valid edit after all that is applied.
     std::fs::remove_file(&bed.owners).unwrap();
     std::fs::write(&bed.owners, owners_with(NODE)).unwrap();
-    assert!(guard
-        .wait_log("ownership file reloaded", Duration::from_secs(5))
-        .is_some());
+    guard.expect_log("ownership file reloaded", Duration::from_secs(5));
     assert_eq!(resolve(&bed, &f), Some(bed.node_mac), "now owned");
     // And with a FIFO in place again, SIGTERM still ends the daemon promptly.
     std::fs::remove_file(&bed.owners).unwrap();
-    mkfifo(&bed.owners);
+    testbed::mkfifo(&bed.owners);
     std::thread::sleep(Duration::from_millis(500));
     let status = guard.stop(libc::SIGTERM, Duration::from_secs(5)).unwrap();
     assert!(status.success(), "{status:?}");
@@ -207,9 +172,7 @@ fn lb_ips_from_interface_track_its_addresses() {
     bed.node
         .ip(&["addr", "add", &format!("{ip}/32"), "dev", "kube-ipvs0"])
         .unwrap();
-    let added = guard
-        .wait_log(&format!("\"lb_ip\":\"{ip}\""), Duration::from_secs(5))
-        .unwrap_or_else(|| panic!("{}", guard.log_text()));
+    let added = guard.expect_log(&format!("\"lb_ip\":\"{ip}\""), Duration::from_secs(5));
     assert!(added.contains("LB IP added"), "{added}");
     // kube-proxy's address is now local, the kernel would answer, the guard drops it.
     assert_eq!(
@@ -235,9 +198,7 @@ fn lb_ips_from_interface_track_its_addresses() {
     bed.node
         .ip(&["addr", "del", &format!("{ip}/32"), "dev", "kube-ipvs0"])
         .unwrap();
-    assert!(guard
-        .wait_log("LB IP removed", Duration::from_secs(5))
-        .is_some());
+    guard.expect_log("LB IP removed", Duration::from_secs(5));
     // The pre-existing kube-ipvs0 addresses were picked up at start.
     assert_eq!(
         resolve(&bed, &OWNED.to_string()),
@@ -354,11 +315,9 @@ fn reloads_open_no_gap() {
         .unwrap();
         let want = round + 1;
         assert!(
-            wait_for(Duration::from_secs(5), || (guard
+            wait_until(Duration::from_secs(5), || guard
                 .count_log("ownership file reloaded")
-                >= want)
-                .then_some(()))
-            .is_some(),
+                >= want),
             "reload {want} not seen:\n{}",
             guard.log_text()
         );
@@ -426,9 +385,7 @@ fn drifted_maps_are_repaired() {
             Ok(())
         })
         .unwrap();
-    let line = guard
-        .wait_log("BPF maps drifted", Duration::from_secs(5))
-        .unwrap_or_else(|| panic!("{}", guard.log_text()));
+    let line = guard.expect_log("BPF maps drifted", Duration::from_secs(5));
     assert!(line.contains("\"entries\":1"), "{line}");
     assert_eq!(
         resolve(&bed, &FOREIGN.to_string()),
@@ -533,9 +490,7 @@ fn liveness_gate_opens_in_two_steps_when_heartbeats_stop() {
     // SAFETY: as above.
     unsafe { libc::kill(pid, libc::SIGCONT) };
     assert!(
-        wait_for(Duration::from_secs(3), || (!speaker.send(&garp).unwrap())
-            .then_some(()))
-        .is_some(),
+        wait_until(Duration::from_secs(3), || !speaker.send(&garp).unwrap()),
         "enforced again"
     );
     assert_eq!(resolve(&bed, &f), None);
@@ -552,7 +507,7 @@ fn sighup_reapplies_and_keeps_running() {
     let mut guard = bed.start(&[]).unwrap();
     // SAFETY: a signal to our own child.
     unsafe { libc::kill(guard.pid() as i32, libc::SIGHUP) };
-    assert!(guard.wait_log("SIGHUP", Duration::from_secs(5)).is_some());
+    guard.expect_log("SIGHUP", Duration::from_secs(5));
     assert_eq!(resolve(&bed, &FOREIGN.to_string()), None, "still guarding");
     let status = guard.stop(libc::SIGTERM, Duration::from_secs(10)).unwrap();
     assert!(status.success());
@@ -575,9 +530,7 @@ fn a_full_map_fails_safe_and_reports() {
             status.to_str().unwrap(),
         ])
         .unwrap();
-    let line = guard
-        .wait_log("map full", Duration::from_secs(5))
-        .unwrap_or_else(|| panic!("{}", guard.log_text()));
+    let line = guard.expect_log("map full", Duration::from_secs(5));
     assert!(
         line.contains("\"count\":3") && line.contains("198.51.100.105"),
         "{line}"
@@ -611,12 +564,10 @@ fn interfaces_are_attached_as_they_come_and_go() {
     let guard = bed
         .start(&["-i", "up*", "--status-file", status.to_str().unwrap()])
         .unwrap();
-    assert!(guard
-        .wait_log(
-            "no interface matches --interface up*",
-            Duration::from_secs(5)
-        )
-        .is_some());
+    guard.expect_log(
+        "no interface matches --interface up*",
+        Duration::from_secs(5),
+    );
     let state = || -> serde_json::Value {
         serde_json::from_str(&std::fs::read_to_string(&status).unwrap()).unwrap()
     };
@@ -667,9 +618,7 @@ fn interfaces_are_attached_as_they_come_and_go() {
 
     // Deleted and re-created (a new ifindex): guarded again.
     bed.node.ip(&["link", "del", "up1"]).unwrap();
-    assert!(guard
-        .wait_log("guarded interface disappeared", Duration::from_secs(5))
-        .is_some());
+    guard.expect_log("guarded interface disappeared", Duration::from_secs(5));
     plug("up1", "up1p");
     assert!(attached("up1", 2), "{}", guard.log_text());
     assert!(!answers("up1p", FOREIGN));
@@ -687,11 +636,9 @@ fn interfaces_are_attached_as_they_come_and_go() {
         .unwrap();
     bed.node.ip(&["link", "set", "up2", "up"]).unwrap();
     assert!(attached("up2", 1), "{}", guard.log_text());
-    assert!(
-        wait_for(Duration::from_secs(3), || (!answers("tmp9p", FOREIGN))
-            .then_some(()))
-        .is_some()
-    );
+    assert!(wait_until(Duration::from_secs(3), || !answers(
+        "tmp9p", FOREIGN
+    )));
     assert!(state()["interfaces"]
         .as_array()
         .unwrap()
@@ -834,13 +781,7 @@ fn bpffs_unmounted_under_a_running_daemon() {
         .start(&["--pin-dir", dir.to_str().unwrap(), "--resync", "1s"])
         .unwrap();
     fs.unmount_for(guard.pid()).unwrap();
-    assert!(
-        guard
-            .wait_log("the pins are gone", Duration::from_secs(5))
-            .is_some(),
-        "{}",
-        guard.log_text()
-    );
+    guard.expect_log("the pins are gone", Duration::from_secs(5));
     assert_eq!(resolve(&bed, &FOREIGN.to_string()), None, "still enforcing");
     // The policy can still change.
     std::fs::write(
@@ -848,9 +789,7 @@ fn bpffs_unmounted_under_a_running_daemon() {
         testbed::bed::default_owners().replace("owner: node-b", "owner: node-a"),
     )
     .unwrap();
-    assert!(guard
-        .wait_log("ownership file reloaded", Duration::from_secs(5))
-        .is_some());
+    guard.expect_log("ownership file reloaded", Duration::from_secs(5));
     assert_eq!(resolve(&bed, &FOREIGN.to_string()), Some(bed.node_mac));
     let status = guard.stop(libc::SIGTERM, Duration::from_secs(10)).unwrap();
     assert!(status.success(), "{}", guard.log_text());
@@ -907,21 +846,17 @@ fn counters_of_departed_ips_are_reclaimed_and_metrics_stay_bounded() {
         std::fs::rename(&tmp, &bed.owners).unwrap();
         reloads += 1;
         assert!(
-            wait_for(Duration::from_secs(5), || (guard
+            wait_until(Duration::from_secs(5), || guard
                 .count_log("ownership file reloaded")
-                == reloads)
-                .then_some(()))
-            .is_some(),
+                == reloads),
             "{}",
             guard.log_text()
         );
         // Applied once the first IP's gratuitous ARP is stopped.
         let garp = ArpSpec::gratuitous(2, bed.node_mac, round[0]).to_bytes();
-        assert!(
-            wait_for(Duration::from_secs(5), || (!speaker.send(&garp).unwrap())
-                .then_some(()))
-            .is_some()
-        );
+        assert!(wait_until(Duration::from_secs(5), || !speaker
+            .send(&garp)
+            .unwrap()));
         // Three decisions per IP: reply, gratuitous, announce leak (all foreign).
         for ip in round {
             assert!(!speaker
@@ -945,9 +880,7 @@ fn counters_of_departed_ips_are_reclaimed_and_metrics_stay_bounded() {
         // Rows of the IPs that left go once the grace period has passed.
         let earlier: Vec<_> = pool[..reloads * 60 - 60].to_vec();
         assert!(
-            wait_for(Duration::from_secs(5), || (rows_for(&earlier) == 0)
-                .then_some(()))
-            .is_some(),
+            wait_until(Duration::from_secs(5), || rows_for(&earlier) == 0),
             "rows of departed IPs are reclaimed ({} left)",
             rows_for(&earlier)
         );
@@ -966,7 +899,7 @@ fn counters_of_departed_ips_are_reclaimed_and_metrics_stay_bounded() {
     // /metrics: at most 50 per-IP series, the rest summed as "other".
     let (code, m) = bed
         .node
-        .enter(|| guard::api::get("127.0.0.1:9477".parse().unwrap(), "/metrics", None))
+        .enter(|| guard::testing::get("127.0.0.1:9477".parse().unwrap(), "/metrics"))
         .unwrap();
     assert_eq!(code, 200);
     let per_ip = m

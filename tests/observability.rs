@@ -12,7 +12,7 @@ use std::{
 
 use testbed::{
     bed::{Bed, FOREIGN, OWNED, PEER_IP},
-    guard_binary, wait_for, ArpSpec, RawSocket,
+    guard_binary, wait_for, wait_until, ArpSpec, RawSocket,
 };
 
 const API: &str = "127.0.0.1:9477";
@@ -21,7 +21,7 @@ const API: &str = "127.0.0.1:9477";
 fn get(bed: &Bed, path: &str) -> (u16, String) {
     let path = path.to_owned();
     bed.node
-        .enter(move || guard::api::get(API.parse::<SocketAddr>().unwrap(), &path, None))
+        .enter(move || guard::testing::get(API.parse::<SocketAddr>().unwrap(), &path))
         .unwrap()
 }
 
@@ -49,18 +49,15 @@ fn metrics_status_explain_and_health() {
         bed.peer.flush_neigh("eth0").unwrap();
         bed.peer.poke(&ip.to_string()).unwrap();
     }
-    assert!(wait_for(Duration::from_secs(3), || (bed
-        .packets(FOREIGN, "reply", "kernel", "dropped")
-        .unwrap()
-        >= 1)
-        .then_some(()))
-    .is_some());
-    assert!(wait_for(Duration::from_secs(3), || (bed
-        .packets(OWNED, "reply", "kernel", "passed")
-        .unwrap()
-        >= 1)
-        .then_some(()))
-    .is_some());
+    for (ip, action) in [(FOREIGN, "dropped"), (OWNED, "passed")] {
+        assert!(
+            wait_until(Duration::from_secs(3), || bed
+                .packets(ip, "reply", "kernel", action)
+                .unwrap()
+                >= 1),
+            "{ip} {action}"
+        );
+    }
     let dropped = bed.packets(FOREIGN, "reply", "kernel", "dropped").unwrap() as f64;
 
     let (code, m) = get(&bed, "/metrics");
@@ -103,7 +100,10 @@ fn metrics_status_explain_and_health() {
         m.contains("# TYPE arp_guard_arp_frames_total counter"),
         "{m}"
     );
-    for name in guard::metrics::NAMES.iter().filter(|n| !n.contains("feed")) {
+    for name in guard::testing::METRIC_NAMES
+        .iter()
+        .filter(|n| !n.contains("feed"))
+    {
         assert!(
             m.contains(&format!("# TYPE {name}")),
             "{name} missing from the scrape:\n{m}"
@@ -233,13 +233,10 @@ fn drop_events_stream_with_a_rate_limit() {
     );
     assert!(suppressed >= flood as f64 - bound);
     // The tail got every delivered event, with its fields.
-    assert!(
-        wait_for(Duration::from_secs(3), || (lines.lock().unwrap().len()
-            as f64
-            >= delivered)
-            .then_some(()))
-        .is_some()
-    );
+    assert!(wait_until(
+        Duration::from_secs(3),
+        || lines.lock().unwrap().len() as f64 >= delivered
+    ));
     let got = lines.lock().unwrap().clone();
     assert_eq!(got.len() as f64, delivered, "one line per delivered event");
     let e: serde_json::Value = serde_json::from_str(&got[0]).unwrap();
@@ -271,13 +268,7 @@ fn drop_events_stream_with_a_rate_limit() {
         guard.count_log("ARP announcement stopped") <= 2 * 5,
         "bursts are summarised"
     );
-    assert!(
-        guard
-            .wait_log("burst: more events like these", Duration::from_secs(3))
-            .is_some(),
-        "{}",
-        guard.log_text()
-    );
+    guard.expect_log("burst: more events like these", Duration::from_secs(3));
     let _ = tail.kill();
     let _ = tail.wait();
 }
@@ -339,7 +330,7 @@ fn the_api_survives_its_clients() {
     // limit of them...
     std::thread::sleep(Duration::from_millis(500));
     assert!(
-        open_fds(guard.pid()) <= fds_before + guard::api::MAX_CONNECTIONS + 4,
+        open_fds(guard.pid()) <= fds_before + guard::testing::MAX_CONNECTIONS + 4,
         "{} fds",
         open_fds(guard.pid())
     );
@@ -350,9 +341,10 @@ fn the_api_survives_its_clients() {
         "the kubelet's probe is not locked out"
     );
     // ...and closes every one once the header timeout passes.
-    let all_closed = wait_for(guard::api::HEADER_TIMEOUT + Duration::from_secs(3), || {
-        slow.iter_mut().all(closed_by_server).then_some(())
-    });
+    let all_closed = wait_for(
+        guard::testing::HEADER_TIMEOUT + Duration::from_secs(3),
+        || slow.iter_mut().all(closed_by_server).then_some(()),
+    );
     assert!(all_closed.is_some(), "slow clients are dropped");
     drop(slow);
     assert_eq!(get(&bed, "/healthz").0, 200, "and the API answers");
@@ -383,13 +375,8 @@ fn the_api_survives_its_clients() {
         .unwrap();
     assert!(out.status.success(), "{out:?}");
     let hog = open_connections(&bed, 40, "GET /healthz HTTP/1.1\r\nHost: x\r\n");
-    assert!(
-        guard
-            .wait_log("the API cannot accept connections", Duration::from_secs(5))
-            .is_some(),
-        "accept fails with EMFILE: {}",
-        guard.log_text()
-    );
+    // accept fails with EMFILE
+    guard.expect_log("the API cannot accept connections", Duration::from_secs(5));
     drop(hog);
     let out = std::process::Command::new("prlimit")
         .args(["--pid", &pid, "--nofile=1024:"])
@@ -397,14 +384,10 @@ fn the_api_survives_its_clients() {
         .unwrap();
     assert!(out.status.success(), "{out:?}");
     assert!(
-        wait_for(Duration::from_secs(10), || (get(&bed, "/healthz").0 == 200)
-            .then_some(()))
-        .is_some(),
+        wait_until(Duration::from_secs(10), || get(&bed, "/healthz").0 == 200),
         "the API answers again once descriptors are free"
     );
-    assert!(guard
-        .wait_log("the API accepts connections again", Duration::from_secs(5))
-        .is_some());
+    guard.expect_log("the API accepts connections again", Duration::from_secs(5));
     assert_eq!(
         guard.count_log("the API cannot accept connections"),
         1,

@@ -132,7 +132,7 @@ fn daemonset_privileges_enforce_and_serve_metrics_and_counters() {
     // The API: /metrics reads the kernel counters, /readyz is ready.
     let get = |path: &'static str| {
         bed.node
-            .enter(move || guard::api::get("127.0.0.1:9477".parse().unwrap(), path, None))
+            .enter(move || guard::testing::get("127.0.0.1:9477".parse().unwrap(), path))
             .unwrap()
     };
     let (code, metrics) = get("/metrics");

@@ -9,7 +9,7 @@
 
 use std::{collections::BTreeMap, net::Ipv4Addr};
 
-use guard::datapath::monotonic_ns;
+use guard::testing::{monotonic_ns, Snapshot};
 use guard_common::{
     decide, effective_state, Facts, Kind, LeakAction, Liveness, Mode, Origin, Verdict,
 };
@@ -86,9 +86,9 @@ fn program_agrees_with_reference_on_the_whole_table() {
                                 leak_action,
                                 liveness: live,
                             });
-                            let before = dp.snapshot().unwrap();
+                            let before = Snapshot::of_datapath(&dp).unwrap();
                             let (ret, out) = dp.test_run_from(&frame, ingress).unwrap();
-                            let after = dp.snapshot().unwrap();
+                            let after = Snapshot::of_datapath(&dp).unwrap();
                             let ctx = format!("{ip} {state:?} on_egress={on_egress} {kind:?} {origin:?} ingress={ingress} op={} tags={tags:?} {mode:?} {leak_action:?} primary={with_primary} {live:?}", spec.op);
                             assert_eq!(
                                 ret,
@@ -132,9 +132,9 @@ fn truncated_frames_pass_untouched_at_every_length() {
         // BPF_PROG_TEST_RUN needs at least an Ethernet header.
         for len in 14..arp_end {
             let frame = &full[..len];
-            let before = dp.snapshot().unwrap();
+            let before = Snapshot::of_datapath(&dp).unwrap();
             let (ret, out) = dp.test_run(frame).unwrap();
-            let after = dp.snapshot().unwrap();
+            let after = Snapshot::of_datapath(&dp).unwrap();
             assert_eq!(ret, PASS, "len {len} tags {tags:?}");
             assert_eq!(out, frame, "len {len} tags {tags:?}");
             assert!(
@@ -166,9 +166,9 @@ fn three_tags_and_foreign_protocols_are_not_parsed() {
     let mut ipv4 = ArpSpec::reply(MAC, foreign, [2, 0, 0, 0, 0, 1], PEER).to_bytes();
     ipv4[12..14].copy_from_slice(&0x0800u16.to_be_bytes());
     for f in [three, ipv4] {
-        let before = dp.snapshot().unwrap();
+        let before = Snapshot::of_datapath(&dp).unwrap();
         assert_eq!(dp.test_run(&f).unwrap(), (PASS, f.clone()));
-        let after = dp.snapshot().unwrap();
+        let after = Snapshot::of_datapath(&dp).unwrap();
         assert_eq!(
             after.stats["arp"], before.stats["arp"],
             "not counted as ARP"

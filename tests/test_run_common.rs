@@ -4,11 +4,7 @@
 
 use std::{collections::BTreeMap, net::Ipv4Addr};
 
-use guard::{
-    counters::Snapshot,
-    datapath::Datapath,
-    view::{LbIp, Source, View},
-};
+use guard::testing::{Datapath, LbIp, Provenance, Snapshot, View};
 use guard_common::{LeakAction, Mode, Ownership};
 
 pub const LO: u32 = 1;
@@ -37,15 +33,15 @@ pub fn lb_ips() -> Vec<(Ipv4Addr, Ownership, bool)> {
 /// The real program, loaded, its maps holding [`lb_ips`] (and lo's primary
 /// IPv4 when `with_primary`).
 pub fn datapath(with_primary: bool) -> Datapath {
-    let mut dp =
-        Datapath::load(Mode::Enforce, LeakAction::Rewrite).expect("load the BPF program (root?)");
+    let mut dp = guard::testing::load(Mode::Enforce, LeakAction::Rewrite)
+        .expect("load the BPF program (root?)");
     let mut view = View::default();
     for (ip, state, on_egress) in lb_ips() {
         view.lb.insert(
             ip,
             LbIp {
                 state,
-                source: Source::Interface("test".into()),
+                source: Provenance::Interface("test".into()),
             },
         );
         if on_egress {
@@ -57,16 +53,16 @@ pub fn datapath(with_primary: bool) -> Datapath {
         view.if_primary.insert(LO, PRIMARY);
     }
     let r = dp.apply(&view, false);
-    assert!(r.errors.is_empty(), "{:?}", r.errors);
+    assert!(r.failed.is_empty(), "{:?}", r.failed);
     // Short gate thresholds, so that the tests can fake a stale or dead
     // daemon without depending on the host's uptime.
-    dp.set_gate(guard::datapath::Gate {
+    dp.set_gate(guard::testing::Gate {
         stale_after: STALE_AFTER,
         dead_after: DEAD_AFTER,
     })
     .unwrap();
     // Fresh, dated ahead so that a slow run cannot age it into `stale`.
-    dp.heartbeat_at(guard::datapath::monotonic_ns() + 3_600_000_000_000)
+    dp.heartbeat_at(guard::testing::monotonic_ns() + 3_600_000_000_000)
         .unwrap();
     dp
 }

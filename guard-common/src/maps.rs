@@ -87,11 +87,29 @@ pub struct LbEntry {
     pub _pad: [u8; 3],
 }
 
+impl LbEntry {
+    pub const fn new(state: crate::Ownership) -> Self {
+        LbEntry {
+            state: state as u8,
+            _pad: [0; 3],
+        }
+    }
+}
+
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct IfAddrKey {
     pub ifindex: u32,
     pub addr: u32,
+}
+
+impl IfAddrKey {
+    pub fn new(ifindex: u32, addr: core::net::Ipv4Addr) -> Self {
+        IfAddrKey {
+            ifindex,
+            addr: u32::from(addr),
+        }
+    }
 }
 
 #[repr(C)]

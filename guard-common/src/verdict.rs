@@ -232,7 +232,59 @@ macro_rules! names {
                 Self::ALL.iter().copied().find(|x| *x as u8 == v)
             }
         }
+
+        /// In JSON (the API, the CLI) by the same name.
+        #[cfg(feature = "user")]
+        impl serde::Serialize for $t {
+            fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                s.serialize_str(self.as_str())
+            }
+        }
+
+        #[cfg(feature = "user")]
+        impl<'de> serde::Deserialize<'de> for $t {
+            fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+                d.deserialize_str(ByName::<$t>(core::marker::PhantomData))
+            }
+        }
+
+        #[cfg(feature = "user")]
+        impl Named for $t {
+            const WHAT: &'static str = stringify!($t);
+            fn all() -> &'static [Self] {
+                Self::ALL
+            }
+            fn name(self) -> &'static str {
+                self.as_str()
+            }
+        }
     };
+}
+
+/// The enums that have names, for reading them back by name.
+#[cfg(feature = "user")]
+trait Named: Copy + 'static {
+    const WHAT: &'static str;
+    fn all() -> &'static [Self];
+    fn name(self) -> &'static str;
+}
+
+#[cfg(feature = "user")]
+struct ByName<T>(core::marker::PhantomData<T>);
+
+#[cfg(feature = "user")]
+impl<T: Named> serde::de::Visitor<'_> for ByName<T> {
+    type Value = T;
+    fn expecting(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        write!(f, "a {} name", T::WHAT)
+    }
+    fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<T, E> {
+        T::all()
+            .iter()
+            .copied()
+            .find(|x| x.name() == v)
+            .ok_or_else(|| E::custom(format_args!("unknown {} `{v}`", T::WHAT)))
+    }
 }
 names!(Kind { Reply => "reply", Gratuitous => "gratuitous", AnnounceLeak => "announce_leak" });
 names!(Origin { Kernel => "kernel", Speaker => "speaker", Redirect => "redirect" });

@@ -1,34 +1,32 @@
 //! arp-guard: keeps bare-metal nodes from answering ARP for LoadBalancer IPs
-//! they do not own. The `arp-guard` binary is a thin shell over these modules.
+//! they do not own. The `arp-guard` binary is a thin shell over `commands`.
+//!
+//! The layers, each importing only those below it:
+//!
+//! ```text
+//! commands, cli           what the user runs
+//! daemon                  the loop: one handler per event
+//! api                     the local HTTP API (axum) and its CLI client
+//! telemetry               counters, events, metrics, status document
+//! sources                 file, interface addresses, Kubernetes API -> facts
+//! datapath                the program in the kernel: load, attach, maps, pins
+//! model                   pure: facts -> view (what the maps should hold)
+//! guard-common (crate)    pure: frame parser and the verdict, shared with the program
+//! ```
 // A daemon that must never take a node's traffic down does not panic on a
 // value it could handle: unwrap/expect only where a comment says why.
 #![deny(clippy::unwrap_used, clippy::expect_used)]
 #![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used))]
 
-pub mod addrs;
-pub mod api;
 pub mod cli;
-pub mod client;
-pub mod cluster;
-pub mod counters;
-pub mod datapath;
-pub mod events;
-pub mod file_source;
-pub mod interfaces;
-pub mod metrics;
-pub mod ownership_file;
-pub mod pins;
-pub mod preflight;
-pub mod run;
-pub mod status;
+pub mod commands;
+
+mod api;
+mod daemon;
+mod datapath;
+mod model;
+mod sources;
+mod telemetry;
+
 #[cfg(feature = "testing")]
 pub mod testing;
-pub mod view;
-
-/// aa:bb:cc:dd:ee:ff
-pub fn netns_fmt_mac(m: &[u8; 6]) -> String {
-    m.iter()
-        .map(|b| format!("{b:02x}"))
-        .collect::<Vec<_>>()
-        .join(":")
-}

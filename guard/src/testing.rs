@@ -5,3 +5,24 @@
 /// and a Cilium-like ARP responder, in an object of their own.
 pub static FIXTURES: &[u8] =
     aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/arp-guard-fixtures"));
+
+pub use crate::{
+    api::{client::get_blocking as get, HEADER_TIMEOUT, MAX_CONNECTIONS},
+    datapath::{maps::ApplyReport, monotonic_ns, Datapath, DatapathConfig, Gate},
+    model::view::{LbIp, Provenance, View},
+    sources::file::parse as parse_ownership_file,
+    telemetry::{counters::Snapshot, metrics::NAMES as METRIC_NAMES},
+};
+
+/// Load the guard program (not attached) with the daemon's defaults in
+/// `mode` and `leak_action`.
+pub fn load(
+    mode: guard_common::Mode,
+    leak_action: guard_common::LeakAction,
+) -> Result<Datapath, crate::datapath::DatapathError> {
+    Datapath::load(&DatapathConfig {
+        mode,
+        leak_action,
+        ..DatapathConfig::default()
+    })
+}

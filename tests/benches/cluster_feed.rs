@@ -16,19 +16,6 @@ fn ip(i: usize) -> String {
     format!("10.{}.{}.{}", 64 + i / 65536, (i / 256) % 256, i % 256)
 }
 
-fn rss_kib(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.split_whitespace().next()?.parse().ok())
-        .unwrap_or(0)
-}
-
-fn percentile(sorted: &[u64], p: f64) -> u64 {
-    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
-}
-
 fn main() {
     testbed::require_root();
     for n in [1_000usize, 10_000] {
@@ -72,7 +59,7 @@ fn main() {
             (guard.count_log("cluster change applied") >= 1).then_some(())
         })
         .unwrap();
-        let rss = rss_kib(guard.pid());
+        let rss = guard.rss_kib();
         // Lease moves: each is one watch event for the guard.
         let moves = 200;
         let before = guard.count_log("cluster change applied");
@@ -113,8 +100,8 @@ fn main() {
             to_sync.as_secs_f64(),
             rss as f64 / 1024.0,
             us.len(),
-            percentile(&us, 0.5) as f64 / 1000.0,
-            percentile(&us, 0.99) as f64 / 1000.0
+            testbed::percentile(&us, 0.5) as f64 / 1000.0,
+            testbed::percentile(&us, 0.99) as f64 / 1000.0
         );
     }
 }

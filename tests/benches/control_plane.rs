@@ -23,19 +23,6 @@ use testbed::{
     wait_for, Daemon,
 };
 
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
-    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
-}
-
-fn rss_kib(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.split_whitespace().next()?.parse().ok())
-        .unwrap_or(0)
-}
-
 /// Addresses from the documentation ranges, none of the bed's own.
 fn pool() -> Vec<Ipv4Addr> {
     (2..255u8)
@@ -103,8 +90,8 @@ fn address_latency(n: usize) {
         v.sort();
         println!(
             "address {what} -> map, {n} addresses on kube-ipvs0: p50 {:?} p99 {:?} max {:?} ({} samples)",
-            percentile(v, 0.5),
-            percentile(v, 0.99),
+            testbed::percentile(v, 0.5),
+            testbed::percentile(v, 0.99),
             v[v.len() - 1],
             v.len()
         );
@@ -121,7 +108,8 @@ fn ownership_file(n: u32) {
     let mut times = Vec::new();
     for _ in 0..5 {
         let t = Instant::now();
-        let f = guard::ownership_file::parse(std::path::Path::new("bench.yaml"), &text).unwrap();
+        let f = guard::testing::parse_ownership_file(std::path::Path::new("bench.yaml"), &text)
+            .unwrap();
         times.push(t.elapsed());
         assert_eq!(f.ips.len(), n as usize);
     }
@@ -150,7 +138,7 @@ fn ownership_file(n: u32) {
     println!(
         "ownership file, {n} entries: daemon start to enforcing {:?}, RSS {} MiB",
         t.elapsed(),
-        rss_kib(guard.pid()) / 1024
+        guard.rss_kib() / 1024
     );
 }
 

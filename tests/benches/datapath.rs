@@ -4,10 +4,7 @@
 
 use std::{net::Ipv4Addr, time::Instant};
 
-use guard::{
-    datapath::Datapath,
-    view::{LbIp, Source, View},
-};
+use guard::testing::{LbIp, Provenance, View};
 use guard_common::{LeakAction, Mode, Ownership};
 use testbed::ArpSpec;
 
@@ -25,7 +22,7 @@ fn view(n: u32, state: impl Fn(u32) -> Ownership) -> View {
             lb(i),
             LbIp {
                 state: state(i),
-                source: Source::Interface("bench".into()),
+                source: Provenance::Interface("bench".into()),
             },
         );
     }
@@ -35,7 +32,7 @@ fn view(n: u32, state: impl Fn(u32) -> Ownership) -> View {
 
 fn main() {
     testbed::require_root();
-    let mut dp = Datapath::load(Mode::Enforce, LeakAction::Rewrite).unwrap();
+    let mut dp = guard::testing::load(Mode::Enforce, LeakAction::Rewrite).unwrap();
     dp.heartbeat().unwrap();
 
     // Map updates: fill 65,536 LB IPs, then change one, then change every state.
@@ -44,7 +41,7 @@ fn main() {
     let t = Instant::now();
     let r = dp.apply(&full, false);
     let fill = t.elapsed();
-    assert!(r.errors.is_empty(), "{:?}", r.errors);
+    assert!(r.failed.is_empty(), "{:?}", r.failed);
     let mut one = full.clone();
     one.lb.get_mut(&lb(7)).unwrap().state = Ownership::Owned;
     let t = Instant::now();

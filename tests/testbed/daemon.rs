@@ -108,6 +108,17 @@ impl Daemon {
         self.child.as_ref().map(|c| c.id()).unwrap_or(0)
     }
 
+    /// The daemon's resident set (VmRSS) in KiB; panics if it is gone.
+    pub fn rss_kib(&self) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid()))
+            .expect("the daemon's /proc status");
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.split_whitespace().next()?.parse().ok())
+            .expect("VmRSS in /proc/PID/status")
+    }
+
     pub fn log_text(&self) -> String {
         self.log.lock().unwrap().join("\n")
     }
@@ -122,6 +133,19 @@ impl Daemon {
                 .find(|l| l.contains(needle))
                 .cloned()
         })
+    }
+
+    /// The first log line containing `needle`, waiting up to `timeout`;
+    /// panics with the whole log when none comes.
+    #[track_caller]
+    pub fn expect_log(&self, needle: &str, timeout: Duration) -> String {
+        match self.wait_log(needle, timeout) {
+            Some(line) => line,
+            None => panic!(
+                "no log line with {needle:?} within {timeout:?}; the log:\n{}",
+                self.log_text()
+            ),
+        }
     }
 
     /// Every line logged so far that contains `needle`.

@@ -43,6 +43,24 @@ pub fn require_root() {
     assert_eq!(uid, 0, "this test needs root (network namespaces, BPF)");
 }
 
+/// Make `path` a FIFO (for tests where nobody ever writes it).
+pub fn mkfifo(path: &std::path::Path) {
+    let c = std::ffi::CString::new(path.to_str().expect("UTF-8 path")).expect("no NUL");
+    // SAFETY: mkfifo with a valid NUL-terminated path.
+    let rc = unsafe { libc::mkfifo(c.as_ptr(), 0o600) };
+    assert_eq!(rc, 0, "mkfifo {path:?}");
+}
+
+/// The `p` quantile (0.0..=1.0) of an ascending, non-empty sample.
+pub fn percentile<T: Copy>(sorted: &[T], p: f64) -> T {
+    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
+}
+
+/// Poll `f` every 20 ms until it holds or `timeout` passes; whether it held.
+pub fn wait_until(timeout: std::time::Duration, mut f: impl FnMut() -> bool) -> bool {
+    wait_for(timeout, || f().then_some(())).is_some()
+}
+
 /// Poll `f` every 20 ms until it returns `Some` or `timeout` passes.
 pub fn wait_for<T>(timeout: std::time::Duration, mut f: impl FnMut() -> Option<T>) -> Option<T> {
     let deadline = std::time::Instant::now() + timeout;

@@ -15,7 +15,7 @@ struct Cli {
 enum Task {
     /// Install the tool chain and packages (idempotent): llvm-22-dev, rust-src, bpf-linker, iproute2, ...
     Setup,
-    /// Set up, then run fmt --check, clippy -D warnings and the whole test suite (needs root).
+    /// Set up, then run fmt --check, the shape check, clippy -D warnings and the whole test suite (needs root).
     Test {
         /// Extra arguments for `cargo test` (after --).
         #[arg(last = true)]
@@ -67,6 +67,10 @@ fn task(task: Task) -> Result<()> {
             let mut fmt = cargo();
             fmt.args(["fmt", "--all", "--", "--check"]);
             run(&mut fmt)?;
+            // The house's shape: file and function sizes, layers, no import cycle.
+            run(Command::new("python3")
+                .arg(workspace_root().join("scripts/shape.py"))
+                .current_dir(workspace_root()))?;
             let mut clippy = cargo();
             clippy.args([
                 "clippy",

@@ -33,6 +33,8 @@ const PACKAGES: &[(&str, &str)] = &[
     ("ethtool", "/usr/sbin/ethtool"),
     ("nftables", "/usr/sbin/nft"),
     ("util-linux", "/usr/bin/setpriv"),
+    // scripts/shape.py: the layering check `cargo xtask test` runs first.
+    ("python3", "/usr/bin/python3"),
 ];
 
 fn ok(cmd: &mut Command) -> bool {

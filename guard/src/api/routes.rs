@@ -1,0 +1,278 @@
+//! The API's routes (axum): what each path answers, from the shared state.
+//! GET and HEAD only (axum answers 405 with an Allow header otherwise).
+
+use std::{
+    collections::BTreeMap,
+    convert::Infallible,
+    net::Ipv4Addr,
+    sync::{atomic::AtomicBool, Arc},
+    time::Duration,
+};
+
+use axum::{
+    body::Body,
+    extract::{Query, State},
+    http::{header, StatusCode},
+    response::{IntoResponse, Response},
+    routing::get,
+    Extension, Router,
+};
+use bytes::Bytes;
+use guard_common::{decide, Facts, Kind, LeakAction, Liveness, Mode, Origin, Verdict};
+use serde::{Deserialize, Serialize};
+use tokio::sync::broadcast;
+
+use super::{
+    state::{unix_now, Shared},
+    types::{Explanation, IpRow, StatusDoc, Would},
+    MAX_EVENT_STREAMS,
+};
+use crate::telemetry::metrics::{self, Scrape};
+
+/// Set by `/events` on its connection: an event stream is not cut by the
+/// server's per-connection time limit.
+#[derive(Clone, Default)]
+pub struct Streaming(pub Arc<AtomicBool>);
+
+pub fn router(shared: Arc<Shared>) -> Router {
+    Router::new()
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz_route))
+        .route("/metrics", get(metrics_route))
+        .route("/status", get(status))
+        .route("/explain", get(explain_route))
+        .route("/counters", get(counters))
+        .route("/events", get(events))
+        .fallback(not_found)
+        .with_state(shared)
+}
+
+fn text(code: StatusCode, body: impl Into<String>) -> Response {
+    (code, [(header::CONTENT_TYPE, "text/plain")], body.into()).into_response()
+}
+
+fn json(v: &impl Serialize) -> Response {
+    let body = serde_json::to_string_pretty(v).unwrap_or_default() + "\n";
+    (
+        StatusCode::OK,
+        [(header::CONTENT_TYPE, "application/json")],
+        body,
+    )
+        .into_response()
+}
+
+async fn not_found() -> Response {
+    text(
+        StatusCode::NOT_FOUND,
+        "not found: try /metrics /healthz /readyz /status /explain?ip= /events /counters\n",
+    )
+}
+
+/// Alive means the main loop still writes heartbeats, not only that this
+/// task answers.
+async fn healthz(State(shared): State<Arc<Shared>>) -> Response {
+    match shared.heartbeat_age() {
+        Some(age) if age < Duration::from_secs(10) => text(StatusCode::OK, "ok\n"),
+        age => text(
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("main loop stalled: last heartbeat {age:?} ago\n"),
+        ),
+    }
+}
+
+async fn readyz_route(State(shared): State<Arc<Shared>>) -> Response {
+    let (code, body) = readyz(&shared);
+    text(code, body)
+}
+
+/// Ready: attached everywhere asked, synced, and `/metrics` can read the
+/// kernel counters (metrics that cannot leave every dashboard and alert
+/// blind); else 503 with the reasons.
+pub(crate) fn readyz(shared: &Shared) -> (StatusCode, String) {
+    let mut not_ready = shared.read().not_ready.clone();
+    if let Err(e) = shared.stats_readable() {
+        not_ready.push(format!("/metrics cannot read the kernel counters: {e:#}"));
+    }
+    if not_ready.is_empty() {
+        (StatusCode::OK, "ready\n".into())
+    } else {
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("not ready: {}\n", not_ready.join("; ")),
+        )
+    }
+}
+
+async fn metrics_route(State(shared): State<Arc<Shared>>) -> Response {
+    let rendered = shared.snapshot().and_then(|snapshot| {
+        let st = shared.read();
+        let mut fold = shared.fold.lock().unwrap_or_else(|p| p.into_inner());
+        metrics::render(Scrape {
+            snapshot: &snapshot,
+            fold: &mut fold,
+            max_ip_series: shared.metrics_max_ip_series,
+            status: st.status.as_ref(),
+            feed_unhealthy_seconds: st.feed_enabled.then(|| {
+                st.feed_failing_since
+                    .map_or(0.0, |t| t.elapsed().as_secs_f64())
+            }),
+        })
+    });
+    match rendered {
+        Ok(body) => (
+            StatusCode::OK,
+            [(
+                header::CONTENT_TYPE,
+                "text/plain; version=0.0.4; charset=utf-8",
+            )],
+            body,
+        )
+            .into_response(),
+        Err(e) => text(StatusCode::INTERNAL_SERVER_ERROR, format!("{e:#}\n")),
+    }
+}
+
+async fn status(State(shared): State<Arc<Shared>>) -> Response {
+    let snap = shared.snapshot().ok();
+    let mut by_ip: BTreeMap<u32, BTreeMap<Verdict, u64>> = BTreeMap::new();
+    for r in snap.iter().flat_map(|s| s.rows.iter()) {
+        if let Some(v) = Verdict::from_u8(r.key.verdict) {
+            *by_ip.entry(r.key.ip).or_default().entry(v).or_default() += r.value.packets;
+        }
+    }
+    let st = shared.read();
+    json(&StatusDoc {
+        status: st.status.clone(),
+        ready: st.not_ready.is_empty(),
+        not_ready: st.not_ready.clone(),
+        ips: st
+            .ips
+            .iter()
+            .map(|(ip, entry)| IpRow {
+                ip: *ip,
+                entry: entry.clone(),
+                counters: by_ip.remove(&u32::from(*ip)).unwrap_or_default(),
+            })
+            .collect(),
+    })
+}
+
+#[derive(Deserialize)]
+struct ExplainParams {
+    ip: Option<String>,
+}
+
+async fn explain_route(
+    State(shared): State<Arc<Shared>>,
+    Query(p): Query<ExplainParams>,
+) -> Response {
+    match p.ip.as_deref().and_then(|s| s.parse::<Ipv4Addr>().ok()) {
+        Some(ip) => json(&explain(&shared, ip)),
+        None => text(StatusCode::BAD_REQUEST, "use /explain?ip=A.B.C.D\n"),
+    }
+}
+
+/// Why this node treats `ip` as it does, and what the program would do with
+/// each kind of frame from each origin on each guarded interface.
+pub fn explain(shared: &Shared, ip: Ipv4Addr) -> Explanation {
+    let st = shared.read();
+    let entry = st.ips.get(&ip);
+    let (mode, leak_action) = (
+        st.mode.unwrap_or(Mode::Enforce),
+        st.leak_action.unwrap_or(LeakAction::Rewrite),
+    );
+    let mut would = Vec::new();
+    if let Some(e) = entry {
+        for (iface, has_v4) in &st.interfaces {
+            for &kind in Kind::ALL {
+                for &origin in Origin::ALL {
+                    let verdict = decide(&Facts {
+                        kind,
+                        origin,
+                        state: e.state,
+                        ip_on_egress: e.on_interfaces.contains(iface),
+                        egress_has_ipv4: *has_v4,
+                        mode,
+                        leak_action,
+                        liveness: Liveness::Fresh,
+                    });
+                    would.push(Would {
+                        interface: iface.clone(),
+                        kind,
+                        origin,
+                        verdict,
+                    });
+                }
+            }
+        }
+    }
+    Explanation {
+        ip,
+        lb_ip: entry.is_some(),
+        state: entry.map(|e| e.state),
+        source: entry.map(|e| e.source.clone()),
+        known_for_seconds: entry.map(|e| unix_now().saturating_sub(e.since_unix)),
+        mode: st.mode,
+        leak_action: st.leak_action,
+        heartbeat: match shared.heartbeat_age() {
+            Some(a) if a < Duration::from_secs(2) => "fresh",
+            Some(_) => "late (the main loop is behind; the program judges by its own thresholds)",
+            None => "none yet",
+        }
+        .into(),
+        would,
+    }
+}
+
+#[derive(Deserialize)]
+struct CountersParams {
+    interface: Option<String>,
+}
+
+/// The kernel counters; with `?interface=NAME`, that interface's rows (404
+/// if the guard is not attached there).
+async fn counters(State(shared): State<Arc<Shared>>, Query(p): Query<CountersParams>) -> Response {
+    if let Some(i) = &p.interface {
+        if !shared.read().interfaces.contains_key(i) {
+            return text(
+                StatusCode::NOT_FOUND,
+                format!("the guard is not attached to {i}\n"),
+            );
+        }
+    }
+    match shared.snapshot() {
+        Ok(snap) => json(&snap.to_doc().only(p.interface.as_deref())),
+        Err(e) => text(StatusCode::INTERNAL_SERVER_ERROR, format!("{e:#}\n")),
+    }
+}
+
+/// A live stream of drop events, one JSON object per line.
+async fn events(
+    State(shared): State<Arc<Shared>>,
+    Extension(streaming): Extension<Streaming>,
+) -> Response {
+    if shared.events.receiver_count() >= MAX_EVENT_STREAMS {
+        return text(
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("too many event streams (at most {MAX_EVENT_STREAMS})\n"),
+        );
+    }
+    streaming
+        .0
+        .store(true, std::sync::atomic::Ordering::Relaxed);
+    let rx = shared.events.subscribe();
+    let stream = futures::stream::unfold(rx, |mut rx| async move {
+        let line = match rx.recv().await {
+            Ok(line) => line + "\n",
+            // A slow reader: say how much it missed and go on.
+            Err(broadcast::error::RecvError::Lagged(n)) => format!("{{\"lagged\":{n}}}\n"),
+            Err(broadcast::error::RecvError::Closed) => return None,
+        };
+        Some((Ok::<_, Infallible>(Bytes::from(line)), rx))
+    });
+    (
+        [(header::CONTENT_TYPE, "application/x-ndjson")],
+        Body::from_stream(stream),
+    )
+        .into_response()
+}

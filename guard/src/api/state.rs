@@ -1,0 +1,150 @@
+//! What the API serves from: the state the daemon's main loop publishes, the
+//! kernel counter maps (on fds of the API's own), and the event channel.
+
+use std::{
+    collections::BTreeMap,
+    net::Ipv4Addr,
+    sync::{atomic::AtomicU64, Mutex, RwLock},
+    time::{Duration, Instant, SystemTime},
+};
+
+use anyhow::{Context as _, Result};
+use guard_common::{LeakAction, Mode};
+use tokio::sync::broadcast;
+
+use super::types::IpEntry;
+use crate::{
+    model::view::View,
+    telemetry::{counters::Snapshot, metrics::Fold, status::Status},
+};
+
+/// What the main loop publishes for the API.
+#[derive(Debug, Clone, Default)]
+pub struct ApiState {
+    pub status: Option<Status>,
+    /// Reasons the daemon is not ready (empty: ready).
+    pub not_ready: Vec<String>,
+    pub ips: BTreeMap<Ipv4Addr, IpEntry>,
+    pub mode: Option<Mode>,
+    pub leak_action: Option<LeakAction>,
+    /// Guarded interface -> has a primary IPv4 to rewrite leaks to.
+    pub interfaces: BTreeMap<String, bool>,
+    /// The Kubernetes feed: failing since (None: healthy or not used).
+    pub feed_failing_since: Option<Instant>,
+    pub feed_enabled: bool,
+}
+
+/// Everything the API serves from, shared with the main loop.
+pub struct Shared {
+    pub state: RwLock<ApiState>,
+    /// When the main loop last wrote a heartbeat (CLOCK_MONOTONIC ns).
+    pub heartbeat_ns: AtomicU64,
+    /// Our own COUNTERS and STATS maps, on fds of their own for this thread.
+    pub maps: Option<(aya::maps::Map, aya::maps::Map)>,
+    /// Drop events, one line of JSON each, for `/events` subscribers.
+    pub events: broadcast::Sender<String>,
+    /// `--metrics-max-ip-series`.
+    pub metrics_max_ip_series: usize,
+    /// Which counter rows /metrics labels with their IP.
+    pub fold: Mutex<Fold>,
+}
+
+impl Shared {
+    pub fn new(
+        maps: Option<(aya::maps::Map, aya::maps::Map)>,
+        metrics_max_ip_series: usize,
+    ) -> Self {
+        Shared {
+            state: Default::default(),
+            heartbeat_ns: AtomicU64::new(crate::datapath::sys::monotonic_ns()),
+            maps,
+            events: broadcast::channel(1024).0,
+            metrics_max_ip_series,
+            fold: Default::default(),
+        }
+    }
+
+    pub fn snapshot(&self) -> Result<Snapshot> {
+        let (counters, stats) = self.maps.as_ref().context("kernel maps not available")?;
+        Snapshot::read(|name| {
+            Ok(if name == guard_common::MAP_COUNTERS {
+                counters
+            } else {
+                stats
+            })
+        })
+    }
+
+    /// A cheap read of the STATS map: can the metrics path see the kernel?
+    pub fn stats_readable(&self) -> Result<()> {
+        let (_, stats) = self.maps.as_ref().context("kernel maps not available")?;
+        let stats: aya::maps::PerCpuArray<&aya::maps::MapData, u64> =
+            aya::maps::PerCpuArray::try_from(stats)?;
+        stats.get(&0, 0).context("reading STATS")?;
+        Ok(())
+    }
+
+    /// Age of the main loop's last heartbeat (None: none yet).
+    pub fn heartbeat_age(&self) -> Option<Duration> {
+        let hb = self.heartbeat_ns.load(std::sync::atomic::Ordering::Relaxed);
+        (hb != 0)
+            .then(|| Duration::from_nanos(crate::datapath::sys::monotonic_ns().saturating_sub(hb)))
+    }
+
+    /// The main loop is alive: it wrote a heartbeat.
+    pub fn beat(&self) {
+        self.heartbeat_ns.store(
+            crate::datapath::sys::monotonic_ns(),
+            std::sync::atomic::Ordering::Relaxed,
+        );
+    }
+
+    pub fn read(&self) -> std::sync::RwLockReadGuard<'_, ApiState> {
+        self.state.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn write(&self) -> std::sync::RwLockWriteGuard<'_, ApiState> {
+        self.state.write().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// The per-IP table for the API, keeping `since` for IPs whose state and
+/// source did not change.
+pub fn ip_entries(
+    old: &BTreeMap<Ipv4Addr, IpEntry>,
+    view: &View,
+    ifnames: &BTreeMap<u32, String>,
+) -> BTreeMap<Ipv4Addr, IpEntry> {
+    let now = unix_now();
+    let mut on: BTreeMap<Ipv4Addr, Vec<String>> = BTreeMap::new();
+    for (i, a) in &view.if_addrs {
+        if let Some(name) = ifnames.get(i) {
+            on.entry(*a).or_default().push(name.clone());
+        }
+    }
+    view.lb
+        .iter()
+        .map(|(ip, l)| {
+            let source = l.source.to_string();
+            let since_unix = match old.get(ip) {
+                Some(o) if o.state == l.state && o.source == source => o.since_unix,
+                _ => now,
+            };
+            (
+                *ip,
+                IpEntry {
+                    state: l.state,
+                    source,
+                    since_unix,
+                    on_interfaces: on.get(ip).cloned().unwrap_or_default(),
+                },
+            )
+        })
+        .collect()
+}
+
+pub fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}

@@ -1,0 +1,70 @@
+//! The documents the API serves, shared with the CLI that reads them back.
+
+use std::{collections::BTreeMap, net::Ipv4Addr};
+
+use guard_common::{Kind, LeakAction, Mode, Origin, Ownership, Verdict};
+use serde::{Deserialize, Serialize};
+
+use crate::telemetry::status::Status;
+
+/// One LB IP as the daemon currently treats it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct IpEntry {
+    pub state: Ownership,
+    /// Which object or line said so.
+    pub source: String,
+    /// When this state and source were first seen (Unix seconds).
+    pub since_unix: u64,
+    /// Guarded interfaces that carry the IP themselves.
+    pub on_interfaces: Vec<String>,
+}
+
+/// `/status`: the daemon's status document, readiness, and a row per LB IP.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct StatusDoc {
+    #[serde(flatten)]
+    pub status: Option<Status>,
+    pub ready: bool,
+    pub not_ready: Vec<String>,
+    pub ips: Vec<IpRow>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct IpRow {
+    pub ip: Ipv4Addr,
+    #[serde(flatten)]
+    pub entry: IpEntry,
+    /// Decisions counted for this IP, by verdict.
+    pub counters: BTreeMap<Verdict, u64>,
+}
+
+/// `/explain?ip=`: why this node treats an IP as it does.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Explanation {
+    pub ip: Ipv4Addr,
+    /// Whether the IP is in this node's LB set at all.
+    pub lb_ip: bool,
+    pub state: Option<Ownership>,
+    pub source: Option<String>,
+    pub known_for_seconds: Option<u64>,
+    pub mode: Option<Mode>,
+    pub leak_action: Option<LeakAction>,
+    pub heartbeat: String,
+    /// What the program would do with each kind of frame from each origin,
+    /// leaving through each guarded interface.
+    pub would: Vec<Would>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Would {
+    pub interface: String,
+    pub kind: Kind,
+    pub origin: Origin,
+    pub verdict: Verdict,
+}
+
+/// A line of `/events` that is not an event: the reader fell behind.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Lagged {
+    pub lagged: u64,
+}

@@ -1,0 +1,178 @@
+//! The command line turned once into one typed config per part (datapath,
+//! sources, API, daemon), checked: no part sees `RunArgs`.
+
+use std::time::Duration;
+
+use anyhow::{bail, Result};
+
+use super::{AnnouncerArg, AttachArg, KubeVipElection, Listen, OnExit, RunArgs};
+use crate::{
+    daemon::{ApiConfig, DaemonConfig, OnExit as ExitAction, RunConfig, SourcesConfig},
+    datapath::{AttachMode, DatapathConfig, Gate},
+    sources::{
+        cluster::{objects::ServiceFilter, Announcer, ClusterConfig, FeedConfig, Key},
+        file_watch::FileConfig,
+    },
+};
+
+impl RunArgs {
+    /// The command line as one typed config per part, checked: flag
+    /// combinations that cannot do what the user means are errors here.
+    pub fn config(&self) -> Result<RunConfig> {
+        self.check()?;
+        Ok(RunConfig {
+            daemon: self.daemon(),
+            datapath: self.datapath()?,
+            sources: self.sources(),
+            api: ApiConfig {
+                listen: match self.listen {
+                    Listen::On(a) => Some(a),
+                    Listen::Off => None,
+                },
+                metrics_max_ip_series: self.metrics_max_ip_series,
+            },
+        })
+    }
+
+    /// Flag combinations that cannot do what the user means.
+    fn check(&self) -> Result<()> {
+        if self.on_exit == OnExit::Keep && self.pin_dir.is_none() {
+            bail!(
+                "--on-exit keep needs --pin-dir: without pins the guard cannot outlive the daemon"
+            );
+        }
+        let mut seen = std::collections::BTreeSet::new();
+        for i in &self.interfaces {
+            if !seen.insert(i) {
+                bail!("--interface {i} is given twice");
+            }
+        }
+        if self.announcers.contains(&AnnouncerArg::File) && self.ownership_file.is_none() {
+            bail!("--announcer file needs --ownership-file PATH");
+        }
+        let announcers = self.cluster_announcers();
+        if self.ownership_file.is_none() && self.lb_ips_from.is_empty() && announcers.is_empty() {
+            bail!(
+                "nothing to enforce: give --announcer cilium|kube-vip|metallb, --ownership-file, and/or --lb-ips-from \
+                 (e.g. --lb-ips-from kube-ipvs0)"
+            );
+        }
+        for i in &self.lb_ips_from {
+            if self.interfaces.contains(i) {
+                bail!(
+                    "--lb-ips-from {i} conflicts with --interface {i}: the LB IPs' own interface is not the one \
+                     that answers the segment; guard the uplink and read LB IPs from kube-ipvs0"
+                );
+            }
+        }
+        Ok(())
+    }
+
+    fn sources(&self) -> SourcesConfig {
+        let announcers = self.cluster_announcers();
+        let cluster = (!announcers.is_empty()).then(|| ClusterConfig {
+            kubeconfig: self.kubeconfig.clone(),
+            feed: FeedConfig {
+                announcers,
+                filter: ServiceFilter {
+                    lb_class: self.lb_class.clone(),
+                    external_ips: self.external_ips,
+                },
+                selector: self.service_selector.clone(),
+                stale_after: self.stale_after,
+                watch_timeout: self.kube_watch_timeout,
+            },
+        });
+        SourcesConfig {
+            file: self.ownership_file.clone().map(|path| FileConfig {
+                path,
+                poll: self.file_poll,
+                max_bytes: self.ownership_file_max_bytes,
+            }),
+            lb_ips_from: self.lb_ips_from.clone(),
+            cluster,
+            resync: self.resync,
+        }
+    }
+
+    fn daemon(&self) -> DaemonConfig {
+        DaemonConfig {
+            node_name: self.node_name.clone(),
+            interfaces: self.interfaces.clone(),
+            on_exit: match self.on_exit {
+                OnExit::Keep => ExitAction::Keep,
+                OnExit::Remove => ExitAction::Remove,
+            },
+            status_file: self.status_file.clone(),
+            stats_interval: self.stats_interval,
+            counter_grace: self.counter_grace,
+        }
+    }
+
+    fn datapath(&self) -> Result<DatapathConfig> {
+        let gate = Gate {
+            stale_after: self
+                .heartbeat_stale_after
+                .or(self.stale_after)
+                .unwrap_or(Duration::from_secs(15)),
+            dead_after: self.heartbeat_dead_after,
+        };
+        if gate.dead_after <= gate.stale_after {
+            bail!(
+                "--heartbeat-dead-after ({:?}) must be longer than the stale threshold ({:?})",
+                gate.dead_after,
+                gate.stale_after
+            );
+        }
+        Ok(DatapathConfig {
+            mode: self.mode.into(),
+            leak_action: self.leak_action.into(),
+            max_lb_ips: self.max_lb_ips,
+            pin_dir: self.pin_dir.clone(),
+            attach: self.attach.into(),
+            gate,
+            event_rate: self.event_rate,
+            event_burst: self.event_burst,
+        })
+    }
+
+    /// The announcers that read the Kubernetes API, in the order given.
+    fn cluster_announcers(&self) -> Vec<Announcer> {
+        let mut out = Vec::new();
+        for a in &self.announcers {
+            let a = match a {
+                // The file is its own source (--ownership-file), not an API reader.
+                AnnouncerArg::File => continue,
+                AnnouncerArg::Cilium => Announcer::Cilium {
+                    namespace: self.cilium_namespace.clone(),
+                },
+                AnnouncerArg::KubeVip => match self.kube_vip_election {
+                    KubeVipElection::PerService => Announcer::KubeVipPerService,
+                    KubeVipElection::Global => Announcer::KubeVipGlobal {
+                        lease: Key::new(
+                            self.kube_vip_namespace.clone(),
+                            self.kube_vip_lease.clone(),
+                        ),
+                    },
+                },
+                AnnouncerArg::Metallb => Announcer::MetalLb {
+                    namespace: self.metallb_namespace.clone(),
+                },
+            };
+            if !out.contains(&a) {
+                out.push(a);
+            }
+        }
+        out
+    }
+}
+
+impl From<AttachArg> for AttachMode {
+    fn from(a: AttachArg) -> Self {
+        match a {
+            AttachArg::Auto => AttachMode::Auto,
+            AttachArg::Tcx => AttachMode::Tcx,
+            AttachArg::Netlink => AttachMode::Netlink,
+        }
+    }
+}

@@ -1,0 +1,491 @@
+//! Command line of `arp-guard`: the arguments (here) and their turning into
+//! one typed config per part (`config`).
+
+mod config;
+
+use std::{path::PathBuf, time::Duration};
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use guard_common::{LeakAction, Mode};
+
+use crate::sources::file::DEFAULT_MAX_BYTES;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "arp-guard",
+    version,
+    about = "Keeps this node from answering ARP for LoadBalancer IPs it does not own.",
+    long_about = "Keeps this node from answering ARP for LoadBalancer IPs it does not own.\n\n\
+        An eBPF program on the egress of each guarded interface drops ARP replies, gratuitous ARP \
+        and announce leaks that would teach a neighbour \"LB IP -> this node's MAC\" when this node \
+        is not the IP's owner. Ownership comes from a cluster-wide ownership file and/or from the \
+        addresses kube-proxy puts on kube-ipvs0.",
+    after_help = "Run `arp-guard <command> --help` for the options of each command."
+)]
+pub struct Cli {
+    /// Log format.
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text, env = "ARP_GUARD_LOG_FORMAT")]
+    pub log_format: LogFormat,
+
+    /// Log filter, e.g. `info`, `debug`, `arp_guard=debug` (RUST_LOG syntax).
+    #[arg(long, global = true, default_value = "info", env = "ARP_GUARD_LOG")]
+    pub log_level: String,
+
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Attach the guard to interfaces and enforce ownership until SIGTERM/SIGINT.
+    Run(Box<RunArgs>),
+    /// Print the kernel-side counters of the guard attached to an interface.
+    Counters(CountersArgs),
+    /// Check an ownership file and print the view a node derives from it.
+    Validate(ValidateArgs),
+    /// Remove every pin and attachment a guard left (pinned TCX links, maps,
+    /// program; netlink filters in arp-guard's slot).
+    Uninstall(UninstallArgs),
+    /// What the running daemon guards: attachments, mode, feed health, and a
+    /// table per LB IP (owner, state, counters).
+    Status(ClientArgs),
+    /// Why this node treats an IP as it does, and what the program would do
+    /// with each kind and origin of frame.
+    Explain(ExplainArgs),
+    /// Tail the drop events of the running daemon.
+    Events(ClientArgs),
+}
+
+/// The daemon's API address.
+pub const DEFAULT_API: &str = "127.0.0.1:9477";
+
+#[derive(Debug, Args)]
+pub struct ClientArgs {
+    /// The daemon's --listen address.
+    #[arg(long, value_name = "ADDR", default_value = DEFAULT_API, env = "ARP_GUARD_API")]
+    pub api: std::net::SocketAddr,
+    /// Output format.
+    #[arg(short, long, value_enum, default_value_t = Output::Table)]
+    pub output: Output,
+}
+
+#[derive(Debug, Args)]
+pub struct ExplainArgs {
+    /// The IPv4 address to explain.
+    pub ip: std::net::Ipv4Addr,
+    #[command(flatten)]
+    pub client: ClientArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct UninstallArgs {
+    /// The --pin-dir the guard ran with.
+    #[arg(long, value_name = "PATH", default_value = DEFAULT_PIN_DIR)]
+    pub pin_dir: PathBuf,
+    /// Also remove arp-guard's netlink filter from these interfaces (default: every interface).
+    #[arg(short, long = "interface", value_name = "IFACE")]
+    pub interfaces: Vec<String>,
+    /// Remove the pins even while a daemon holds the pin directory.
+    #[arg(long)]
+    pub force: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum OnExit {
+    /// Leave the program attached with its pinned maps for the next daemon.
+    Keep,
+    /// Detach everywhere and remove the pins.
+    Remove,
+}
+
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    /// Interface whose egress is guarded (the node's uplink). Repeat for several.
+    #[arg(short, long = "interface", value_name = "IFACE", required = true)]
+    pub interfaces: Vec<String>,
+
+    /// This node's name as the ownership sources spell it (Kubernetes node name).
+    /// Defaults to $NODE_NAME, then the hostname.
+    #[arg(long, env = "NODE_NAME", value_name = "NAME")]
+    pub node_name: Option<String>,
+
+    /// Cluster-wide ownership file (YAML or JSON): each LB IP with its owner node.
+    /// Reloaded on change; an invalid update is rejected and the last good one stays.
+    #[arg(long, value_name = "PATH")]
+    pub ownership_file: Option<PathBuf>,
+
+    /// Largest ownership file read, in bytes (a Kubernetes ConfigMap holds at
+    /// most 1 MiB; the default fits about 65,536 entries). Anything larger,
+    /// and anything that is not a regular file, is rejected and the last good
+    /// state kept.
+    #[arg(long, value_name = "BYTES", default_value_t = DEFAULT_MAX_BYTES,
+          value_parser = clap::value_parser!(u64).range(1024..=256 * 1024 * 1024))]
+    pub ownership_file_max_bytes: u64,
+
+    /// Where owners come from; repeat for several. cilium, kube-vip and metallb
+    /// read the Kubernetes API (for each Service the first with a record
+    /// decides); `file` is the ownership file, which overrides them all.
+    #[arg(long = "announcer", value_enum, value_name = "ANNOUNCER")]
+    pub announcers: Vec<AnnouncerArg>,
+
+    /// Kubeconfig for the Kubernetes API (default: in-cluster config, then $KUBECONFIG / ~/.kube/config).
+    #[arg(long, value_name = "PATH")]
+    pub kubeconfig: Option<PathBuf>,
+
+    /// Namespace of Cilium's L2 announcement Leases.
+    #[arg(long, value_name = "NS", default_value = "kube-system")]
+    pub cilium_namespace: String,
+
+    /// kube-vip's election: one Lease per Service, or one global Lease for all.
+    #[arg(long, value_enum, default_value_t = KubeVipElection::PerService)]
+    pub kube_vip_election: KubeVipElection,
+
+    /// Namespace of kube-vip's global Lease.
+    #[arg(long, value_name = "NS", default_value = "kube-system")]
+    pub kube_vip_namespace: String,
+
+    /// Name of kube-vip's global Lease.
+    #[arg(long, value_name = "NAME", default_value = "plndr-svcs-lock")]
+    pub kube_vip_lease: String,
+
+    /// Namespace of MetalLB's ServiceL2Status objects.
+    #[arg(long, value_name = "NS", default_value = "metallb-system")]
+    pub metallb_namespace: String,
+
+    /// Only Services with this spec.loadBalancerClass.
+    #[arg(long, value_name = "CLASS")]
+    pub lb_class: Option<String>,
+
+    /// Only Services matching this label selector (e.g. `tier=edge`).
+    #[arg(long, value_name = "SELECTOR")]
+    pub service_selector: Option<String>,
+
+    /// Also guard spec.externalIPs of LoadBalancer Services.
+    #[arg(long)]
+    pub external_ips: bool,
+
+    /// The API server ends each watch after this long; a stream that shows
+    /// no progress (event, bookmark, end of watch) for this plus 10 s is
+    /// stuck and is relisted.
+    #[arg(long, value_name = "DURATION", default_value = "55s", value_parser = parse_duration)]
+    pub kube_watch_timeout: Duration,
+
+    /// Treat `foreign` as `unknown` once the guard has been blind this long
+    /// (default: the longest lease duration in use, between 15s and 60s).
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub stale_after: Option<Duration>,
+
+    /// Liveness gate: once the daemon's heartbeat (written every 500 ms) is this
+    /// old, the program judges `foreign` as `unknown` (default: --stale-after, else 15s).
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub heartbeat_stale_after: Option<Duration>,
+
+    /// Liveness gate: once the heartbeat is this old, the program passes everything.
+    #[arg(long, value_name = "DURATION", default_value = "5m", value_parser = parse_duration)]
+    pub heartbeat_dead_after: Duration,
+
+    /// Treat every IPv4 address on this interface as an LB IP (e.g. kube-ipvs0),
+    /// kept current through netlink. IPs not in the ownership file are `unknown`.
+    #[arg(long, value_name = "IFACE")]
+    pub lb_ips_from: Vec<String>,
+
+    /// `enforce` drops/rewrites; `monitor` only counts what enforce would do.
+    #[arg(long, value_enum, default_value_t = ModeArg::Enforce)]
+    pub mode: ModeArg,
+
+    /// What to do with an announce leak (ARP request with SPA = LB IP) that must be stopped:
+    /// `rewrite` SPA to the interface's primary IPv4 (like arp_announce=2), or `drop` it.
+    #[arg(long, value_enum, default_value_t = LeakArg::Rewrite)]
+    pub leak_action: LeakArg,
+
+    /// How to attach: TCX links (kernel >= 6.6), netlink clsact filters, or the best available.
+    #[arg(long, value_enum, default_value_t = AttachArg::Auto)]
+    pub attach: AttachArg,
+
+    /// How often the ownership file is re-read even without a change notification.
+    #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = parse_duration)]
+    pub file_poll: Duration,
+
+    /// How often the kernel's interface addresses are re-read to repair missed notifications.
+    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = parse_duration)]
+    pub resync: Duration,
+
+    /// Capacity of the LB IP map. LB IPs beyond it are not guarded (their
+    /// frames pass) and are reported in the log and the status.
+    #[arg(long, value_name = "N", default_value_t = guard_common::MAX_LB_IPS, value_parser = clap::value_parser!(u32).range(1..=1_048_576))]
+    pub max_lb_ips: u32,
+
+    /// Counter rows of an LB IP that left the LB set are deleted this long
+    /// after it left (long enough for a scrape to see their last values).
+    #[arg(long, value_name = "DURATION", default_value = "5m", value_parser = parse_duration)]
+    pub counter_grace: Duration,
+
+    /// At most this many per-LB-IP series in /metrics: past it, series of
+    /// passed frames go first, then the least busy, into lb_ip="other"
+    /// (0: no per-IP series at all; for large fleets).
+    #[arg(long, value_name = "N", default_value_t = 4096)]
+    pub metrics_max_ip_series: usize,
+
+    /// Pin maps, program and TCX links under this bpffs directory (mounting
+    /// bpffs at /sys/fs/bpf if needed). A restarted daemon takes them over
+    /// without a gap. Without it nothing is pinned.
+    #[arg(long, value_name = "PATH")]
+    pub pin_dir: Option<PathBuf>,
+
+    /// On SIGTERM/SIGINT: `remove` detaches and removes the pins; `keep` leaves
+    /// the guard attached for the next daemon (what a DaemonSet wants).
+    #[arg(long, value_enum, default_value_t = OnExit::Remove)]
+    pub on_exit: OnExit,
+
+    /// Serve /metrics, /healthz, /readyz, /status, /explain and /events here
+    /// (`none` to disable). Loopback by default: exposing it off the node is
+    /// a deliberate choice.
+    #[arg(long, value_name = "ADDR", default_value = DEFAULT_API, value_parser = parse_listen)]
+    pub listen: Listen,
+
+    /// Drop events handed to userspace per second per CPU (in-kernel rate
+    /// limit; what exceeds it is counted as suppressed).
+    #[arg(long, value_name = "N", default_value_t = 100, value_parser = clap::value_parser!(u32).range(0..=1_000_000))]
+    pub event_rate: u32,
+
+    /// Burst of drop events allowed above the rate.
+    #[arg(long, value_name = "N", default_value_t = 200, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    pub event_burst: u32,
+
+    /// Keep a JSON summary of the daemon's state (attachments, LB IP counts,
+    /// Kubernetes feed health) in this file, rewritten atomically on change.
+    #[arg(long, value_name = "PATH")]
+    pub status_file: Option<PathBuf>,
+
+    /// How often a summary of the counters is logged (0 to disable).
+    #[arg(long, value_name = "DURATION", default_value = "60s", value_parser = parse_duration)]
+    pub stats_interval: Duration,
+}
+
+/// Where `--pin-dir` defaults for commands that read or remove pins.
+pub const DEFAULT_PIN_DIR: &str = "/sys/fs/bpf/arp-guard";
+
+#[derive(Debug, Args)]
+pub struct CountersArgs {
+    /// Interface whose guard is read (in the current network namespace).
+    #[arg(short, long = "interface", value_name = "IFACE", required = true)]
+    pub interfaces: Vec<String>,
+    /// Output format.
+    #[arg(short, long, value_enum, default_value_t = Output::Table)]
+    pub output: Output,
+    /// The daemon's --listen address, asked first.
+    #[arg(long, value_name = "ADDR", default_value = DEFAULT_API, env = "ARP_GUARD_API")]
+    pub api: std::net::SocketAddr,
+    /// The daemon's --pin-dir, read next when no daemon answers (needs only
+    /// read permission on the pins).
+    #[arg(long, value_name = "PATH", default_value = DEFAULT_PIN_DIR)]
+    pub pin_dir: PathBuf,
+}
+
+#[derive(Debug, Args)]
+pub struct ValidateArgs {
+    /// The ownership file to check.
+    pub file: PathBuf,
+    /// Largest file accepted, in bytes (as `run --ownership-file-max-bytes`).
+    #[arg(long, value_name = "BYTES", default_value_t = DEFAULT_MAX_BYTES)]
+    pub max_bytes: u64,
+    /// Print the view of this node (default: $NODE_NAME, then the hostname).
+    #[arg(long, env = "NODE_NAME")]
+    pub node_name: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum AnnouncerArg {
+    /// The ownership file (needs --ownership-file; the file, when given, is
+    /// always read and overrides the API).
+    File,
+    Cilium,
+    KubeVip,
+    Metallb,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum KubeVipElection {
+    PerService,
+    Global,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Output {
+    Table,
+    Json,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ModeArg {
+    Enforce,
+    Monitor,
+}
+
+impl From<ModeArg> for Mode {
+    fn from(m: ModeArg) -> Self {
+        match m {
+            ModeArg::Enforce => Mode::Enforce,
+            ModeArg::Monitor => Mode::Monitor,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LeakArg {
+    Rewrite,
+    Drop,
+}
+
+impl From<LeakArg> for LeakAction {
+    fn from(l: LeakArg) -> Self {
+        match l {
+            LeakArg::Rewrite => LeakAction::Rewrite,
+            LeakArg::Drop => LeakAction::Drop,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum AttachArg {
+    Auto,
+    Tcx,
+    Netlink,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Listen {
+    Off,
+    On(std::net::SocketAddr),
+}
+
+fn parse_listen(s: &str) -> Result<Listen, String> {
+    if s == "none" || s == "off" {
+        return Ok(Listen::Off);
+    }
+    s.parse()
+        .map(Listen::On)
+        .map_err(|e| format!("`{s}`: {e} (use ADDR:PORT or none)"))
+}
+
+/// `500ms`, `5s`, `2m`, `1h 30m` (jiff's friendly format), or a bare
+/// number of seconds.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    if let Ok(secs) = s.parse::<u64>() {
+        return Ok(Duration::from_secs(secs));
+    }
+    let d: jiff::SignedDuration = s
+        .parse()
+        .map_err(|e| format!("`{s}` is not a duration like 500ms, 5s or 2m ({e})"))?;
+    Duration::try_from(d).map_err(|e| format!("`{s}`: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn cli_is_well_formed() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("500ms").unwrap(), Duration::from_millis(500));
+        assert_eq!(parse_duration("5s").unwrap(), Duration::from_secs(5));
+        assert_eq!(parse_duration("2m").unwrap(), Duration::from_secs(120));
+        assert_eq!(parse_duration("7").unwrap(), Duration::from_secs(7));
+        assert!(parse_duration("5 parsecs").is_err());
+        assert!(parse_duration("x").is_err());
+        assert_eq!(parse_duration("1h 30m").unwrap(), Duration::from_secs(5400));
+        assert!(parse_duration("-5s").is_err(), "negative");
+        assert!(parse_duration("99999999999999999999h").is_err());
+    }
+
+    /// The shipped manifests stay in step with the CLI and the file schema.
+    #[test]
+    fn deploy_manifests_are_accepted() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy");
+        let ds = std::fs::read_to_string(root.join("daemonset.yaml")).unwrap();
+        let mut checked = 0;
+        for v in serde_saphyr::from_str_multiple::<serde_json::Value, Vec<_>>(&ds).unwrap() {
+            if v["kind"] != "DaemonSet" {
+                continue;
+            }
+            let c = &v["spec"]["template"]["spec"]["containers"][0];
+            let args: Vec<String> = c["args"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|a| a.as_str().unwrap().to_owned())
+                .collect();
+            let cli =
+                Cli::try_parse_from(std::iter::once("arp-guard".to_owned()).chain(args)).unwrap();
+            let Command::Run(run) = cli.command else {
+                panic!("the DaemonSet must run `arp-guard run`")
+            };
+            assert!(run.ownership_file.is_some() && !run.lb_ips_from.is_empty());
+            let caps: Vec<&str> = c["securityContext"]["capabilities"]["add"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|x| x.as_str().unwrap())
+                .collect();
+            assert_eq!(caps, ["BPF", "PERFMON", "NET_ADMIN"]);
+            checked += 1;
+        }
+        assert_eq!(checked, 1);
+        // RBAC: read-only, on exactly what the feed watches and nothing else.
+        let rbac = std::fs::read_to_string(root.join("rbac.yaml")).unwrap();
+        let mut grants = Vec::new();
+        for v in serde_saphyr::from_str_multiple::<serde_json::Value, Vec<_>>(&rbac).unwrap() {
+            if v["kind"] != "ClusterRole" {
+                continue;
+            }
+            for rule in v["rules"].as_array().unwrap() {
+                let verbs: Vec<&str> = rule["verbs"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|x| x.as_str().unwrap())
+                    .collect();
+                assert_eq!(verbs, ["get", "list", "watch"]);
+                for g in rule["apiGroups"].as_array().unwrap() {
+                    for r in rule["resources"].as_array().unwrap() {
+                        grants.push(format!("{}/{}", g.as_str().unwrap(), r.as_str().unwrap()));
+                    }
+                }
+            }
+        }
+        grants.sort();
+        let l2 = crate::sources::cluster::stream::l2status_resource();
+        assert_eq!(
+            grants,
+            [
+                "/services".to_owned(),
+                "coordination.k8s.io/leases".into(),
+                format!("{}/{}", l2.group, l2.plural)
+            ]
+        );
+        let cm = std::fs::read_to_string(root.join("ownership-configmap.yaml")).unwrap();
+        let v: serde_json::Value = serde_saphyr::from_str(&cm).unwrap();
+        let owners = v["data"]["owners.yaml"].as_str().unwrap();
+        let f = crate::sources::file::parse(std::path::Path::new("owners.yaml"), owners).unwrap();
+        assert_eq!(f.ips.len(), 3);
+    }
+
+    #[test]
+    fn run_needs_an_interface() {
+        let err =
+            Cli::try_parse_from(["arp-guard", "run", "--lb-ips-from", "kube-ipvs0"]).unwrap_err();
+        assert!(err.to_string().contains("--interface"), "{err}");
+    }
+}

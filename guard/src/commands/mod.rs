@@ -1,0 +1,151 @@
+//! The subcommands, each a thin function over the parts: `run` starts the
+//! daemon; `counters`, `validate` and `uninstall` work on the node; `status`,
+//! `explain` and `events` ask the running daemon (`query`).
+
+mod query;
+
+use anyhow::Result;
+
+pub use query::{events, explain, status};
+
+use crate::{
+    api::client,
+    cli::{CountersArgs, Output, RunArgs, UninstallArgs, ValidateArgs},
+    datapath::{attach::remove_netlink_filter, pins, sys::interface_names},
+    model::{addrs::AddrTable, view},
+    sources::file,
+    telemetry::counters::{CountersDoc, Snapshot},
+};
+
+/// `arp-guard run`: the daemon, until SIGTERM/SIGINT.
+pub async fn run(args: &RunArgs) -> Result<()> {
+    crate::daemon::run(args.config()?).await
+}
+
+/// The counters of the guard on `iface`: from the running daemon's API, else
+/// from its pins, else through the kernel (TCX query and map ids: root only).
+async fn counters_of(iface: &str, args: &CountersArgs) -> Result<CountersDoc> {
+    let mut tried = Vec::new();
+    match client::get(args.api, &format!("/counters?interface={iface}")).await {
+        Ok((200, body)) => return Ok(serde_json::from_str(&body)?),
+        Ok((404, body)) => anyhow::bail!("{}", body.trim()),
+        Ok((code, body)) => tried.push(format!(
+            "the API on {} answered {code}: {}",
+            args.api,
+            body.trim()
+        )),
+        Err(e) => tried.push(format!("{e:#}")),
+    }
+    match Snapshot::of_pins(&args.pin_dir) {
+        Ok(s) => return Ok(s.to_doc().only(Some(iface))),
+        Err(e) => tried.push(format!("pins: {e:#}")),
+    }
+    match Snapshot::of_attached(iface) {
+        Ok(s) => Ok(s.to_doc().only(Some(iface))),
+        Err(e) => {
+            tried.push(format!("kernel: {e:#}"));
+            anyhow::bail!(
+                "cannot read the counters of {iface}:\n  {}",
+                tried.join("\n  ")
+            )
+        }
+    }
+}
+
+/// `arp-guard counters`.
+pub async fn counters(args: &CountersArgs) -> Result<()> {
+    for iface in &args.interfaces {
+        let doc = counters_of(iface, args).await?;
+        match args.output {
+            Output::Table => {
+                println!("== {iface} egress");
+                print!("{}", doc.to_table());
+            }
+            Output::Json => {
+                let mut v = serde_json::to_value(&doc)?;
+                v["interface"] = serde_json::Value::String(iface.clone());
+                println!("{v}");
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `arp-guard uninstall`: every pin and attachment a guard left.
+pub fn uninstall(args: &UninstallArgs) -> Result<()> {
+    crate::daemon::check_capabilities()?;
+    let dir = &args.pin_dir;
+    // Held while the pins go, so that no daemon starts on them half-way.
+    let _lock = match pins::try_lock(dir) {
+        Ok(lock) => lock,
+        Err(pid) => {
+            let who = pid.map_or_else(
+                || "a running arp-guard".to_owned(),
+                |p| format!("arp-guard pid {p}"),
+            );
+            if !args.force {
+                anyhow::bail!(
+                    "{who} holds --pin-dir {}: stop it first (uninstalling under it would take the guard \
+                     away from a daemon that relies on it), or pass --force",
+                    dir.display()
+                );
+            }
+            eprintln!("arp-guard: --force: removing the pins {who} holds");
+            None
+        }
+    };
+    for name in pins::uninstall(dir)? {
+        println!("removed {}/{name}", dir.display());
+    }
+    let names = if args.interfaces.is_empty() {
+        interface_names()
+    } else {
+        args.interfaces.clone()
+    };
+    // One interface failing (gone meanwhile) does not stop the others.
+    let mut failed = Vec::new();
+    for iface in names {
+        match remove_netlink_filter(&iface) {
+            Ok(true) => println!("removed the netlink filter from {iface}"),
+            Ok(false) => {}
+            Err(e) => failed.push(format!("{iface}: {e:#}")),
+        }
+    }
+    if !failed.is_empty() {
+        anyhow::bail!("could not check every interface: {}", failed.join("; "));
+    }
+    Ok(())
+}
+
+/// `arp-guard validate`: check a file and print a node's view of it.
+pub fn validate(args: &ValidateArgs) -> Result<()> {
+    let path = &args.file;
+    let parsed = file::load(path, args.max_bytes)?;
+    let node = crate::daemon::node_name(args.node_name.clone())?;
+    let v = view::compute(&view::Inputs {
+        node: &node,
+        file: Some(&parsed),
+        lb_ips_from: &[],
+        guarded: &[],
+        addrs: &AddrTable::default(),
+        cluster: None,
+    });
+    println!(
+        "{}: valid, {} IPs; as seen from node {node}:",
+        path.display(),
+        parsed.ips.len()
+    );
+    for (ip, e) in &parsed.ips {
+        let state = match ip {
+            std::net::IpAddr::V4(v4) => v.lb.get(v4).map_or("?", |l| l.state.as_str()),
+            std::net::IpAddr::V6(_) => "not enforced (IPv6)",
+        };
+        println!(
+            "  line {:<4} {:<40} owner={:<20} {state}",
+            e.line,
+            ip,
+            e.owner.as_deref().unwrap_or("-")
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,173 @@
+//! `arp-guard status | explain | events`: clients of the running daemon's
+//! API, reading its documents with the same types it writes them with.
+
+use anyhow::{bail, Context as _, Result};
+use guard_common::Verdict;
+use serde::de::DeserializeOwned;
+
+use crate::{
+    api::{
+        client,
+        types::{Explanation, Lagged, StatusDoc},
+    },
+    cli::{ClientArgs, ExplainArgs, Output},
+    telemetry::events::EventJson,
+};
+
+/// GET `path` and read the answer as `T` (the raw JSON too, for `-o json`).
+async fn fetch<T: DeserializeOwned>(args: &ClientArgs, path: &str) -> Result<(T, String)> {
+    let (code, body) = client::get(args.api, path).await?;
+    if code != 200 {
+        bail!("the daemon answered {code} for {path}: {}", body.trim());
+    }
+    let doc = serde_json::from_str(&body).with_context(|| {
+        format!("the daemon's answer to {path} is not what this arp-guard reads")
+    })?;
+    Ok((doc, body))
+}
+
+fn or_dash<T: ToString>(v: Option<T>) -> String {
+    v.map_or_else(|| "-".into(), |v| v.to_string())
+}
+
+pub async fn status(args: &ClientArgs) -> Result<()> {
+    let (v, raw): (StatusDoc, String) = fetch(args, "/status").await?;
+    if args.output == Output::Json {
+        print!("{raw}");
+        return Ok(());
+    }
+    let st = v.status.as_ref();
+    println!(
+        "node {}  mode {}  ready {}",
+        or_dash(st.map(|s| &s.node)),
+        or_dash(st.map(|s| &s.mode)),
+        v.ready
+    );
+    for r in &v.not_ready {
+        println!("  not ready: {r}");
+    }
+    if let Some(st) = st {
+        for i in &st.interfaces {
+            println!(
+                "  interface {:<12} {:<9} {}",
+                i.name,
+                i.state.as_str(),
+                i.detail
+            );
+        }
+        if let Some(f) = &st.feed {
+            println!(
+                "  kubernetes feed: announcers {:?}  synced {}  blind {}  degraded {}  unconfirmed leases {}",
+                f.announcers, f.synced, f.blind, f.degraded, f.unconfirmed_leases
+            );
+            for s in &f.streams {
+                let health = if s.healthy { "healthy" } else { "FAILING" };
+                println!(
+                    "    stream {:<32} {health} {}",
+                    s.name,
+                    s.error.as_deref().unwrap_or("")
+                );
+            }
+        }
+        let c = &st.lb_ips;
+        println!(
+            "  LB IPs {} (owned {}, foreign {}, unknown {}), not enforced {}, map memory {} bytes",
+            c.total, c.owned, c.foreign, c.unknown, st.not_enforced, st.map_memory_bytes
+        );
+    }
+    println!();
+    println!(
+        "{:<16} {:<8} {:<10} {:<10} {:<10} SOURCE",
+        "LB IP", "STATE", "PASSED", "DROPPED", "REWRITTEN"
+    );
+    for row in &v.ips {
+        // Monitor mode's would_* count with what enforce would have done.
+        let n = |v: Verdict| row.counters.get(&v).copied().unwrap_or(0);
+        println!(
+            "{:<16} {:<8} {:<10} {:<10} {:<10} {}",
+            row.ip,
+            row.entry.state.as_str(),
+            n(Verdict::Passed),
+            n(Verdict::Dropped) + n(Verdict::WouldDrop),
+            n(Verdict::Rewritten) + n(Verdict::WouldRewrite),
+            row.entry.source
+        );
+    }
+    Ok(())
+}
+
+pub async fn explain(args: &ExplainArgs) -> Result<()> {
+    let (v, raw): (Explanation, String) =
+        fetch(&args.client, &format!("/explain?ip={}", args.ip)).await?;
+    if args.client.output == Output::Json {
+        print!("{raw}");
+        return Ok(());
+    }
+    if !v.lb_ip {
+        println!(
+            "{} is not an LB IP for this node: its ARP frames pass untouched.",
+            args.ip
+        );
+        return Ok(());
+    }
+    println!(
+        "{} is {} on this node",
+        args.ip,
+        or_dash(v.state.map(|s| s.as_str()))
+    );
+    println!("  because: {}", or_dash(v.source.as_ref()));
+    println!(
+        "  known for {} s; mode {}, leak action {}",
+        or_dash(v.known_for_seconds),
+        or_dash(v.mode.map(|m| m.as_str())),
+        or_dash(v.leak_action.map(|l| l.as_str()))
+    );
+    println!("  what the program does with it:");
+    println!(
+        "    {:<12} {:<14} {:<8} VERDICT",
+        "INTERFACE", "KIND", "ORIGIN"
+    );
+    for w in &v.would {
+        println!(
+            "    {:<12} {:<14} {:<8} {}",
+            w.interface,
+            w.kind.as_str(),
+            w.origin.as_str(),
+            w.verdict.as_str()
+        );
+    }
+    Ok(())
+}
+
+pub async fn events(args: &ClientArgs) -> Result<()> {
+    let json = args.output == Output::Json;
+    let print = |line: &str| {
+        if json {
+            println!("{line}");
+            return;
+        }
+        if let Ok(e) = serde_json::from_str::<EventJson>(line) {
+            println!(
+                "{} {} {} {} {} lb_ip={} requester={} {} state={}",
+                e.time,
+                e.interface,
+                e.verdict,
+                e.kind,
+                e.origin,
+                e.lb_ip,
+                e.requester_ip,
+                e.requester_mac,
+                e.state
+            );
+        } else if let Ok(l) = serde_json::from_str::<Lagged>(line) {
+            println!("(the stream fell behind: {} events skipped)", l.lagged);
+        } else {
+            println!("{line}");
+        }
+    };
+    let (code, body) = client::stream_lines(args.api, "/events", print).await?;
+    if code != 200 {
+        bail!("the daemon answered {code}: {}", body.trim());
+    }
+    Ok(())
+}

@@ -1,0 +1,63 @@
+//! What `arp-guard run` is asked to do, as one typed config per part: the
+//! command line is turned into these once (cli.rs), and no part sees the
+//! command line itself.
+
+use std::{net::SocketAddr, path::PathBuf, time::Duration};
+
+use crate::{
+    datapath::DatapathConfig, sources::cluster::ClusterConfig, sources::file_watch::FileConfig,
+};
+
+/// On SIGTERM/SIGINT.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OnExit {
+    /// Leave the program attached with its pinned maps for the next daemon.
+    Keep,
+    /// Detach everywhere and remove the pins.
+    Remove,
+}
+
+/// The local API.
+#[derive(Debug, Clone)]
+pub struct ApiConfig {
+    /// Where to listen (None: no API).
+    pub listen: Option<SocketAddr>,
+    /// At most this many per-LB-IP series in /metrics.
+    pub metrics_max_ip_series: usize,
+}
+
+/// The sources of ownership facts.
+#[derive(Debug, Clone)]
+pub struct SourcesConfig {
+    pub file: Option<FileConfig>,
+    /// Interfaces whose IPv4 addresses are LB IPs (kube-ipvs0).
+    pub lb_ips_from: Vec<String>,
+    pub cluster: Option<ClusterConfig>,
+    /// How often interface addresses are dumped in full (repairing missed
+    /// notifications); also the period of the map reconcile.
+    pub resync: Duration,
+}
+
+/// The daemon's own behaviour.
+#[derive(Debug, Clone)]
+pub struct DaemonConfig {
+    /// This node's name as the sources spell it (None: $NODE_NAME was not
+    /// set either; the hostname is used).
+    pub node_name: Option<String>,
+    /// `--interface` names or glob patterns.
+    pub interfaces: Vec<String>,
+    pub on_exit: OnExit,
+    pub status_file: Option<PathBuf>,
+    /// How often the counters are logged (zero: never).
+    pub stats_interval: Duration,
+    /// Counter rows of a departed IP go this long after it left.
+    pub counter_grace: Duration,
+}
+
+#[derive(Debug, Clone)]
+pub struct RunConfig {
+    pub daemon: DaemonConfig,
+    pub datapath: DatapathConfig,
+    pub sources: SourcesConfig,
+    pub api: ApiConfig,
+}

@@ -1,0 +1,137 @@
+//! What the daemon tells the world: the state it publishes for the API and
+//! --status-file (built once per change), and its log lines about changes,
+//! map writes and counters.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use super::{status_file, Daemon};
+use crate::{
+    api::state::ip_entries,
+    datapath::Datapath,
+    model::{cluster::ClusterView, ownership::OwnershipFile, view::View},
+    telemetry::{
+        counters::Snapshot,
+        ops::OPS,
+        status::{Counts, Feed, Status},
+    },
+};
+
+impl Daemon {
+    /// The status document and the API's state, from the current view,
+    /// attachments and feed.
+    pub(super) fn publish(&mut self, cluster: Option<&ClusterView>, view_changed: bool) {
+        let att = &self.attachments;
+        let status = Status {
+            node: self.node.clone(),
+            mode: self.cfg.datapath.mode.as_str().into(),
+            interfaces: att.status(),
+            lb_ips: Counts::of(&self.view),
+            not_enforced: self.dp.not_enforced(),
+            map_memory_bytes: self.memlock,
+            feed: cluster.map(|c| Feed::of(&self.announcers, c)),
+        };
+        if let Some(path) = &self.cfg.daemon.status_file {
+            status_file::publish(path, &status, &mut self.last_status);
+        }
+        let mut not_ready = att.not_ready();
+        if cluster.is_some_and(|c| !c.synced) {
+            not_ready.push("Kubernetes feed not synced yet".into());
+        }
+        let ifnames: BTreeMap<u32, String> = att
+            .attached
+            .iter()
+            .map(|(n, a)| (a.ifindex, n.clone()))
+            .collect();
+        let mut st = self.shared.write();
+        if view_changed || st.ips.is_empty() {
+            st.ips = ip_entries(&st.ips, &self.view, &ifnames);
+        }
+        st.interfaces = att
+            .attached
+            .iter()
+            .map(|(n, a)| (n.clone(), self.view.if_primary.contains_key(&a.ifindex)))
+            .collect();
+        st.status = Some(status);
+        st.not_ready = not_ready;
+        st.mode = Some(self.cfg.datapath.mode);
+        st.leak_action = Some(self.cfg.datapath.leak_action);
+        st.feed_enabled = cluster.is_some();
+        st.feed_failing_since = cluster.and_then(|c| c.failing_since);
+    }
+}
+
+/// Bring the maps to `view`; false if some entry could not be written (it
+/// is retried every second). Entries that did not fit in a full map are
+/// reported, and retried on the next change or reconcile.
+pub(super) fn apply(dp: &mut Datapath, view: &View, additive: bool) -> bool {
+    let r = dp.apply(view, additive);
+    let full: Vec<String> = r.full().map(|f| f.entry.clone()).collect();
+    if !full.is_empty() {
+        tracing::warn!(
+            count = full.len(),
+            first = ?&full[..full.len().min(10)],
+            "map full: these entries are not in the kernel; an LB IP that did not fit is not guarded (its frames pass)"
+        );
+        OPS.error("map_full");
+    }
+    OPS.map_writes
+        .fetch_add(r.written as u64, std::sync::atomic::Ordering::Relaxed);
+    OPS.map_removes
+        .fetch_add(r.removed as u64, std::sync::atomic::Ordering::Relaxed);
+    let mut ok = true;
+    for e in r.errors() {
+        ok = false;
+        OPS.error("map_write");
+        tracing::error!(error = %e, "map update failed; that entry keeps its previous value");
+    }
+    if view.ignored_v6 > 0 {
+        tracing::debug!(
+            count = view.ignored_v6,
+            "IPv6 LB IPs are known but not enforced (ARP is IPv4 only)"
+        );
+    }
+    tracing::debug!(written = r.written, removed = r.removed, "maps updated");
+    ok
+}
+
+/// One line per LB IP added, removed or whose state changed.
+pub(super) fn log_changes(old: &View, new: &View) {
+    for (ip, l) in &new.lb {
+        match old.lb.get(ip) {
+            Some(o) if o.state == l.state => {}
+            Some(o) => {
+                tracing::info!(lb_ip = %ip, from = o.state.as_str(), to = l.state.as_str(), source = %l.source, "ownership changed")
+            }
+            None => {
+                tracing::info!(lb_ip = %ip, state = l.state.as_str(), source = %l.source, "LB IP added")
+            }
+        }
+    }
+    for ip in old.lb.keys().filter(|ip| !new.lb.contains_key(ip)) {
+        tracing::info!(lb_ip = %ip, "LB IP removed");
+    }
+}
+
+pub(super) fn log_counters(dp: &Datapath, what: &str) {
+    match Snapshot::of_datapath(dp) {
+        Ok(s) => tracing::info!(counters = %s.summary(), "{what}"),
+        Err(e) => tracing::warn!(error = %format!("{e:#}"), "cannot read counters"),
+    }
+}
+
+/// A node name that matches no owner in the file is most likely a typo.
+pub(super) fn warn_if_node_unknown(node: &str, file: Option<&OwnershipFile>) {
+    let Some(file) = file else { return };
+    let owners: BTreeSet<&str> = file
+        .ips
+        .values()
+        .filter_map(|e| e.owner.as_deref())
+        .collect();
+    if !owners.is_empty() && !owners.contains(node) {
+        tracing::info!(
+            node = %node,
+            owners = ?owners,
+            "this node owns no IP in the ownership file; if it should, check --node-name/NODE_NAME"
+        );
+    }
+}

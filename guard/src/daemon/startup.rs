@@ -1,0 +1,265 @@
+//! The start-up sequence: checks that fail early and say why, the sources
+//! started, the program loaded and its maps filled, then attached; only then
+//! does the daemon vouch for the policy with its first heartbeat.
+
+use std::{sync::Arc, time::Duration};
+
+use anyhow::{bail, Context as _, Result};
+use guard_common::Ownership;
+use tokio::{
+    net::TcpListener,
+    signal::unix::{Signal, SignalKind},
+    sync::watch,
+    task::JoinHandle,
+};
+
+use super::{
+    attachments::Attachments, interval, preflight, publish, signal, Daemon, Inputs, RunConfig,
+    Sources,
+};
+use crate::{
+    api::{self, Shared},
+    datapath::{sys::ifindex, Datapath},
+    model::{addrs::AddrTable, cluster::ClusterView, ownership::OwnershipFile},
+    sources::{
+        addrs,
+        cluster::{task, ClusterConfig},
+        file, file_watch,
+    },
+};
+
+/// The ownership file as parsed at start, with the text it was parsed from.
+type FileAtStart = (OwnershipFile, String);
+
+/// Everything up to "arp-guard is enforcing".
+pub(super) async fn start(cfg: RunConfig) -> Result<(Daemon, Inputs)> {
+    preflight::check_capabilities()?;
+    let node = preflight::node_name(cfg.daemon.node_name.clone())?;
+    for i in &cfg.sources.lb_ips_from {
+        if ifindex(i).is_err() {
+            tracing::warn!(interface = %i, "--lb-ips-from {i}: no such interface (yet); its addresses count once it appears");
+        }
+    }
+    let file_job = read_file(&cfg);
+    // Before anything is attached: a signal during start-up must also end in
+    // a clean detach, not in the default action. SIGHUP's default action
+    // would kill the daemon: it re-reads everything instead.
+    let signals = (
+        signal(SignalKind::terminate(), "SIGTERM")?,
+        signal(SignalKind::interrupt(), "SIGINT")?,
+        signal(SignalKind::hangup(), "SIGHUP")?,
+    );
+    // A taken port fails the start before anything is loaded or attached.
+    let listener = match cfg.api.listen {
+        Some(addr) => Some(
+            TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("--listen {addr}"))?,
+        ),
+        None => None,
+    };
+    let (nl, notifications) = addrs::connect()?;
+    let table = addrs::dump(&nl).await?;
+    let (announcers, cluster_rx) = match &cfg.sources.cluster {
+        Some(c) => start_cluster(c).await?,
+        None => (Vec::new(), None),
+    };
+    let dp = Datapath::load(&cfg.datapath)?;
+    let file = match file_job {
+        Some(job) => Some(job.await.context("reading the ownership file")??),
+        None => None,
+    };
+    let mut daemon = Daemon::new(cfg, node, dp, &table, announcers);
+    daemon.enforce(file.as_ref().map(|(f, _)| f), &table, cluster_rx.is_some())?;
+    daemon.start_telemetry(listener);
+    let cluster_now = cluster_rx.as_ref().map(|c| c.borrow().clone());
+    daemon.publish(cluster_now.as_ref(), true);
+    daemon.announce();
+
+    // The sources keep their facts current from now on.
+    let (addr_tx, addr_rx) = watch::channel(table);
+    let resync = daemon.cfg.sources.resync;
+    tokio::spawn(addrs::watch(nl, notifications, addr_tx, resync));
+    let file_rx = match (daemon.cfg.sources.file.clone(), file) {
+        (Some(f), Some((now, text))) => {
+            let (tx, rx) = watch::channel(now);
+            tokio::spawn(file_watch::watch(f, text, tx));
+            Some(rx)
+        }
+        _ => None,
+    };
+    let sources = Sources {
+        addrs: addr_rx,
+        file: file_rx,
+        cluster: cluster_rx,
+    };
+    let inputs = inputs(&daemon.cfg, sources, signals).await;
+    Ok((daemon, inputs))
+}
+
+/// The file must be valid at start: there is no "last good state" yet. It
+/// is read and parsed while the BPF program loads (a big file takes a few
+/// hundred ms), and checked before anything is attached.
+fn read_file(cfg: &RunConfig) -> Option<JoinHandle<Result<FileAtStart>>> {
+    let f = cfg.sources.file.clone()?;
+    Some(tokio::spawn(async move {
+        let text = file_watch::read(&f.path, f.max_bytes)
+            .await
+            .context("cannot read the ownership file")?;
+        tokio::task::spawn_blocking(move || file::parse(&f.path, &text).map(|p| (p, text)))
+            .await
+            .context("parsing the ownership file")?
+            .context("invalid ownership file")
+    }))
+}
+
+/// The Kubernetes feed, when an announcer asks for it. A missing or broken
+/// configuration is a start-up error; an unreachable API is not (the feed
+/// retries, and its staleness rules apply).
+async fn start_cluster(
+    c: &ClusterConfig,
+) -> Result<(Vec<&'static str>, Option<watch::Receiver<ClusterView>>)> {
+    let client = task::client(c.kubeconfig.as_deref(), c.feed.watch_timeout).await?;
+    let names: Vec<&'static str> = c.feed.announcers.iter().map(|a| a.name()).collect();
+    tracing::info!(announcers = ?names, "reading ownership from the Kubernetes API");
+    let (tx, rx) = watch::channel(ClusterView::default());
+    tokio::spawn(task::run(client, c.feed.clone(), tx));
+    Ok((names, Some(rx)))
+}
+
+/// The timers of the loop, and its sources and signals.
+async fn inputs(cfg: &RunConfig, sources: Sources, signals: (Signal, Signal, Signal)) -> Inputs {
+    let d = &cfg.daemon;
+    let (sigterm, sigint, sighup) = signals;
+    Inputs {
+        sources,
+        sigterm,
+        sigint,
+        sighup,
+        // Heartbeats (and program log forwarding, and retries of failed writes).
+        heartbeat: tokio::time::interval(Duration::from_millis(500)),
+        reconcile: interval(cfg.sources.resync.max(Duration::from_secs(1))).await,
+        // Counter rows of IPs that left are looked at often enough to go
+        // soon after their grace period, and no more often than needed.
+        reclaim: interval(
+            (d.counter_grace / 2).clamp(Duration::from_secs(1), Duration::from_secs(30)),
+        )
+        .await,
+        stats: interval(if d.stats_interval.is_zero() {
+            Duration::from_secs(3600 * 24 * 365)
+        } else {
+            d.stats_interval
+        })
+        .await,
+    }
+}
+
+impl Daemon {
+    fn new(
+        cfg: RunConfig,
+        node: String,
+        mut dp: Datapath,
+        table: &AddrTable,
+        announcers: Vec<&'static str>,
+    ) -> Daemon {
+        if cfg.datapath.pin_dir.is_some() {
+            // Pinned maps carry what the previous daemon wrote: start the diff from there.
+            match dp.reload_from_kernel() {
+                Ok(n) if n > 0 => tracing::info!(entries = n, "took over pinned maps"),
+                Ok(_) => {}
+                Err(e) => tracing::warn!(error = %format!("{e:#}"), "cannot read the pinned maps"),
+            }
+        }
+        let warn = |what: &'static str| move |e: crate::datapath::DatapathError| tracing::warn!(error = %format!("{e:#}"), "{what}");
+        let counters = dp
+            .counter_maps()
+            .map_err(warn("counters unavailable to the API"));
+        let shared = Arc::new(Shared::new(counters.ok(), cfg.api.metrics_max_ip_series));
+        let reclaimer = dp
+            .counter_reclaimer()
+            .map_err(warn("counter rows cannot be reclaimed"))
+            .ok()
+            .map(|r| Arc::new(tokio::sync::Mutex::new(r)));
+        let attachments = Attachments::new(
+            &cfg.daemon.interfaces,
+            &cfg.sources.lb_ips_from,
+            cfg.datapath.attach,
+        );
+        Daemon {
+            node,
+            memlock: dp.memlock_bytes(),
+            dp,
+            attachments,
+            view: Default::default(),
+            links: table.links.clone(),
+            dirty: false,
+            pins_ok: true,
+            node_warned: false,
+            shared,
+            last_status: None,
+            announcers,
+            reclaimer,
+            cfg,
+        }
+    }
+
+    /// Fill the maps, vouch for them, attach.
+    fn enforce(
+        &mut self,
+        file: Option<&OwnershipFile>,
+        table: &AddrTable,
+        cluster_on: bool,
+    ) -> Result<()> {
+        let mut view = self.derive(file, table, None);
+        if cluster_on {
+            view.hold_previous(|ip| self.dp.map_state(ip));
+        }
+        // Fill the maps before attaching: the first frame already meets the policy.
+        // Until the Kubernetes feed has synced, entries are only added: pinned
+        // maps still hold what the previous daemon learned from the cluster.
+        self.dirty = !self.apply(&view, cluster_on);
+        self.view = view;
+        // Only now, with the policy in place, does this daemon vouch for it.
+        self.dp.heartbeat()?;
+        publish::warn_if_node_unknown(&self.node, file);
+        self.attachments.sync(&mut self.dp, table);
+        for pin in self.dp.prune_link_pins() {
+            tracing::info!(pin = %pin, "removed a pinned attachment no --interface asks for");
+        }
+        // With an explicit --attach that the kernel cannot do, nothing would ever attach.
+        if self.attachments.attached.is_empty() {
+            if let Some((name, why)) = self.attachments.failed.iter().next() {
+                bail!("cannot attach the guard to {name}: {why}");
+            }
+        }
+        Ok(())
+    }
+
+    /// The drop-event reader and the API.
+    fn start_telemetry(&mut self, listener: Option<TcpListener>) {
+        match self.dp.take_events() {
+            Ok(ring) => {
+                let events = self.shared.events.clone();
+                tokio::spawn(crate::telemetry::events::run(ring, events));
+            }
+            Err(e) => tracing::warn!(error = %format!("{e:#}"), "drop events unavailable"),
+        }
+        if let Some(listener) = listener {
+            tokio::spawn(api::serve(listener, self.shared.clone()));
+        }
+    }
+
+    fn announce(&self) {
+        let v = &self.view;
+        tracing::info!(
+            node = %self.node,
+            mode = self.cfg.datapath.mode.as_str(),
+            leak_action = self.cfg.datapath.leak_action.as_str(),
+            lb_ips = v.lb.len(),
+            owned = v.count(Ownership::Owned),
+            foreign = v.count(Ownership::Foreign),
+            unknown = v.count(Ownership::Unknown),
+            "arp-guard is enforcing"
+        );
+    }
+}

@@ -1,0 +1,404 @@
+//! Keeping the maps equal to the view: a generic reconciler that writes
+//! changed entries in place before deleting stale ones (so protection never
+//! has a gap) and records what it could not write; drift repair from what the
+//! kernel really holds; and the reclaiming of counter rows of departed IPs.
+
+use std::{collections::BTreeMap, fmt, net::Ipv4Addr};
+
+use aya::{
+    maps::{HashMap, MapData},
+    Ebpf, Pod,
+};
+use guard_common::{
+    CounterKey, CounterValue, IfAddrKey, LbEntry, MAP_IF_ADDRS, MAP_IF_PRIMARY, MAP_LB_IPS,
+};
+
+use super::{
+    error::{dp_err, errno, DatapathError},
+    Datapath,
+};
+use crate::model::view::View;
+
+type Result<T, E = DatapathError> = std::result::Result<T, E>;
+
+/// What one [`Datapath::apply`] changed, and what it could not.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct ApplyReport {
+    pub written: usize,
+    pub removed: usize,
+    /// Entries not brought to their desired state; each keeps its old value
+    /// in the kernel (a new one: absent) and is tried again.
+    pub failed: Vec<Failure>,
+}
+
+impl ApplyReport {
+    /// Entries that did not fit in a full map. An LB IP that did not fit is
+    /// not in the LB set: its frames pass (fail safe). Retried on the next
+    /// change and at each full reconcile.
+    pub fn full(&self) -> impl Iterator<Item = &Failure> {
+        self.failed.iter().filter(|f| f.error == EntryError::Full)
+    }
+
+    /// Failures other than a full map: retried every second.
+    pub fn errors(&self) -> impl Iterator<Item = &Failure> {
+        self.failed.iter().filter(|f| f.error != EntryError::Full)
+    }
+}
+
+/// One entry the reconciler could not bring to its desired state.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Failure {
+    /// The entry, as an operator reads it ("LB IP 198.51.100.7").
+    pub entry: String,
+    pub op: Op,
+    pub error: EntryError,
+}
+
+impl fmt::Display for Failure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let op = match self.op {
+            Op::Write => "not written",
+            Op::Remove => "not removed",
+        };
+        write!(f, "{} {op}: {}", self.entry, self.error)
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Op {
+    Write,
+    Remove,
+}
+
+/// Why an entry is not as desired, by errno.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EntryError {
+    /// E2BIG: the map holds `max_entries` already.
+    Full,
+    Errno(i32),
+    Other(String),
+}
+
+impl EntryError {
+    fn of(e: &aya::maps::MapError) -> Self {
+        match errno(e) {
+            Some(libc::E2BIG) => EntryError::Full,
+            Some(n) => EntryError::Errno(n),
+            None => EntryError::Other(e.to_string()),
+        }
+    }
+}
+
+impl fmt::Display for EntryError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            EntryError::Full => f.write_str("the map is full"),
+            EntryError::Errno(n) => write!(f, "{}", std::io::Error::from_raw_os_error(*n)),
+            EntryError::Other(s) => f.write_str(s),
+        }
+    }
+}
+
+/// One map as the reconciler keeps it: what the kernel holds (as we wrote
+/// or last read it) and, per entry, why it is not as desired.
+#[derive(Debug)]
+pub(super) struct Table<K, V> {
+    name: &'static str,
+    pub(super) applied: BTreeMap<K, V>,
+    status: BTreeMap<K, EntryError>,
+    describe: fn(&K) -> String,
+}
+
+impl<K: Pod + Ord, V: Pod + PartialEq> Table<K, V> {
+    pub(super) fn new(name: &'static str, describe: fn(&K) -> String) -> Self {
+        Table {
+            name,
+            applied: BTreeMap::new(),
+            status: BTreeMap::new(),
+            describe,
+        }
+    }
+
+    /// Entries of this map that are not as desired since the last reconcile.
+    pub(super) fn failing(&self) -> impl Iterator<Item = (&K, &EntryError)> {
+        self.status.iter()
+    }
+
+    /// Bring the kernel map to `desired`: changed entries are written in
+    /// place before stale ones are deleted (so protection never has a gap),
+    /// and entries that met a full map get a second chance once stale ones
+    /// are gone. `additive`: delete nothing.
+    fn reconcile(
+        &mut self,
+        map: Option<&mut aya::maps::Map>,
+        desired: &BTreeMap<K, V>,
+        additive: bool,
+        report: &mut ApplyReport,
+    ) {
+        let fail = |report: &mut ApplyReport, entry: String, op, error| {
+            report.failed.push(Failure { entry, op, error })
+        };
+        let mut map: HashMap<&mut MapData, K, V> = match map.map(HashMap::try_from).transpose() {
+            Ok(Some(m)) => m,
+            Ok(None) => {
+                let e = EntryError::Other("map missing from the object".into());
+                return fail(report, format!("map {}", self.name), Op::Write, e);
+            }
+            Err(e) => {
+                return fail(
+                    report,
+                    format!("map {}", self.name),
+                    Op::Write,
+                    EntryError::of(&e),
+                );
+            }
+        };
+        self.status.retain(|k, _| desired.contains_key(k));
+        let mut full = Vec::new();
+        for (k, v) in desired {
+            if self.applied.get(k) == Some(v) {
+                self.status.remove(k);
+                continue;
+            }
+            match self.write(&mut map, k, v, report) {
+                Err(EntryError::Full) => full.push(*k),
+                Err(e) => fail(report, (self.describe)(k), Op::Write, e),
+                Ok(()) => {}
+            }
+        }
+        if !additive {
+            let stale: Vec<K> = self
+                .applied
+                .keys()
+                .filter(|k| !desired.contains_key(k))
+                .copied()
+                .collect();
+            for k in stale {
+                match map.remove(&k) {
+                    Ok(()) => {
+                        self.applied.remove(&k);
+                        report.removed += 1;
+                    }
+                    Err(e) => fail(report, (self.describe)(&k), Op::Remove, EntryError::of(&e)),
+                }
+            }
+        }
+        for k in full {
+            if let Err(e) = self.write(&mut map, &k, &desired[&k], report) {
+                fail(report, (self.describe)(&k), Op::Write, e);
+            }
+        }
+    }
+
+    fn write(
+        &mut self,
+        map: &mut HashMap<&mut MapData, K, V>,
+        k: &K,
+        v: &V,
+        report: &mut ApplyReport,
+    ) -> std::result::Result<(), EntryError> {
+        match map.insert(k, v, 0) {
+            Ok(()) => {
+                self.applied.insert(*k, *v);
+                self.status.remove(k);
+                report.written += 1;
+                Ok(())
+            }
+            Err(e) => {
+                let e = EntryError::of(&e);
+                self.status.insert(*k, e.clone());
+                Err(e)
+            }
+        }
+    }
+
+    /// Re-read what the kernel map holds; returns how many entries differed
+    /// from our record (drift: changed or deleted behind our back).
+    fn reload(&mut self, ebpf: &Ebpf) -> Result<usize> {
+        let map = ebpf
+            .map(self.name)
+            .ok_or_else(|| dp_err!("map {} missing", self.name))?;
+        let map: HashMap<&MapData, K, V> = HashMap::try_from(map)?;
+        let kernel = map.iter().collect::<Result<BTreeMap<K, V>, _>>()?;
+        let n = differing(&kernel, &self.applied);
+        self.applied = kernel;
+        Ok(n)
+    }
+}
+
+/// The three maps the view is written into.
+#[derive(Debug)]
+pub(super) struct Tables {
+    pub(super) lb: Table<u32, LbEntry>,
+    pub(super) if_addrs: Table<IfAddrKey, u8>,
+    pub(super) if_primary: Table<u32, u32>,
+}
+
+impl Default for Tables {
+    fn default() -> Self {
+        Tables {
+            lb: Table::new(MAP_LB_IPS, |k| format!("LB IP {}", Ipv4Addr::from(*k))),
+            if_addrs: Table::new(MAP_IF_ADDRS, |k| {
+                format!(
+                    "address {} on ifindex {}",
+                    Ipv4Addr::from(k.addr),
+                    k.ifindex
+                )
+            }),
+            if_primary: Table::new(MAP_IF_PRIMARY, |k| {
+                format!("primary address of ifindex {k}")
+            }),
+        }
+    }
+}
+
+/// Rows of the per-IP counter map for a given LB IP capacity: room for
+/// several decisions (kinds, origins, verdicts, interfaces) per IP. Rows of
+/// IPs that left the LB set are reclaimed ([`Datapath::reclaim_counters`]).
+pub fn counter_capacity(lb_ips: u32) -> u32 {
+    lb_ips.saturating_mul(4).clamp(1024, 4 * 1024 * 1024)
+}
+
+impl Datapath {
+    /// Make the maps hold `view`, touching only what differs. `additive`:
+    /// write new and changed entries, delete nothing (while a source has not
+    /// synced, pinned entries from the previous daemon stay).
+    pub fn apply(&mut self, view: &View, additive: bool) -> ApplyReport {
+        let lb: BTreeMap<u32, LbEntry> = view
+            .lb
+            .iter()
+            .map(|(ip, l)| (u32::from(*ip), LbEntry::new(l.state)))
+            .collect();
+        let if_addrs: BTreeMap<IfAddrKey, u8> = view
+            .if_addrs
+            .iter()
+            .map(|(ifindex, a)| (IfAddrKey::new(*ifindex, *a), 1))
+            .collect();
+        let if_primary: BTreeMap<u32, u32> = view
+            .if_primary
+            .iter()
+            .map(|(i, a)| (*i, u32::from(*a)))
+            .collect();
+        let mut report = ApplyReport::default();
+        // Addresses first: an LB IP that just appeared on the egress interface
+        // must be known as such before its LB entry can make a frame drop.
+        let Self { ebpf, tables, .. } = self;
+        let t = tables;
+        t.if_addrs
+            .reconcile(ebpf.map_mut(MAP_IF_ADDRS), &if_addrs, additive, &mut report);
+        t.if_primary.reconcile(
+            ebpf.map_mut(MAP_IF_PRIMARY),
+            &if_primary,
+            additive,
+            &mut report,
+        );
+        t.lb.reconcile(ebpf.map_mut(MAP_LB_IPS), &lb, additive, &mut report);
+        report
+    }
+
+    /// Entries that did not fit in a full map at the last apply; shown in
+    /// the status as not enforced.
+    pub fn not_enforced(&self) -> usize {
+        let t = &self.tables;
+        [
+            t.lb.failing()
+                .filter(|(_, e)| **e == EntryError::Full)
+                .count(),
+            t.if_addrs
+                .failing()
+                .filter(|(_, e)| **e == EntryError::Full)
+                .count(),
+            t.if_primary
+                .failing()
+                .filter(|(_, e)| **e == EntryError::Full)
+                .count(),
+        ]
+        .iter()
+        .sum()
+    }
+
+    /// Re-read what the maps really hold, so that the next [`Datapath::apply`]
+    /// repairs any drift (an entry changed or deleted behind our back, e.g.
+    /// with bpftool). Returns how many entries differed from our record.
+    pub fn reload_from_kernel(&mut self) -> Result<usize> {
+        let Self { ebpf, tables, .. } = self;
+        Ok(tables.lb.reload(ebpf)?
+            + tables.if_addrs.reload(ebpf)?
+            + tables.if_primary.reload(ebpf)?)
+    }
+}
+
+/// Deletes the counter rows of IPs that have been out of the LB map for a
+/// grace period (long enough for a scrape to see their last values), so that
+/// churn cannot fill the map and leave new IPs uncounted. It walks the whole
+/// map, so it runs off the main loop.
+pub struct CounterReclaimer {
+    map: aya::maps::Map,
+    /// LB IPs with counter rows that are no longer in the LB set, and since when.
+    gone: std::collections::HashMap<u32, std::time::Instant>,
+}
+
+impl CounterReclaimer {
+    pub(super) fn new(map: aya::maps::Map) -> Self {
+        CounterReclaimer {
+            map,
+            gone: Default::default(),
+        }
+    }
+
+    /// Returns how many rows went.
+    pub fn reclaim(
+        &mut self,
+        lb: &std::collections::HashSet<u32>,
+        now: std::time::Instant,
+        grace: std::time::Duration,
+    ) -> Result<usize> {
+        let mut map: aya::maps::PerCpuHashMap<&mut MapData, CounterKey, CounterValue> =
+            aya::maps::PerCpuHashMap::try_from(&mut self.map)?;
+        let keys: Vec<CounterKey> = map.keys().filter_map(Result::ok).collect();
+        let mut gone_now = std::collections::HashSet::new();
+        let mut removed = 0;
+        for k in keys {
+            if lb.contains(&k.ip) {
+                continue;
+            }
+            gone_now.insert(k.ip);
+            let since = *self.gone.entry(k.ip).or_insert(now);
+            if now.saturating_duration_since(since) >= grace && map.remove(&k).is_ok() {
+                removed += 1;
+            }
+        }
+        self.gone.retain(|ip, _| gone_now.contains(ip));
+        Ok(removed)
+    }
+}
+
+/// Entries that differ between what a map holds and our record of it: keys
+/// on one side only, and keys whose values differ (by content, so a
+/// same-size swap is drift too).
+fn differing<K: Ord, V: PartialEq>(kernel: &BTreeMap<K, V>, ours: &BTreeMap<K, V>) -> usize {
+    let changed_or_extra = kernel
+        .iter()
+        .filter(|(k, v)| ours.get(k) != Some(v))
+        .count();
+    let missing = ours.keys().filter(|k| !kernel.contains_key(k)).count();
+    changed_or_extra + missing
+}
+
+#[cfg(test)]
+mod tests {
+    use super::differing;
+    use std::collections::BTreeMap;
+
+    #[test]
+    fn drift_is_seen_by_content() {
+        let ours = BTreeMap::from([(1, 1u8), (2, 1)]);
+        assert_eq!(differing(&ours, &ours), 0);
+        // Same size, another key: one extra, one missing.
+        assert_eq!(differing(&BTreeMap::from([(1, 1), (3, 1)]), &ours), 2);
+        // Same keys, another value.
+        assert_eq!(differing(&BTreeMap::from([(1, 1), (2, 9)]), &ours), 1);
+        assert_eq!(differing(&BTreeMap::new(), &ours), 2);
+        assert_eq!(differing(&ours, &BTreeMap::new()), 2);
+    }
+}

@@ -1,0 +1,395 @@
+//! The egress program in the kernel: loading it with its maps (`mod.rs`),
+//! attaching it (`attach`), keeping its maps equal to the view (`maps`),
+//! pinning it for a no-gap restart (`pins`). It knows nothing of the command
+//! line or the sources: it is given a config and a view.
+
+pub mod attach;
+pub mod error;
+pub mod maps;
+pub mod pins;
+pub mod sys;
+
+pub use attach::AttachMode;
+pub use error::DatapathError;
+pub use maps::CounterReclaimer;
+pub use sys::monotonic_ns;
+
+use error::{dp_err, Ctx as _};
+type Result<T, E = DatapathError> = std::result::Result<T, E>;
+
+use aya::{
+    maps::{Array, MapData},
+    programs::SchedClassifier,
+    Ebpf,
+};
+use guard_common::{
+    Config, LeakAction, Mode, MAP_CONFIG, MAP_COUNTERS, MAP_HEARTBEAT, MAP_LB_IPS, MAP_STATS,
+};
+
+use attach::Attachment;
+use maps::{counter_capacity, Tables};
+
+/// The program's name in the object file (and, truncated, in `bpftool prog`).
+pub const PROGRAM: &str = "arp_guard_egress";
+
+/// The compiled eBPF object, embedded at build time by build.rs (aya-build):
+/// the guard and nothing else (test fixtures are in their own object).
+pub static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/arp-guard-ebpf"));
+
+/// Heartbeat ages at which the program stops trusting the daemon.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Gate {
+    /// From here `foreign` is judged as `unknown`.
+    pub stale_after: std::time::Duration,
+    /// From here everything passes.
+    pub dead_after: std::time::Duration,
+}
+
+/// What to load and how (from the command line, through the daemon).
+#[derive(Debug, Clone)]
+pub struct DatapathConfig {
+    pub mode: Mode,
+    pub leak_action: LeakAction,
+    /// Capacity of the LB IP map.
+    pub max_lb_ips: u32,
+    /// Pin maps, program and TCX links here (a bpffs directory).
+    pub pin_dir: Option<std::path::PathBuf>,
+    pub attach: AttachMode,
+    pub gate: Gate,
+    /// Drop events per second per CPU, and the burst.
+    pub event_rate: u32,
+    pub event_burst: u32,
+}
+
+impl Default for DatapathConfig {
+    fn default() -> Self {
+        DatapathConfig {
+            mode: Mode::Enforce,
+            leak_action: LeakAction::Rewrite,
+            max_lb_ips: guard_common::MAX_LB_IPS,
+            pin_dir: None,
+            attach: AttachMode::Auto,
+            gate: Gate::default(),
+            event_rate: 100,
+            event_burst: 200,
+        }
+    }
+}
+
+impl Default for Gate {
+    fn default() -> Self {
+        Gate {
+            stale_after: std::time::Duration::from_secs(15),
+            dead_after: std::time::Duration::from_secs(300),
+        }
+    }
+}
+
+pub struct Datapath {
+    gate: Gate,
+    mode: Mode,
+    leak_action: LeakAction,
+    ebpf: Ebpf,
+    attached: Vec<Attachment>,
+    tables: Tables,
+    logger: Option<aya_log::EbpfLogger<&'static dyn log::Log>>,
+    /// `--pin-dir`: maps, program and TCX links are pinned there.
+    pin_dir: Option<std::path::PathBuf>,
+    /// Drop events per second per CPU, burst.
+    event_rate: (u32, u32),
+    /// Held while we own `pin_dir` (released when we exit).
+    _pin_lock: Option<pins::PinLock>,
+}
+
+impl Datapath {
+    /// Load the program and its maps into the kernel (not attached yet),
+    /// reusing (or creating) the maps pinned under `cfg.pin_dir`: a daemon
+    /// that restarts finds the policy its predecessor left, intact.
+    pub fn load(cfg: &DatapathConfig) -> Result<Self> {
+        let lb_ips = cfg.max_lb_ips.max(1);
+        let mut loader = aya::EbpfLoader::new();
+        loader.map_max_entries(MAP_LB_IPS, lb_ips);
+        loader.map_max_entries(MAP_COUNTERS, counter_capacity(lb_ips));
+        let pin_dir = cfg.pin_dir.as_deref();
+        let lock = match pin_dir {
+            Some(dir) => {
+                pins::ensure_bpffs(dir)?;
+                Some(pins::lock(dir)?)
+            }
+            None => None,
+        };
+        if let Some(dir) = pin_dir {
+            pins::drop_incompatible_maps(dir, lb_ips);
+            for (name, ..) in pins::pinned_maps(lb_ips) {
+                loader.map_pin_path(name, pins::map_path(dir, name));
+            }
+        }
+        let mut ebpf = loader.load(OBJECT).map_err(error::load_error)?;
+        let logger = match aya_log::EbpfLogger::init(&mut ebpf) {
+            Ok(l) => Some(l),
+            Err(e) => {
+                tracing::debug!(error = %e, "eBPF program diagnostics unavailable");
+                None
+            }
+        };
+        let prog: &mut SchedClassifier = ebpf
+            .program_mut(PROGRAM)
+            .ok_or_else(|| dp_err!("program {PROGRAM} missing from the embedded object"))?
+            .try_into()?;
+        prog.load().map_err(error::load_error)?;
+        if let Some(dir) = pin_dir {
+            pins::pin_program(prog, dir)?;
+        }
+        let mut dp = Datapath {
+            event_rate: (cfg.event_rate, cfg.event_burst.max(1)),
+            pin_dir: cfg.pin_dir.clone(),
+            gate: cfg.gate,
+            mode: cfg.mode,
+            leak_action: cfg.leak_action,
+            ebpf,
+            attached: Vec::new(),
+            tables: Tables::default(),
+            logger,
+            _pin_lock: lock,
+        };
+        dp.write_config()?;
+        Ok(dp)
+    }
+
+    #[cfg(feature = "testing")]
+    /// Mode and leak action (the rest of the program's config stays).
+    pub fn set_config(&mut self, mode: Mode, leak_action: LeakAction) -> Result<()> {
+        (self.mode, self.leak_action) = (mode, leak_action);
+        self.write_config()
+    }
+
+    #[cfg(feature = "testing")]
+    /// The liveness gate's thresholds (see [`guard_common::liveness`]).
+    pub fn set_gate(&mut self, gate: Gate) -> Result<()> {
+        self.gate = gate;
+        self.write_config()
+    }
+
+    /// The program's one `Config` entry, from what we hold.
+    fn write_config(&mut self) -> Result<()> {
+        let (events_per_sec, events_burst) = self.event_rate;
+        let c = Config {
+            mode: self.mode as u8,
+            leak_action: self.leak_action as u8,
+            _pad: [0; 6],
+            stale_after_ns: self.gate.stale_after.as_nanos() as u64,
+            dead_after_ns: self.gate.dead_after.as_nanos() as u64,
+            events_per_sec,
+            events_burst,
+        };
+        let mut config: Array<&mut MapData, Config> = Array::try_from(self.map_mut(MAP_CONFIG)?)?;
+        config.set(0, c, 0)?;
+        Ok(())
+    }
+
+    /// Take the drop-event ring buffer (once) for a reader task.
+    pub fn take_events(&mut self) -> Result<aya::maps::RingBuf<MapData>> {
+        let map = self
+            .ebpf
+            .take_map(guard_common::MAP_EVENTS)
+            .ok_or_else(|| dp_err!("map EVENTS missing"))?;
+        Ok(aya::maps::RingBuf::try_from(map)?)
+    }
+
+    /// Tell the program the daemon is alive (CLOCK_MONOTONIC, as bpf_ktime_get_ns).
+    pub fn heartbeat(&mut self) -> Result<()> {
+        self.write_heartbeat(monotonic_ns())
+    }
+
+    fn write_heartbeat(&mut self, ns: u64) -> Result<()> {
+        let mut hb: Array<&mut MapData, u64> = Array::try_from(self.map_mut(MAP_HEARTBEAT)?)?;
+        hb.set(0, ns, 0)?;
+        Ok(())
+    }
+
+    #[cfg(feature = "testing")]
+    /// Write a heartbeat of a given time (tests fake its age).
+    pub fn heartbeat_at(&mut self, ns: u64) -> Result<()> {
+        self.write_heartbeat(ns)
+    }
+
+    /// Kernel memory the program's maps hold (their `memlock` in
+    /// /proc/self/fdinfo), for the status.
+    pub fn memlock_bytes(&self) -> u64 {
+        let ids: std::collections::BTreeSet<u32> = self
+            .ebpf
+            .maps()
+            .filter_map(|(_, m)| map_data(m)?.info().ok())
+            .map(|i| i.id())
+            .collect();
+        let Ok(dir) = std::fs::read_dir("/proc/self/fdinfo") else {
+            return 0;
+        };
+        let mut seen = std::collections::BTreeSet::new();
+        let mut total = 0;
+        for e in dir.flatten() {
+            let Ok(text) = std::fs::read_to_string(e.path()) else {
+                continue;
+            };
+            let field = |name: &str| {
+                text.lines()
+                    .find_map(|l| l.strip_prefix(name))
+                    .and_then(|v| v.trim().parse::<u64>().ok())
+            };
+            if let (Some(id), Some(mem)) = (field("map_id:"), field("memlock:")) {
+                // Several fds may refer to one map; count it once.
+                if ids.contains(&(id as u32)) && seen.insert(id) {
+                    total += mem;
+                }
+            }
+        }
+        total
+    }
+
+    /// The state an LB IP has in the map as last read or written.
+    pub fn map_state(&self, ip: std::net::Ipv4Addr) -> Option<guard_common::Ownership> {
+        self.tables
+            .lb
+            .applied
+            .get(&u32::from(ip))
+            .and_then(|e| guard_common::Ownership::from_u8(e.state))
+    }
+
+    /// Our COUNTERS and STATS maps on duplicated file descriptors, for
+    /// readers on other threads (the API).
+    pub fn counter_maps(&self) -> Result<(aya::maps::Map, aya::maps::Map)> {
+        Ok((
+            aya::maps::Map::PerCpuHashMap(self.dup_map(MAP_COUNTERS)?),
+            aya::maps::Map::PerCpuArray(self.dup_map(MAP_STATS)?),
+        ))
+    }
+
+    /// The IPs the LB map holds (as last written or read).
+    pub fn lb_set(&self) -> std::collections::HashSet<u32> {
+        self.tables.lb.applied.keys().copied().collect()
+    }
+
+    /// A reclaimer of counter rows on its own (duplicated) fd of COUNTERS,
+    /// to run off the main loop.
+    pub fn counter_reclaimer(&self) -> Result<CounterReclaimer> {
+        Ok(CounterReclaimer::new(aya::maps::Map::PerCpuHashMap(
+            self.dup_map(MAP_COUNTERS)?,
+        )))
+    }
+
+    /// One of our maps on a duplicated file descriptor. Duplicating an fd we
+    /// hold needs no privilege; opening a map by id would need CAP_SYS_ADMIN,
+    /// which the DaemonSet does not grant.
+    fn dup_map(&self, name: &str) -> Result<MapData> {
+        let m = self
+            .ebpf
+            .map(name)
+            .and_then(map_data)
+            .ok_or_else(|| dp_err!("map {name} missing"))?;
+        let fd = std::os::fd::AsFd::as_fd(m.fd())
+            .try_clone_to_owned()
+            .with_ctx(|| format!("duplicating the fd of map {name}"))?;
+        Ok(MapData::from_fd(fd)?)
+    }
+
+    /// One of the program's maps, by name (for readers such as the counters).
+    pub fn map(&self, name: &str) -> Option<&aya::maps::Map> {
+        self.ebpf.map(name)
+    }
+
+    #[cfg(feature = "testing")]
+    /// Run the loaded program on `frame` with BPF_PROG_TEST_RUN (nothing is
+    /// transmitted). Returns the program's return code and the frame as the
+    /// program left it. The kernel runs it with the loopback device as the
+    /// egress interface and a dummy socket of family AF_UNSPEC, so the frame
+    /// counts as kernel-originated.
+    pub fn test_run(&self, frame: &[u8]) -> Result<(i32, Vec<u8>)> {
+        self.test_run_from(frame, 0)
+    }
+
+    #[cfg(feature = "testing")]
+    /// The same as a frame that came in through `ingress_ifindex` (non-zero:
+    /// a redirected frame, origin `redirect`).
+    pub fn test_run_from(&self, frame: &[u8], ingress_ifindex: u32) -> Result<(i32, Vec<u8>)> {
+        use aya::programs::{TestRun as _, TestRunOptions};
+        let prog = self.program()?;
+        let mut out = vec![0u8; frame.len() + 64];
+        // The head of a `struct __sk_buff` up to and including `ifindex`:
+        // ingress_ifindex sits at offset 36 and is one of the fields
+        // BPF_PROG_TEST_RUN copies into the skb (as skb_iif).
+        let mut ctx = [0u8; 44];
+        ctx[36..40].copy_from_slice(&ingress_ifindex.to_ne_bytes());
+        let res = prog
+            .test_run(TestRunOptions {
+                data_in: Some(frame),
+                data_out: Some(&mut out),
+                ctx_in: Some(&ctx),
+                ..TestRunOptions::new()
+            })
+            .ctx("BPF_PROG_TEST_RUN")?;
+        out.truncate(res.data_size_out as usize);
+        Ok((res.return_value as i32, out))
+    }
+
+    #[cfg(feature = "testing")]
+    /// Average kernel time of one program run on `frame` over `repeat` runs
+    /// (BPF_PROG_TEST_RUN's own timing; for benchmarks).
+    pub fn test_run_timed(&self, frame: &[u8], repeat: u32) -> Result<std::time::Duration> {
+        use aya::programs::{TestRun as _, TestRunOptions};
+        let prog = self.program()?;
+        let res = prog
+            .test_run(TestRunOptions {
+                data_in: Some(frame),
+                repeat,
+                ..TestRunOptions::new()
+            })
+            .ctx("BPF_PROG_TEST_RUN")?;
+        Ok(res.duration)
+    }
+
+    /// Forward diagnostics logged by the program with aya-log.
+    pub fn flush_program_logs(&mut self) {
+        if let Some(l) = self.logger.as_mut() {
+            l.flush();
+        }
+    }
+
+    #[cfg(feature = "testing")]
+    fn program(&self) -> Result<&SchedClassifier> {
+        let p = self
+            .ebpf
+            .program(PROGRAM)
+            .ok_or_else(|| dp_err!("program {PROGRAM} missing"))?;
+        Ok(p.try_into()?)
+    }
+
+    fn program_mut(&mut self) -> Result<&mut SchedClassifier> {
+        let p = self
+            .ebpf
+            .program_mut(PROGRAM)
+            .ok_or_else(|| dp_err!("program {PROGRAM} missing"))?;
+        Ok(p.try_into()?)
+    }
+
+    fn map_mut(&mut self, name: &str) -> Result<&mut aya::maps::Map> {
+        self.ebpf
+            .map_mut(name)
+            .ok_or_else(|| dp_err!("map {name} missing from the embedded object"))
+    }
+}
+
+pub(super) fn map_data_mut(m: &mut aya::maps::Map) -> Option<&mut MapData> {
+    use aya::maps::Map::*;
+    match m {
+        Array(d) | HashMap(d) | PerCpuArray(d) | PerCpuHashMap(d) | RingBuf(d) => Some(d),
+        _ => None,
+    }
+}
+
+fn map_data(m: &aya::maps::Map) -> Option<&MapData> {
+    use aya::maps::Map::*;
+    match m {
+        Array(d) | HashMap(d) | PerCpuArray(d) | PerCpuHashMap(d) | RingBuf(d) => Some(d),
+        _ => None,
+    }
+}

@@ -1,0 +1,66 @@
+//! The few libc calls the guard makes about the host: the clock the BPF
+//! program reads, and interface names and indexes.
+
+use crate::datapath::error::DatapathError;
+
+/// CLOCK_MONOTONIC in ns: the clock bpf_ktime_get_ns reads.
+pub fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes into the timespec we own.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// Every interface name in this network namespace.
+pub fn interface_names() -> Vec<String> {
+    let mut out = Vec::new();
+    // SAFETY: if_nameindex returns an array terminated by a zero entry, freed below.
+    unsafe {
+        let list = libc::if_nameindex();
+        if list.is_null() {
+            return out;
+        }
+        let mut p = list;
+        while (*p).if_index != 0 {
+            out.push(
+                std::ffi::CStr::from_ptr((*p).if_name)
+                    .to_string_lossy()
+                    .into_owned(),
+            );
+            p = p.add(1);
+        }
+        libc::if_freenameindex(list);
+    }
+    out
+}
+
+/// Check that `iface` exists in this network namespace.
+pub fn ifindex(iface: &str) -> Result<u32, DatapathError> {
+    let name =
+        std::ffi::CString::new(iface).map_err(|_| DatapathError::NoInterface(iface.to_owned()))?;
+    // SAFETY: `name` is a valid NUL-terminated string for the duration of the call.
+    let idx = unsafe { libc::if_nametoindex(name.as_ptr()) };
+    if idx == 0 {
+        return Err(DatapathError::NoInterface(iface.to_owned()));
+    }
+    Ok(idx)
+}
+
+/// The name of `ifindex` in this network namespace, if it still exists.
+pub fn ifname(ifindex: u32) -> Option<String> {
+    let mut buf = [0 as libc::c_char; libc::IF_NAMESIZE];
+    // SAFETY: buf has IF_NAMESIZE bytes as if_indextoname requires.
+    let p = unsafe { libc::if_indextoname(ifindex, buf.as_mut_ptr()) };
+    if p.is_null() {
+        return None;
+    }
+    // SAFETY: on success the buffer holds a NUL-terminated name.
+    Some(
+        unsafe { std::ffi::CStr::from_ptr(buf.as_ptr()) }
+            .to_string_lossy()
+            .into_owned(),
+    )
+}

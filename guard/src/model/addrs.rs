@@ -1,0 +1,37 @@
+//! Interfaces and their IPv4 addresses, as the kernel reports them (the
+//! interface source keeps this table current; the view reads it).
+
+use std::{collections::BTreeMap, net::Ipv4Addr};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IfAddr {
+    pub addr: Ipv4Addr,
+    /// The prefix length: the same address may be there twice, with two.
+    pub prefix: u8,
+    /// IFA_F_SECONDARY: not the primary address of its subnet on this interface.
+    pub secondary: bool,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct AddrTable {
+    /// Interface name -> ifindex.
+    pub links: BTreeMap<String, u32>,
+    /// ifindex -> IPv4 addresses in the kernel's order (primaries first per subnet).
+    pub v4: BTreeMap<u32, Vec<IfAddr>>,
+}
+
+impl AddrTable {
+    pub fn ifindex(&self, name: &str) -> Option<u32> {
+        self.links.get(name).copied()
+    }
+
+    pub fn v4_of_index(&self, ifindex: u32) -> &[IfAddr] {
+        self.v4.get(&ifindex).map(Vec::as_slice).unwrap_or(&[])
+    }
+
+    pub fn v4_of(&self, name: &str) -> &[IfAddr] {
+        self.ifindex(name)
+            .map(|i| self.v4_of_index(i))
+            .unwrap_or(&[])
+    }
+}

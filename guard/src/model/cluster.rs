@@ -1,0 +1,72 @@
+//! What the Kubernetes feed publishes: a claim per LB IP and the feed's
+//! health. Plain data; the feed (sources/cluster) makes it, the view reads it.
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    net::IpAddr,
+    time::{Duration, Instant},
+};
+
+/// What the cluster says about one LB IP.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Claim {
+    /// The node that may announce it; None: nobody (known) does.
+    pub owner: Option<String>,
+    /// Which object said so, in words an operator can look up.
+    pub why: String,
+    /// False while the record may be outdated for want of an answer from
+    /// the API (a Lease past its deadline, not yet confirmed). The owner
+    /// keeps its permission; "another node owns it" is not trusted.
+    pub certain: bool,
+}
+
+/// One stream's health, as shown in the status and metrics.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct StreamStatus {
+    pub name: String,
+    /// Listed at least once.
+    pub synced: bool,
+    /// Delivering: no error and no missed deadline since its last progress.
+    pub healthy: bool,
+    /// The last error, while failing.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// What the cluster says, as published to the daemon.
+#[derive(Debug, Clone, Default)]
+pub struct ClusterView {
+    /// Empty until every stream has completed its first list, so that an
+    /// announcer that lists late cannot be overruled by one that listed early.
+    pub claims: BTreeMap<IpAddr, Claim>,
+    /// Every watcher has completed its first list.
+    pub synced: bool,
+    /// The guard has been blind for longer than the threshold.
+    pub degraded: bool,
+    /// Every holder of a Lease in use and every announcing node (to spot a
+    /// node name that matches none of them).
+    pub holders: BTreeSet<String>,
+    /// When the change that produced this view reached the guard.
+    pub event_at: Option<Instant>,
+    /// Since when the guard has been blind (None: it sees).
+    pub failing_since: Option<Instant>,
+    /// Per stream.
+    pub streams: Vec<StreamStatus>,
+    /// Leases in use past their deadline that the API has not confirmed.
+    pub unconfirmed: usize,
+    /// Blind this long, the view degrades.
+    pub threshold: Duration,
+}
+
+impl PartialEq for ClusterView {
+    fn eq(&self, o: &Self) -> bool {
+        self.claims == o.claims
+            && self.synced == o.synced
+            && self.degraded == o.degraded
+            && self.holders == o.holders
+            && self.streams == o.streams
+            && self.unconfirmed == o.unconfirmed
+            && self.failing_since.is_some() == o.failing_since.is_some()
+            && self.threshold == o.threshold
+    }
+}

@@ -1,0 +1,279 @@
+//! This node's view: what the BPF maps should hold, derived from the sources.
+//!
+//! A pure function of its inputs, so that every reload, every netlink change
+//! and every test goes through the same derivation.
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    net::{IpAddr, Ipv4Addr},
+};
+
+use guard_common::Ownership;
+
+use super::{addrs::AddrTable, cluster::ClusterView, ownership::OwnershipFile};
+
+/// Where the knowledge about an LB IP came from (for logs and explanations).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Provenance {
+    /// The ownership file, at this line.
+    File { line: usize, owner: Option<String> },
+    /// An address on this interface; no owner known.
+    Interface(String),
+    /// The Kubernetes API: which object said so.
+    Cluster { owner: Option<String>, why: String },
+    /// What the previous daemon left in the pinned maps, kept until the
+    /// Kubernetes feed has synced.
+    Pinned,
+}
+
+impl std::fmt::Display for Provenance {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Provenance::File {
+                line,
+                owner: Some(o),
+            } => write!(f, "ownership file line {line}: owner {o}"),
+            Provenance::File { line, owner: None } => {
+                write!(f, "ownership file line {line}: no owner")
+            }
+            Provenance::Interface(i) => write!(f, "address on {i}, no owner known"),
+            Provenance::Cluster { why, .. } => f.write_str(why),
+            Provenance::Pinned => f.write_str(
+                "kept from the previous daemon's pinned maps until the Kubernetes feed syncs",
+            ),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LbIp {
+    pub state: Ownership,
+    pub source: Provenance,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct View {
+    /// LB IPs (IPv4) and this node's state for each.
+    pub lb: BTreeMap<Ipv4Addr, LbIp>,
+    /// (ifindex, address) for every IPv4 address on a guarded interface.
+    pub if_addrs: BTreeSet<(u32, Ipv4Addr)>,
+    /// Guarded ifindex -> the IPv4 an announce leak is rewritten to.
+    pub if_primary: BTreeMap<u32, Ipv4Addr>,
+    /// IPv6 LB IPs seen in the sources: known, not enforced by the ARP program.
+    pub ignored_v6: usize,
+}
+
+pub struct Inputs<'a> {
+    pub node: &'a str,
+    pub file: Option<&'a OwnershipFile>,
+    pub lb_ips_from: &'a [String],
+    pub guarded: &'a [String],
+    pub addrs: &'a AddrTable,
+    pub cluster: Option<&'a ClusterView>,
+}
+
+/// This node's state for an IP whose owner is `owner`. When the source may be
+/// stale, "another node owns it" is no longer trusted: unknown. The owner
+/// itself keeps its permission however stale the source: only a confirmed
+/// change takes it away.
+fn state_of(owner: Option<&str>, node: &str, stale: bool) -> Ownership {
+    match owner {
+        Some(o) if o == node => Ownership::Owned,
+        Some(_) if stale => Ownership::Unknown,
+        Some(_) => Ownership::Foreign,
+        None => Ownership::Unknown,
+    }
+}
+
+pub fn compute(i: &Inputs<'_>) -> View {
+    let mut view = View::default();
+    // Addresses on the LB interfaces: LB IPs with no known owner.
+    for name in i.lb_ips_from {
+        for a in i.addrs.v4_of(name) {
+            view.lb.insert(
+                a.addr,
+                LbIp {
+                    state: Ownership::Unknown,
+                    source: Provenance::Interface(name.clone()),
+                },
+            );
+        }
+    }
+    // The cluster's records. While the feed is stale, "another node owns it"
+    // may no longer be true: foreign degrades to unknown.
+    if let Some(c) = i.cluster {
+        for (ip, claim) in &c.claims {
+            let IpAddr::V4(v4) = ip else {
+                view.ignored_v6 += 1;
+                continue;
+            };
+            let state = state_of(claim.owner.as_deref(), i.node, c.degraded || !claim.certain);
+            view.lb.insert(
+                *v4,
+                LbIp {
+                    state,
+                    source: Provenance::Cluster {
+                        owner: claim.owner.clone(),
+                        why: claim.why.clone(),
+                    },
+                },
+            );
+        }
+    }
+    // The file's statement wins over everything: it is the operator's word.
+    if let Some(file) = i.file {
+        for (ip, entry) in &file.ips {
+            let IpAddr::V4(v4) = ip else {
+                view.ignored_v6 += 1;
+                continue;
+            };
+            let state = state_of(entry.owner.as_deref(), i.node, false);
+            view.lb.insert(
+                *v4,
+                LbIp {
+                    state,
+                    source: Provenance::File {
+                        line: entry.line,
+                        owner: entry.owner.clone(),
+                    },
+                },
+            );
+        }
+    }
+    for name in i.guarded {
+        let Some(ifindex) = i.addrs.ifindex(name) else {
+            continue;
+        };
+        let addrs = i.addrs.v4_of_index(ifindex);
+        for a in addrs {
+            view.if_addrs.insert((ifindex, a.addr));
+        }
+        // arp_announce=2 picks a primary address; never rewrite to an LB IP.
+        let not_lb = |a: &&super::addrs::IfAddr| !view.lb.contains_key(&a.addr);
+        let primary = addrs
+            .iter()
+            .filter(not_lb)
+            .find(|a| !a.secondary)
+            .or_else(|| addrs.iter().find(not_lb));
+        if let Some(p) = primary {
+            view.if_primary.insert(ifindex, p.addr);
+        }
+    }
+    view
+}
+
+impl View {
+    /// Until the Kubernetes feed has synced, an IP that only the interface
+    /// source knows keeps the state the previous daemon left pinned (`held`):
+    /// "unknown" from kube-ipvs0 must not overrule "foreign" from the cluster.
+    pub fn hold_previous(&mut self, held: impl Fn(Ipv4Addr) -> Option<Ownership>) {
+        for (ip, l) in self.lb.iter_mut() {
+            if let (Provenance::Interface(_), Some(state)) = (&l.source, held(*ip)) {
+                *l = LbIp {
+                    state,
+                    source: Provenance::Pinned,
+                };
+            }
+        }
+    }
+
+    pub fn count(&self, state: Ownership) -> usize {
+        self.lb.values().filter(|l| l.state == state).count()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{model::addrs::IfAddr, sources::file as ownership_file};
+    use std::path::Path;
+
+    fn table() -> AddrTable {
+        let mut t = AddrTable::default();
+        t.links.insert("eth0".into(), 2);
+        t.links.insert("kube-ipvs0".into(), 5);
+        let a = |s: &str, secondary| IfAddr {
+            addr: s.parse().unwrap(),
+            prefix: 32,
+            secondary,
+        };
+        t.v4.insert(
+            2,
+            vec![
+                a("198.51.100.100", false),
+                a("198.51.100.11", false),
+                a("198.51.100.12", true),
+            ],
+        );
+        t.v4.insert(
+            5,
+            vec![
+                a("198.51.100.100", false),
+                a("198.51.100.101", false),
+                a("10.96.0.1", false),
+            ],
+        );
+        t
+    }
+
+    #[test]
+    fn file_and_interface_sources_merge() {
+        let file = ownership_file::parse(
+            Path::new("f.yaml"),
+            "ips:\n  - ip: 198.51.100.100\n    owner: node-a\n  - ip: 198.51.100.101\n    owner: node-b\n  - ip: 198.51.100.102\n  - ip: fd00::1\n    owner: node-a\n",
+        )
+        .unwrap();
+        let t = table();
+        let guarded = ["eth0".to_string(), "eth9".to_string()];
+        let lb_from = ["kube-ipvs0".to_string()];
+        let v = compute(&Inputs {
+            node: "node-a",
+            file: Some(&file),
+            lb_ips_from: &lb_from,
+            guarded: &guarded,
+            addrs: &t,
+            cluster: None,
+        });
+        let st = |s: &str| v.lb[&s.parse::<Ipv4Addr>().unwrap()].state;
+        assert_eq!(st("198.51.100.100"), Ownership::Owned);
+        assert_eq!(st("198.51.100.101"), Ownership::Foreign);
+        assert_eq!(st("198.51.100.102"), Ownership::Unknown);
+        assert_eq!(st("10.96.0.1"), Ownership::Unknown);
+        assert_eq!(v.lb.len(), 4);
+        assert_eq!(v.ignored_v6, 1);
+        assert!(
+            matches!(v.lb[&"10.96.0.1".parse().unwrap()].source, Provenance::Interface(ref n) if n == "kube-ipvs0")
+        );
+        // eth0's addresses are known; eth9 does not exist and is skipped.
+        assert_eq!(v.if_addrs.len(), 3);
+        // The LB IP that happens to be first on eth0 is never the rewrite address.
+        assert_eq!(
+            v.if_primary[&2],
+            "198.51.100.11".parse::<Ipv4Addr>().unwrap()
+        );
+        assert_eq!(v.count(Ownership::Unknown), 2);
+    }
+
+    #[test]
+    fn another_node_sees_foreign() {
+        let file = ownership_file::parse(
+            Path::new("f.yaml"),
+            "ips:\n  - ip: 198.51.100.100\n    owner: node-a\n",
+        )
+        .unwrap();
+        let t = table();
+        let v = compute(&Inputs {
+            node: "node-b",
+            file: Some(&file),
+            lb_ips_from: &[],
+            guarded: &[],
+            addrs: &t,
+            cluster: None,
+        });
+        assert_eq!(
+            v.lb[&"198.51.100.100".parse().unwrap()].state,
+            Ownership::Foreign
+        );
+        assert!(v.if_primary.is_empty());
+    }
+}

@@ -1,0 +1,290 @@
+//! The kernel's interfaces and their IPv4 addresses, kept current through
+//! rtnetlink. One table serves three needs: LB IPs read from an interface
+//! (`--lb-ips-from kube-ipvs0`), the "LB IP is on the egress interface" rule,
+//! and the primary IPv4 an announce leak is rewritten to.
+//!
+//! Notifications are applied as they come (one address or link each), so an
+//! address kube-vip or kube-proxy adds reaches the maps within a millisecond
+//! or so; a full dump every `--resync` (and after a socket overrun) repairs
+//! anything a lost notification left wrong.
+
+use std::time::Duration;
+
+use anyhow::{Context as _, Result};
+use futures::{StreamExt as _, TryStreamExt as _};
+use netlink_packet_route::{
+    address::{AddressAttribute, AddressHeaderFlags, AddressMessage},
+    link::{LinkAttribute, LinkMessage},
+    AddressFamily, RouteNetlinkMessage,
+};
+use rtnetlink::packet_core::NetlinkPayload;
+
+pub use crate::model::addrs::{AddrTable, IfAddr};
+use rtnetlink::{Handle, MulticastGroup};
+use tokio::sync::watch;
+
+/// The name of a link message, if it carries one.
+fn link_name(msg: &LinkMessage) -> Option<String> {
+    msg.attributes.iter().find_map(|a| match a {
+        LinkAttribute::IfName(n) => Some(n.clone()),
+        _ => None,
+    })
+}
+
+/// (ifindex, address) of an IPv4 address message.
+fn v4_addr(msg: &AddressMessage) -> Option<(u32, IfAddr)> {
+    if msg.header.family != AddressFamily::Inet {
+        return None;
+    }
+    // For IPv4, IFA_LOCAL is the interface's own address (IFA_ADDRESS is
+    // the peer on point-to-point links).
+    let local = msg.attributes.iter().find_map(|a| match a {
+        AddressAttribute::Local(std::net::IpAddr::V4(v4)) => Some(*v4),
+        _ => None,
+    });
+    let address = msg.attributes.iter().find_map(|a| match a {
+        AddressAttribute::Address(std::net::IpAddr::V4(v4)) => Some(*v4),
+        _ => None,
+    });
+    let addr = local.or(address)?;
+    Some((
+        msg.header.index,
+        IfAddr {
+            addr,
+            prefix: msg.header.prefix_len,
+            secondary: msg.header.flags.contains(AddressHeaderFlags::Secondary),
+        },
+    ))
+}
+
+impl AddrTable {
+    /// Apply one notification. Returns whether the table changed.
+    pub fn apply(&mut self, msg: &RouteNetlinkMessage) -> bool {
+        match msg {
+            RouteNetlinkMessage::NewAddress(m) => match v4_addr(m) {
+                Some((index, a)) => {
+                    let list = self.v4.entry(index).or_default();
+                    match list
+                        .iter_mut()
+                        .find(|x| x.addr == a.addr && x.prefix == a.prefix)
+                    {
+                        Some(x) if *x == a => false,
+                        Some(x) => {
+                            *x = a;
+                            true
+                        }
+                        None => {
+                            list.push(a);
+                            true
+                        }
+                    }
+                }
+                None => false,
+            },
+            RouteNetlinkMessage::DelAddress(m) => match v4_addr(m) {
+                Some((index, a)) => {
+                    let list = self.v4.entry(index).or_default();
+                    let before = list.len();
+                    list.retain(|x| (x.addr, x.prefix) != (a.addr, a.prefix));
+                    let changed = list.len() != before;
+                    if list.is_empty() {
+                        self.v4.remove(&index);
+                    }
+                    changed
+                }
+                None => false,
+            },
+            RouteNetlinkMessage::NewLink(m) => {
+                let index = m.header.index;
+                let Some(name) = link_name(m) else {
+                    return false;
+                };
+                if self.links.get(&name) == Some(&index) {
+                    false
+                } else {
+                    // A rename: the old name goes.
+                    self.links.retain(|_, i| *i != index);
+                    self.links.insert(name, index);
+                    true
+                }
+            }
+            RouteNetlinkMessage::DelLink(m) => {
+                let index = m.header.index;
+                let before = self.links.len();
+                self.links.retain(|_, i| *i != index);
+                let gone = self.v4.remove(&index).is_some();
+                gone || self.links.len() != before
+            }
+            _ => false,
+        }
+    }
+}
+
+/// Read all links and IPv4 addresses once.
+pub async fn dump(handle: &Handle) -> Result<AddrTable> {
+    let mut table = AddrTable::default();
+    let mut links = handle.link().get().execute();
+    while let Some(msg) = links.try_next().await.context("netlink link dump")? {
+        if let Some(name) = link_name(&msg) {
+            table.links.insert(name, msg.header.index);
+        }
+    }
+    let mut addrs = handle.address().get().execute();
+    while let Some(msg) = addrs.try_next().await.context("netlink address dump")? {
+        if let Some((index, a)) = v4_addr(&msg) {
+            table.v4.entry(index).or_default().push(a);
+        }
+    }
+    Ok(table)
+}
+
+/// Netlink notifications of link and IPv4 address changes.
+pub type Notifications = futures::channel::mpsc::UnboundedReceiver<(
+    rtnetlink::packet_core::NetlinkMessage<rtnetlink::packet_route::RouteNetlinkMessage>,
+    rtnetlink::sys::SocketAddr,
+)>;
+
+/// Open a netlink connection subscribed to link and IPv4 address changes.
+pub fn connect() -> Result<(Handle, Notifications)> {
+    let (conn, handle, messages) =
+        rtnetlink::new_multicast_connection(&[MulticastGroup::Link, MulticastGroup::Ipv4Ifaddr])
+            .context("cannot open an rtnetlink socket")?;
+    tokio::spawn(conn);
+    Ok((handle, messages))
+}
+
+async fn reconnect() -> (Handle, Notifications) {
+    let mut delay = Duration::from_millis(500);
+    loop {
+        tracing::warn!("rtnetlink notifications stopped; reconnecting");
+        match connect() {
+            Ok(c) => return c,
+            Err(e) => {
+                tracing::warn!(error = %format!("{e:#}"), retry_in = ?delay, "cannot reopen rtnetlink")
+            }
+        }
+        tokio::time::sleep(delay).await;
+        delay = (delay * 2).min(Duration::from_secs(30));
+    }
+}
+
+/// Keep the table in `tx` current: apply each notification as it comes
+/// (whatever is already queued is applied with it, then published once), and
+/// replace the table with a full dump every `resync` and after a socket
+/// overrun. Runs for the life of the daemon: a broken netlink socket is
+/// reopened with backoff, and meanwhile the maps keep their last state.
+pub async fn watch(
+    mut handle: Handle,
+    mut notifications: Notifications,
+    tx: watch::Sender<AddrTable>,
+    resync: Duration,
+) {
+    let mut ticker = tokio::time::interval(resync.max(Duration::from_secs(1)));
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    ticker.tick().await;
+    loop {
+        let dump_now = tokio::select! {
+            n = notifications.next() => {
+                let Some((first, _)) = n else {
+                    (handle, notifications) = reconnect().await;
+                    // Changes while we were away: read everything.
+                    publish_dump(&handle, &tx).await;
+                    continue;
+                };
+                let mut table = tx.borrow().clone();
+                let mut changed = false;
+                let mut lost = false;
+                let mut next = Some(first);
+                while let Some(msg) = next {
+                    match msg.payload {
+                        NetlinkPayload::InnerMessage(m) => changed |= table.apply(&m),
+                        NetlinkPayload::Overrun(_) => lost = true,
+                        _ => {}
+                    }
+                    next = notifications.try_recv().ok().map(|(m, _)| m);
+                }
+                if changed {
+                    tx.send_replace(table);
+                }
+                lost
+            }
+            _ = ticker.tick() => true,
+        };
+        if dump_now {
+            publish_dump(&handle, &tx).await;
+        }
+    }
+}
+
+async fn publish_dump(handle: &Handle, tx: &watch::Sender<AddrTable>) {
+    match dump(handle).await {
+        Ok(table) => {
+            tx.send_if_modified(|cur| {
+                let changed = *cur != table;
+                *cur = table;
+                changed
+            });
+        }
+        Err(e) => {
+            tracing::warn!(error = %format!("{e:#}"), "re-reading interface addresses failed; keeping the previous view")
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn addr_msg(index: u32, addr: &str, secondary: bool) -> AddressMessage {
+        let mut m = AddressMessage::default();
+        m.header.family = AddressFamily::Inet;
+        m.header.index = index;
+        m.header.prefix_len = 32;
+        if secondary {
+            m.header.flags = AddressHeaderFlags::Secondary;
+        }
+        m.attributes
+            .push(AddressAttribute::Local(addr.parse().unwrap()));
+        m
+    }
+
+    fn link_msg(index: u32, name: &str) -> LinkMessage {
+        let mut m = LinkMessage::default();
+        m.header.index = index;
+        m.attributes.push(LinkAttribute::IfName(name.into()));
+        m
+    }
+
+    #[test]
+    fn notifications_apply_one_change_each() {
+        let mut t = AddrTable::default();
+        use RouteNetlinkMessage::*;
+        assert!(t.apply(&NewLink(link_msg(5, "kube-ipvs0"))));
+        assert!(!t.apply(&NewLink(link_msg(5, "kube-ipvs0"))));
+        assert!(t.apply(&NewAddress(addr_msg(5, "198.51.100.100", false))));
+        assert!(t.apply(&NewAddress(addr_msg(5, "198.51.100.101", true))));
+        assert!(!t.apply(&NewAddress(addr_msg(5, "198.51.100.101", true))));
+        // A promoted secondary: same address, new flags.
+        assert!(t.apply(&NewAddress(addr_msg(5, "198.51.100.101", false))));
+        assert_eq!(t.v4_of("kube-ipvs0").len(), 2);
+        assert!(!t.v4_of("kube-ipvs0")[1].secondary);
+        // The same address with another prefix is another entry.
+        let mut other = addr_msg(5, "198.51.100.101", false);
+        other.header.prefix_len = 24;
+        assert!(t.apply(&NewAddress(other.clone())));
+        assert!(t.apply(&DelAddress(other)));
+        assert_eq!(t.v4_of("kube-ipvs0").len(), 2, "the /32 stays");
+        assert!(t.apply(&DelAddress(addr_msg(5, "198.51.100.100", false))));
+        assert_eq!(t.v4_of("kube-ipvs0").len(), 1);
+        // IPv6 is not in this table.
+        let mut v6 = addr_msg(5, "fd00::1", false);
+        v6.header.family = AddressFamily::Inet6;
+        assert!(!t.apply(&NewAddress(v6)));
+        // Renamed, then deleted with its addresses.
+        assert!(t.apply(&NewLink(link_msg(5, "lb0"))));
+        assert_eq!(t.ifindex("kube-ipvs0"), None);
+        assert_eq!(t.v4_of("lb0").len(), 1);
+        assert!(t.apply(&DelLink(link_msg(5, "lb0"))));
+        assert_eq!(t, AddrTable::default());
+    }
+}

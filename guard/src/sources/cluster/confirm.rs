@@ -1,0 +1,144 @@
+//! Confirming a Lease that seems to expire before it changes anything: a
+//! direct GET tells a holder that stopped renewing (the expiry stands) from a
+//! stuck watch (a renewal or a deletion the watch never delivered: the watch
+//! is rebuilt) and from a blind guard (the GET fails: the holder keeps its
+//! claim, uncertain).
+
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::coordination::v1::Lease;
+
+use super::{
+    feed::Feed,
+    model::{Key, LeaseInfo},
+    objects,
+    stream::backoff,
+};
+use crate::{sources::file::clip, telemetry::ops::OPS};
+
+/// A GET that confirms a Lease: its timeout, and how soon a failed one is retried.
+pub const CONFIRM_TIMEOUT: Duration = Duration::from_secs(2);
+/// First retry of a failed confirmation; doubling per attempt up to 30 s
+/// (a failing API must not be hammered by a fleet of guards).
+const CONFIRM_RETRY: Duration = Duration::from_secs(2);
+/// Confirmations in flight at once.
+const CONFIRM_PARALLEL: usize = 16;
+
+/// The answer to a confirming GET of a Lease.
+pub(crate) type Confirmation = Result<Option<Lease>, String>;
+
+impl Feed {
+    /// Leases to confirm now: past their deadline, unconfirmed, and not
+    /// asked about recently (a failed GET is retried after 2 s, doubling up
+    /// to 30 s, with jitter).
+    pub(crate) fn due_confirmations(&mut self, now: Instant, in_flight: usize) -> Vec<Key> {
+        let room = CONFIRM_PARALLEL.saturating_sub(in_flight);
+        let due: Vec<Key> = self
+            .model
+            .unconfirmed(&self.cfg.announcers, now)
+            .into_iter()
+            .map(|(k, _)| k)
+            .filter(|k| match self.confirm_sent.get(k) {
+                None => true,
+                Some((sent, 0)) => now.duration_since(*sent) >= CONFIRM_TIMEOUT,
+                Some((sent, fails)) => {
+                    now.duration_since(*sent) >= backoff(CONFIRM_RETRY, fails - 1)
+                }
+            })
+            .take(room)
+            .collect();
+        for k in &due {
+            let fails = self.confirm_sent.get(k).map_or(0, |(_, f)| *f);
+            self.confirm_sent.insert(k.clone(), (now, fails));
+        }
+        due
+    }
+
+    /// The answer to a confirming GET sent at `sent`.
+    pub(crate) fn on_confirm(
+        &mut self,
+        key: Key,
+        sent: Instant,
+        answer: Confirmation,
+        now: Instant,
+    ) {
+        // The watch told us something newer since the GET went out (or the
+        // Lease is gone from the model): the answer is old news.
+        match self.model.leases.get(&key) {
+            Some(l) if l.checked <= sent => {}
+            _ => {
+                self.confirm_sent.remove(&key);
+                return;
+            }
+        }
+        match answer {
+            Ok(Some(l)) => {
+                self.confirmed(&key);
+                let f = objects::lease(&l);
+                let renew = f.renew.clone();
+                if self.upsert_lease(key.clone(), f, now) {
+                    self.watch_stuck(
+                        &key,
+                        &format!(
+                            "a GET shows a renewal the watch never delivered (renewTime {})",
+                            renew.as_deref().unwrap_or("-")
+                        ),
+                    );
+                } else {
+                    tracing::info!(lease = %key, "Lease expiry confirmed by the API: not renewed within its duration");
+                }
+            }
+            Ok(None) => {
+                self.confirmed(&key);
+                self.model.leases.remove(&key);
+                self.watch_stuck(
+                    &key,
+                    "a GET shows the Lease deleted, which the watch never delivered",
+                );
+            }
+            Err(e) => self.unconfirmed(&key, &e, now),
+        }
+    }
+
+    /// The API answered a confirming GET.
+    fn confirmed(&mut self, key: &Key) {
+        self.confirm_sent.remove(key);
+        if self.confirm_failing.take().is_some() && self.all_healthy() {
+            tracing::info!(
+                "Lease expiries can be confirmed again; Kubernetes API feed healthy again"
+            );
+        }
+    }
+
+    /// A GET showed what the Lease watch never delivered.
+    fn watch_stuck(&mut self, key: &Key, what: &str) {
+        tracing::warn!(lease = %key, "{what}: the Lease watch is stuck; rebuilding it");
+        if let Some(i) = self.lease_stream() {
+            let since = self.health[i].last_progress;
+            let e = format!("missed a change of Lease {key}: stuck");
+            self.failed(Some(i), &e, since);
+            self.rebuild.insert(i, "stuck");
+        }
+    }
+
+    /// A confirming GET failed: the guard is blind.
+    fn unconfirmed(&mut self, key: &Key, e: &str, now: Instant) {
+        {
+            OPS.error("kubernetes_feed");
+            if let Some((_, fails)) = self.confirm_sent.get_mut(key) {
+                *fails += 1;
+            }
+            let e = clip(e, super::objects::MAX_FIELD);
+            if self.confirm_failing.is_none() {
+                tracing::warn!(
+                    lease = %key, error = %e,
+                    "cannot confirm the expiry of a Lease: the guard is blind; its holder keeps its claim"
+                );
+                // Blind since the deadline the GET was to confirm.
+                let since = self.model.leases.get(key).map_or(now, LeaseInfo::deadline);
+                self.confirm_failing = Some(since);
+            }
+            self.last_error = Some(format!("confirming Lease {key}: {e}"));
+        }
+    }
+}

@@ -1,0 +1,692 @@
+//! The feed's state: what each stream delivered (kept in kube-runtime's
+//! reflector stores, which buffer a relist from `Init` and swap it in at
+//! `InitDone`), the [`Model`] built from it, each stream's health, and the
+//! confirmations of Leases that seem to expire. Pure in time: every method
+//! takes `now`, so the rules are tested without an API server (`task` runs it).
+//!
+//! The guard must never take permission away because *it* is blind:
+//! - A Lease that seems to expire (no renewal seen within its duration) is
+//!   confirmed with a direct GET before it changes anything. A newer
+//!   renewTime from the GET means the watch is stuck: it is rebuilt, and the
+//!   owner keeps its permission all along. A failed GET means the guard is
+//!   blind: the holder keeps its claim, marked uncertain (owned stays owned,
+//!   foreign is judged unknown).
+//! - A stream silent past its idle deadline (the server's watch timeout plus
+//!   a margin) is stuck: it is relisted, and shows as failing.
+//! - A stream is failing from its first error until it delivers again; a
+//!   probe (a one-item list) catches an API that went silent. Once the guard
+//!   has been blind for longer than the staleness threshold, the view is
+//!   `degraded` and every `foreign` IP is treated as `unknown`.
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    time::{Duration, Instant},
+};
+
+use k8s_openapi::api::{coordination::v1::Lease, core::v1::Service};
+use kube::{
+    api::DynamicObject,
+    runtime::{reflector::store::Writer, watcher},
+};
+
+use super::{
+    model::{Key, Model},
+    objects,
+    stream::{l2status_resource, Msg, Stream, Update},
+    FeedConfig,
+};
+use crate::{
+    model::cluster::{ClusterView, StreamStatus},
+    sources::file::clip,
+    telemetry::ops::OPS,
+};
+
+/// Default server-side end of each watch (`--kube-watch-timeout`).
+#[cfg(test)]
+pub const WATCH_TIMEOUT: Duration = Duration::from_secs(55);
+/// The staleness threshold taken from Lease durations stays within these.
+pub const THRESHOLD_FLOOR: Duration = Duration::from_secs(15);
+pub const THRESHOLD_CAP: Duration = Duration::from_secs(60);
+
+/// One stream's objects as kube-runtime's reflector keeps them: a relist
+/// is buffered from `Init` and swapped in whole at `InitDone`.
+enum Store {
+    Services(Writer<Service>),
+    Leases(Writer<Lease>),
+    L2(Writer<DynamicObject>),
+}
+
+impl Store {
+    fn of(stream: &Stream) -> Store {
+        match stream {
+            Stream::Services => Store::Services(Writer::new(())),
+            Stream::Leases => Store::Leases(Writer::new(())),
+            Stream::L2 { .. } => Store::L2(Writer::new(l2status_resource())),
+        }
+    }
+}
+
+/// What the store of a stream holds after its relist, as `f` reads each object.
+fn listed<K, T>(w: &Writer<K>, f: impl Fn(&K) -> Option<T>) -> BTreeMap<Key, T>
+where
+    K: kube::Resource + Clone + 'static,
+    K::DynamicType: std::hash::Hash + Eq + Clone,
+{
+    w.as_reader()
+        .state()
+        .iter()
+        .filter_map(|o| Some((objects::key_of(o.as_ref()), f(o)?)))
+        .collect()
+}
+
+/// One stream's health.
+#[derive(Debug, Clone)]
+pub(crate) struct Health {
+    pub(super) synced: bool,
+    pub(super) failing_since: Option<Instant>,
+    pub(super) last_progress: Instant,
+    pub(super) last_error: Option<String>,
+}
+
+pub(crate) struct Feed {
+    pub(super) cfg: FeedConfig,
+    pub(super) streams: Vec<Stream>,
+    stores: Vec<Store>,
+    pub(super) model: Model,
+    pub(super) health: Vec<Health>,
+    /// The probe (a one-item list): failing since.
+    pub(super) probe_failing: Option<Instant>,
+    /// Leases whose absurd duration was logged (once each).
+    pub(super) clamp_warned: BTreeSet<Key>,
+    /// Confirming GETs: when the last one for a Lease was sent, and how many
+    /// failed in a row.
+    pub(super) confirm_sent: BTreeMap<Key, (Instant, u32)>,
+    /// Confirming GETs failing since (the guard cannot confirm: blind).
+    pub(super) confirm_failing: Option<Instant>,
+    /// Streams to rebuild (relist), and why.
+    pub(super) rebuild: BTreeMap<usize, &'static str>,
+    pub(super) last_error: Option<String>,
+}
+
+impl Feed {
+    pub(crate) fn new(cfg: FeedConfig, now: Instant) -> Self {
+        let streams = Stream::all_for(&cfg.announcers);
+        let health = streams
+            .iter()
+            .map(|_| Health {
+                synced: false,
+                failing_since: None,
+                last_progress: now,
+                last_error: None,
+            })
+            .collect();
+        Feed {
+            cfg,
+            stores: streams.iter().map(Store::of).collect(),
+            streams,
+            model: Model::default(),
+            health,
+            probe_failing: None,
+            clamp_warned: BTreeSet::new(),
+            confirm_sent: BTreeMap::new(),
+            confirm_failing: None,
+            rebuild: BTreeMap::new(),
+            last_error: None,
+        }
+    }
+
+    pub(crate) fn name(&self, stream: usize) -> String {
+        self.streams
+            .get(stream)
+            .map_or_else(|| "probe".to_owned(), Stream::name)
+    }
+
+    pub(super) fn lease_stream(&self) -> Option<usize> {
+        self.streams.iter().position(|s| *s == Stream::Leases)
+    }
+
+    /// Record a Lease the API told us about; log an absurd duration once.
+    pub(super) fn upsert_lease(&mut self, key: Key, f: objects::LeaseFields, now: Instant) -> bool {
+        if let Some(v) = f.clamped {
+            if self.clamp_warned.insert(key.clone()) {
+                tracing::warn!(
+                    lease = %key, lease_duration_seconds = v, used = ?f.duration,
+                    "absurd leaseDurationSeconds; the guard uses a sane duration instead"
+                );
+            }
+        }
+        self.model
+            .upsert_lease(key, f.holder, f.duration, f.renew, now)
+    }
+
+    /// An event of `stream`: into its store, and into the model (at once
+    /// for a change, from the whole store at the end of a relist).
+    fn apply(&mut self, stream: usize, upd: Update, now: Instant) {
+        let Some(store) = self.stores.get_mut(stream) else {
+            return;
+        };
+        let done = match (store, upd) {
+            (Store::Services(w), Update::Svc(ev)) => {
+                w.apply_watcher_event(&ev);
+                let filter = &self.cfg.filter;
+                let done = matches!(*ev, watcher::Event::InitDone);
+                match *ev {
+                    watcher::Event::Apply(s) => {
+                        let key = objects::key_of(&s);
+                        match objects::service(&s, filter) {
+                            Some(info) => self.model.services.insert(key, info),
+                            None => self.model.services.remove(&key),
+                        };
+                    }
+                    watcher::Event::Delete(s) => {
+                        self.model.services.remove(&objects::key_of(&s));
+                    }
+                    watcher::Event::InitDone => {
+                        self.model.services = listed(w, |s| objects::service(s, filter));
+                    }
+                    watcher::Event::Init | watcher::Event::InitApply(_) => {}
+                }
+                done
+            }
+            (Store::Leases(w), Update::Lease(ev)) => {
+                w.apply_watcher_event(&ev);
+                let relisted = matches!(*ev, watcher::Event::InitDone)
+                    .then(|| listed(w, |l| Some(objects::lease(l))));
+                self.apply_lease(*ev, relisted, now)
+            }
+            (Store::L2(w), Update::L2(ev)) => {
+                w.apply_watcher_event(&ev);
+                let namespace = match self.streams.get(stream) {
+                    Some(Stream::L2 { namespace }) => namespace.clone(),
+                    _ => return,
+                };
+                let done = matches!(*ev, watcher::Event::InitDone);
+                match *ev {
+                    watcher::Event::Apply(o) => {
+                        let key = objects::key_of(&o);
+                        match objects::l2status(&o) {
+                            Some(s) => self.model.l2.insert(key, s),
+                            None => self.model.l2.remove(&key),
+                        };
+                    }
+                    watcher::Event::Delete(o) => {
+                        self.model.l2.remove(&objects::key_of(&o));
+                    }
+                    watcher::Event::InitDone => {
+                        // This stream owns its namespace's entries only.
+                        self.model.l2.retain(|k, _| k.ns != namespace);
+                        self.model.l2.extend(listed(w, objects::l2status));
+                    }
+                    watcher::Event::Init | watcher::Event::InitApply(_) => {}
+                }
+                done
+            }
+            _ => false,
+        };
+        if done {
+            self.health[stream].synced = true;
+        }
+    }
+
+    /// A Lease event; `relisted`: the stream's whole store at the end of a
+    /// relist. Returns whether the relist is done.
+    fn apply_lease(
+        &mut self,
+        ev: watcher::Event<Lease>,
+        relisted: Option<BTreeMap<Key, objects::LeaseFields>>,
+        now: Instant,
+    ) -> bool {
+        match ev {
+            watcher::Event::Apply(l) => {
+                self.upsert_lease(objects::key_of(&l), objects::lease(&l), now);
+            }
+            watcher::Event::Delete(l) => {
+                let key = objects::key_of(&l);
+                self.clamp_warned.remove(&key);
+                self.model.leases.remove(&key);
+            }
+            watcher::Event::InitDone => {
+                let listed = relisted.unwrap_or_default();
+                // upsert_lease keeps the observation time of a Lease whose
+                // holder and renewTime did not change: a relist never extends
+                // a lease that stopped being renewed.
+                self.model.leases.retain(|k, _| listed.contains_key(k));
+                self.clamp_warned.retain(|k| listed.contains_key(k));
+                for (k, f) in listed {
+                    self.upsert_lease(k, f, now);
+                }
+                return true;
+            }
+            watcher::Event::Init | watcher::Event::InitApply(_) => {}
+        }
+        false
+    }
+
+    /// The staleness threshold: `--stale-after`, else the longest duration
+    /// of the Leases in use within [15 s, 60 s] (one absurd Lease must not
+    /// switch degradation off).
+    pub(crate) fn threshold(&self) -> Duration {
+        self.cfg.stale_after.unwrap_or_else(|| {
+            self.model
+                .max_lease_duration(&self.cfg.announcers)
+                .unwrap_or_default()
+                .clamp(THRESHOLD_FLOOR, THRESHOLD_CAP)
+        })
+    }
+
+    /// Since when the guard has been blind: a failing stream or probe, or a
+    /// Lease in use past its deadline that the API has not confirmed.
+    pub(crate) fn failing_since(&self, now: Instant) -> Option<Instant> {
+        let streams = self.health.iter().filter_map(|h| h.failing_since);
+        let leases = self
+            .model
+            .unconfirmed(&self.cfg.announcers, now)
+            .into_iter()
+            .map(|(_, since)| since);
+        streams
+            .chain(self.probe_failing)
+            .chain(self.confirm_failing)
+            .chain(leases)
+            .min()
+    }
+
+    fn degraded(&self, now: Instant) -> bool {
+        self.failing_since(now)
+            .is_some_and(|t| now.duration_since(t) >= self.threshold())
+    }
+
+    fn synced(&self) -> bool {
+        self.health.iter().all(|h| h.synced)
+    }
+
+    pub(crate) fn view(&self, now: Instant, event_at: Option<Instant>) -> ClusterView {
+        let synced = self.synced();
+        ClusterView {
+            claims: if synced {
+                self.model.ownership(&self.cfg.announcers, now)
+            } else {
+                BTreeMap::new()
+            },
+            synced,
+            degraded: self.degraded(now),
+            holders: self
+                .model
+                .named_nodes(&self.cfg.announcers)
+                .into_iter()
+                .map(str::to_owned)
+                .collect(),
+            event_at,
+            failing_since: self.failing_since(now),
+            streams: self
+                .health
+                .iter()
+                .enumerate()
+                .map(|(i, h)| StreamStatus {
+                    name: self.name(i),
+                    synced: h.synced,
+                    healthy: h.failing_since.is_none(),
+                    error: h.failing_since.and(h.last_error.clone()),
+                })
+                .collect(),
+            unconfirmed: self.model.unconfirmed(&self.cfg.announcers, now).len(),
+            threshold: self.threshold(),
+        }
+    }
+
+    pub(super) fn all_healthy(&self) -> bool {
+        self.probe_failing.is_none()
+            && self.confirm_failing.is_none()
+            && self.health.iter().all(|h| h.failing_since.is_none())
+    }
+
+    /// The API answered for `stream` (or the probe).
+    pub(crate) fn ok(&mut self, stream: Option<usize>, now: Instant) {
+        let was = match stream {
+            Some(i) => {
+                self.health[i].last_progress = now;
+                self.health[i].failing_since.take().is_some()
+            }
+            None => self.probe_failing.take().is_some(),
+        };
+        if was && self.all_healthy() {
+            tracing::info!("Kubernetes API feed healthy again");
+        }
+    }
+
+    /// `stream` (or the probe) failed; it has been failing since `since`.
+    pub(crate) fn failed(&mut self, stream: Option<usize>, e: &str, since: Instant) {
+        // Errors carry text from the API server: kept and logged short.
+        let e = clip(e, super::objects::MAX_FIELD);
+        let e = e.as_str();
+        let name = stream.map_or_else(|| "probe".to_owned(), |i| self.name(i));
+        let msg = format!("{name}: {e}");
+        if self.all_healthy() {
+            tracing::warn!(error = %msg, "Kubernetes API feed failing; keeping the last known ownership for now");
+        } else if self.last_error.as_deref() != Some(msg.as_str()) {
+            tracing::debug!(error = %msg, "feed still failing");
+        }
+        match stream {
+            Some(i) => {
+                let h = &mut self.health[i];
+                h.failing_since.get_or_insert(since);
+                h.last_error = Some(e.to_owned());
+            }
+            None => {
+                self.probe_failing.get_or_insert(since);
+            }
+        }
+        self.last_error = Some(msg);
+    }
+
+    pub(crate) fn on_msg(&mut self, stream: usize, msg: Msg, now: Instant) {
+        let name = self.name(stream);
+        match msg {
+            Msg::Update(u) => {
+                OPS.feed_event(&name);
+                self.ok(Some(stream), now);
+                self.apply(stream, u, now);
+            }
+            Msg::Progress => self.ok(Some(stream), now),
+            Msg::Failed(e) => {
+                OPS.error("kubernetes_feed");
+                self.failed(Some(stream), &e, now);
+            }
+            Msg::Idle(idle) => {
+                // Blind since the last thing it delivered, not since now.
+                let since = self.health[stream].last_progress;
+                tracing::warn!(
+                    stream = %name, silent_for = ?idle,
+                    "Kubernetes watch stream stuck: no event, bookmark or end of watch within its deadline; relisting"
+                );
+                OPS.feed_rebuild(&name, "idle");
+                self.failed(
+                    Some(stream),
+                    &format!(
+                        "no event, bookmark or end of watch within {idle:?}: stuck, relisting"
+                    ),
+                    since,
+                );
+            }
+        }
+    }
+
+    pub(crate) fn take_rebuilds(&mut self) -> BTreeMap<usize, &'static str> {
+        std::mem::take(&mut self.rebuild)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::{model::Announcer, objects::ServiceFilter, stream::IDLE_MARGIN};
+    use super::*;
+    use std::net::IpAddr;
+
+    fn lease_json(holder: &str, renew: &str) -> Lease {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "cilium-l2announce-default-web", "namespace": "kube-system"},
+            "spec": {"holderIdentity": holder, "leaseDurationSeconds": 10, "renewTime": renew}
+        }))
+        .unwrap()
+    }
+
+    fn svc() -> Service {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "web", "namespace": "default"},
+            "spec": {"type": "LoadBalancer"},
+            "status": {"loadBalancer": {"ingress": [{"ip": "198.51.100.10"}]}}
+        }))
+        .unwrap()
+    }
+
+    fn feed(t0: Instant) -> Feed {
+        Feed::new(
+            FeedConfig {
+                announcers: vec![Announcer::Cilium {
+                    namespace: "kube-system".into(),
+                }],
+                filter: ServiceFilter::default(),
+                selector: None,
+                stale_after: None,
+                watch_timeout: WATCH_TIMEOUT,
+            },
+            t0,
+        )
+    }
+
+    /// A relist of the Services stream with `services`.
+    fn list_services(f: &mut Feed, t: Instant, services: Vec<Service>) {
+        use watcher::Event::*;
+        f.apply(0, Update::Svc(Box::new(Init)), t);
+        for s in services {
+            f.apply(0, Update::Svc(Box::new(InitApply(s))), t);
+        }
+        f.apply(0, Update::Svc(Box::new(InitDone)), t);
+    }
+
+    fn list(f: &mut Feed, t: Instant, lease: Lease) {
+        use watcher::Event::{Init, InitApply, InitDone};
+        list_services(f, t, vec![svc()]);
+        f.apply(1, Update::Lease(Box::new(Init)), t);
+        f.apply(1, Update::Lease(Box::new(InitApply(lease))), t);
+        f.apply(1, Update::Lease(Box::new(InitDone)), t);
+    }
+
+    /// The renewTime of the Lease as first listed.
+    const RENEWED: &str = "2026-11-30T10:00:00.000000Z";
+
+    /// A feed at `t0` that has listed `svc()` and a Lease held by node-a.
+    fn synced(t0: Instant) -> Feed {
+        let mut f = feed(t0);
+        list(&mut f, t0, lease_json("node-a", RENEWED));
+        f
+    }
+
+    fn secs(t0: Instant, s: u64) -> Instant {
+        t0 + Duration::from_secs(s)
+    }
+
+    fn key() -> Key {
+        Key::new(KEY.0, KEY.1)
+    }
+
+    fn node_a(certain: bool) -> (Option<String>, bool) {
+        (Some("node-a".into()), certain)
+    }
+
+    const IP: &str = "198.51.100.10";
+    const KEY: (&str, &str) = ("kube-system", "cilium-l2announce-default-web");
+
+    fn owner(f: &Feed, t: Instant) -> (Option<String>, bool) {
+        let c = &f.view(t, None).claims[&IP.parse::<IpAddr>().unwrap()];
+        (c.owner.clone(), c.certain)
+    }
+
+    #[test]
+    fn a_relist_does_not_extend_a_lease_nobody_renews() {
+        let t0 = Instant::now();
+        let mut f = feed(t0);
+        assert!(
+            f.view(t0, None).claims.is_empty(),
+            "nothing before the first sync"
+        );
+        list(&mut f, t0, lease_json("node-a", RENEWED));
+        assert_eq!(owner(&f, t0), node_a(true));
+        // A relist 8 s later with the same renewTime keeps the first observation...
+        let t8 = secs(t0, 8);
+        list(&mut f, t8, lease_json("node-a", RENEWED));
+        // ...so at 11 s the lease is past its deadline (10 s after it was
+        // first seen); the API was last heard at 8 s: not confirmed yet.
+        let t11 = secs(t0, 11);
+        assert_eq!(owner(&f, t11), node_a(false));
+        assert_eq!(f.due_confirmations(t11, 0), vec![key()]);
+        assert!(f.due_confirmations(t11, 0).is_empty(), "one GET at a time");
+        // The GET shows the same renewTime: expiry confirmed, no owner.
+        f.on_confirm(key(), t11, Ok(Some(lease_json("node-a", RENEWED))), t11);
+        assert_eq!(owner(&f, t11), (None, true));
+        assert!(f.take_rebuilds().is_empty(), "not a stuck stream");
+        // ...and a renewal seen in a relist counts as one.
+        let t12 = secs(t0, 12);
+        list(
+            &mut f,
+            t12,
+            lease_json("node-a", "2026-11-30T10:00:12.000000Z"),
+        );
+        assert_eq!(owner(&f, t12 + Duration::from_secs(1)), node_a(true));
+    }
+
+    /// The watch misses renewals (stuck half-way through a chunk): the
+    /// lease seems to expire, the GET shows a newer renewTime, the holder
+    /// keeps its claim throughout and the stream is rebuilt.
+    #[test]
+    fn a_stuck_watch_never_takes_the_owner_away() {
+        let t0 = Instant::now();
+        let mut f = synced(t0);
+        let t10 = secs(t0, 10);
+        assert_eq!(owner(&f, t10), node_a(false), "held, uncertain");
+        assert_eq!(f.due_confirmations(t10, 0).len(), 1);
+        f.on_confirm(
+            key(),
+            t10,
+            Ok(Some(lease_json("node-a", "2026-11-30T10:00:09.000000Z"))),
+            t10,
+        );
+        assert_eq!(owner(&f, t10), node_a(true), "renewed: certain again");
+        assert_eq!(f.take_rebuilds().into_keys().collect::<Vec<_>>(), vec![1]);
+        let v = f.view(t10, None);
+        assert!(!v.streams[1].healthy, "the stuck stream shows as failing");
+        // Blind since its last progress (t0), so past the 15 s floor it degrades.
+        assert!(f.view(secs(t0, 15), None).degraded);
+        // A failed GET: the holder keeps its (uncertain) claim, blind since the deadline.
+        let mut g = synced(t0);
+        let t11 = secs(t0, 11);
+        assert_eq!(g.due_confirmations(t11, 0).len(), 1);
+        g.on_confirm(key(), t11, Err("403 Forbidden".into()), t11);
+        assert_eq!(owner(&g, t11), node_a(false));
+        assert_eq!(g.view(t11, None).failing_since, Some(t10));
+        assert!(!g.view(secs(t0, 24), None).degraded);
+        assert!(g.view(secs(t0, 25), None).degraded);
+        assert_eq!(owner(&g, secs(t0, 300)), node_a(false));
+    }
+
+    /// A GET's answer that the watch has overtaken is old news: it neither
+    /// expires a Lease that was renewed meanwhile nor removes one that was
+    /// re-created, nor revives one the watch deleted.
+    #[test]
+    fn an_overtaken_confirmation_is_ignored() {
+        use watcher::Event::*;
+        let t0 = Instant::now();
+        let mut f = synced(t0);
+        let (t10, t11, t12) = (secs(t0, 10), secs(t0, 11), secs(t0, 12));
+        assert_eq!(f.due_confirmations(t10, 0).len(), 1);
+        // The watch delivers a renewal after the GET went out...
+        f.apply(
+            1,
+            Update::Lease(Box::new(Apply(lease_json(
+                "node-a",
+                "2026-11-30T10:00:11.000000Z",
+            )))),
+            t11,
+        );
+        // ...then the GET's answer, from before it, arrives: ignored.
+        let old = Ok(Some(lease_json("node-a", RENEWED)));
+        f.on_confirm(key(), t10, old, t12);
+        assert_eq!(owner(&f, t12), node_a(true));
+        assert!(f.take_rebuilds().is_empty(), "no false alarm");
+        f.on_confirm(key(), t10, Ok(None), t12);
+        assert_eq!(owner(&f, t12), node_a(true), "not removed");
+        // Deleted by the watch after the GET went out: not revived.
+        f.apply(
+            1,
+            Update::Lease(Box::new(Delete(lease_json(
+                "node-a",
+                "2026-11-30T10:00:11.000000Z",
+            )))),
+            t12,
+        );
+        let renewed = Ok(Some(lease_json("node-a", "2026-11-30T10:00:12.000000Z")));
+        f.on_confirm(key(), t11, renewed, t12);
+        assert!(f.model.leases.is_empty());
+    }
+
+    #[test]
+    fn a_relist_swaps_in_whole_and_only_at_its_end() {
+        use watcher::Event::*;
+        let t0 = Instant::now();
+        let mut f = synced(t0);
+        let ips = |f: &Feed| -> Vec<String> {
+            let v = f.view(t0, None);
+            v.claims.keys().map(ToString::to_string).collect()
+        };
+        assert_eq!(ips(&f), ["198.51.100.10"]);
+        // A relist after an outage: "web" was deleted meanwhile, "api" added.
+        let api: Service = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "api", "namespace": "default"},
+            "spec": {"type": "LoadBalancer"},
+            "status": {"loadBalancer": {"ingress": [{"ip": "198.51.100.20"}]}}
+        }))
+        .unwrap();
+        f.apply(0, Update::Svc(Box::new(Init)), t0);
+        f.apply(0, Update::Svc(Box::new(InitApply(api))), t0);
+        // Half-way through, the last known state holds (nothing vanishes
+        // because a list is in progress).
+        assert_eq!(ips(&f), ["198.51.100.10"]);
+        f.apply(0, Update::Svc(Box::new(InitDone)), t0);
+        assert_eq!(ips(&f), ["198.51.100.20"]);
+    }
+
+    #[test]
+    fn claims_wait_for_every_stream() {
+        let t0 = Instant::now();
+        let mut f = feed(t0);
+        list_services(&mut f, t0, vec![svc()]);
+        let v = f.view(t0, None);
+        assert!(!v.synced && v.claims.is_empty(), "Leases not listed yet");
+    }
+
+    #[test]
+    fn degrades_after_the_threshold_and_recovers_per_stream() {
+        let t0 = Instant::now();
+        let mut f = synced(t0);
+        f.failed(Some(1), "connection refused", t0);
+        assert!(!f.view(secs(t0, 14), None).degraded);
+        assert!(f.view(secs(t0, 15), None).degraded, "15 s floor");
+        // The probe answering does not vouch for the lease stream.
+        f.ok(None, t0);
+        assert!(f.view(secs(t0, 16), None).degraded);
+        f.ok(Some(1), t0);
+        // Streams healthy; the lease, past its deadline (10 s) and not yet
+        // confirmed, has kept the guard blind for 6 s only.
+        let v = f.view(secs(t0, 16), None);
+        assert!(!v.degraded && v.unconfirmed == 1);
+    }
+
+    #[test]
+    fn an_idle_stream_is_failing_since_its_last_progress() {
+        let t0 = Instant::now();
+        let mut f = synced(t0);
+        let t = t0 + WATCH_TIMEOUT + IDLE_MARGIN;
+        f.on_msg(0, Msg::Idle(WATCH_TIMEOUT + IDLE_MARGIN), t);
+        let v = f.view(t, None);
+        assert!(!v.streams[0].healthy);
+        assert!(v.streams[0].error.as_deref().unwrap().contains("stuck"));
+        assert_eq!(f.health[0].failing_since, Some(t0));
+        assert!(v.degraded, "blind for longer than the threshold");
+        f.on_msg(0, Msg::Progress, t);
+        assert!(f.view(t, None).streams[0].healthy);
+    }
+
+    /// One Lease with an absurd duration cannot switch degradation off: the
+    /// threshold stays within [15 s, 60 s].
+    #[test]
+    fn the_threshold_is_capped() {
+        let t0 = Instant::now();
+        let mut f = feed(t0);
+        let mut l = lease_json("node-a", RENEWED);
+        l.spec.as_mut().unwrap().lease_duration_seconds = Some(2147483647);
+        list(&mut f, t0, l);
+        assert_eq!(f.threshold(), THRESHOLD_CAP);
+        f.failed(Some(0), "500 Internal Server Error", t0);
+        assert!(!f.view(secs(t0, 59), None).degraded);
+        assert!(f.view(secs(t0, 60), None).degraded);
+    }
+}

@@ -1,0 +1,41 @@
+//! Ownership from the Kubernetes API: which LB IPs exist (Services) and which
+//! node owns each (Cilium and kube-vip Leases, MetalLB ServiceL2Status).
+//!
+//! `objects` turns API objects into the `model`'s plain types, `model` holds
+//! the ownership rules (pure), `stream` drives one list+watch, `feed` keeps
+//! what the streams delivered and their health (pure in time), and `task`
+//! runs them all and publishes a `ClusterView`.
+
+pub mod confirm;
+pub mod feed;
+pub mod model;
+pub mod objects;
+pub mod stream;
+pub mod task;
+
+use std::time::Duration;
+
+pub use model::{Announcer, Key};
+use objects::ServiceFilter;
+
+#[derive(Debug, Clone)]
+pub struct FeedConfig {
+    pub announcers: Vec<Announcer>,
+    pub filter: ServiceFilter,
+    /// Label selector for Services (server-side).
+    pub selector: Option<String>,
+    /// Degrade after this long without a healthy feed; None: the longest
+    /// duration of the Leases in use, between 15 s and 60 s.
+    pub stale_after: Option<Duration>,
+    /// The server ends each watch after this long (`timeoutSeconds`); a
+    /// stream silent for this plus [`stream::IDLE_MARGIN`] is stuck.
+    pub watch_timeout: Duration,
+}
+
+/// Reading the API: where its configuration comes from, and the feed.
+#[derive(Debug, Clone)]
+pub struct ClusterConfig {
+    /// None: in-cluster service account, then $KUBECONFIG / ~/.kube/config.
+    pub kubeconfig: Option<std::path::PathBuf>,
+    pub feed: FeedConfig,
+}

@@ -1,0 +1,674 @@
+//! What the cluster says about LB IPs and their owners, in plain types.
+//!
+//! The watchers convert Services, Leases and ServiceL2Status objects into
+//! these types (see `objects.rs`); everything that decides ownership is here,
+//! as pure functions of the model and the time, so that it is tested without
+//! an API server.
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    net::IpAddr,
+    time::{Duration, Instant},
+};
+
+pub use crate::model::cluster::Claim;
+
+/// namespace/name of a namespaced object.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Key {
+    pub ns: String,
+    pub name: String,
+}
+
+impl Key {
+    pub fn new(ns: impl Into<String>, name: impl Into<String>) -> Self {
+        Key {
+            ns: ns.into(),
+            name: name.into(),
+        }
+    }
+}
+
+impl std::fmt::Display for Key {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.ns, self.name)
+    }
+}
+
+/// A Service of type LoadBalancer that passed the class/label filters.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ServiceInfo {
+    /// status.loadBalancer.ingress[].ip, plus spec.externalIPs when asked for.
+    pub ips: Vec<IpAddr>,
+    /// The `kube-vip.io/leaseName` annotation: `name` or `ns/name`.
+    pub kube_vip_lease: Option<String>,
+}
+
+/// A Lease as this guard observed it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaseInfo {
+    pub holder: Option<String>,
+    pub duration: Duration,
+    /// spec.renewTime as written by the holder; compared, never interpreted:
+    /// the holder's clock is not ours.
+    pub renew: Option<String>,
+    /// When *this guard* last saw holder or renewTime change (client-go's
+    /// `observedTime`). The lease is live until `observed + duration`.
+    pub observed: Instant,
+    /// When the API last told us about this Lease (an event, a list or a
+    /// GET), changed or not. An expiry counts only once the API has been
+    /// asked after the deadline: until then the guard may simply be blind.
+    pub checked: Instant,
+}
+
+/// What a Lease says at a moment, as far as this guard can tell.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LeaseState<'a> {
+    /// Renewed within its duration.
+    Live(&'a str),
+    /// Its duration passed without a renewal we saw, and the API has not
+    /// been heard from since: the holder may have stopped, or we may be
+    /// blind (a stuck watch). Not yet a reason to take permission away.
+    Unconfirmed(&'a str),
+    /// The API confirmed, after the deadline, that it was not renewed.
+    Expired,
+    /// No holder.
+    Vacant,
+}
+
+impl LeaseInfo {
+    pub fn deadline(&self) -> Instant {
+        self.observed + self.duration
+    }
+
+    pub fn state(&self, now: Instant) -> LeaseState<'_> {
+        let Some(holder) = self.holder.as_deref().filter(|h| !h.is_empty()) else {
+            return LeaseState::Vacant;
+        };
+        if now < self.deadline() {
+            LeaseState::Live(holder)
+        } else if self.checked >= self.deadline() {
+            LeaseState::Expired
+        } else {
+            LeaseState::Unconfirmed(holder)
+        }
+    }
+}
+
+/// A MetalLB ServiceL2Status: `node` announces the Service.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct L2Status {
+    pub node: Option<String>,
+    pub service: Key,
+}
+
+/// Which announcer's records say who owns a Service's IPs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Announcer {
+    /// Lease `cilium-l2announce-<svc-ns>-<svc-name>` in this namespace.
+    Cilium { namespace: String },
+    /// Lease `kubevip-<svc-name>` in the Service's namespace, or the one the
+    /// `kube-vip.io/leaseName` annotation names.
+    KubeVipPerService,
+    /// One Lease whose holder announces every Service.
+    KubeVipGlobal { lease: Key },
+    /// ServiceL2Status objects in this namespace.
+    MetalLb { namespace: String },
+}
+
+impl Announcer {
+    pub fn name(&self) -> &'static str {
+        match self {
+            Announcer::Cilium { .. } => "cilium",
+            Announcer::KubeVipPerService | Announcer::KubeVipGlobal { .. } => "kube-vip",
+            Announcer::MetalLb { .. } => "metallb",
+        }
+    }
+}
+
+#[derive(Debug, Default, Clone)]
+pub struct Model {
+    pub services: BTreeMap<Key, ServiceInfo>,
+    pub leases: BTreeMap<Key, LeaseInfo>,
+    pub l2: BTreeMap<Key, L2Status>,
+}
+
+impl Model {
+    /// Record a Lease as seen now. Keeps the observation time when neither
+    /// holder nor renewTime changed (a resync or an unrelated field update).
+    /// Returns whether holder or renewTime changed (a renewal we had not
+    /// seen), for an existing Lease.
+    pub fn upsert_lease(
+        &mut self,
+        key: Key,
+        holder: Option<String>,
+        duration: Duration,
+        renew: Option<String>,
+        now: Instant,
+    ) -> bool {
+        let (observed, renewed) = match self.leases.get(&key) {
+            Some(old) if old.holder == holder && old.renew == renew => (old.observed, false),
+            Some(_) => (now, true),
+            None => (now, false),
+        };
+        self.leases.insert(
+            key,
+            LeaseInfo {
+                holder,
+                duration,
+                renew,
+                observed,
+                checked: now,
+            },
+        );
+        renewed
+    }
+
+    /// The longest duration of the Leases in use (the feed's default
+    /// staleness threshold).
+    pub fn max_lease_duration(&self, announcers: &[Announcer]) -> Option<Duration> {
+        let used = self.referenced_leases(announcers);
+        used.iter()
+            .filter_map(|k| self.leases.get(k))
+            .map(|l| l.duration)
+            .max()
+    }
+
+    /// The earliest future moment at which a live lease reaches its
+    /// deadline: when the ownership must be looked at again even if nothing
+    /// else happens.
+    pub fn next_expiry(&self, now: Instant) -> Option<Instant> {
+        self.leases
+            .values()
+            .map(LeaseInfo::deadline)
+            .filter(|t| *t > now)
+            .min()
+    }
+
+    /// Leases some Service depends on that passed their deadline without
+    /// the API being heard from since: each must be confirmed with a GET
+    /// before it changes anything. With the deadline (since when).
+    pub fn unconfirmed(&self, announcers: &[Announcer], now: Instant) -> Vec<(Key, Instant)> {
+        self.referenced_leases(announcers)
+            .into_iter()
+            .filter_map(|k| {
+                let l = self.leases.get(&k)?;
+                matches!(l.state(now), LeaseState::Unconfirmed(_)).then(|| (k, l.deadline()))
+            })
+            .collect()
+    }
+
+    /// The Lease that decides `svc` for a Lease-based announcer.
+    fn lease_key(svc: &Key, info: &ServiceInfo, a: &Announcer) -> Option<Key> {
+        match a {
+            Announcer::Cilium { namespace } => Some(Key::new(
+                namespace.clone(),
+                format!("cilium-l2announce-{}-{}", svc.ns, svc.name),
+            )),
+            Announcer::KubeVipPerService => Some(match info.kube_vip_lease.as_deref() {
+                Some(n) => match n.split_once('/') {
+                    Some((ns, name)) => Key::new(ns, name),
+                    None => Key::new(svc.ns.clone(), n),
+                },
+                None => Key::new(svc.ns.clone(), format!("kubevip-{}", svc.name)),
+            }),
+            Announcer::KubeVipGlobal { lease } => Some(lease.clone()),
+            Announcer::MetalLb { .. } => None,
+        }
+    }
+
+    /// The Leases some Service depends on. Only these count for the staleness
+    /// threshold and the holder names: a real cluster has many unrelated
+    /// Leases (leader elections) that say nothing about LB IPs.
+    fn referenced_leases(&self, announcers: &[Announcer]) -> BTreeSet<Key> {
+        self.services
+            .iter()
+            .flat_map(|(svc, info)| {
+                announcers
+                    .iter()
+                    .filter_map(move |a| Self::lease_key(svc, info, a))
+            })
+            .collect()
+    }
+
+    /// The owner of one Service according to one announcer: Some(claim) if
+    /// that announcer has a record for it (an empty or expired one too).
+    fn service_claim(
+        &self,
+        svc: &Key,
+        info: &ServiceInfo,
+        a: &Announcer,
+        now: Instant,
+    ) -> Option<Claim> {
+        let lease_claim = |key: Key| {
+            let lease = self.leases.get(&key)?;
+            Some(match lease.state(now) {
+                LeaseState::Live(h) => Claim {
+                    owner: Some(h.to_owned()),
+                    why: format!("Lease {key} held by {h}"),
+                    certain: true,
+                },
+                LeaseState::Unconfirmed(h) => Claim {
+                    owner: Some(h.to_owned()),
+                    why: format!(
+                        "Lease {key} held by {h}, not renewed within its duration as far as \
+                         this guard saw; waiting for the API to confirm"
+                    ),
+                    certain: false,
+                },
+                LeaseState::Expired => Claim {
+                    owner: None,
+                    why: format!(
+                        "Lease {key} expired (holder {} stopped renewing)",
+                        lease.holder.as_deref().unwrap_or("")
+                    ),
+                    certain: true,
+                },
+                LeaseState::Vacant => Claim {
+                    owner: None,
+                    why: format!("Lease {key} has no holder"),
+                    certain: true,
+                },
+            })
+        };
+        match a {
+            Announcer::Cilium { .. }
+            | Announcer::KubeVipPerService
+            | Announcer::KubeVipGlobal { .. } => lease_claim(Self::lease_key(svc, info, a)?),
+            Announcer::MetalLb { namespace } => {
+                let nodes: BTreeSet<&str> = self
+                    .l2
+                    .iter()
+                    .filter(|(k, s)| &k.ns == namespace && &s.service == svc)
+                    .filter_map(|(_, s)| s.node.as_deref())
+                    .collect();
+                match nodes.len() {
+                    0 => None,
+                    1 => {
+                        let n = nodes.iter().next().copied().unwrap_or_default();
+                        Some(Claim {
+                            owner: Some(n.to_owned()),
+                            why: format!("ServiceL2Status for {svc}: node {n}"),
+                            certain: true,
+                        })
+                    }
+                    _ => Some(Claim {
+                        owner: None,
+                        why: format!(
+                            "ServiceL2Status for {svc} names several nodes ({}): owner unknown",
+                            nodes.into_iter().collect::<Vec<_>>().join(", ")
+                        ),
+                        certain: true,
+                    }),
+                }
+            }
+        }
+    }
+
+    /// Ownership of every LB IP the Services carry. For each Service the first
+    /// announcer (in the order given) that has a record decides; an IP shared
+    /// by Services whose owners disagree has no owner.
+    pub fn ownership(&self, announcers: &[Announcer], now: Instant) -> BTreeMap<IpAddr, Claim> {
+        let mut out: BTreeMap<IpAddr, Claim> = BTreeMap::new();
+        for (svc, info) in &self.services {
+            let claim = announcers
+                .iter()
+                .find_map(|a| self.service_claim(svc, info, a, now))
+                .unwrap_or_else(|| Claim {
+                    owner: None,
+                    why: format!("Service {svc}: no announcer record"),
+                    certain: true,
+                });
+            for ip in &info.ips {
+                match out.get_mut(ip) {
+                    None => {
+                        out.insert(*ip, claim.clone());
+                    }
+                    Some(prev) if prev.owner == claim.owner => {
+                        prev.certain &= claim.certain;
+                    }
+                    Some(prev) => {
+                        *prev = Claim {
+                            owner: None,
+                            why: format!(
+                                "IP shared by Services whose owners disagree: {} / {}",
+                                prev.why, claim.why
+                            ),
+                            certain: prev.certain && claim.certain,
+                        };
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    /// Every holder of a Lease in use and every announcing node (to spot a
+    /// node name that matches none of them).
+    pub fn named_nodes(&self, announcers: &[Announcer]) -> BTreeSet<&str> {
+        let used = self.referenced_leases(announcers);
+        let leases = used
+            .iter()
+            .filter_map(|k| self.leases.get(k)?.holder.as_deref());
+        let l2 = self.l2.values().filter_map(|s| s.node.as_deref());
+        leases.chain(l2).filter(|n| !n.is_empty()).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().unwrap()
+    }
+
+    fn svc(m: &mut Model, ns: &str, name: &str, ips: &[&str]) {
+        m.services.insert(
+            Key::new(ns, name),
+            ServiceInfo {
+                ips: ips.iter().map(|s| ip(s)).collect(),
+                kube_vip_lease: None,
+            },
+        );
+    }
+
+    const SEC: Duration = Duration::from_secs(1);
+
+    #[test]
+    fn cilium_lease_gives_owner_until_it_stops_being_renewed() {
+        let t0 = Instant::now();
+        let mut m = Model::default();
+        svc(&mut m, "default", "web", &["198.51.100.10", "fd00::10"]);
+        let cilium = [Announcer::Cilium {
+            namespace: "kube-system".into(),
+        }];
+        let key = Key::new("kube-system", "cilium-l2announce-default-web");
+        m.upsert_lease(
+            key.clone(),
+            Some("node-a".into()),
+            15 * SEC,
+            Some("r1".into()),
+            t0,
+        );
+        let o = m.ownership(&cilium, t0 + 5 * SEC);
+        assert_eq!(o[&ip("198.51.100.10")].owner.as_deref(), Some("node-a"));
+        assert_eq!(
+            o[&ip("fd00::10")].owner.as_deref(),
+            Some("node-a"),
+            "IPv6 ingress kept for NDP"
+        );
+        // Renewed at t0+10 (renewTime changed): live until t0+25.
+        m.upsert_lease(
+            key.clone(),
+            Some("node-a".into()),
+            15 * SEC,
+            Some("r2".into()),
+            t0 + 10 * SEC,
+        );
+        assert_eq!(
+            m.ownership(&cilium, t0 + 20 * SEC)[&ip("198.51.100.10")]
+                .owner
+                .as_deref(),
+            Some("node-a")
+        );
+        // A resync with the same renewTime does not extend it.
+        m.upsert_lease(
+            key.clone(),
+            Some("node-a".into()),
+            15 * SEC,
+            Some("r2".into()),
+            t0 + 24 * SEC,
+        );
+        // Past the deadline (25 s) with the API last heard at 24 s: the
+        // holder keeps an uncertain claim until the API confirms.
+        let o = m.ownership(&cilium, t0 + 26 * SEC);
+        let c = &o[&ip("198.51.100.10")];
+        assert_eq!((c.owner.as_deref(), c.certain), (Some("node-a"), false));
+        assert_eq!(
+            m.unconfirmed(&cilium, t0 + 26 * SEC),
+            vec![(key.clone(), t0 + 25 * SEC)]
+        );
+        // The API, asked after the deadline, shows no renewal: expired.
+        m.upsert_lease(
+            key.clone(),
+            Some("node-a".into()),
+            15 * SEC,
+            Some("r2".into()),
+            t0 + 26 * SEC,
+        );
+        let o = m.ownership(&cilium, t0 + 26 * SEC);
+        assert_eq!(
+            o[&ip("198.51.100.10")].owner,
+            None,
+            "expired: unknown, not foreign"
+        );
+        assert!(o[&ip("198.51.100.10")].certain);
+        assert!(o[&ip("198.51.100.10")].why.contains("expired"), "{:?}", o);
+        assert!(m.unconfirmed(&cilium, t0 + 26 * SEC).is_empty());
+        assert_eq!(m.next_expiry(t0 + 26 * SEC), None);
+        assert_eq!(m.next_expiry(t0 + 11 * SEC), Some(t0 + 25 * SEC));
+    }
+
+    #[test]
+    fn holderless_lease_means_no_owner() {
+        let t0 = Instant::now();
+        let mut m = Model::default();
+        svc(&mut m, "default", "web", &["198.51.100.10"]);
+        m.upsert_lease(
+            Key::new("kube-system", "cilium-l2announce-default-web"),
+            Some(String::new()),
+            15 * SEC,
+            None,
+            t0,
+        );
+        let o = m.ownership(
+            &[Announcer::Cilium {
+                namespace: "kube-system".into(),
+            }],
+            t0,
+        );
+        assert_eq!(o[&ip("198.51.100.10")].owner, None);
+        assert!(o[&ip("198.51.100.10")].why.contains("no holder"));
+    }
+
+    #[test]
+    fn kube_vip_lease_names() {
+        let t0 = Instant::now();
+        let mut m = Model::default();
+        svc(&mut m, "shop", "checkout", &["198.51.100.20"]);
+        m.services.insert(
+            Key::new("shop", "cart"),
+            ServiceInfo {
+                ips: vec![ip("198.51.100.21")],
+                kube_vip_lease: Some("custom".into()),
+            },
+        );
+        m.services.insert(
+            Key::new("shop", "pay"),
+            ServiceInfo {
+                ips: vec![ip("198.51.100.22")],
+                kube_vip_lease: Some("infra/pay-lock".into()),
+            },
+        );
+        m.upsert_lease(
+            Key::new("shop", "kubevip-checkout"),
+            Some("n1".into()),
+            15 * SEC,
+            None,
+            t0,
+        );
+        m.upsert_lease(
+            Key::new("shop", "custom"),
+            Some("n2".into()),
+            15 * SEC,
+            None,
+            t0,
+        );
+        m.upsert_lease(
+            Key::new("infra", "pay-lock"),
+            Some("n3".into()),
+            15 * SEC,
+            None,
+            t0,
+        );
+        let o = m.ownership(&[Announcer::KubeVipPerService], t0);
+        assert_eq!(o[&ip("198.51.100.20")].owner.as_deref(), Some("n1"));
+        assert_eq!(o[&ip("198.51.100.21")].owner.as_deref(), Some("n2"));
+        assert_eq!(o[&ip("198.51.100.22")].owner.as_deref(), Some("n3"));
+        // Global mode: one lease announces all.
+        m.upsert_lease(
+            Key::new("kube-system", "plndr-svcs-lock"),
+            Some("n9".into()),
+            15 * SEC,
+            None,
+            t0,
+        );
+        let o = m.ownership(
+            &[Announcer::KubeVipGlobal {
+                lease: Key::new("kube-system", "plndr-svcs-lock"),
+            }],
+            t0,
+        );
+        assert!(o.values().all(|c| c.owner.as_deref() == Some("n9")));
+    }
+
+    #[test]
+    fn metallb_l2status_and_conflicts() {
+        let t0 = Instant::now();
+        let mut m = Model::default();
+        svc(&mut m, "default", "web", &["198.51.100.30"]);
+        let mlb = [Announcer::MetalLb {
+            namespace: "metallb-system".into(),
+        }];
+        assert_eq!(
+            m.ownership(&mlb, t0)[&ip("198.51.100.30")].owner,
+            None,
+            "no status yet"
+        );
+        m.l2.insert(
+            Key::new("metallb-system", "l2-abc"),
+            L2Status {
+                node: Some("n1".into()),
+                service: Key::new("default", "web"),
+            },
+        );
+        assert_eq!(
+            m.ownership(&mlb, t0)[&ip("198.51.100.30")].owner.as_deref(),
+            Some("n1")
+        );
+        // Status objects in another namespace are not MetalLB's.
+        m.l2.insert(
+            Key::new("other", "l2-x"),
+            L2Status {
+                node: Some("n7".into()),
+                service: Key::new("default", "web"),
+            },
+        );
+        assert_eq!(
+            m.ownership(&mlb, t0)[&ip("198.51.100.30")].owner.as_deref(),
+            Some("n1")
+        );
+        // Two speakers claim it: unknown, never one of them picked at random.
+        m.l2.insert(
+            Key::new("metallb-system", "l2-def"),
+            L2Status {
+                node: Some("n2".into()),
+                service: Key::new("default", "web"),
+            },
+        );
+        let c = &m.ownership(&mlb, t0)[&ip("198.51.100.30")];
+        assert_eq!(c.owner, None);
+        assert!(c.why.contains("n1, n2"), "{c:?}");
+    }
+
+    #[test]
+    fn shared_ip_with_disagreeing_owners_has_none() {
+        let t0 = Instant::now();
+        let mut m = Model::default();
+        svc(&mut m, "a", "tcp", &["198.51.100.40"]);
+        svc(&mut m, "a", "udp", &["198.51.100.40"]);
+        let mlb = [Announcer::MetalLb {
+            namespace: "metallb-system".into(),
+        }];
+        m.l2.insert(
+            Key::new("metallb-system", "l2-1"),
+            L2Status {
+                node: Some("n1".into()),
+                service: Key::new("a", "tcp"),
+            },
+        );
+        m.l2.insert(
+            Key::new("metallb-system", "l2-2"),
+            L2Status {
+                node: Some("n1".into()),
+                service: Key::new("a", "udp"),
+            },
+        );
+        assert_eq!(
+            m.ownership(&mlb, t0)[&ip("198.51.100.40")].owner.as_deref(),
+            Some("n1")
+        );
+        m.l2.insert(
+            Key::new("metallb-system", "l2-2"),
+            L2Status {
+                node: Some("n2".into()),
+                service: Key::new("a", "udp"),
+            },
+        );
+        assert_eq!(m.ownership(&mlb, t0)[&ip("198.51.100.40")].owner, None);
+    }
+
+    #[test]
+    fn first_announcer_with_a_record_decides() {
+        let t0 = Instant::now();
+        let mut m = Model::default();
+        svc(&mut m, "default", "web", &["198.51.100.50"]);
+        let both = [
+            Announcer::Cilium {
+                namespace: "kube-system".into(),
+            },
+            Announcer::MetalLb {
+                namespace: "metallb-system".into(),
+            },
+        ];
+        m.l2.insert(
+            Key::new("metallb-system", "l2-1"),
+            L2Status {
+                node: Some("n2".into()),
+                service: Key::new("default", "web"),
+            },
+        );
+        assert_eq!(
+            m.ownership(&both, t0)[&ip("198.51.100.50")]
+                .owner
+                .as_deref(),
+            Some("n2"),
+            "no Cilium lease: MetalLB decides"
+        );
+        m.upsert_lease(
+            Key::new("kube-system", "cilium-l2announce-default-web"),
+            Some("n1".into()),
+            15 * SEC,
+            None,
+            t0,
+        );
+        assert_eq!(
+            m.ownership(&both, t0)[&ip("198.51.100.50")]
+                .owner
+                .as_deref(),
+            Some("n1")
+        );
+        assert_eq!(m.named_nodes(&both), BTreeSet::from(["n1", "n2"]));
+        // A Lease no Service depends on (a controller's leader election) is not counted.
+        m.upsert_lease(
+            Key::new("kube-system", "some-controller"),
+            Some("pod-x".into()),
+            60 * SEC,
+            None,
+            t0,
+        );
+        assert_eq!(m.named_nodes(&both), BTreeSet::from(["n1", "n2"]));
+        assert_eq!(m.max_lease_duration(&both), Some(15 * SEC));
+    }
+}

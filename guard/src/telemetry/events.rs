@@ -1,0 +1,119 @@
+//! Drop events from the kernel's ring buffer: logged with `tracing` (text or
+//! JSON, per --log-format), bursts summarised, and fanned out to `/events`
+//! subscribers (`arp-guard events`).
+
+use std::{collections::BTreeMap, net::Ipv4Addr, time::Duration};
+
+use aya::maps::{MapData, RingBuf};
+use guard_common::DropEvent;
+use serde::{Deserialize, Serialize};
+use tokio::{io::unix::AsyncFd, sync::broadcast};
+
+/// Per (LB IP, kind, verdict) and second, this many events are logged one by
+/// one; the rest are summarised in one line.
+const LOG_PER_KEY_PER_SEC: u32 = 5;
+
+#[derive(Debug, Serialize, Deserialize)]
+pub struct EventJson {
+    pub time: String,
+    pub interface: String,
+    pub lb_ip: String,
+    pub requester_ip: String,
+    pub requester_mac: String,
+    pub kind: String,
+    pub origin: String,
+    pub state: String,
+    pub verdict: String,
+}
+
+pub fn decode(bytes: &[u8]) -> Option<EventJson> {
+    if bytes.len() < std::mem::size_of::<DropEvent>() {
+        return None;
+    }
+    // SAFETY: the buffer holds at least one DropEvent (checked above), a
+    // #[repr(C)] struct of integers valid for any bits; read unaligned.
+    let e: DropEvent = unsafe { std::ptr::read_unaligned(bytes.as_ptr() as *const DropEvent) };
+    let [kind, origin, state, verdict] =
+        super::decision_names(e.kind, e.origin, e.state, e.verdict);
+    Some(EventJson {
+        time: unix_time_millis(),
+        interface: super::interface_name(e.ifindex),
+        lb_ip: Ipv4Addr::from(e.lb_ip).to_string(),
+        requester_ip: Ipv4Addr::from(e.requester_ip).to_string(),
+        requester_mac: fmt_mac(&e.requester_mac),
+        kind,
+        origin,
+        state,
+        verdict,
+    })
+}
+
+/// aa:bb:cc:dd:ee:ff
+pub fn fmt_mac(m: &[u8; 6]) -> String {
+    m.iter()
+        .map(|b| format!("{b:02x}"))
+        .collect::<Vec<_>>()
+        .join(":")
+}
+
+/// Seconds since the Unix epoch with milliseconds, as text ("1764500000.123").
+fn unix_time_millis() -> String {
+    let d = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    format!("{}.{:03}", d.as_secs(), d.subsec_millis())
+}
+
+/// Read events until the ring buffer fails: log them (bursts summarised)
+/// and hand each to `tx` as a line of JSON (no subscriber is fine).
+pub async fn run(ring: RingBuf<MapData>, tx: broadcast::Sender<String>) {
+    // SAFETY: the RingBuf owns its fd and moves into the AsyncFd, so the fd
+    // stays open until the AsyncFd (deregistering first) drops it.
+    let mut fd = match unsafe { AsyncFd::register(ring) } {
+        Ok(fd) => fd,
+        Err(e) => {
+            tracing::warn!(error = %e, "drop events unavailable");
+            return;
+        }
+    };
+    let mut window: BTreeMap<(String, String, String), u32> = BTreeMap::new();
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    loop {
+        tokio::select! {
+            guard = fd.readable_mut() => {
+                let Ok(mut guard) = guard else { return };
+                let ring = guard.get_inner_mut();
+                while let Some(item) = ring.next() {
+                    let Some(ev) = decode(&item) else { continue };
+                    let key = (ev.lb_ip.clone(), ev.kind.clone(), ev.verdict.clone());
+                    let n = window.entry(key).or_default();
+                    *n += 1;
+                    if *n <= LOG_PER_KEY_PER_SEC {
+                        tracing::info!(
+                            target: "arp_guard::events",
+                            interface = %ev.interface, lb_ip = %ev.lb_ip, requester_ip = %ev.requester_ip,
+                            requester_mac = %ev.requester_mac, kind = %ev.kind, origin = %ev.origin, state = %ev.state,
+                            verdict = %ev.verdict, "ARP announcement stopped"
+                        );
+                    }
+                    if let Ok(line) = serde_json::to_string(&ev) {
+                        // No subscriber is fine.
+                        let _ = tx.send(line);
+                    }
+                }
+                guard.clear_ready();
+            }
+            _ = tick.tick() => {
+                for ((lb_ip, kind, verdict), n) in std::mem::take(&mut window) {
+                    if n > LOG_PER_KEY_PER_SEC {
+                        tracing::info!(
+                            target: "arp_guard::events",
+                            lb_ip = %lb_ip, kind = %kind, verdict = %verdict, more = n - LOG_PER_KEY_PER_SEC,
+                            "burst: more events like these in the last second"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}

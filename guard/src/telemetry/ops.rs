@@ -1,0 +1,48 @@
+//! The daemon's own operation counters (feed events, map writes, errors),
+//! counted where things happen and exported by /metrics.
+
+use std::{
+    collections::BTreeMap,
+    sync::{atomic::AtomicU64, Mutex},
+};
+
+/// Operation counters of the daemon itself.
+#[derive(Debug, Default)]
+pub struct Ops {
+    pub feed_events: Mutex<BTreeMap<String, u64>>,
+    pub map_writes: AtomicU64,
+    pub map_removes: AtomicU64,
+    pub errors: Mutex<BTreeMap<&'static str, u64>>,
+    /// Kubernetes streams rebuilt (relisted), by stream and reason.
+    pub feed_rebuilds: Mutex<BTreeMap<(String, &'static str), u64>>,
+}
+
+impl Ops {
+    pub fn error(&self, cause: &'static str) {
+        *self
+            .errors
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(cause)
+            .or_default() += 1;
+    }
+    pub fn feed_rebuild(&self, stream: &str, reason: &'static str) {
+        *self
+            .feed_rebuilds
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry((stream.to_owned(), reason))
+            .or_default() += 1;
+    }
+    pub fn feed_event(&self, source: &str) {
+        *self
+            .feed_events
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(source.to_owned())
+            .or_default() += 1;
+    }
+}
+
+/// The daemon's operation counters (one process, one set).
+pub static OPS: std::sync::LazyLock<Ops> = std::sync::LazyLock::new(Ops::default);

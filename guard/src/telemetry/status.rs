@@ -1,0 +1,104 @@
+//! The daemon's state in one document: served by the API (`/status`),
+//! written to `--status-file`, read by `/metrics`, and shown by the CLI
+//! (which reads it back with these same types).
+
+use guard_common::Ownership;
+use serde::{Deserialize, Serialize};
+
+use crate::model::{
+    cluster::{ClusterView, StreamStatus},
+    view::View,
+};
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Status {
+    pub node: String,
+    /// `enforce` or `monitor`.
+    pub mode: String,
+    pub interfaces: Vec<Interface>,
+    pub lb_ips: Counts,
+    /// Map entries that did not fit (full maps): those LB IPs are not guarded.
+    pub not_enforced: usize,
+    /// Kernel memory held by the program's maps (memlock), in bytes.
+    pub map_memory_bytes: u64,
+    /// Present when an announcer reads the Kubernetes API.
+    pub feed: Option<Feed>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum InterfaceState {
+    Attached,
+    /// A --interface pattern that matches nothing (yet).
+    Missing,
+    Failed,
+}
+
+impl InterfaceState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            InterfaceState::Attached => "attached",
+            InterfaceState::Missing => "missing",
+            InterfaceState::Failed => "failed",
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Interface {
+    /// A name, or a --interface pattern that matches nothing.
+    pub name: String,
+    pub state: InterfaceState,
+    /// tcx or netlink-clsact when attached; the error when failed.
+    pub detail: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Counts {
+    pub total: usize,
+    pub owned: usize,
+    pub foreign: usize,
+    pub unknown: usize,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Feed {
+    pub announcers: Vec<String>,
+    /// Every stream has completed its first list.
+    pub synced: bool,
+    /// Blind for longer than the threshold: foreign is enforced as unknown.
+    pub degraded: bool,
+    /// Blind now: a stream failing or stuck, or a Lease expiry the API has
+    /// not confirmed (IPs this node owns stay owned meanwhile).
+    pub blind: bool,
+    /// Leases in use past their deadline, not confirmed by the API.
+    pub unconfirmed_leases: usize,
+    /// Blind this long, foreign is enforced as unknown.
+    pub threshold_seconds: u64,
+    pub streams: Vec<StreamStatus>,
+}
+
+impl Counts {
+    pub fn of(view: &View) -> Self {
+        Counts {
+            total: view.lb.len(),
+            owned: view.count(Ownership::Owned),
+            foreign: view.count(Ownership::Foreign),
+            unknown: view.count(Ownership::Unknown),
+        }
+    }
+}
+
+impl Feed {
+    pub fn of(announcers: &[&str], c: &ClusterView) -> Self {
+        Feed {
+            announcers: announcers.iter().map(|a| (*a).to_owned()).collect(),
+            synced: c.synced,
+            degraded: c.degraded,
+            blind: c.failing_since.is_some(),
+            unconfirmed_leases: c.unconfirmed,
+            threshold_seconds: c.threshold.as_secs(),
+            streams: c.streams.clone(),
+        }
+    }
+}

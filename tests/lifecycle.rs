@@ -852,11 +852,14 @@ fn counters_of_departed_ips_are_reclaimed_and_metrics_stay_bounded() {
             "{}",
             guard.log_text()
         );
-        // Applied once the first IP's gratuitous ARP is stopped.
-        let garp = ArpSpec::gratuitous(2, bed.node_mac, round[0]).to_bytes();
-        assert!(wait_until(Duration::from_secs(5), || !speaker
-            .send(&garp)
-            .unwrap()));
+        // Applied once every IP's gratuitous ARP is stopped (the map is
+        // written entry by entry, in no order the test may rely on).
+        for ip in round {
+            let garp = ArpSpec::gratuitous(2, bed.node_mac, *ip).to_bytes();
+            assert!(wait_until(Duration::from_secs(5), || !speaker
+                .send(&garp)
+                .unwrap()));
+        }
         // Three decisions per IP: reply, gratuitous, announce leak (all foreign).
         for ip in round {
             assert!(!speaker

@@ -394,3 +394,33 @@ fn the_api_survives_its_clients() {
         "logged once per episode, not per attempt"
     );
 }
+
+/// `--metrics-listen` on the node's address: a scraper off the node (the
+/// neighbour) reads /metrics there and nothing else; the state endpoints
+/// answer only on the loopback API.
+#[test]
+fn metrics_listener_serves_only_metrics_off_the_node() {
+    testbed::require_root();
+    let bed = Bed::new("scrape").unwrap();
+    let metrics = format!("{}:9478", testbed::bed::NODE_IP);
+    let _guard = bed.start(&["--metrics-listen", &metrics]).unwrap();
+    let scrape = |path: &str| {
+        let (addr, path) = (metrics.parse::<SocketAddr>().unwrap(), path.to_owned());
+        bed.peer
+            .enter(move || guard::testing::get(addr, &path))
+            .unwrap()
+    };
+    let (code, body) = scrape("/metrics");
+    assert_eq!(code, 200, "{body}");
+    assert!(body.contains("arp_guard_programs_attached"), "{body}");
+    for path in [
+        "/status",
+        "/explain?ip=198.51.100.102",
+        "/events",
+        "/counters",
+        "/readyz",
+    ] {
+        assert_eq!(scrape(path).0, 404, "{path} is not served off the node");
+    }
+    assert_eq!(get(&bed, "/status").0, 200, "the loopback API still has it");
+}

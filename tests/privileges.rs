@@ -1,5 +1,5 @@
 //! The daemon with exactly the privileges the DaemonSet grants: the
-//! capabilities `deploy/daemonset.yaml` adds (after dropping ALL), as root in
+//! capabilities `deploy/base/daemonset.yaml` adds (after dropping ALL), as root in
 //! the container, on a read-only root filesystem. Enforcement, `/metrics`,
 //! `/readyz` and `arp-guard counters` must all work there, so that the
 //! manifest and the code cannot drift apart.
@@ -14,76 +14,8 @@ use testbed::{
 /// The capabilities the DaemonSet's container adds, and whether its root
 /// filesystem is read-only, as the manifest says.
 fn daemonset_privileges() -> (Vec<String>, bool) {
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/daemonset.yaml");
-    let text = std::fs::read_to_string(path).unwrap();
-    for v in serde_saphyr::from_str_multiple::<serde_json::Value, Vec<_>>(&text).unwrap() {
-        if v["kind"] != "DaemonSet" {
-            continue;
-        }
-        let sc = &v["spec"]["template"]["spec"]["containers"][0]["securityContext"];
-        let drop: Vec<&str> = sc["capabilities"]["drop"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|c| c.as_str().unwrap())
-            .collect();
-        assert_eq!(drop, ["ALL"], "the DaemonSet drops every capability first");
-        let add = sc["capabilities"]["add"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|c| c.as_str().unwrap().to_owned())
-            .collect();
-        return (add, sc["readOnlyRootFilesystem"].as_bool() == Some(true));
-    }
-    panic!("no DaemonSet in {path}");
-}
-
-/// A command prefix that runs its arguments like the container runtime
-/// would: root, bounding (and so permitted and effective) set reduced to
-/// `caps`, and, if asked, `/` remounted read-only in a private mount namespace.
-fn wrapper(caps: &[String], read_only: bool) -> Vec<String> {
-    let bounding = std::iter::once("-all".to_owned())
-        .chain(caps.iter().map(|c| format!("+{}", c.to_ascii_lowercase())))
-        .collect::<Vec<_>>()
-        .join(",");
-    let mut w: Vec<String> = Vec::new();
-    if read_only {
-        w.extend(
-            [
-                "unshare",
-                "--mount",
-                "--propagation",
-                "private",
-                "--",
-                "sh",
-                "-c",
-                "mount -o remount,bind,ro / && exec \"$@\"",
-                "sh",
-            ]
-            .map(str::to_owned),
-        );
-    }
-    w.extend([
-        "setpriv".to_owned(),
-        format!("--bounding-set={bounding}"),
-        "--inh-caps=-all".to_owned(),
-        "--".to_owned(),
-    ]);
-    w
-}
-
-/// The bits of `CapEff` for capability names like "BPF".
-fn cap_bits(caps: &[String]) -> u64 {
-    caps.iter()
-        .map(|c| match c.as_str() {
-            "NET_ADMIN" => 1u64 << 12,
-            "SYS_ADMIN" => 1 << 21,
-            "PERFMON" => 1 << 38,
-            "BPF" => 1 << 39,
-            other => panic!("add {other} to the test's capability table"),
-        })
-        .fold(0, |a, b| a | b)
+    let s = testbed::deploy::security();
+    (s.caps, s.read_only_root)
 }
 
 fn cap_eff(pid: u32) -> u64 {
@@ -106,11 +38,16 @@ fn daemonset_privileges_enforce_and_serve_metrics_and_counters() {
     let pins_arg = pins.to_str().unwrap().to_owned();
     let args = bed.args(&["--pin-dir", &pins_arg]);
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let guard = Daemon::start_wrapped(&bed.node, &wrapper(&caps, read_only), &args).unwrap();
+    let guard = Daemon::start_wrapped(
+        &bed.node,
+        &testbed::deploy::wrapper(&caps, read_only),
+        &args,
+    )
+    .unwrap();
     // The test itself must be right: exactly the manifest's capabilities.
     assert_eq!(
         cap_eff(guard.pid()),
-        cap_bits(&caps),
+        testbed::deploy::cap_bits(&caps),
         "the daemon runs with exactly {caps:?}"
     );
 
@@ -130,23 +67,12 @@ fn daemonset_privileges_enforce_and_serve_metrics_and_counters() {
     );
 
     // The API: /metrics reads the kernel counters, /readyz is ready.
-    let get = |path: &'static str| {
-        bed.node
-            .enter(move || guard::testing::get("127.0.0.1:9477".parse().unwrap(), path))
-            .unwrap()
-    };
-    let (code, metrics) = get("/metrics");
-    assert_eq!(code, 200, "{metrics}");
-    let series = format!(
-        "arp_guard_arp_frames_total{{lb_ip=\"{FOREIGN}\",interface=\"eth0\",kind=\"reply\",origin=\"kernel\",state=\"foreign\",verdict=\"dropped\"}}"
-    );
-    assert!(metrics.contains(&series), "{metrics}");
-    assert_eq!(get("/readyz"), (200, "ready\n".to_owned()));
+    testbed::deploy::assert_api_shows_the_foreign_drop(&bed.node);
 
     // `arp-guard counters` with the same privileges: through the API, then
     // (no daemon answering at that address) through the pins.
     let counters = |extra: &[&str]| {
-        let mut cmd = wrapper(&caps, false);
+        let mut cmd = testbed::deploy::wrapper(&caps, false);
         cmd.push(guard_binary().to_string_lossy().into_owned());
         cmd.extend(["counters", "-i", "eth0", "-o", "json"].map(str::to_owned));
         cmd.extend(extra.iter().map(|s| s.to_string()));

@@ -9,6 +9,7 @@ use guard::{
     cli::{Cli, Command, LogFormat},
     commands,
 };
+use tracing_subscriber::{layer::SubscriberExt as _, util::SubscriberInitExt as _};
 
 fn init_logging(cli: &Cli) {
     let filter = tracing_subscriber::EnvFilter::try_new(&cli.log_level).unwrap_or_else(|e| {
@@ -24,9 +25,22 @@ fn init_logging(cli: &Cli) {
         .with_env_filter(filter)
         .with_ansi(ansi)
         .with_writer(std::io::stderr);
+    // kube's client logs every failed request at ERROR ("failed with error
+    // client error (Connect)", once per retry, saying nothing of the cause);
+    // the feed classifies failures and logs each cause once, with what to
+    // fix (sources/cluster/cause.rs, problems.rs). Its other lines stay as
+    // asked.
+    let quiet = tracing_subscriber::filter::filter_fn(|m| {
+        !(m.target() == "kube_client::client::builder" && *m.level() == tracing::Level::ERROR)
+    });
     match cli.log_format {
-        LogFormat::Text => builder.init(),
-        LogFormat::Json => builder.json().flatten_event(true).init(),
+        LogFormat::Text => builder.finish().with(quiet).init(),
+        LogFormat::Json => builder
+            .json()
+            .flatten_event(true)
+            .finish()
+            .with(quiet)
+            .init(),
     }
 }
 
@@ -59,7 +73,7 @@ fn main() -> ExitCode {
         Command::Run(args) => daemon(commands::run(args)),
         Command::Counters(args) => oneshot(commands::counters(args)),
         Command::Validate(args) => commands::validate(args),
-        Command::Uninstall(args) => commands::uninstall(args),
+        Command::Uninstall(args) => oneshot(commands::uninstall(args)),
         Command::Status(args) => oneshot(commands::status(args)),
         Command::Explain(args) => oneshot(commands::explain(args)),
         Command::Events(args) => oneshot(commands::events(args)),

@@ -6,6 +6,9 @@
 //!  fake API 203.0.113.1:6443 (management br1) --- mgmt0 203.0.113.11 / .12
 //! ```
 //! Both bridges live in a "switch" namespace; nothing touches the root one.
+//!
+//! The guard reads the API through `--kubeconfig` (plain HTTP), or with the
+//! in-cluster configuration a pod has ([`ServiceAccount`]).
 
 use std::{
     net::{Ipv4Addr, SocketAddr},
@@ -42,8 +45,18 @@ pub struct ClusterBed {
 }
 
 impl ClusterBed {
-    /// Nodes `node-a`, `node-b`, each with `lb_ips` on its kube-ipvs0.
+    /// Nodes `node-a`, `node-b`, each with `lb_ips` on its kube-ipvs0; the
+    /// API speaks plain HTTP.
     pub fn new(tag: &str, lb_ips: &[Ipv4Addr]) -> Result<Self> {
+        Self::with_api(tag, lb_ips, |switch| FakeApi::start(switch, API))
+    }
+
+    /// The same with the API `start` makes in the switch namespace (listening on [`API`]).
+    pub fn with_api(
+        tag: &str,
+        lb_ips: &[Ipv4Addr],
+        start: impl FnOnce(&Netns) -> Result<FakeApi>,
+    ) -> Result<Self> {
         let switch = Netns::new(&format!("{tag}-sw"))?;
         for br in ["br0", "br1"] {
             switch.ip(&["link", "add", br, "type", "bridge"])?;
@@ -86,7 +99,7 @@ impl ClusterBed {
         for ns in nodes.iter().map(|n| &n.ns).chain([&peer, &switch]) {
             ns.sysctl("net.ipv6.conf.all.disable_ipv6", "1")?;
         }
-        let api = FakeApi::start(&switch, API)?;
+        let api = start(&switch)?;
         let dir = TempDir::new(tag)?;
         let kubeconfig = dir.path().join("kubeconfig");
         std::fs::write(&kubeconfig, api.kubeconfig())?;
@@ -132,6 +145,45 @@ impl ClusterBed {
         Ok(d)
     }
 
+    /// Start the guard on node `i` as a pod would run it: no --kubeconfig,
+    /// the API from `KUBERNETES_SERVICE_HOST`/`_PORT`, the token and CA from
+    /// `sa`; wait up to `sync` for its first sync.
+    pub fn start_incluster_on(
+        &self,
+        i: usize,
+        sa: &ServiceAccount,
+        args: &[&str],
+        sync: Duration,
+    ) -> Result<Daemon> {
+        let d = self.spawn_incluster_on(i, sa, args)?;
+        if d.wait_log("initial sync from the Kubernetes API done", sync)
+            .is_none()
+        {
+            anyhow::bail!("{} never synced:\n{}", self.nodes[i].name, d.log_text());
+        }
+        Ok(d)
+    }
+
+    /// The same without waiting for a sync (only until it enforces).
+    pub fn spawn_incluster_on(
+        &self,
+        i: usize,
+        sa: &ServiceAccount,
+        args: &[&str],
+    ) -> Result<Daemon> {
+        let n = &self.nodes[i];
+        let mut a = vec![
+            "-i",
+            "eth0",
+            "--node-name",
+            &n.name,
+            "--lb-ips-from",
+            "kube-ipvs0",
+        ];
+        a.extend_from_slice(args);
+        Daemon::start_wrapped(&n.ns, &sa.wrapper(self.api.addr), &a)
+    }
+
     /// Flush the peer's cache, make it resolve `ip`, return the node whose MAC it learned.
     pub fn who_answers(&self, ip: Ipv4Addr) -> Option<String> {
         let ip = ip.to_string();
@@ -167,5 +219,84 @@ impl ClusterBed {
                 "wanted {want:?}, the neighbour last learned {last:?}"
             ))
         }
+    }
+}
+
+/// Where a pod finds its service account.
+pub const SA_DIR: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
+
+/// The files a pod finds in [`SA_DIR`] (`token`, `ca.crt`, `namespace`),
+/// kept in a test directory. The guard sees them through a private mount
+/// namespace of its own, in which that directory is bind-mounted over `/run`
+/// (`/var/run` is a symlink to it): the host's `/run` is left alone, and the
+/// test can rewrite the files while the guard runs.
+pub struct ServiceAccount {
+    /// Mounted over /run for the guard.
+    run: PathBuf,
+}
+
+impl ServiceAccount {
+    /// In `dir` (which the caller keeps), with `token` and CA `ca_pem`.
+    pub fn new(dir: &std::path::Path, token: &str, ca_pem: &str) -> Result<Self> {
+        let run = dir.join("run");
+        let sa = ServiceAccount { run };
+        std::fs::create_dir_all(sa.dir())?;
+        sa.write("namespace", "kube-system")?;
+        sa.write_ca(ca_pem)?;
+        sa.write_token(token)?;
+        Ok(sa)
+    }
+
+    /// The directory the guard sees as [`SA_DIR`].
+    pub fn dir(&self) -> PathBuf {
+        self.run.join("secrets/kubernetes.io/serviceaccount")
+    }
+
+    /// Replace the token, atomically as the kubelet does (no newline: the
+    /// kubelet writes none, and a header cannot hold one).
+    pub fn write_token(&self, token: &str) -> Result<()> {
+        self.write("token", token)
+    }
+
+    pub fn write_ca(&self, pem: &str) -> Result<()> {
+        self.write("ca.crt", pem)
+    }
+
+    fn write(&self, name: &str, content: &str) -> Result<()> {
+        let tmp = self.dir().join(format!(".{name}.tmp"));
+        std::fs::write(&tmp, content)?;
+        std::fs::rename(&tmp, self.dir().join(name))?;
+        Ok(())
+    }
+
+    /// The command that runs the guard as a pod would: a clean environment
+    /// for the client's configuration (no KUBECONFIG, a HOME without
+    /// ~/.kube), the service's address, and a private mount namespace in
+    /// which the service account's files appear.
+    fn wrapper(&self, api: std::net::SocketAddr) -> Vec<String> {
+        let run = self.run.to_string_lossy().into_owned();
+        let home = self.run.join("home").to_string_lossy().into_owned();
+        [
+            "env",
+            "-u",
+            "KUBECONFIG",
+            &format!("HOME={home}"),
+            &format!("KUBERNETES_SERVICE_HOST={}", api.ip()),
+            &format!("KUBERNETES_SERVICE_PORT={}", api.port()),
+            "unshare",
+            "--mount",
+            "--propagation",
+            "private",
+            "sh",
+            "-c",
+            // Over /run: /var/run is a symlink to it, and /run/secrets does
+            // not exist on the host to mount over.
+            r#"mount --bind "$1" /run && shift && exec "$@""#,
+            "sh",
+            &run,
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect()
     }
 }

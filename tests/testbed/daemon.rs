@@ -52,17 +52,24 @@ impl Daemon {
     /// Start `arp-guard run <args>` in `ns` under `wrapper` (a command that
     /// ends by exec'ing its arguments, e.g. setpriv), and wait until it enforces.
     pub fn start_wrapped(ns: &Netns, wrapper: &[String], args: &[&str]) -> Result<Self> {
-        Self::spawn_cmd(ns, wrapper, &guard_binary(), args)?.started()
+        Self::spawn_cmd(ns, wrapper, &guard_binary(), &["run"], args)?.started()
     }
 
     fn spawn_with(ns: &Netns, binary: &std::path::Path, args: &[&str]) -> Result<Self> {
-        Self::spawn_cmd(ns, &[], binary, args)
+        Self::spawn_cmd(ns, &[], binary, &["run"], args)
+    }
+
+    /// Start any `arp-guard <args>` (a subcommand other than `run`) in `ns`
+    /// under `wrapper`, without waiting; its stdout and stderr are the log.
+    pub fn spawn_command(ns: &Netns, wrapper: &[String], args: &[&str]) -> Result<Self> {
+        Self::spawn_cmd(ns, wrapper, &guard_binary(), &[], args)
     }
 
     fn spawn_cmd(
         ns: &Netns,
         wrapper: &[String],
         binary: &std::path::Path,
+        subcommand: &[&str],
         args: &[&str],
     ) -> Result<Self> {
         let mut cmd = match wrapper.split_first() {
@@ -73,31 +80,31 @@ impl Daemon {
                 c
             }
         };
-        cmd.args([
-            "--log-format",
-            "json",
-            "--log-level",
-            "info,guard=debug",
-            "run",
-        ])
-        .args(args);
-        cmd.stdout(Stdio::null())
+        cmd.args(["--log-format", "json", "--log-level", "info,guard=debug"])
+            .args(subcommand)
+            .args(args);
+        cmd.stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .stdin(Stdio::null());
         let mut child = cmd
             .spawn()
             .with_context(|| format!("spawning {:?}", guard_binary()))?;
-        let stderr = child.stderr.take().context("stderr")?;
         let log = Arc::new(Mutex::new(Vec::new()));
-        let sink = log.clone();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                if std::env::var_os("ARP_GUARD_TEST_LOG").is_some() {
-                    eprintln!("[arp-guard] {line}");
+        let stdout: Box<dyn std::io::Read + Send> =
+            Box::new(child.stdout.take().context("stdout")?);
+        let stderr: Box<dyn std::io::Read + Send> =
+            Box::new(child.stderr.take().context("stderr")?);
+        for stream in [stdout, stderr] {
+            let sink = log.clone();
+            std::thread::spawn(move || {
+                for line in BufReader::new(stream).lines().map_while(Result::ok) {
+                    if std::env::var_os("ARP_GUARD_TEST_LOG").is_some() {
+                        eprintln!("[arp-guard] {line}");
+                    }
+                    sink.lock().unwrap().push(line);
                 }
-                sink.lock().unwrap().push(line);
-            }
-        });
+            });
+        }
         Ok(Daemon {
             child: Some(child),
             log,

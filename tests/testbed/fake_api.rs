@@ -13,18 +13,23 @@
 //! - faults per resource: every request answers an HTTP error (500, 401,
 //!   403, ...), or watches get stuck half-way through a chunk while lists
 //!   and GETs still work;
-//! - a single object: `GET <collection>/NAME` (200, or 404 Not Found).
+//! - a single object: `GET <collection>/NAME` (200, or 404 Not Found);
+//! - optionally HTTPS ([`FakeApi::start_tls`], certificates from [`tls`]),
+//!   whose certificate can be swapped at run time, and bearer-token
+//!   authentication ([`FakeApi::set_tokens`]): an unknown or missing token
+//!   gets 401, a known one without permissions 403, each with a Kubernetes
+//!   `Status` body, as the real server answers.
 //!
 //! Collections: `/api/v1[/namespaces/NS]/services`,
 //! `/apis/coordination.k8s.io/v1[/namespaces/NS]/leases`,
 //! `/apis/metallb.io/v1beta1[/namespaces/NS]/servicel2statuses`.
 
 use std::{
-    collections::BTreeMap,
-    io::{BufRead as _, BufReader, Read as _, Write as _},
-    net::{SocketAddr, TcpListener, TcpStream},
+    collections::{BTreeMap, BTreeSet},
+    io::{BufRead as _, BufReader, Read, Write},
+    net::{Shutdown, SocketAddr, TcpListener, TcpStream},
     sync::{
-        atomic::{AtomicBool, Ordering},
+        atomic::{AtomicBool, AtomicU64, Ordering},
         Arc, Condvar, Mutex,
     },
     time::{Duration, Instant},
@@ -34,6 +39,8 @@ use anyhow::{Context as _, Result};
 use serde_json::{json, Value};
 
 use crate::Netns;
+
+pub mod tls;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Resource {
@@ -124,6 +131,19 @@ struct State {
     faults: BTreeMap<Resource, Fault>,
     /// Single-object GETs served.
     gets: u64,
+    /// Bearer tokens required (None: no authentication).
+    auth: Option<Auth>,
+    /// Requests per bearer token presented.
+    tokens_seen: BTreeMap<String, u64>,
+}
+
+/// Which bearer tokens the server knows.
+#[derive(Debug, Clone, Default)]
+struct Auth {
+    /// Authenticated and allowed everything.
+    accepted: BTreeSet<String>,
+    /// Authenticated, allowed nothing (403).
+    forbidden: BTreeSet<String>,
 }
 
 struct Inner {
@@ -131,6 +151,11 @@ struct Inner {
     changed: Condvar,
     stop: AtomicBool,
     bookmark_every: Duration,
+    /// HTTPS with this configuration (None: plain HTTP).
+    tls: Mutex<Option<Arc<rustls::ServerConfig>>>,
+    /// Open connections, to close them all when the certificate changes.
+    conns: Mutex<BTreeMap<u64, TcpStream>>,
+    next_conn: AtomicU64,
 }
 
 /// The server; stops on drop.
@@ -140,8 +165,21 @@ pub struct FakeApi {
 }
 
 impl FakeApi {
-    /// Listen on `addr` inside `ns` (port 0 picks one).
+    /// Listen on `addr` inside `ns` (port 0 picks one), plain HTTP.
     pub fn start(ns: &Netns, addr: SocketAddr) -> Result<Self> {
+        Self::start_with(ns, addr, None)
+    }
+
+    /// The same over HTTPS, presenting `identity`.
+    pub fn start_tls(ns: &Netns, addr: SocketAddr, identity: &tls::ServerIdentity) -> Result<Self> {
+        Self::start_with(ns, addr, Some(identity.config()?))
+    }
+
+    fn start_with(
+        ns: &Netns,
+        addr: SocketAddr,
+        tls: Option<Arc<rustls::ServerConfig>>,
+    ) -> Result<Self> {
         let listener = ns.enter(move || Ok(TcpListener::bind(addr)?))?;
         let addr = listener.local_addr()?;
         listener.set_nonblocking(true)?;
@@ -153,6 +191,9 @@ impl FakeApi {
             changed: Condvar::new(),
             stop: AtomicBool::new(false),
             bookmark_every: Duration::from_secs(1),
+            tls: Mutex::new(tls),
+            conns: Mutex::new(BTreeMap::new()),
+            next_conn: AtomicU64::new(0),
         });
         let server = inner.clone();
         std::thread::spawn(move || accept_loop(listener, server));
@@ -165,6 +206,37 @@ impl FakeApi {
             "apiVersion: v1\nkind: Config\nclusters:\n- name: fake\n  cluster:\n    server: http://{}\ncontexts:\n- name: fake\n  context:\n    cluster: fake\n    user: fake\ncurrent-context: fake\nusers:\n- name: fake\n  user: {{}}\n",
             self.addr
         )
+    }
+
+    /// Present `identity` from now on (say, a certificate from a CA the
+    /// clients do not trust): every open connection is closed, so that the
+    /// next ones meet it.
+    pub fn set_identity(&self, identity: &tls::ServerIdentity) -> Result<()> {
+        *self.inner.tls.lock().unwrap() = Some(identity.config()?);
+        self.inner.state.lock().unwrap().generation += 1;
+        self.inner.changed.notify_all();
+        for c in self.inner.conns.lock().unwrap().values() {
+            let _ = c.shutdown(Shutdown::Both);
+        }
+        Ok(())
+    }
+
+    /// Require a bearer token from now on: `accepted` ones may do
+    /// everything, `forbidden` ones are authenticated but may do nothing
+    /// (403); any other, or none, is rejected (401). Takes effect at the
+    /// next request (open watches go on, as on a real server).
+    pub fn set_tokens(&self, accepted: &[&str], forbidden: &[&str]) {
+        let set = |v: &[&str]| v.iter().map(|t| t.to_string()).collect();
+        self.inner.state.lock().unwrap().auth = Some(Auth {
+            accepted: set(accepted),
+            forbidden: set(forbidden),
+        });
+    }
+
+    /// Requests that presented `token` so far.
+    pub fn token_uses(&self, token: &str) -> u64 {
+        let st = self.inner.state.lock().unwrap();
+        st.tokens_seen.get(token).copied().unwrap_or(0)
     }
 
     /// Create or replace an object (the object's apiVersion/kind are filled in).
@@ -324,11 +396,119 @@ fn accept_loop(listener: TcpListener, inner: Arc<Inner>) {
                 }
                 let inner = inner.clone();
                 std::thread::spawn(move || {
+                    let id = inner.next_conn.fetch_add(1, Ordering::Relaxed);
+                    if let Ok(c) = stream.try_clone() {
+                        inner.conns.lock().unwrap().insert(id, c);
+                    }
                     let _ = serve(stream, &inner);
+                    inner.conns.lock().unwrap().remove(&id);
                 });
             }
             Err(_) => std::thread::sleep(Duration::from_millis(5)),
         }
+    }
+}
+
+/// One connection: plain, or TLS over it.
+enum Conn {
+    Plain(TcpStream),
+    Tls(Box<rustls::StreamOwned<rustls::ServerConnection, TcpStream>>),
+}
+
+impl Conn {
+    fn tcp(&self) -> &TcpStream {
+        match self {
+            Conn::Plain(s) => s,
+            Conn::Tls(s) => &s.sock,
+        }
+    }
+}
+
+impl Read for Conn {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        match self {
+            Conn::Plain(s) => s.read(buf),
+            Conn::Tls(s) => s.read(buf),
+        }
+    }
+}
+
+impl Write for Conn {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        match self {
+            Conn::Plain(s) => s.write(buf),
+            Conn::Tls(s) => s.write(buf),
+        }
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        match self {
+            Conn::Plain(s) => s.flush(),
+            Conn::Tls(s) => s.flush(),
+        }
+    }
+}
+
+/// One request's line and the headers the server reads.
+struct Request {
+    target: String,
+    /// The bearer token presented, if any.
+    token: Option<String>,
+}
+
+/// Read one request (None: the client closed the connection).
+fn read_request(reader: &mut BufReader<Conn>) -> Result<Option<Request>> {
+    let mut request_line = String::new();
+    if reader.read_line(&mut request_line)? == 0 {
+        return Ok(None);
+    }
+    let mut content_length = 0usize;
+    let mut token = None;
+    loop {
+        let mut h = String::new();
+        reader.read_line(&mut h)?;
+        if h == "\r\n" || h.is_empty() {
+            break;
+        }
+        let Some((name, value)) = h.split_once(':') else {
+            continue;
+        };
+        if name.eq_ignore_ascii_case("content-length") {
+            content_length = value.trim().parse().unwrap_or(0);
+        } else if name.eq_ignore_ascii_case("authorization") {
+            token = value.trim().strip_prefix("Bearer ").map(str::to_owned);
+        }
+    }
+    let mut body = vec![0; content_length];
+    reader.read_exact(&mut body)?;
+    let target = request_line
+        .split_whitespace()
+        .nth(1)
+        .context("no request target")?
+        .to_owned();
+    Ok(Some(Request { target, token }))
+}
+
+/// Authentication and authorization, as the real server does them before
+/// anything else: None if the request may go on, else the error to answer.
+fn check_token(inner: &Inner, token: Option<&str>, path: &str) -> Option<(u16, Value)> {
+    let mut st = inner.state.lock().unwrap();
+    if let Some(t) = token {
+        *st.tokens_seen.entry(t.to_owned()).or_default() += 1;
+    }
+    let auth = st.auth.as_ref()?;
+    match token {
+        Some(t) if auth.accepted.contains(t) => None,
+        Some(t) if auth.forbidden.contains(t) => Some((
+            403,
+            status(
+                403,
+                "Forbidden",
+                &format!(
+                    "{path} is forbidden: User \"system:serviceaccount:kube-system:arp-guard\" cannot get this resource"
+                ),
+            ),
+        )),
+        _ => Some((401, status(401, "Unauthorized", "Unauthorized"))),
     }
 }
 
@@ -348,31 +528,20 @@ fn serve(stream: TcpStream, inner: &Inner) -> Result<()> {
                 .unwrap(),
         );
     }
-    let mut reader = BufReader::new(stream.try_clone()?);
-    let mut out = stream;
+    let tls = inner.tls.lock().unwrap().clone();
+    let conn = match tls {
+        Some(cfg) => Conn::Tls(Box::new(rustls::StreamOwned::new(
+            rustls::ServerConnection::new(cfg)?,
+            stream,
+        ))),
+        None => Conn::Plain(stream),
+    };
+    let mut reader = BufReader::new(conn);
     loop {
-        let mut request_line = String::new();
-        if reader.read_line(&mut request_line)? == 0 {
+        let Some(req) = read_request(&mut reader)? else {
             return Ok(());
-        }
-        let mut content_length = 0usize;
-        loop {
-            let mut h = String::new();
-            reader.read_line(&mut h)?;
-            if h == "\r\n" || h.is_empty() {
-                break;
-            }
-            if let Some(v) = h.to_ascii_lowercase().strip_prefix("content-length:") {
-                content_length = v.trim().parse().unwrap_or(0);
-            }
-        }
-        let mut body = vec![0; content_length];
-        reader.read_exact(&mut body)?;
-        let target = request_line
-            .split_whitespace()
-            .nth(1)
-            .context("no request target")?
-            .to_owned();
+        };
+        let target = req.target;
         let (path, query) = target.split_once('?').unwrap_or((&target, ""));
         let params: BTreeMap<&str, String> = query
             .split('&')
@@ -387,9 +556,14 @@ fn serve(stream: TcpStream, inner: &Inner) -> Result<()> {
                 return Ok(());
             }
         }
+        let out = reader.get_mut();
+        if let Some((code, body)) = check_token(inner, req.token.as_deref(), path) {
+            respond(out, code, &body)?;
+            continue;
+        }
         let Some((res, ns, name)) = Resource::from_path(path) else {
             respond(
-                &mut out,
+                out,
                 404,
                 &status(404, "NotFound", &format!("no such path {path}")),
             )?;
@@ -403,7 +577,7 @@ fn serve(stream: TcpStream, inner: &Inner) -> Result<()> {
                 _ => "InternalError",
             };
             respond(
-                &mut out,
+                out,
                 code,
                 &status(code, reason, &format!("fake API: {reason} for {path}")),
             )?;
@@ -422,7 +596,7 @@ fn serve(stream: TcpStream, inner: &Inner) -> Result<()> {
                     ),
                 }
             };
-            respond(&mut out, code, &body)?;
+            respond(out, code, &body)?;
             continue;
         }
         let filter = Filter {
@@ -433,7 +607,7 @@ fn serve(stream: TcpStream, inner: &Inner) -> Result<()> {
         if !matches!(param("watch"), Some("true") | Some("1")) {
             let limit = param("limit").and_then(|v| v.parse().ok());
             let cont = param("continue").and_then(|v| v.parse().ok());
-            respond(&mut out, 200, &list(inner, &filter, limit, cont))?;
+            respond(out, 200, &list(inner, &filter, limit, cont))?;
             continue;
         }
         let from: u64 = param("resourceVersion")
@@ -443,7 +617,14 @@ fn serve(stream: TcpStream, inner: &Inner) -> Result<()> {
             .and_then(|v| v.parse().ok())
             .map_or(Duration::from_secs(300), Duration::from_secs);
         let bookmarks = param("allowWatchBookmarks") == Some("true");
-        return watch_stream(out, inner, &filter, from, timeout, bookmarks);
+        return watch_stream(
+            reader.into_inner(),
+            inner,
+            &filter,
+            from,
+            timeout,
+            bookmarks,
+        );
     }
 }
 
@@ -453,10 +634,11 @@ fn stuck(inner: &Inner, res: Resource) -> bool {
 }
 
 /// Half a chunk, then silence until the client goes away or the test ends.
-fn hang(mut out: TcpStream, inner: &Inner) -> Result<()> {
+fn hang(mut out: Conn, inner: &Inner) -> Result<()> {
     out.write_all(b"40\r\n{\"type\":\"MODIFIED\",\"obj")?;
     out.flush()?;
-    out.set_read_timeout(Some(Duration::from_millis(200)))?;
+    out.tcp()
+        .set_read_timeout(Some(Duration::from_millis(200)))?;
     let mut b = [0u8; 64];
     while !inner.stop.load(Ordering::SeqCst) {
         match out.read(&mut b) {
@@ -477,7 +659,7 @@ fn status(code: u16, reason: &str, message: &str) -> Value {
     json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure", "message": message, "reason": reason, "code": code})
 }
 
-fn respond(out: &mut TcpStream, code: u16, body: &Value) -> Result<()> {
+fn respond(out: &mut impl Write, code: u16, body: &Value) -> Result<()> {
     let body = body.to_string();
     write!(
         out,
@@ -567,14 +749,14 @@ fn list(inner: &Inner, f: &Filter<'_>, limit: Option<usize>, cont: Option<usize>
     json!({"apiVersion": res.api_version(), "kind": format!("{}List", res.kind()), "metadata": metadata, "items": all[start..end]})
 }
 
-fn chunk(out: &mut TcpStream, line: &Value) -> std::io::Result<()> {
+fn chunk(out: &mut impl Write, line: &Value) -> std::io::Result<()> {
     let data = format!("{line}\n");
     write!(out, "{:x}\r\n{data}\r\n", data.len())?;
     out.flush()
 }
 
 fn watch_stream(
-    mut out: TcpStream,
+    mut out: Conn,
     inner: &Inner,
     f: &Filter<'_>,
     from: u64,

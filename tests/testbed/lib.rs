@@ -9,15 +9,19 @@
 
 pub mod bed;
 pub mod cluster_bed;
+pub mod container;
 pub mod daemon;
+pub mod deploy;
 pub mod fake_api;
 pub mod frames;
+pub mod http;
 pub mod lab;
 pub mod netns;
 pub mod packet;
 
 pub use daemon::Daemon;
 pub use frames::{ArpSpec, Captured};
+pub use http::get as http_get;
 pub use netns::Netns;
 pub use packet::RawSocket;
 

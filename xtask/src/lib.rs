@@ -1,4 +1,31 @@
-//! Project automation: tool-chain set-up (the incident lab lives in the test
-//! bed, `testbed::lab`).
+//! Project automation: tool-chain set-up, the container image (the incident
+//! lab lives in the test bed, `testbed::lab`).
 
+use std::{path::PathBuf, process::Command};
+
+pub mod image;
+pub mod oci;
+pub mod promtool;
 pub mod setup;
+
+/// The workspace's root directory.
+pub fn workspace_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("xtask lives in the workspace")
+        .to_path_buf()
+}
+
+/// `$CARGO_TARGET_DIR`, else the workspace's `target/`.
+pub fn target_dir() -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace_root().join("target"))
+}
+
+/// The cargo that runs xtask, in the workspace root.
+pub fn cargo() -> Command {
+    let mut c = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
+    c.current_dir(workspace_root());
+    c
+}

@@ -2,7 +2,7 @@ use std::{path::PathBuf, process::Command};
 
 use anyhow::{bail, Result};
 use clap::{Parser, Subcommand};
-use xtask::setup::run;
+use xtask::{cargo, setup::run, target_dir, workspace_root};
 
 #[derive(Parser)]
 #[command(about = "arp-guard project tasks")]
@@ -27,26 +27,13 @@ enum Task {
         #[arg(long, default_value_t = 60)]
         duration: u32,
     },
-}
-
-fn workspace_root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("xtask lives in the workspace")
-        .to_path_buf()
-}
-
-fn cargo() -> Command {
-    let mut c = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
-    c.current_dir(workspace_root());
-    c
+    /// Build static binaries and a reproducible OCI image archive holding only them
+    /// (amd64; arm64 cross-built and smoke-run under qemu-user when asked).
+    Image(xtask::image::ImageArgs),
 }
 
 fn guard_binary() -> PathBuf {
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| workspace_root().join("target"));
-    target.join("debug").join("arp-guard")
+    target_dir().join("debug").join("arp-guard")
 }
 
 fn main() -> std::process::ExitCode {
@@ -62,6 +49,7 @@ fn main() -> std::process::ExitCode {
 fn task(task: Task) -> Result<()> {
     match task {
         Task::Setup => xtask::setup::setup(),
+        Task::Image(args) => xtask::image::image(&args).map(|_| ()),
         Task::Test { args } => {
             xtask::setup::setup()?;
             let mut fmt = cargo();

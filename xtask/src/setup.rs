@@ -6,7 +6,7 @@ use std::process::Command;
 use anyhow::{bail, Context as _, Result};
 
 /// The bpf-linker release whose LLVM matches the pinned nightly's LLVM 22.
-const BPF_LINKER_VERSION: &str = "0.13.0";
+pub const BPF_LINKER_VERSION: &str = "0.13.0";
 const LLVM_PREFIX: &str = "/usr/lib/llvm-22";
 /// The commit date of the nightly the eBPF build was checked with.
 const NIGHTLY_DATE: &str = "2026-05-19";
@@ -35,6 +35,20 @@ const PACKAGES: &[(&str, &str)] = &[
     ("util-linux", "/usr/bin/setpriv"),
     // scripts/shape.py: the layering check `cargo xtask test` runs first.
     ("python3", "/usr/bin/python3"),
+    // tests/image.rs: the image in a container runtime. podman with runc
+    // (crun fails on hosts with hybrid cgroups); containers-common's
+    // seccomp.json is the base of the test's RuntimeDefault-like profile.
+    ("podman", "/usr/bin/podman"),
+    ("runc", "/usr/sbin/runc"),
+    (
+        "golang-github-containers-common",
+        "/usr/share/containers/seccomp.json",
+    ),
+    // `cargo xtask image --arch arm64`: cross linker and C compiler (ring),
+    // static glibc for arm64, and qemu-user to smoke-run the binary.
+    ("gcc-aarch64-linux-gnu", "/usr/bin/aarch64-linux-gnu-gcc"),
+    ("libc6-dev-arm64-cross", "/usr/aarch64-linux-gnu/lib/libc.a"),
+    ("qemu-user-static", "/usr/bin/qemu-aarch64-static"),
 ];
 
 fn ok(cmd: &mut Command) -> bool {
@@ -141,6 +155,9 @@ pub fn setup() -> Result<()> {
     if !ok(Command::new("bpf-linker").arg("--version")) {
         bail!("bpf-linker is installed but not on PATH; add ~/.cargo/bin to PATH");
     }
+
+    // 4. promtool (tests/manifests.rs checks the alerting rules with it).
+    crate::promtool::install()?;
     eprintln!("xtask setup: toolchain ready (nightly LLVM {llvm}, bpf-linker {BPF_LINKER_VERSION}, rust-src)");
     Ok(())
 }

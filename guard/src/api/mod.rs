@@ -1,7 +1,8 @@
 //! The daemon's local HTTP API: `/metrics` (Prometheus text), `/healthz`,
 //! `/readyz`, `/status`, `/explain?ip=`, `/counters`, `/events`. It listens
 //! on `--listen` (loopback by default: exposing it off the host is a
-//! deliberate choice). `arp-guard status|explain|events|counters` are
+//! deliberate choice); `--metrics-listen` serves `/metrics` alone, for a
+//! Prometheus that scrapes the node's address. `arp-guard status|explain|events|counters` are
 //! clients of it (`client`), reading the documents of `types`.
 
 use std::{collections::BTreeMap, sync::Arc, time::Duration};
@@ -33,11 +34,10 @@ pub const MAX_EVENT_STREAMS: usize = 16;
 /// the kubelet's probes); a failing `accept` (EMFILE when the process is out
 /// of file descriptors) is logged and retried with a back-off instead of
 /// ending the API.
-pub async fn serve(listener: tokio::net::TcpListener, shared: Arc<Shared>) {
+pub async fn serve(listener: tokio::net::TcpListener, router: axum::Router, paths: &'static str) {
     if let Ok(addr) = listener.local_addr() {
-        tracing::info!(%addr, "API listening: /metrics /healthz /readyz /status /explain /events /counters");
+        tracing::info!(%addr, paths, "API listening");
     }
-    let router = routes::router(shared);
     struct Conn {
         streaming: Arc<std::sync::atomic::AtomicBool>,
         task: tokio::task::AbortHandle,

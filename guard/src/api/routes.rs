@@ -34,6 +34,17 @@ use crate::telemetry::metrics::{self, Scrape};
 #[derive(Clone, Default)]
 pub struct Streaming(pub Arc<AtomicBool>);
 
+/// What `router` serves, for the start-up log line.
+pub const ALL_PATHS: &str = "/metrics /healthz /readyz /status /explain /events /counters";
+
+/// `/metrics` alone: what `--metrics-listen` exposes off the node.
+pub fn metrics_router(shared: Arc<Shared>) -> Router {
+    Router::new()
+        .route("/metrics", get(metrics_route))
+        .fallback(|| async { text(StatusCode::NOT_FOUND, "not found: only /metrics here\n") })
+        .with_state(shared)
+}
+
 pub fn router(shared: Arc<Shared>) -> Router {
     Router::new()
         .route("/healthz", get(healthz))

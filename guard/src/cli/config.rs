@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Result};
 
-use super::{AnnouncerArg, AttachArg, KubeVipElection, Listen, OnExit, RunArgs};
+use super::{AnnouncerArg, AttachArg, KubeVipElection, OnExit, RunArgs};
 use crate::{
     daemon::{ApiConfig, DaemonConfig, OnExit as ExitAction, RunConfig, SourcesConfig},
     datapath::{AttachMode, DatapathConfig, Gate},
@@ -25,10 +25,8 @@ impl RunArgs {
             datapath: self.datapath()?,
             sources: self.sources(),
             api: ApiConfig {
-                listen: match self.listen {
-                    Listen::On(a) => Some(a),
-                    Listen::Off => None,
-                },
+                listen: self.listen.addr(),
+                metrics_listen: self.metrics_listen.addr(),
                 metrics_max_ip_series: self.metrics_max_ip_series,
             },
         })

@@ -4,6 +4,8 @@
 
 mod query;
 
+use std::time::Duration;
+
 use anyhow::Result;
 
 pub use query::{events, explain, status};
@@ -72,26 +74,32 @@ pub async fn counters(args: &CountersArgs) -> Result<()> {
 }
 
 /// `arp-guard uninstall`: every pin and attachment a guard left.
-pub fn uninstall(args: &UninstallArgs) -> Result<()> {
+pub async fn uninstall(args: &UninstallArgs) -> Result<()> {
     crate::daemon::check_capabilities()?;
     let dir = &args.pin_dir;
     // Held while the pins go, so that no daemon starts on them half-way.
-    let _lock = match pins::try_lock(dir) {
-        Ok(lock) => lock,
-        Err(pid) => {
-            let who = pid.map_or_else(
-                || "a running arp-guard".to_owned(),
-                |p| format!("arp-guard pid {p}"),
-            );
-            if !args.force {
-                anyhow::bail!(
-                    "{who} holds --pin-dir {}: stop it first (uninstalling under it would take the guard \
-                     away from a daemon that relies on it), or pass --force",
-                    dir.display()
-                );
+    let deadline = tokio::time::Instant::now() + args.wait;
+    let lock = loop {
+        match pins::try_lock(dir) {
+            Ok(lock) => break lock,
+            Err(_) if tokio::time::Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(200)).await;
             }
-            eprintln!("arp-guard: --force: removing the pins {who} holds");
-            None
+            Err(pid) => {
+                let who = pid.map_or_else(
+                    || "a running arp-guard".to_owned(),
+                    |p| format!("arp-guard pid {p}"),
+                );
+                if !args.force {
+                    anyhow::bail!(
+                        "{who} holds --pin-dir {}: stop it first (uninstalling under it would take the guard \
+                         away from a daemon that relies on it), or pass --force",
+                        dir.display()
+                    );
+                }
+                eprintln!("arp-guard: --force: removing the pins {who} holds");
+                break None;
+            }
         }
     };
     for name in pins::uninstall(dir)? {
@@ -113,6 +121,23 @@ pub fn uninstall(args: &UninstallArgs) -> Result<()> {
     }
     if !failed.is_empty() {
         anyhow::bail!("could not check every interface: {}", failed.join("; "));
+    }
+    if args.stay {
+        drop(lock);
+        println!("arp-guard is removed from this node; waiting for SIGTERM");
+        wait_for_termination().await?;
+    }
+    Ok(())
+}
+
+/// Until SIGTERM or SIGINT.
+async fn wait_for_termination() -> Result<()> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
     }
     Ok(())
 }

@@ -22,6 +22,8 @@ pub enum OnExit {
 pub struct ApiConfig {
     /// Where to listen (None: no API).
     pub listen: Option<SocketAddr>,
+    /// Where to serve /metrics alone (None: only on `listen`).
+    pub metrics_listen: Option<SocketAddr>,
     /// At most this many per-LB-IP series in /metrics.
     pub metrics_max_ip_series: usize,
 }

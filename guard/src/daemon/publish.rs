@@ -37,6 +37,9 @@ impl Daemon {
         if cluster.is_some_and(|c| !c.synced) {
             not_ready.push("Kubernetes feed not synced yet".into());
         }
+        if let Some(p) = cluster.and_then(|c| c.problem.as_ref()) {
+            not_ready.push(p.clone());
+        }
         let ifnames: BTreeMap<u32, String> = att
             .attached
             .iter()

@@ -50,13 +50,9 @@ pub(super) async fn start(cfg: RunConfig) -> Result<(Daemon, Inputs)> {
         signal(SignalKind::hangup(), "SIGHUP")?,
     );
     // A taken port fails the start before anything is loaded or attached.
-    let listener = match cfg.api.listen {
-        Some(addr) => Some(
-            TcpListener::bind(addr)
-                .await
-                .with_context(|| format!("--listen {addr}"))?,
-        ),
-        None => None,
+    let listeners = Listeners {
+        api: bind(cfg.api.listen, "--listen").await?,
+        metrics: bind(cfg.api.metrics_listen, "--metrics-listen").await?,
     };
     let (nl, notifications) = addrs::connect()?;
     let table = addrs::dump(&nl).await?;
@@ -71,7 +67,7 @@ pub(super) async fn start(cfg: RunConfig) -> Result<(Daemon, Inputs)> {
     };
     let mut daemon = Daemon::new(cfg, node, dp, &table, announcers);
     daemon.enforce(file.as_ref().map(|(f, _)| f), &table, cluster_rx.is_some())?;
-    daemon.start_telemetry(listener);
+    daemon.start_telemetry(listeners);
     let cluster_now = cluster_rx.as_ref().map(|c| c.borrow().clone());
     daemon.publish(cluster_now.as_ref(), true);
     daemon.announce();
@@ -236,7 +232,7 @@ impl Daemon {
     }
 
     /// The drop-event reader and the API.
-    fn start_telemetry(&mut self, listener: Option<TcpListener>) {
+    fn start_telemetry(&mut self, listeners: Listeners) {
         match self.dp.take_events() {
             Ok(ring) => {
                 let events = self.shared.events.clone();
@@ -244,8 +240,13 @@ impl Daemon {
             }
             Err(e) => tracing::warn!(error = %format!("{e:#}"), "drop events unavailable"),
         }
-        if let Some(listener) = listener {
-            tokio::spawn(api::serve(listener, self.shared.clone()));
+        if let Some(listener) = listeners.api {
+            let router = api::routes::router(self.shared.clone());
+            tokio::spawn(api::serve(listener, router, api::routes::ALL_PATHS));
+        }
+        if let Some(listener) = listeners.metrics {
+            let router = api::routes::metrics_router(self.shared.clone());
+            tokio::spawn(api::serve(listener, router, "/metrics"));
         }
     }
 
@@ -261,5 +262,22 @@ impl Daemon {
             unknown = v.count(Ownership::Unknown),
             "arp-guard is enforcing"
         );
+    }
+}
+
+/// The API's sockets, bound before anything is loaded or attached.
+struct Listeners {
+    api: Option<TcpListener>,
+    metrics: Option<TcpListener>,
+}
+
+async fn bind(addr: Option<std::net::SocketAddr>, flag: &str) -> Result<Option<TcpListener>> {
+    match addr {
+        Some(addr) => Ok(Some(
+            TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("{flag} {addr}"))?,
+        )),
+        None => Ok(None),
     }
 }

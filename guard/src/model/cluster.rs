@@ -56,6 +56,10 @@ pub struct ClusterView {
     pub unconfirmed: usize,
     /// Blind this long, the view degrades.
     pub threshold: Duration,
+    /// The guard cannot read the API for a reason of its own (its token,
+    /// its permissions, its trust in the server), with what to fix; the
+    /// daemon is not ready while this lasts.
+    pub problem: Option<String>,
 }
 
 impl PartialEq for ClusterView {
@@ -68,5 +72,6 @@ impl PartialEq for ClusterView {
             && self.unconfirmed == o.unconfirmed
             && self.failing_since.is_some() == o.failing_since.is_some()
             && self.threshold == o.threshold
+            && self.problem == o.problem
     }
 }

@@ -438,7 +438,7 @@ mod tests {
     #[test]
     fn dashboard_and_alerts_use_only_exported_metrics() {
         let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy");
-        let dash = std::fs::read_to_string(root.join("grafana-dashboard.json")).unwrap();
+        let dash = std::fs::read_to_string(root.join("monitoring/grafana-dashboard.json")).unwrap();
         let v: serde_json::Value = serde_json::from_str(&dash).unwrap();
         let exprs: Vec<String> = v["panels"]
             .as_array()
@@ -453,10 +453,10 @@ mod tests {
             })
             .collect();
         assert!(exprs.len() >= 10);
-        let rules = std::fs::read_to_string(root.join("alerts.yaml")).unwrap();
+        let rules = std::fs::read_to_string(root.join("monitoring/prometheusrule.yaml")).unwrap();
         let r: serde_json::Value = serde_saphyr::from_str(&rules).unwrap();
         let mut rule_exprs = Vec::new();
-        for g in r["groups"].as_array().unwrap() {
+        for g in r["spec"]["groups"].as_array().unwrap() {
             for rule in g["rules"].as_array().unwrap() {
                 assert!(
                     rule["alert"].as_str().is_some_and(|a| !a.is_empty()),

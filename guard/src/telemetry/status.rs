@@ -76,6 +76,10 @@ pub struct Feed {
     /// Blind this long, foreign is enforced as unknown.
     pub threshold_seconds: u64,
     pub streams: Vec<StreamStatus>,
+    /// The guard cannot read the API for a reason of its own (401, 403, a
+    /// server certificate it does not trust), with what to fix.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub problem: Option<String>,
 }
 
 impl Counts {
@@ -99,6 +103,7 @@ impl Feed {
             unconfirmed_leases: c.unconfirmed,
             threshold_seconds: c.threshold.as_secs(),
             streams: c.streams.clone(),
+            problem: c.problem.clone(),
         }
     }
 }

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::coordination::v1::Lease;
 
 use super::{
+    cause::{Cause, Failure, Who},
     feed::Feed,
     model::{Key, LeaseInfo},
     objects,
@@ -25,7 +26,7 @@ const CONFIRM_RETRY: Duration = Duration::from_secs(2);
 const CONFIRM_PARALLEL: usize = 16;
 
 /// The answer to a confirming GET of a Lease.
-pub(crate) type Confirmation = Result<Option<Lease>, String>;
+pub(crate) type Confirmation = Result<Option<Lease>, Failure>;
 
 impl Feed {
     /// Leases to confirm now: past their deadline, unconfirmed, and not
@@ -33,9 +34,20 @@ impl Feed {
     /// to 30 s, with jitter).
     pub(crate) fn due_confirmations(&mut self, now: Instant, in_flight: usize) -> Vec<Key> {
         let room = CONFIRM_PARALLEL.saturating_sub(in_flight);
-        let due: Vec<Key> = self
-            .model
-            .unconfirmed(&self.cfg.announcers, now)
+        let unconfirmed = self.model.unconfirmed(&self.cfg.announcers, now);
+        if unconfirmed.is_empty() && self.confirm_failing.is_some() {
+            // A GET failed, but the watch has since shown every Lease renewed
+            // (or gone): nothing is left to confirm, so the guard is not
+            // blind for want of an answer any more.
+            self.confirm_failing = None;
+            self.confirm_sent.clear();
+            if self.answered(Who::Confirm) {
+                tracing::info!(
+                    "no Lease expiry left to confirm; Kubernetes API feed healthy again"
+                );
+            }
+        }
+        let due: Vec<Key> = unconfirmed
             .into_iter()
             .map(|(k, _)| k)
             .filter(|k| match self.confirm_sent.get(k) {
@@ -96,14 +108,15 @@ impl Feed {
                     "a GET shows the Lease deleted, which the watch never delivered",
                 );
             }
-            Err(e) => self.unconfirmed(&key, &e, now),
+            Err(f) => self.unconfirmed(&key, &f, now),
         }
     }
 
     /// The API answered a confirming GET.
     fn confirmed(&mut self, key: &Key) {
         self.confirm_sent.remove(key);
-        if self.confirm_failing.take().is_some() && self.all_healthy() {
+        let was = self.confirm_failing.take().is_some();
+        if self.answered(Who::Confirm) && was {
             tracing::info!(
                 "Lease expiries can be confirmed again; Kubernetes API feed healthy again"
             );
@@ -116,19 +129,20 @@ impl Feed {
         if let Some(i) = self.lease_stream() {
             let since = self.health[i].last_progress;
             let e = format!("missed a change of Lease {key}: stuck");
-            self.failed(Some(i), &e, since);
+            self.failed(Some(i), &Failure::new(Cause::Other, e), since);
             self.rebuild.insert(i, "stuck");
         }
     }
 
     /// A confirming GET failed: the guard is blind.
-    fn unconfirmed(&mut self, key: &Key, e: &str, now: Instant) {
+    fn unconfirmed(&mut self, key: &Key, f: &Failure, now: Instant) {
         {
             OPS.error("kubernetes_feed");
+            self.report(Who::Confirm, f);
             if let Some((_, fails)) = self.confirm_sent.get_mut(key) {
                 *fails += 1;
             }
-            let e = clip(e, super::objects::MAX_FIELD);
+            let e = clip(&f.text, super::objects::MAX_FIELD);
             if self.confirm_failing.is_none() {
                 tracing::warn!(
                     lease = %key, error = %e,

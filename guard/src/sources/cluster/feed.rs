@@ -30,6 +30,7 @@ use kube::{
 };
 
 use super::{
+    cause::{Cause, Failure, Who},
     model::{Key, Model},
     objects,
     stream::{l2status_resource, Msg, Stream, Update},
@@ -106,6 +107,10 @@ pub(crate) struct Feed {
     /// Streams to rebuild (relist), and why.
     pub(super) rebuild: BTreeMap<usize, &'static str>,
     pub(super) last_error: Option<String>,
+    /// Why each failing part fails, while it does.
+    pub(super) problems: BTreeMap<Who, Cause>,
+    /// Causes logged since the feed was last healthy (each once).
+    pub(super) logged: BTreeSet<Cause>,
 }
 
 impl Feed {
@@ -132,6 +137,8 @@ impl Feed {
             confirm_failing: None,
             rebuild: BTreeMap::new(),
             last_error: None,
+            problems: BTreeMap::new(),
+            logged: BTreeSet::new(),
         }
     }
 
@@ -330,6 +337,7 @@ impl Feed {
                 .collect(),
             unconfirmed: self.model.unconfirmed(&self.cfg.announcers, now).len(),
             threshold: self.threshold(),
+            problem: self.problem(),
         }
     }
 
@@ -341,41 +349,39 @@ impl Feed {
 
     /// The API answered for `stream` (or the probe).
     pub(crate) fn ok(&mut self, stream: Option<usize>, now: Instant) {
-        let was = match stream {
+        let (was, who) = match stream {
             Some(i) => {
                 self.health[i].last_progress = now;
-                self.health[i].failing_since.take().is_some()
+                (
+                    self.health[i].failing_since.take().is_some(),
+                    Who::Stream(i),
+                )
             }
-            None => self.probe_failing.take().is_some(),
+            None => (self.probe_failing.take().is_some(), Who::Probe),
         };
-        if was && self.all_healthy() {
+        if self.answered(who) && was {
             tracing::info!("Kubernetes API feed healthy again");
         }
     }
 
     /// `stream` (or the probe) failed; it has been failing since `since`.
-    pub(crate) fn failed(&mut self, stream: Option<usize>, e: &str, since: Instant) {
+    pub(crate) fn failed(&mut self, stream: Option<usize>, f: &Failure, since: Instant) {
+        let who = stream.map_or(Who::Probe, Who::Stream);
+        self.report(who, f);
         // Errors carry text from the API server: kept and logged short.
-        let e = clip(e, super::objects::MAX_FIELD);
-        let e = e.as_str();
+        let e = clip(&f.text, super::objects::MAX_FIELD);
         let name = stream.map_or_else(|| "probe".to_owned(), |i| self.name(i));
-        let msg = format!("{name}: {e}");
-        if self.all_healthy() {
-            tracing::warn!(error = %msg, "Kubernetes API feed failing; keeping the last known ownership for now");
-        } else if self.last_error.as_deref() != Some(msg.as_str()) {
-            tracing::debug!(error = %msg, "feed still failing");
-        }
         match stream {
             Some(i) => {
                 let h = &mut self.health[i];
                 h.failing_since.get_or_insert(since);
-                h.last_error = Some(e.to_owned());
+                h.last_error = Some(e.clone());
             }
             None => {
                 self.probe_failing.get_or_insert(since);
             }
         }
-        self.last_error = Some(msg);
+        self.last_error = Some(format!("{name}: {e}"));
     }
 
     pub(crate) fn on_msg(&mut self, stream: usize, msg: Msg, now: Instant) {
@@ -387,9 +393,9 @@ impl Feed {
                 self.apply(stream, u, now);
             }
             Msg::Progress => self.ok(Some(stream), now),
-            Msg::Failed(e) => {
+            Msg::Failed(f) => {
                 OPS.error("kubernetes_feed");
-                self.failed(Some(stream), &e, now);
+                self.failed(Some(stream), &f, now);
             }
             Msg::Idle(idle) => {
                 // Blind since the last thing it delivered, not since now.
@@ -399,13 +405,9 @@ impl Feed {
                     "Kubernetes watch stream stuck: no event, bookmark or end of watch within its deadline; relisting"
                 );
                 OPS.feed_rebuild(&name, "idle");
-                self.failed(
-                    Some(stream),
-                    &format!(
-                        "no event, bookmark or end of watch within {idle:?}: stuck, relisting"
-                    ),
-                    since,
-                );
+                let e =
+                    format!("no event, bookmark or end of watch within {idle:?}: stuck, relisting");
+                self.failed(Some(stream), &Failure::new(Cause::Other, e), since);
             }
         }
     }
@@ -560,7 +562,8 @@ mod tests {
         let mut g = synced(t0);
         let t11 = secs(t0, 11);
         assert_eq!(g.due_confirmations(t11, 0).len(), 1);
-        g.on_confirm(key(), t11, Err("403 Forbidden".into()), t11);
+        let forbidden = Failure::new(Cause::Forbidden, "403 Forbidden");
+        g.on_confirm(key(), t11, Err(forbidden), t11);
         assert_eq!(owner(&g, t11), node_a(false));
         assert_eq!(g.view(t11, None).failing_since, Some(t10));
         assert!(!g.view(secs(t0, 24), None).degraded);
@@ -647,7 +650,7 @@ mod tests {
     fn degrades_after_the_threshold_and_recovers_per_stream() {
         let t0 = Instant::now();
         let mut f = synced(t0);
-        f.failed(Some(1), "connection refused", t0);
+        f.failed(Some(1), &Failure::new(Cause::Unreachable, "refused"), t0);
         assert!(!f.view(secs(t0, 14), None).degraded);
         assert!(f.view(secs(t0, 15), None).degraded, "15 s floor");
         // The probe answering does not vouch for the lease stream.
@@ -675,6 +678,71 @@ mod tests {
         assert!(f.view(t, None).streams[0].healthy);
     }
 
+    /// A cause that needs a fix on this side is the feed's problem while any
+    /// part fails with it (the daemon is not ready meanwhile); each distinct
+    /// cause is logged once until the whole feed is healthy again.
+    #[test]
+    fn causes_are_logged_once_and_the_problem_lasts_while_they_do() {
+        let t0 = Instant::now();
+        let mut f = synced(t0);
+        let unauthorized = Failure::new(Cause::Unauthorized, "list: 401");
+        f.failed(Some(0), &unauthorized, t0);
+        f.failed(None, &unauthorized, t0);
+        f.failed(Some(1), &unauthorized, t0);
+        assert_eq!(
+            f.logged.iter().copied().collect::<Vec<_>>(),
+            [Cause::Unauthorized]
+        );
+        let p = f.view(t0, None).problem.unwrap();
+        assert!(p.contains("401 Unauthorized") && p.contains("token"), "{p}");
+        // Another cause on top: logged as well; the one needing a fix stays the problem.
+        f.failed(None, &Failure::new(Cause::Unreachable, "refused"), t0);
+        assert_eq!(f.logged.len(), 2);
+        assert!(f.problem().unwrap().contains("401"));
+        // Part of the feed answers: still failing, still a problem.
+        f.ok(Some(0), t0);
+        f.ok(None, t0);
+        assert!(f.problem().unwrap().contains("401"));
+        assert_eq!(
+            f.logged.len(),
+            2,
+            "not forgotten before the feed is healthy"
+        );
+        // A 403 replaces the 401 on the Lease stream.
+        f.failed(Some(1), &Failure::new(Cause::Forbidden, "watch: 403"), t0);
+        assert!(f.problem().unwrap().contains("403 Forbidden"));
+        f.ok(Some(1), t0);
+        assert_eq!(f.view(t0, None).problem, None);
+        assert!(f.logged.is_empty(), "healthy: a recurrence is logged again");
+        // Causes waited out are no problem of the guard's own.
+        f.failed(Some(0), &Failure::new(Cause::Server, "500"), t0);
+        assert_eq!(f.problem(), None);
+    }
+
+    /// A confirming GET fails (403), then the watch shows the Lease renewed:
+    /// nothing is left to confirm, so the guard sees again and its problem
+    /// is gone (it does not stay blind, and not ready, until some later
+    /// expiry happens to be confirmed).
+    #[test]
+    fn a_failed_confirmation_is_moot_once_the_watch_shows_the_renewal() {
+        use watcher::Event::Apply;
+        let t0 = Instant::now();
+        let mut f = synced(t0);
+        let (t10, t11, t12) = (secs(t0, 10), secs(t0, 11), secs(t0, 12));
+        assert_eq!(f.due_confirmations(t10, 0).len(), 1);
+        let forbidden = Failure::new(Cause::Forbidden, "get: 403");
+        f.on_confirm(key(), t10, Err(forbidden), t11);
+        assert!(f.view(t11, None).problem.unwrap().contains("403"));
+        assert!(f.due_confirmations(t11, 0).is_empty(), "backing off");
+        assert_eq!(f.view(t11, None).failing_since, Some(t10));
+        let renewed = lease_json("node-a", "2026-11-30T10:00:12.000000Z");
+        f.apply(1, Update::Lease(Box::new(Apply(renewed))), t12);
+        assert!(f.due_confirmations(t12, 0).is_empty());
+        let v = f.view(t12, None);
+        assert_eq!((v.failing_since, v.problem), (None, None));
+        assert!(f.confirm_sent.is_empty());
+    }
+
     /// One Lease with an absurd duration cannot switch degradation off: the
     /// threshold stays within [15 s, 60 s].
     #[test]
@@ -685,7 +753,7 @@ mod tests {
         l.spec.as_mut().unwrap().lease_duration_seconds = Some(2147483647);
         list(&mut f, t0, l);
         assert_eq!(f.threshold(), THRESHOLD_CAP);
-        f.failed(Some(0), "500 Internal Server Error", t0);
+        f.failed(Some(0), &Failure::new(Cause::Server, "500"), t0);
         assert!(!f.view(secs(t0, 59), None).degraded);
         assert!(f.view(secs(t0, 60), None).degraded);
     }

@@ -1,15 +1,19 @@
 //! Ownership from the Kubernetes API: which LB IPs exist (Services) and which
 //! node owns each (Cilium and kube-vip Leases, MetalLB ServiceL2Status).
 //!
+//! `cause` classifies failed requests (what to fix), `problems` logs each
+//! cause once and keeps the guard's own problem,
 //! `objects` turns API objects into the `model`'s plain types, `model` holds
 //! the ownership rules (pure), `stream` drives one list+watch, `feed` keeps
 //! what the streams delivered and their health (pure in time), and `task`
 //! runs them all and publishes a `ClusterView`.
 
+pub mod cause;
 pub mod confirm;
 pub mod feed;
 pub mod model;
 pub mod objects;
+pub mod problems;
 pub mod stream;
 pub mod task;
 

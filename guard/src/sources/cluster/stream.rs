@@ -22,7 +22,11 @@ use kube::{
 use serde::de::DeserializeOwned;
 use tokio::{sync::mpsc, task::JoinHandle};
 
-use super::{model::Announcer, FeedConfig};
+use super::{
+    cause::{Cause, Failure},
+    model::Announcer,
+    FeedConfig,
+};
 
 /// A healthy stream shows progress (an event, a bookmark, or the server
 /// ending the watch) at least every watch timeout; this much later it is stuck.
@@ -48,7 +52,7 @@ pub enum Msg {
     /// clean end of a watch.
     Progress,
     /// A list or watch failed (it is retried with back-off).
-    Failed(String),
+    Failed(Failure),
     /// Nothing at all within the idle deadline: the stream is relisted.
     Idle(Duration),
 }
@@ -231,8 +235,8 @@ where
     }
 
     /// Report a failure and wait out the back-off.
-    async fn failed(&mut self, e: String) -> Result<(), Closed> {
-        self.send(Msg::Failed(e)).await?;
+    async fn failed(&mut self, f: Failure) -> Result<(), Closed> {
+        self.send(Msg::Failed(f)).await?;
         self.ctl.pause(backoff(RETRY, self.attempt)).await;
         self.attempt += 1;
         Ok(())
@@ -269,10 +273,10 @@ where
                 .await;
             let list = match page {
                 Ok(Ok(list)) => list,
-                Ok(Err(e)) => return self.failed(format!("list: {e}")).await.map(|()| None),
+                Ok(Err(e)) => return self.failed(Failure::of("list", &e)).await.map(|()| None),
                 Err(_) => {
-                    let e = format!("list: no answer within {:?}", self.idle);
-                    return self.failed(e).await.map(|()| None);
+                    let f = Failure::timeout("list", self.idle);
+                    return self.failed(f).await.map(|()| None);
                 }
             };
             if std::mem::take(&mut first) {
@@ -310,13 +314,13 @@ where
             Ok(Err(kube::Error::Api(s))) if s.code == 410 => return Ok(WatchEnd::Relist),
             Ok(Err(e)) => {
                 return self
-                    .failed(format!("watch: {e}"))
+                    .failed(Failure::of("watch", &e))
                     .await
                     .map(|()| WatchEnd::Resume)
             }
             Err(_) => {
-                let e = format!("watch: no answer within {:?}", self.idle);
-                return self.failed(e).await.map(|()| WatchEnd::Resume);
+                let f = Failure::timeout("watch", self.idle);
+                return self.failed(f).await.map(|()| WatchEnd::Resume);
             }
         };
         let opened_at = Instant::now();
@@ -336,14 +340,17 @@ where
                     self.send(Msg::Progress).await?;
                     return Ok(WatchEnd::Resume);
                 }
-                Ok(None) => Msg::Failed("watch: the server ended it at once".into()),
+                Ok(None) => Msg::Failed(Failure::new(
+                    Cause::Other,
+                    "watch: the server ended it at once",
+                )),
                 Ok(Some(Ok(WatchEvent::Error(e)))) if e.code == 410 => {
-                    self.send(Msg::Failed(format!("watch: {} (relisting)", e.message)))
-                        .await?;
+                    let f = Failure::new(Cause::Other, format!("watch: {} (relisting)", e.message));
+                    self.send(Msg::Failed(f)).await?;
                     return Ok(WatchEnd::Relist);
                 }
                 Ok(Some(Ok(ev))) => self.event(ev, rv),
-                Ok(Some(Err(e))) => Msg::Failed(format!("watch: {e}")),
+                Ok(Some(Err(e))) => Msg::Failed(Failure::of("watch", &e)),
             };
             if let Msg::Failed(e) = msg {
                 self.failed(e).await?;
@@ -375,7 +382,10 @@ where
                 *rv = b.metadata.resource_version;
                 Msg::Progress
             }
-            WatchEvent::Error(e) => Msg::Failed(format!("watch: {} ({})", e.message, e.code)),
+            WatchEvent::Error(e) => Msg::Failed(Failure::new(
+                Cause::of_code(e.code),
+                format!("watch: {} ({})", e.message, e.code),
+            )),
         }
     }
 }

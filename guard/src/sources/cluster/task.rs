@@ -16,10 +16,11 @@ use tokio::{
 };
 
 use super::{
+    cause::Failure,
     confirm::{Confirmation, CONFIRM_TIMEOUT},
     feed::Feed,
     model::Key,
-    stream::{self, StreamCtl, StreamMsg, IDLE_MARGIN},
+    stream::{self, Msg, StreamCtl, StreamMsg, IDLE_MARGIN},
     FeedConfig,
 };
 use crate::{model::cluster::ClusterView, telemetry::ops::OPS};
@@ -64,8 +65,8 @@ async fn confirm(client: Client, key: Key) -> (Key, Confirmation) {
     let api = Api::<Lease>::namespaced(client, &key.ns);
     let r = match tokio::time::timeout(CONFIRM_TIMEOUT, api.get_opt(&key.name)).await {
         Ok(Ok(l)) => Ok(l),
-        Ok(Err(e)) => Err(e.to_string()),
-        Err(_) => Err(format!("no answer within {CONFIRM_TIMEOUT:?}")),
+        Ok(Err(e)) => Err(Failure::of("get", &e)),
+        Err(_) => Err(Failure::timeout("get", CONFIRM_TIMEOUT)),
     };
     (key, r)
 }
@@ -117,10 +118,14 @@ pub async fn run(client: Client, cfg: FeedConfig, tx: watch::Sender<ClusterView>
                 let Some(m) = m else { return };
                 event_at = Some(Instant::now());
                 // Batch what is already waiting: one map update per burst.
+                // A stuck stream ends the batch: the blindness it reveals
+                // (since its last progress, maybe past the threshold) is
+                // published before its relist's answer heals it.
                 let mut next = Some(m);
                 while let Some(m) = next {
+                    let stuck = matches!(m.msg, Msg::Idle(_));
                     t.on_msg(m);
-                    next = msg_rx.try_recv().ok();
+                    next = if stuck { None } else { msg_rx.try_recv().ok() };
                 }
             }
             Some((key, sent, answer)) = confirm_rx.recv() => {
@@ -205,8 +210,8 @@ impl Task {
                 self.feed.ok(None, now);
                 self.unstick(now);
             }
-            Ok(Err(e)) => self.feed.failed(None, &e.to_string(), now),
-            Err(_) => (self.feed).failed(None, &format!("no answer within {PROBE_TIMEOUT:?}"), now),
+            Ok(Err(e)) => self.feed.failed(None, &Failure::of("list", &e), now),
+            Err(_) => (self.feed).failed(None, &Failure::timeout("list", PROBE_TIMEOUT), now),
         }
         self.next_probe = now + PROBE_EVERY;
     }

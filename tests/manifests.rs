@@ -1,0 +1,414 @@
+//! The shipped manifests as `kubectl kustomize` renders them (every overlay,
+//! the whole directory, the example overlay and the clean-up): every object
+//! parses into its k8s-openapi type with no field lost (a misspelled or
+//! misplaced field is an error, not silently ignored), the DaemonSet's
+//! arguments, after Kubernetes' `$(VAR)` expansion, are accepted by the real
+//! CLI with the settings the overlay promises, the probes, the metrics port,
+//! the capabilities and the monitoring objects agree with them, and the
+//! alerting rules pass `promtool check rules`. Needs kubectl (with its
+//! built-in kustomize) and promtool (`cargo xtask setup` provides it); no root.
+
+use std::{collections::BTreeMap, path::Path, process::Command};
+
+use clap::Parser as _;
+use guard::cli::{AnnouncerArg, Cli, Command as GuardCommand, ModeArg, OnExit};
+use serde_json::Value;
+
+/// A kustomization under `deploy/`, rendered.
+fn render(rel: &str) -> Vec<Value> {
+    let dir = testbed::deploy::dir().join(rel);
+    let out = Command::new("kubectl")
+        .arg("kustomize")
+        .arg(&dir)
+        .output()
+        .expect("kubectl (with kustomize) is needed to render deploy/");
+    assert!(
+        out.status.success(),
+        "kubectl kustomize {dir:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout).unwrap();
+    serde_saphyr::from_str_multiple::<Value, Vec<_>>(&text)
+        .unwrap_or_else(|e| panic!("{dir:?} renders YAML that does not parse: {e}"))
+}
+
+/// The first place two JSON documents differ, as a path.
+fn first_difference(a: &Value, b: &Value, path: &str) -> Option<String> {
+    match (a, b) {
+        (Value::Object(x), Value::Object(y)) => {
+            for k in x.keys().chain(y.keys()) {
+                let p = format!("{path}.{k}");
+                match (x.get(k), y.get(k)) {
+                    (Some(u), Some(v)) => {
+                        if let Some(d) = first_difference(u, v, &p) {
+                            return Some(d);
+                        }
+                    }
+                    (u, v) => return Some(format!("{p}: {u:?} vs {v:?}")),
+                }
+            }
+            None
+        }
+        (Value::Array(x), Value::Array(y)) if x.len() == y.len() => x
+            .iter()
+            .zip(y)
+            .enumerate()
+            .find_map(|(i, (u, v))| first_difference(u, v, &format!("{path}[{i}]"))),
+        _ => (a != b).then(|| format!("{path}: {a} vs {b}")),
+    }
+}
+
+fn same_after<T: serde::de::DeserializeOwned + serde::Serialize>(obj: &Value) -> Option<String> {
+    let typed: T = match serde_json::from_value(obj.clone()) {
+        Ok(t) => t,
+        Err(e) => return Some(format!("does not parse: {e}")),
+    };
+    first_difference(obj, &serde_json::to_value(typed).unwrap(), "")
+}
+
+/// Every field of `obj` is one its Kubernetes type knows: parsing into the
+/// k8s-openapi type and back loses nothing. The Prometheus Operator's kinds
+/// have no k8s-openapi type: their fields are checked where they are used.
+fn check_known_fields(obj: &Value) {
+    use k8s_openapi::api::{apps::v1::DaemonSet, core::v1, rbac::v1 as rbac};
+    let kind = obj["kind"].as_str().unwrap_or("?");
+    let lost = match kind {
+        "Namespace" => same_after::<v1::Namespace>(obj),
+        "ServiceAccount" => same_after::<v1::ServiceAccount>(obj),
+        "ConfigMap" => same_after::<v1::ConfigMap>(obj),
+        "ClusterRole" => same_after::<rbac::ClusterRole>(obj),
+        "ClusterRoleBinding" => same_after::<rbac::ClusterRoleBinding>(obj),
+        "DaemonSet" => same_after::<DaemonSet>(obj),
+        "PodMonitor" | "PrometheusRule" => {
+            assert_eq!(obj["apiVersion"], "monitoring.coreos.com/v1");
+            None
+        }
+        other => panic!("unexpected kind {other} in deploy/: add it to this test"),
+    };
+    if let Some(d) = lost {
+        panic!(
+            "{kind}/{}: unknown or misplaced field: {d}",
+            obj["metadata"]["name"]
+        );
+    }
+}
+
+fn of_kind<'a>(objs: &'a [Value], kind: &str) -> Vec<&'a Value> {
+    objs.iter().filter(|o| o["kind"] == kind).collect()
+}
+
+fn named<'a>(objs: &'a [Value], kind: &str, name: &str) -> &'a Value {
+    objs.iter()
+        .find(|o| o["kind"] == kind && o["metadata"]["name"] == name)
+        .unwrap_or_else(|| panic!("no {kind} {name}"))
+}
+
+/// A container's arguments as the kubelet hands them over: `$(VAR)` replaced
+/// from its `env` and `envFrom` ConfigMaps (downward API fields with the
+/// given values), every reference resolved.
+fn expanded_args(objs: &[Value], c: &Value, fields: &BTreeMap<&str, &str>) -> Vec<String> {
+    let mut env: BTreeMap<String, String> = BTreeMap::new();
+    for from in c["envFrom"].as_array().into_iter().flatten() {
+        let name = from["configMapRef"]["name"].as_str().unwrap();
+        let cm = named(objs, "ConfigMap", name);
+        for (k, v) in cm["data"].as_object().unwrap() {
+            env.insert(k.clone(), v.as_str().unwrap().to_owned());
+        }
+    }
+    for e in c["env"].as_array().into_iter().flatten() {
+        let value = match e["value"].as_str() {
+            Some(v) => v.to_owned(),
+            None => {
+                let path = e["valueFrom"]["fieldRef"]["fieldPath"].as_str().unwrap();
+                fields
+                    .get(path)
+                    .unwrap_or_else(|| panic!("no test value for {path}"))
+                    .to_string()
+            }
+        };
+        env.insert(e["name"].as_str().unwrap().to_owned(), value);
+    }
+    c["args"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| {
+            let mut a = a.as_str().unwrap().to_owned();
+            for (k, v) in &env {
+                a = a.replace(&format!("$({k})"), v);
+            }
+            assert!(!a.contains("$("), "unresolved reference in {a}");
+            a
+        })
+        .collect()
+}
+
+const FIELDS: [(&str, &str); 2] = [
+    ("spec.nodeName", "worker-1"),
+    ("status.podIP", "203.0.113.7"),
+];
+
+/// What an overlay promises.
+struct Expect {
+    mode: ModeArg,
+    announcers: &'static [AnnouncerArg],
+    interface: &'static str,
+    monitoring: bool,
+}
+
+fn check_guard(rel: &str, expect: &Expect) {
+    let objs = render(rel);
+    objs.iter().for_each(check_known_fields);
+    let ds = named(&objs, "DaemonSet", "arp-guard");
+    let ns = ds["metadata"]["namespace"].as_str().unwrap();
+    let pod = &ds["spec"]["template"]["spec"];
+    let c = &pod["containers"][0];
+    let ctx = format!("deploy/{rel}");
+
+    // Arguments: the real CLI takes them, with the overlay's settings.
+    let args = expanded_args(&objs, c, &FIELDS.into_iter().collect());
+    let cli = Cli::try_parse_from(std::iter::once("arp-guard".to_owned()).chain(args.clone()))
+        .unwrap_or_else(|e| panic!("{ctx}: {args:?}: {e}"));
+    let GuardCommand::Run(run) = cli.command else {
+        panic!("{ctx}: the DaemonSet must run `arp-guard run`")
+    };
+    let config = run.config().unwrap_or_else(|e| panic!("{ctx}: {e:#}"));
+    assert_eq!(run.mode, expect.mode, "{ctx}");
+    assert_eq!(run.announcers, expect.announcers, "{ctx}");
+    assert_eq!(run.interfaces, [expect.interface], "{ctx}");
+    assert_eq!(
+        run.on_exit,
+        OnExit::Keep,
+        "{ctx}: rolling updates hand over"
+    );
+    assert!(run.pin_dir.is_some(), "{ctx}");
+
+    // The state endpoints stay on loopback; the probes ask them there.
+    let api = config.api.listen.expect("an API");
+    assert!(api.ip().is_loopback(), "{ctx}: {api}");
+    for (probe, path) in [("livenessProbe", "/healthz"), ("readinessProbe", "/readyz")] {
+        let get = &c[probe]["httpGet"];
+        assert_eq!(get["path"], path, "{ctx}: {probe}");
+        assert_eq!(get["port"], api.port(), "{ctx}: {probe}");
+        assert_eq!(get["host"], api.ip().to_string(), "{ctx}: {probe}");
+    }
+    // /metrics on the node's address, on the port the PodMonitor scrapes.
+    let metrics = config.api.metrics_listen.expect("a metrics listener");
+    assert_eq!(
+        metrics.ip().to_string(),
+        FIELDS[1].1,
+        "{ctx}: the pod's (node's) IP"
+    );
+    let port = c["ports"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["name"] == "metrics")
+        .expect("a port named metrics");
+    assert_eq!(port["containerPort"], metrics.port(), "{ctx}");
+
+    // Every node, first in line, confined.
+    assert_eq!(pod["hostNetwork"], true);
+    assert_eq!(pod["priorityClassName"], "system-node-critical");
+    assert!(
+        pod["tolerations"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|t| t["operator"] == "Exists" && t.get("key").is_none()),
+        "{ctx}: tolerates every taint"
+    );
+    assert_eq!(
+        pod["securityContext"]["seccompProfile"]["type"],
+        "RuntimeDefault"
+    );
+    let sec = testbed::deploy::security();
+    assert_eq!(sec.caps, ["BPF", "PERFMON", "NET_ADMIN"], "{ctx}");
+    assert!(sec.read_only_root, "{ctx}");
+    assert_eq!(
+        ds["spec"]["updateStrategy"]["rollingUpdate"]["maxSurge"], 0,
+        "{ctx}: one daemon per pin directory"
+    );
+    // A 1 MiB ownership ConfigMap fits: BENCHMARKS.md measured 63 MiB for a
+    // 2.7 MB file; a reload briefly holds old and new.
+    let limit = c["resources"]["limits"]["memory"].as_str().unwrap();
+    let mib: u64 = limit.strip_suffix("Mi").unwrap().parse().unwrap();
+    assert!(mib >= 128, "{ctx}: memory limit {limit}");
+    assert!(c["resources"]["requests"]["memory"].is_string(), "{ctx}");
+
+    // The ownership file is mounted where the daemon reads it, and valid.
+    let file = run.ownership_file.as_ref().unwrap();
+    let mount = c["volumeMounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| file.starts_with(m["mountPath"].as_str().unwrap()))
+        .expect("a mount holding the ownership file");
+    let volume = pod["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"] == mount["name"])
+        .unwrap();
+    let cm = named(
+        &objs,
+        "ConfigMap",
+        volume["configMap"]["name"].as_str().unwrap(),
+    );
+    let key = file.file_name().unwrap().to_str().unwrap();
+    guard::testing::parse_ownership_file(file, cm["data"][key].as_str().unwrap())
+        .unwrap_or_else(|e| panic!("{ctx}: the shipped ownership file: {e}"));
+
+    // RBAC: the ServiceAccount the pods use is the one the role is bound to.
+    let sa = pod["serviceAccountName"].as_str().unwrap();
+    assert_eq!(
+        named(&objs, "ServiceAccount", sa)["metadata"]["namespace"],
+        ns
+    );
+    let binding = &of_kind(&objs, "ClusterRoleBinding")[0];
+    assert_eq!(binding["subjects"][0]["name"], sa);
+    assert_eq!(binding["subjects"][0]["namespace"], ns);
+
+    let monitors = of_kind(&objs, "PodMonitor");
+    assert_eq!(!monitors.is_empty(), expect.monitoring, "{ctx}");
+    for m in monitors {
+        let labels = &ds["spec"]["template"]["metadata"]["labels"];
+        for (k, v) in m["spec"]["selector"]["matchLabels"].as_object().unwrap() {
+            assert_eq!(
+                &labels[k], v,
+                "{ctx}: the PodMonitor selects the guard's pods"
+            );
+        }
+        assert_eq!(m["spec"]["podMetricsEndpoints"][0]["port"], "metrics");
+        assert_eq!(m["spec"]["podMetricsEndpoints"][0]["path"], "/metrics");
+    }
+    for rule in of_kind(&objs, "PrometheusRule") {
+        promtool_check(&rule["spec"]);
+    }
+}
+
+/// `promtool check rules` on a PrometheusRule's spec (a rules file).
+fn promtool_check(spec: &Value) {
+    let dir = std::env::temp_dir().join(format!("arp-guard-rules-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("rules.json");
+    std::fs::write(&file, serde_json::to_string(spec).unwrap()).unwrap();
+    let out = Command::new("promtool")
+        .args(["check", "rules"])
+        .arg(&file)
+        .output();
+    let _ = std::fs::remove_dir_all(&dir);
+    let out = out.expect("promtool (cargo xtask setup installs it)");
+    assert!(
+        out.status.success(),
+        "promtool: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+const DEFAULTS: Expect = Expect {
+    mode: ModeArg::Monitor,
+    announcers: &[AnnouncerArg::Metallb],
+    interface: "eth0",
+    monitoring: false,
+};
+
+#[test]
+fn the_base_installs_in_monitor_mode() {
+    check_guard("base", &DEFAULTS);
+}
+
+#[test]
+fn the_whole_directory_adds_monitoring() {
+    check_guard(
+        ".",
+        &Expect {
+            monitoring: true,
+            ..DEFAULTS
+        },
+    );
+    let objs = render(".");
+    let dash = named(&objs, "ConfigMap", "arp-guard-dashboard");
+    assert_eq!(dash["metadata"]["labels"]["grafana_dashboard"], "1");
+    let json = dash["data"]["grafana-dashboard.json"].as_str().unwrap();
+    serde_json::from_str::<Value>(json).expect("the dashboard is JSON");
+}
+
+#[test]
+fn every_overlay_renders_what_it_promises() {
+    let expect = |name: &str| match name {
+        "monitor" | "metallb" => DEFAULTS,
+        "enforce" => Expect {
+            mode: ModeArg::Enforce,
+            ..DEFAULTS
+        },
+        "cilium" => Expect {
+            announcers: &[AnnouncerArg::Cilium],
+            ..DEFAULTS
+        },
+        "kube-vip" => Expect {
+            announcers: &[AnnouncerArg::KubeVip],
+            ..DEFAULTS
+        },
+        other => panic!("overlay {other} has no expectations here: add them"),
+    };
+    let mut seen = Vec::new();
+    for entry in std::fs::read_dir(testbed::deploy::dir().join("overlays")).unwrap() {
+        let name = entry.unwrap().file_name().into_string().unwrap();
+        check_guard(&format!("overlays/{name}"), &expect(&name));
+        seen.push(name);
+    }
+    seen.sort();
+    assert_eq!(
+        seen,
+        ["cilium", "enforce", "kube-vip", "metallb", "monitor"]
+    );
+    check_guard(
+        "examples/cilium-enforce",
+        &Expect {
+            mode: ModeArg::Enforce,
+            announcers: &[AnnouncerArg::Cilium],
+            interface: "bond0",
+            monitoring: false,
+        },
+    );
+}
+
+/// The clean-up DaemonSet runs `arp-guard uninstall` on the guard's pin
+/// directory, waits for a terminating guard, stays until deleted, with the
+/// guard's privileges, and in a namespace of its own.
+#[test]
+fn the_cleanup_uninstalls_what_the_guard_left() {
+    let objs = render("cleanup");
+    objs.iter().for_each(check_known_fields);
+    let ds = named(&objs, "DaemonSet", "arp-guard-uninstall");
+    let c = &ds["spec"]["template"]["spec"]["containers"][0];
+    let args = expanded_args(&objs, c, &FIELDS.into_iter().collect());
+    let cli = Cli::try_parse_from(std::iter::once("arp-guard".to_owned()).chain(args)).unwrap();
+    let GuardCommand::Uninstall(u) = cli.command else {
+        panic!("the clean-up must run `arp-guard uninstall`")
+    };
+    let guard = render("base");
+    let gds = named(&guard, "DaemonSet", "arp-guard");
+    let gargs = expanded_args(
+        &guard,
+        &gds["spec"]["template"]["spec"]["containers"][0],
+        &FIELDS.into_iter().collect(),
+    );
+    let GuardCommand::Run(run) =
+        Cli::try_parse_from(std::iter::once("arp-guard".to_owned()).chain(gargs))
+            .unwrap()
+            .command
+    else {
+        unreachable!()
+    };
+    assert_eq!(Some(&u.pin_dir), run.pin_dir.as_ref());
+    assert!(u.stay && !u.force && !u.wait.is_zero());
+    assert_eq!(
+        c["securityContext"]["capabilities"],
+        gds["spec"]["template"]["spec"]["containers"][0]["securityContext"]["capabilities"]
+    );
+    assert_ne!(ds["metadata"]["namespace"], gds["metadata"]["namespace"]);
+    assert!(Path::new(&testbed::deploy::dir().join("cleanup/namespace.yaml")).exists());
+}

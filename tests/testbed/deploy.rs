@@ -1,0 +1,127 @@
+//! What the shipped manifests (`deploy/`) say the daemon runs with, read from
+//! the files themselves so that tests and manifests cannot drift apart.
+
+use std::path::PathBuf;
+
+/// The repository's `deploy/` directory.
+pub fn dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../deploy")
+}
+
+/// Every YAML document of `deploy/<rel>`.
+pub fn documents(rel: &str) -> Vec<serde_json::Value> {
+    let path = dir().join(rel);
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path:?}: {e}"));
+    serde_saphyr::from_str_multiple::<serde_json::Value, Vec<_>>(&text)
+        .unwrap_or_else(|e| panic!("{path:?}: {e}"))
+}
+
+/// The guard's DaemonSet, as `deploy/base/daemonset.yaml` declares it.
+pub fn daemonset() -> serde_json::Value {
+    documents("base/daemonset.yaml")
+        .into_iter()
+        .find(|v| v["kind"] == "DaemonSet")
+        .expect("a DaemonSet in deploy/base/daemonset.yaml")
+}
+
+/// The guard container's security context, as the DaemonSet declares it.
+#[derive(Debug, Clone)]
+pub struct Security {
+    /// Capabilities added after dropping ALL, as Kubernetes spells them ("BPF").
+    pub caps: Vec<String>,
+    pub read_only_root: bool,
+    /// `runAsUser` (None: the image's user).
+    pub run_as_user: Option<u32>,
+    /// `allowPrivilegeEscalation` (None: Kubernetes' default, true).
+    pub allow_privilege_escalation: Option<bool>,
+}
+
+pub fn security() -> Security {
+    let ds = daemonset();
+    let sc = &ds["spec"]["template"]["spec"]["containers"][0]["securityContext"];
+    let names = |v: &serde_json::Value| -> Vec<String> {
+        v.as_array()
+            .map(|a| {
+                a.iter()
+                    .filter_map(|c| c.as_str().map(String::from))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    assert_eq!(
+        names(&sc["capabilities"]["drop"]),
+        ["ALL"],
+        "the DaemonSet drops every capability first"
+    );
+    Security {
+        caps: names(&sc["capabilities"]["add"]),
+        read_only_root: sc["readOnlyRootFilesystem"].as_bool() == Some(true),
+        run_as_user: sc["runAsUser"].as_u64().map(|u| u as u32),
+        allow_privilege_escalation: sc["allowPrivilegeEscalation"].as_bool(),
+    }
+}
+
+/// A command prefix that runs its arguments like the container runtime
+/// would: root, bounding (and so permitted and effective) set reduced to
+/// `caps`, and, if asked, `/` remounted read-only in a private mount namespace.
+pub fn wrapper(caps: &[String], read_only: bool) -> Vec<String> {
+    let bounding = std::iter::once("-all".to_owned())
+        .chain(caps.iter().map(|c| format!("+{}", c.to_ascii_lowercase())))
+        .collect::<Vec<_>>()
+        .join(",");
+    let mut w: Vec<String> = Vec::new();
+    if read_only {
+        w.extend(
+            [
+                "unshare",
+                "--mount",
+                "--propagation",
+                "private",
+                "--",
+                "sh",
+                "-c",
+                "mount -o remount,bind,ro / && exec \"$@\"",
+                "sh",
+            ]
+            .map(str::to_owned),
+        );
+    }
+    w.extend([
+        "setpriv".to_owned(),
+        format!("--bounding-set={bounding}"),
+        "--inh-caps=-all".to_owned(),
+        "--".to_owned(),
+    ]);
+    w
+}
+
+/// The bits of `CapEff` for capability names like "BPF" (or "CAP_BPF").
+pub fn cap_bits(caps: &[String]) -> u64 {
+    caps.iter()
+        .map(|c| match c.trim_start_matches("CAP_") {
+            "NET_ADMIN" => 1u64 << 12,
+            "SYS_ADMIN" => 1 << 21,
+            "PERFMON" => 1 << 38,
+            "BPF" => 1 << 39,
+            other => panic!("add {other} to the test's capability table"),
+        })
+        .fold(0, |a, b| a | b)
+}
+
+/// A guard in `ns` (the test bed's node, API on its loopback) that has
+/// dropped a foreign LB IP's kernel reply shows it in /metrics, read from
+/// the kernel counters, and is ready.
+pub fn assert_api_shows_the_foreign_drop(ns: &crate::Netns) {
+    let get = |path: &'static str| {
+        ns.enter(move || Ok(crate::http_get("127.0.0.1:9477", path)))
+            .expect("entering the namespace")
+    };
+    let (code, metrics) = get("/metrics");
+    assert_eq!(code, 200, "{metrics}");
+    let foreign = crate::bed::FOREIGN;
+    let series = format!(
+        "arp_guard_arp_frames_total{{lb_ip=\"{foreign}\",interface=\"eth0\",kind=\"reply\",origin=\"kernel\",state=\"foreign\",verdict=\"dropped\"}}"
+    );
+    assert!(metrics.contains(&series), "{metrics}");
+    assert_eq!(get("/readyz"), (200, "ready\n".to_owned()));
+}

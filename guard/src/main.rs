@@ -80,9 +80,15 @@ fn main() -> ExitCode {
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("arp-guard: error: {e:#}");
-            ExitCode::FAILURE
-        }
+        Err(e) => match e.downcast_ref::<commands::Found>() {
+            Some(found) => {
+                eprintln!("arp-guard: {found}");
+                ExitCode::from(commands::Found::EXIT_CODE)
+            }
+            None => {
+                eprintln!("arp-guard: error: {e:#}");
+                ExitCode::from(commands::EXIT_TROUBLE)
+            }
+        },
     }
 }

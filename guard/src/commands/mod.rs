@@ -19,6 +19,23 @@ use crate::{
     telemetry::counters::{CountersDoc, Snapshot},
 };
 
+/// A command that ran to its end and found a problem (a failed check, a
+/// conflict): its output already said what. `main` exits with
+/// [`Found::EXIT_CODE`] for it, and with 2 for any error that kept the
+/// command from finishing, the way `diff` and `grep` tell the two apart.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct Found(pub String);
+
+impl Found {
+    /// The exit code of a command that found a problem.
+    pub const EXIT_CODE: u8 = 1;
+}
+
+/// The exit code of a command that could not finish (bad arguments, no
+/// permission, the daemon unreachable...).
+pub const EXIT_TROUBLE: u8 = 2;
+
 /// `arp-guard run`: the daemon, until SIGTERM/SIGINT.
 pub async fn run(args: &RunArgs) -> Result<()> {
     crate::daemon::run(args.config()?).await

@@ -8,10 +8,14 @@
 //! same functions on byte slices.
 #![no_std]
 
+pub mod census;
 pub mod frame;
 pub mod maps;
 pub mod verdict;
 
+pub use census::{
+    CensusStat, ResponderKey, ResponderValue, MAP_CENSUS_STATS, MAP_RESPONDERS, MAX_RESPONDERS,
+};
 pub use frame::{parse, ArpFrame, FrameReader, Parsed};
 pub use maps::*;
 pub use verdict::{

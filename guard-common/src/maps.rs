@@ -211,6 +211,8 @@ pub struct Config {
     /// Drop events per second per CPU, and the burst allowed.
     pub events_per_sec: u32,
     pub events_burst: u32,
+    /// The responder census: a silence this long (ns) ends a run of claims.
+    pub census_window_ns: u64,
 }
 
 #[cfg(test)]
@@ -259,6 +261,8 @@ mod pod {
         super::CounterValue,
         super::Config,
         super::DropEvent,
-        super::RateLimit
+        super::RateLimit,
+        crate::census::ResponderKey,
+        crate::census::ResponderValue
     );
 }

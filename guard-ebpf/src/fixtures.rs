@@ -25,6 +25,13 @@ pub fn fixture_vlan_meta(ctx: TcContext) -> i32 {
     PASS
 }
 
+/// Benchmark floor, never attached by the daemon: does nothing. What a TC
+/// program costs before it reads a byte (the test-run loop included).
+#[classifier]
+pub fn fixture_empty(_ctx: TcContext) -> i32 {
+    PASS
+}
+
 /// Test fixture maps: IPs the fixture responder answers for, and the MAC it
 /// answers with (index 0, 6 bytes + 2 padding).
 #[map(name = "FIXTURE_RESPOND")]

@@ -1,4 +1,5 @@
-//! arp-guard's TC egress program.
+//! arp-guard's TC egress program, and the observe-only TC ingress census
+//! beside it (`census.rs`).
 //!
 //! Non-ARP frames cost one bounds check and a two-byte read. ARP frames are
 //! parsed and judged by `guard_common` (the same code the host tests run), the
@@ -7,6 +8,8 @@
 #![cfg_attr(target_arch = "bpf", no_std)]
 #![cfg_attr(target_arch = "bpf", no_main)]
 
+#[cfg(target_arch = "bpf")]
+mod census;
 #[cfg(target_arch = "bpf")]
 mod program;
 

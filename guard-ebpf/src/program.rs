@@ -19,7 +19,7 @@ const BPF_F_NO_PREALLOC: u32 = 1;
 const AF_PACKET: u32 = 17;
 
 #[map(name = "LB_IPS")]
-static LB_IPS: HashMap<u32, LbEntry> = HashMap::with_max_entries(MAX_LB_IPS, 0);
+pub(crate) static LB_IPS: HashMap<u32, LbEntry> = HashMap::with_max_entries(MAX_LB_IPS, 0);
 
 #[map(name = "IF_ADDRS")]
 static IF_ADDRS: HashMap<IfAddrKey, u8> = HashMap::with_max_entries(MAX_IF_ADDRS, 0);
@@ -35,7 +35,7 @@ static COUNTERS: PerCpuHashMap<CounterKey, CounterValue> =
 static STATS: PerCpuArray<u64> = PerCpuArray::with_max_entries(Stat::COUNT, 0);
 
 #[map(name = "CONFIG")]
-static CONFIG: Array<Config> = Array::with_max_entries(1, 0);
+pub(crate) static CONFIG: Array<Config> = Array::with_max_entries(1, 0);
 
 #[map(name = "HEARTBEAT")]
 static HEARTBEAT: Array<u64> = Array::with_max_entries(1, 0);
@@ -48,10 +48,10 @@ static EVENT_RATE: PerCpuArray<RateLimit> = PerCpuArray::with_max_entries(1, 0);
 
 /// "No opinion": lets later programs in the TCX chain (or later cls_bpf
 /// filters) run, and passes the frame at the end of the chain.
-const PASS: i32 = TC_ACT_UNSPEC;
+pub(crate) const PASS: i32 = TC_ACT_UNSPEC;
 const DROP: i32 = TC_ACT_SHOT as i32;
 
-struct Skb<'a>(&'a TcContext);
+pub(crate) struct Skb<'a>(pub(crate) &'a TcContext);
 
 impl FrameReader for Skb<'_> {
     #[inline(always)]
@@ -237,7 +237,7 @@ fn emit(
 
 /// The outer ethertype, read straight from the linear data when it is there.
 #[inline(always)]
-fn outer_ethertype(ctx: &TcContext) -> Option<u16> {
+pub(crate) fn outer_ethertype(ctx: &TcContext) -> Option<u16> {
     let (data, end) = (ctx.data(), ctx.data_end());
     if data + ETH_HLEN <= end {
         // SAFETY: bounds checked just above; the verifier sees the same check.

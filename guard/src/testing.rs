@@ -26,3 +26,15 @@ pub fn load(
         ..DatapathConfig::default()
     })
 }
+
+/// Mean kernel time of one run of the fixtures' empty TC program on `frame`:
+/// the floor the programs' costs are measured against.
+pub fn floor_timed(frame: &[u8], repeat: u32) -> anyhow::Result<std::time::Duration> {
+    let mut obj = aya::Ebpf::load(FIXTURES)?;
+    let prog: &mut aya::programs::SchedClassifier = obj
+        .program_mut("fixture_empty")
+        .ok_or_else(|| anyhow::anyhow!("fixture_empty missing"))?
+        .try_into()?;
+    prog.load()?;
+    Ok(crate::datapath::timed_on(prog, frame, repeat)?)
+}

@@ -232,3 +232,52 @@ pub fn counters_json(
     ])?;
     serde_json::from_str(out.trim()).with_context(|| format!("counters output: {out}"))
 }
+
+/// `arp-guard events -o json` running in a namespace, its lines collected;
+/// killed on drop.
+pub struct EventTail {
+    child: Child,
+    lines: Arc<Mutex<Vec<String>>>,
+}
+
+impl EventTail {
+    /// Start tailing; returns once the stream is subscribed (a moment later).
+    pub fn start(ns: &Netns) -> Result<Self> {
+        let mut child = ns
+            .command(&guard_binary())
+            .args(["events", "-o", "json"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()?;
+        let lines = Arc::new(Mutex::new(Vec::new()));
+        let sink = lines.clone();
+        let stdout = child.stdout.take().context("stdout")?;
+        std::thread::spawn(move || {
+            for l in BufReader::new(stdout).lines().map_while(Result::ok) {
+                sink.lock().unwrap_or_else(|p| p.into_inner()).push(l);
+            }
+        });
+        std::thread::sleep(Duration::from_millis(300));
+        Ok(EventTail { child, lines })
+    }
+
+    /// Every line so far.
+    pub fn lines(&self) -> Vec<String> {
+        self.lines.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// The first line containing `needle`, waiting up to `timeout`.
+    pub fn wait_line(&self, needle: &str, timeout: Duration) -> String {
+        wait_for(timeout, || {
+            self.lines().into_iter().find(|l| l.contains(needle))
+        })
+        .unwrap_or_else(|| panic!("no event line with {needle:?} in {:#?}", self.lines()))
+    }
+}
+
+impl Drop for EventTail {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

@@ -19,7 +19,7 @@ pub mod lab;
 pub mod netns;
 pub mod packet;
 
-pub use daemon::Daemon;
+pub use daemon::{Daemon, EventTail};
 pub use frames::{ArpSpec, Captured};
 pub use http::get as http_get;
 pub use netns::Netns;

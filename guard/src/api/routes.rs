@@ -24,7 +24,7 @@ use tokio::sync::broadcast;
 
 use super::{
     state::{unix_now, Shared},
-    types::{Explanation, IpRow, StatusDoc, Would},
+    types::{CensusSummary, ConflictRow, Explanation, IpRow, StatusDoc, Would},
     MAX_EVENT_STREAMS,
 };
 use crate::telemetry::metrics::{self, Scrape};
@@ -35,7 +35,8 @@ use crate::telemetry::metrics::{self, Scrape};
 pub struct Streaming(pub Arc<AtomicBool>);
 
 /// What `router` serves, for the start-up log line.
-pub const ALL_PATHS: &str = "/metrics /healthz /readyz /status /explain /events /counters";
+pub const ALL_PATHS: &str =
+    "/metrics /healthz /readyz /status /explain /events /counters /responders";
 
 /// `/metrics` alone: what `--metrics-listen` exposes off the node.
 pub fn metrics_router(shared: Arc<Shared>) -> Router {
@@ -54,6 +55,7 @@ pub fn router(shared: Arc<Shared>) -> Router {
         .route("/explain", get(explain_route))
         .route("/counters", get(counters))
         .route("/events", get(events))
+        .route("/responders", get(responders))
         .fallback(not_found)
         .with_state(shared)
 }
@@ -75,7 +77,7 @@ fn json(v: &impl Serialize) -> Response {
 async fn not_found() -> Response {
     text(
         StatusCode::NOT_FOUND,
-        "not found: try /metrics /healthz /readyz /status /explain?ip= /events /counters\n",
+        "not found: try /metrics /healthz /readyz /status /explain?ip= /events /counters /responders[?ip=]\n",
     )
 }
 
@@ -127,6 +129,7 @@ async fn metrics_route(State(shared): State<Arc<Shared>>) -> Response {
                 st.feed_failing_since
                     .map_or(0.0, |t| t.elapsed().as_secs_f64())
             }),
+            census: st.census.as_ref(),
         })
     });
     match rendered {
@@ -165,6 +168,8 @@ async fn status(State(shared): State<Arc<Shared>>) -> Response {
                 counters: by_ip.remove(&u32::from(*ip)).unwrap_or_default(),
             })
             .collect(),
+        conflicts: st.census.as_ref().map(ConflictRow::all).unwrap_or_default(),
+        census: st.census.as_ref().map(CensusSummary::of),
     })
 }
 
@@ -232,6 +237,39 @@ pub fn explain(shared: &Shared, ip: Ipv4Addr) -> Explanation {
         }
         .into(),
         would,
+    }
+}
+
+#[derive(Deserialize)]
+struct RespondersParams {
+    ip: Option<String>,
+}
+
+/// The responder census; with `?ip=`, that IP only (an empty table if
+/// nothing claimed it). 404 when the census is off.
+async fn responders(
+    State(shared): State<Arc<Shared>>,
+    Query(p): Query<RespondersParams>,
+) -> Response {
+    let ip = match p.ip.as_deref().map(str::parse::<Ipv4Addr>) {
+        None => None,
+        Some(Ok(ip)) => Some(ip),
+        Some(Err(_)) => return text(StatusCode::BAD_REQUEST, "use /responders?ip=A.B.C.D\n"),
+    };
+    let st = shared.read();
+    let Some(doc) = st.census.as_ref() else {
+        return text(
+            StatusCode::NOT_FOUND,
+            "the responder census is off (--no-census, or it could not load: see the log)\n",
+        );
+    };
+    match ip {
+        None => json(doc),
+        Some(ip) => {
+            let mut one = doc.clone();
+            one.ips.retain(|k, _| *k == ip);
+            json(&one)
+        }
     }
 }
 

@@ -15,7 +15,7 @@ use tokio::sync::broadcast;
 use super::types::IpEntry;
 use crate::{
     model::view::View,
-    telemetry::{counters::Snapshot, metrics::Fold, status::Status},
+    telemetry::{census::CensusDoc, counters::Snapshot, metrics::Fold, status::Status},
 };
 
 /// What the main loop publishes for the API.
@@ -32,6 +32,8 @@ pub struct ApiState {
     /// The Kubernetes feed: failing since (None: healthy or not used).
     pub feed_failing_since: Option<Instant>,
     pub feed_enabled: bool,
+    /// The responder census (None: off or not read yet).
+    pub census: Option<CensusDoc>,
 }
 
 /// Everything the API serves from, shared with the main loop.

@@ -5,7 +5,10 @@ use std::{collections::BTreeMap, net::Ipv4Addr};
 use guard_common::{Kind, LeakAction, Mode, Origin, Ownership, Verdict};
 use serde::{Deserialize, Serialize};
 
-use crate::telemetry::status::Status;
+use crate::{
+    model::census::Reason,
+    telemetry::{census::CensusDoc, status::Status},
+};
 
 /// One LB IP as the daemon currently treats it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -27,6 +30,66 @@ pub struct StatusDoc {
     pub ready: bool,
     pub not_ready: Vec<String>,
     pub ips: Vec<IpRow>,
+    /// LB IPs claimed by more than one MAC, or owned here and claimed by
+    /// another (from the responder census; empty when it is off).
+    #[serde(default)]
+    pub conflicts: Vec<ConflictRow>,
+    /// Whether the census runs, and how full its table is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub census: Option<CensusSummary>,
+}
+
+/// One LB IP in conflict.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ConflictRow {
+    pub ip: Ipv4Addr,
+    pub reason: Reason,
+    /// The MACs that claimed it within the window, most recent first.
+    pub macs: Vec<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct CensusSummary {
+    pub window_seconds: u64,
+    pub entries: usize,
+    pub capacity: u32,
+    /// LB IPs with a claim within the window.
+    pub ips_claimed: usize,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+impl CensusSummary {
+    pub fn of(d: &CensusDoc) -> Self {
+        CensusSummary {
+            window_seconds: d.window_seconds,
+            entries: d.entries,
+            capacity: d.capacity,
+            ips_claimed: d.ips.values().filter(|c| c.active > 0).count(),
+            error: d.error.clone(),
+        }
+    }
+}
+
+impl ConflictRow {
+    /// The conflicts of a census.
+    pub fn all(d: &CensusDoc) -> Vec<ConflictRow> {
+        d.ips
+            .iter()
+            .filter_map(|(ip, c)| {
+                c.conflict.map(|reason| ConflictRow {
+                    ip: *ip,
+                    reason,
+                    macs: c
+                        .responders
+                        .iter()
+                        .filter(|r| r.active)
+                        .map(|r| r.mac.clone())
+                        .collect(),
+                })
+            })
+            .collect()
+    }
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

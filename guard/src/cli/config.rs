@@ -131,6 +131,8 @@ impl RunArgs {
             gate,
             event_rate: self.event_rate,
             event_burst: self.event_burst,
+            census: !self.no_census,
+            census_window: self.census_window,
         })
     }
 

@@ -52,8 +52,11 @@ pub enum Command {
     /// Why this node treats an IP as it does, and what the program would do
     /// with each kind and origin of frame.
     Explain(ExplainArgs),
-    /// Tail the drop events of the running daemon.
+    /// Tail the drop events (and responder conflicts) of the running daemon.
     Events(ClientArgs),
+    /// Who claims each LB IP on the segment, as the running daemon's census
+    /// saw it arrive: MACs, how often, when; conflicts (exit 1 if any).
+    Responders(RespondersArgs),
 }
 
 /// The daemon's API address.
@@ -73,6 +76,14 @@ pub struct ClientArgs {
 pub struct ExplainArgs {
     /// The IPv4 address to explain.
     pub ip: std::net::Ipv4Addr,
+    #[command(flatten)]
+    pub client: ClientArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct RespondersArgs {
+    /// Only this LB IP.
+    pub ip: Option<std::net::Ipv4Addr>,
     #[command(flatten)]
     pub client: ClientArgs,
 }
@@ -278,6 +289,17 @@ pub struct RunArgs {
     /// Kubernetes feed health) in this file, rewritten atomically on change.
     #[arg(long, value_name = "PATH")]
     pub status_file: Option<PathBuf>,
+
+    /// Do not load the responder census (the observe-only ingress program
+    /// that records who claims each LB IP on the segment).
+    #[arg(long)]
+    pub no_census: bool,
+
+    /// The census window: responders that claimed an LB IP within it are
+    /// current (two at once are a conflict); a silence this long ends a
+    /// claimant's run, so a failover is a move, not a conflict.
+    #[arg(long, value_name = "DURATION", default_value = "60s", value_parser = parse_duration)]
+    pub census_window: Duration,
 
     /// How often a summary of the counters is logged (0 to disable).
     #[arg(long, value_name = "DURATION", default_value = "60s", value_parser = parse_duration)]

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use anyhow::Result;
 
-pub use query::{events, explain, status};
+pub use query::{events, explain, responders, status};
 
 use crate::{
     api::client,

@@ -10,8 +10,11 @@ use crate::{
         client,
         types::{Explanation, Lagged, StatusDoc},
     },
-    cli::{ClientArgs, ExplainArgs, Output},
-    telemetry::events::EventJson,
+    cli::{ClientArgs, ExplainArgs, Output, RespondersArgs},
+    telemetry::{
+        census::{CensusDoc, ConflictEvent},
+        events::EventJson,
+    },
 };
 
 /// GET `path` and read the answer as `T` (the raw JSON too, for `-o json`).
@@ -75,6 +78,7 @@ pub async fn status(args: &ClientArgs) -> Result<()> {
             c.total, c.owned, c.foreign, c.unknown, st.not_enforced, st.map_memory_bytes
         );
     }
+    print_census_summary(&v);
     println!();
     println!(
         "{:<16} {:<8} {:<10} {:<10} {:<10} SOURCE",
@@ -93,7 +97,37 @@ pub async fn status(args: &ClientArgs) -> Result<()> {
             row.entry.source
         );
     }
+    if !v.conflicts.is_empty() {
+        println!();
+        println!("CONFLICTS (arp-guard responders IP for the detail)");
+        for c in &v.conflicts {
+            println!(
+                "  {:<16} {:<18} {}",
+                c.ip,
+                c.reason.as_str(),
+                c.macs.join(" ")
+            );
+        }
+    }
     Ok(())
+}
+
+/// The census line of `status`.
+fn print_census_summary(v: &StatusDoc) {
+    match &v.census {
+        Some(c) => println!(
+            "  responder census: {} LB IPs claimed in the last {} s, table {}/{}{}",
+            c.ips_claimed,
+            c.window_seconds,
+            c.entries,
+            c.capacity,
+            c.error
+                .as_deref()
+                .map(|e| format!(", unreadable: {e}"))
+                .unwrap_or_default()
+        ),
+        None => println!("  responder census: off"),
+    }
 }
 
 pub async fn explain(args: &ExplainArgs) -> Result<()> {
@@ -139,6 +173,81 @@ pub async fn explain(args: &ExplainArgs) -> Result<()> {
     Ok(())
 }
 
+/// `arp-guard responders [IP]`: who claims each LB IP on the segment, as
+/// this node's census saw it. Exit 1 when an IP shown is in conflict.
+pub async fn responders(args: &RespondersArgs) -> Result<()> {
+    let path = match args.ip {
+        Some(ip) => format!("/responders?ip={ip}"),
+        None => "/responders".into(),
+    };
+    let (v, raw): (CensusDoc, String) = fetch(&args.client, &path).await?;
+    if args.client.output == Output::Json {
+        print!("{raw}");
+    } else {
+        print_census(&v);
+    }
+    let n = v.ips.values().filter(|c| c.conflict.is_some()).count();
+    if n > 0 {
+        return Err(super::Found(format!("{n} LB IP(s) in conflict")).into());
+    }
+    Ok(())
+}
+
+fn print_census(v: &CensusDoc) {
+    println!(
+        "responder census: window {} s, table {}/{} entries{}",
+        v.window_seconds,
+        v.entries,
+        v.capacity,
+        v.error
+            .as_deref()
+            .map(|e| format!(", unreadable: {e}"))
+            .unwrap_or_default()
+    );
+    if v.ips.is_empty() {
+        println!("no claim of an LB IP seen yet");
+        return;
+    }
+    println!(
+        "{:<16} {:<18} {:<18} {:>7} {:>6} {:>6} {:<12} KINDS",
+        "LB IP", "VERDICT", "MAC", "CLAIMS", "FIRST", "LAST", "INTERFACE"
+    );
+    for (ip, c) in &v.ips {
+        let verdict = match (c.conflict, c.active) {
+            (Some(r), _) => format!("CONFLICT:{}", r.as_str()),
+            (None, 0) => "no current claim".into(),
+            (None, 1) => "one responder".into(),
+            (None, n) => format!("{n} (moved)"),
+        };
+        for (i, r) in c.responders.iter().enumerate() {
+            let mac = if r.local {
+                format!("{} (this node)", r.mac)
+            } else {
+                r.mac.clone()
+            };
+            let mark = if r.active { "" } else { " (old)" };
+            println!(
+                "{:<16} {:<18} {:<18} {:>7} {:>5}s {:>5}s {:<12} {}{mark}",
+                if i == 0 {
+                    ip.to_string()
+                } else {
+                    String::new()
+                },
+                if i == 0 { verdict.as_str() } else { "" },
+                mac,
+                r.claims,
+                r.first_seen_ago_s,
+                r.last_seen_ago_s,
+                r.interface,
+                r.kinds.join(",")
+            );
+        }
+        if c.more > 0 {
+            println!("{:<16} {:<18} ... and {} more MACs", "", "", c.more);
+        }
+    }
+}
+
 pub async fn events(args: &ClientArgs) -> Result<()> {
     let json = args.output == Output::Json;
     let print = |line: &str| {
@@ -158,6 +267,15 @@ pub async fn events(args: &ClientArgs) -> Result<()> {
                 e.requester_ip,
                 e.requester_mac,
                 e.state
+            );
+        } else if let Ok(c) = serde_json::from_str::<ConflictEvent>(line) {
+            println!(
+                "{} {} lb_ip={} reason={} macs={}",
+                c.time,
+                c.event,
+                c.lb_ip,
+                c.reason.as_str(),
+                c.macs.join(",")
             );
         } else if let Ok(l) = serde_json::from_str::<Lagged>(line) {
             println!("(the stream fell behind: {} events skipped)", l.lagged);

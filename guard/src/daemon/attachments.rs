@@ -48,6 +48,8 @@ pub fn wanted(patterns: &[String], exclude: &[String], table: &AddrTable) -> BTr
 pub struct Attached {
     pub ifindex: u32,
     pub how: AttachHow,
+    /// The census on this interface's ingress (None: off or failed).
+    pub census: Option<AttachHow>,
 }
 
 /// What is attached where, kept equal to [`wanted`].
@@ -124,28 +126,7 @@ impl Attachments {
                 tracing::warn!(interface = %name, "guarded interface disappeared; it gets the guard again if it comes back");
             }
         }
-        self.failed.clear();
-        for (name, ifindex) in &want {
-            if self.attached.contains_key(name) {
-                continue;
-            }
-            match dp.attach(name, self.how) {
-                Ok(h) => {
-                    tracing::info!(interface = %name, attach = h.as_str(), "guard attached to egress");
-                    self.attached.insert(
-                        name.clone(),
-                        Attached {
-                            ifindex: *ifindex,
-                            how: h,
-                        },
-                    );
-                }
-                Err(e) => {
-                    tracing::error!(interface = %name, error = %format!("{e:#}"), "cannot attach the guard; will retry on the next link change");
-                    self.failed.insert(name.clone(), format!("{e:#}"));
-                }
-            }
-        }
+        self.attach_new(dp, &want);
         let missing: Vec<String> = self
             .patterns
             .iter()
@@ -158,22 +139,53 @@ impl Attachments {
         self.missing = missing;
     }
 
+    /// Attach to the wanted interfaces that are not attached yet.
+    fn attach_new(&mut self, dp: &mut Datapath, want: &BTreeMap<String, u32>) {
+        self.failed.clear();
+        for (name, ifindex) in want {
+            if self.attached.contains_key(name) {
+                continue;
+            }
+            match dp.attach(name, self.how) {
+                Ok(h) => {
+                    tracing::info!(interface = %name, attach = h.as_str(), "guard attached to egress");
+                    let census = attach_census(dp, name, *ifindex, self.how);
+                    self.attached.insert(
+                        name.clone(),
+                        Attached {
+                            ifindex: *ifindex,
+                            how: h,
+                            census,
+                        },
+                    );
+                }
+                Err(e) => {
+                    tracing::error!(interface = %name, error = %format!("{e:#}"), "cannot attach the guard; will retry on the next link change");
+                    self.failed.insert(name.clone(), format!("{e:#}"));
+                }
+            }
+        }
+    }
+
     /// Each interface as the status shows it.
     pub fn status(&self) -> Vec<Interface> {
         let attached = self.attached.iter().map(|(n, a)| Interface {
             name: n.clone(),
             state: InterfaceState::Attached,
             detail: a.how.as_str().into(),
+            census: a.census.map(|h| h.as_str().into()),
         });
         let missing = self.missing.iter().map(|p| Interface {
             name: p.clone(),
             state: InterfaceState::Missing,
             detail: String::new(),
+            census: None,
         });
         let failed = self.failed.iter().map(|(n, why)| Interface {
             name: n.clone(),
             state: InterfaceState::Failed,
             detail: why.clone(),
+            census: None,
         });
         attached.chain(missing).chain(failed).collect()
     }
@@ -191,6 +203,29 @@ impl Attachments {
             out.push("attached to no interface".into());
         }
         out
+    }
+}
+
+/// The census on `iface`'s ingress, when it is loaded. It only observes: a
+/// failure is logged and the guard goes on.
+fn attach_census(
+    dp: &mut Datapath,
+    iface: &str,
+    ifindex: u32,
+    how: AttachMode,
+) -> Option<AttachHow> {
+    if !dp.census_loaded() {
+        return None;
+    }
+    match dp.attach_census(iface, ifindex, how) {
+        Ok(h) => {
+            tracing::info!(interface = %iface, attach = h.as_str(), "responder census attached to ingress");
+            Some(h)
+        }
+        Err(e) => {
+            tracing::warn!(interface = %iface, error = %format!("{e:#}"), "the responder census cannot attach here; guarding without it");
+            None
+        }
     }
 }
 

@@ -26,6 +26,7 @@ use crate::{
         cluster::{task, ClusterConfig},
         file, file_watch,
     },
+    telemetry::census,
 };
 
 /// The ownership file as parsed at start, with the text it was parsed from.
@@ -240,6 +241,7 @@ impl Daemon {
             }
             Err(e) => tracing::warn!(error = %format!("{e:#}"), "drop events unavailable"),
         }
+        self.start_census();
         if let Some(listener) = listeners.api {
             let router = api::routes::router(self.shared.clone());
             tokio::spawn(api::serve(listener, router, api::routes::ALL_PATHS));
@@ -248,6 +250,38 @@ impl Daemon {
             let router = api::routes::metrics_router(self.shared.clone());
             tokio::spawn(api::serve(listener, router, "/metrics"));
         }
+    }
+
+    /// The census reader: judged against the ownership the main loop
+    /// publishes, its result published for the API.
+    fn start_census(&self) {
+        if !self.dp.census_loaded() {
+            return;
+        }
+        let reader = match self.dp.census_reader() {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::warn!(error = %format!("{e:#}"), "the responder census cannot be read; guarding without it");
+                return;
+            }
+        };
+        let (owned, publish) = (self.shared.clone(), self.shared.clone());
+        tokio::spawn(census::run(census::CensusTask {
+            reader,
+            window: self.cfg.datapath.census_window,
+            period: Duration::from_secs(1),
+            owned: Box::new(move || {
+                census::owned_since(
+                    owned
+                        .read()
+                        .ips
+                        .iter()
+                        .map(|(ip, e)| (ip, e.state, e.since_unix)),
+                )
+            }),
+            publish: Box::new(move |doc| publish.write().census = Some(doc)),
+            events: self.shared.events.clone(),
+        }));
     }
 
     fn announce(&self) {

@@ -68,7 +68,8 @@ impl Datapath {
         // (Cilium's egress programs do) ends the chain, and the guard must have
         // seen the frame by then. The guard returns TCX_NEXT for what it passes.
         let tcx = || tc::TcAttachOptions::TcxOrder(LinkOrder::first());
-        let netlink = |prog: &mut SchedClassifier| attach_netlink(prog, iface);
+        let netlink =
+            |prog: &mut SchedClassifier| attach_netlink(prog, iface, TcAttachType::Egress);
         let index = ifindex(iface)?;
         if let (Some(dir), false) = (&pin_dir, how == AttachMode::Netlink) {
             match attach_pinned_tcx(prog, iface, index, dir) {
@@ -113,6 +114,7 @@ impl Datapath {
 
     /// Detach from one interface that is still there.
     pub fn detach(&mut self, ifindex: u32) -> Result<()> {
+        self.detach_census(ifindex);
         let Some(pos) = self.attached.iter().position(|a| a.ifindex == ifindex) else {
             return Ok(());
         };
@@ -155,6 +157,7 @@ impl Datapath {
     /// Drop the record of an attachment whose device is gone (the kernel
     /// removed the attachment with it).
     pub fn forget(&mut self, ifindex: u32) {
+        self.detach_census(ifindex);
         let (gone, keep): (Vec<Attachment>, Vec<Attachment>) = std::mem::take(&mut self.attached)
             .into_iter()
             .partition(|a| a.ifindex == ifindex);
@@ -168,6 +171,7 @@ impl Datapath {
     /// Detach from every interface. Also happens on drop; explicit so that
     /// errors can be logged.
     pub fn detach_all(&mut self) -> Vec<(String, Result<()>)> {
+        self.detach_census_all();
         let attached = std::mem::take(&mut self.attached);
         let mut out: Vec<(String, Result<()>)> = attached
             .into_iter()
@@ -183,6 +187,8 @@ impl Datapath {
     /// (`--on-exit keep`): the program keeps enforcing its last maps, within
     /// the liveness gate's limits.
     pub fn keep_all(&mut self) -> Vec<(String, Result<()>)> {
+        // The census only observes, for this daemon: it does not stay.
+        self.detach_census_all();
         let attached = std::mem::take(&mut self.attached);
         attached
             .into_iter()
@@ -333,18 +339,17 @@ fn tcx_error(iface: &str, e: aya::programs::ProgramError) -> DatapathError {
 pub const NETLINK_PRIORITY: u16 = 1;
 pub const NETLINK_HANDLE: tc::TcHandle = tc::TcHandle::new(0, 0xa6d0);
 
-/// A handle on arp-guard's netlink filter slot on `iface` (it may be empty).
-fn our_netlink_slot(iface: &str) -> io::Result<tc::SchedClassifierLink> {
-    tc::SchedClassifierLink::attached(
-        iface,
-        TcAttachType::Egress,
-        NETLINK_PRIORITY,
-        NETLINK_HANDLE,
-        None,
-    )
+/// A handle on arp-guard's netlink filter slot on `iface`'s egress (the
+/// guard) or ingress (the census); it may be empty.
+fn our_netlink_slot(iface: &str, side: TcAttachType) -> io::Result<tc::SchedClassifierLink> {
+    tc::SchedClassifierLink::attached(iface, side, NETLINK_PRIORITY, NETLINK_HANDLE, None)
 }
 
-fn attach_netlink(prog: &mut SchedClassifier, iface: &str) -> Result<tc::SchedClassifierLinkId> {
+pub(super) fn attach_netlink(
+    prog: &mut SchedClassifier,
+    iface: &str,
+    side: TcAttachType,
+) -> Result<tc::SchedClassifierLinkId> {
     // EEXIST: a clsact qdisc is already there (ours from before, or Cilium's).
     if let Err(e) = tc::qdisc_add_clsact(iface) {
         if errno(&e) != Some(libc::EEXIST) {
@@ -356,16 +361,12 @@ fn attach_netlink(prog: &mut SchedClassifier, iface: &str) -> Result<tc::SchedCl
         handle: NETLINK_HANDLE,
         ..Default::default()
     };
-    match prog.attach_with_options(
-        iface,
-        TcAttachType::Egress,
-        tc::TcAttachOptions::Netlink(options),
-    ) {
+    match prog.attach_with_options(iface, side, tc::TcAttachOptions::Netlink(options)) {
         Ok(link) => Ok(link),
         Err(e) if errno(&e) == Some(libc::EEXIST) => {
             // Our slot is taken by an earlier run's filter: swap the program in
             // place (one netlink change, no moment without a guard).
-            let old = our_netlink_slot(iface)?;
+            let old = our_netlink_slot(iface, side)?;
             let link = prog
                 .attach_to_link(old)
                 .with_ctx(|| format!("replacing the guard filter left on {iface}"))?;
@@ -382,10 +383,17 @@ fn attach_netlink(prog: &mut SchedClassifier, iface: &str) -> Result<tc::SchedCl
     }
 }
 
-/// Remove arp-guard's netlink filter (fixed slot) from `iface`; false if there was none.
+/// Remove arp-guard's netlink filters (fixed slot, egress guard and ingress
+/// census) from `iface`; false if there was none.
 pub fn remove_netlink_filter(iface: &str) -> Result<bool> {
+    let egress = remove_netlink_slot(iface, TcAttachType::Egress)?;
+    let ingress = remove_netlink_slot(iface, TcAttachType::Ingress)?;
+    Ok(egress || ingress)
+}
+
+fn remove_netlink_slot(iface: &str, side: TcAttachType) -> Result<bool> {
     use aya::programs::links::Link as _;
-    match our_netlink_slot(iface)?.detach() {
+    match our_netlink_slot(iface, side)?.detach() {
         Ok(()) => Ok(true),
         // No filter in our slot (ENOENT), or no clsact qdisc at all (the
         // kernel answers EINVAL: "cannot find specified qdisc").

@@ -4,6 +4,7 @@
 //! line or the sources: it is given a config and a view.
 
 pub mod attach;
+pub mod census;
 pub mod error;
 pub mod maps;
 pub mod pins;
@@ -59,6 +60,10 @@ pub struct DatapathConfig {
     /// Drop events per second per CPU, and the burst.
     pub event_rate: u32,
     pub event_burst: u32,
+    /// Load the responder census (an observe-only ingress program).
+    pub census: bool,
+    /// A silence this long ends a run of claims in the census.
+    pub census_window: std::time::Duration,
 }
 
 impl Default for DatapathConfig {
@@ -72,6 +77,8 @@ impl Default for DatapathConfig {
             gate: Gate::default(),
             event_rate: 100,
             event_burst: 200,
+            census: true,
+            census_window: std::time::Duration::from_secs(60),
         }
     }
 }
@@ -97,6 +104,9 @@ pub struct Datapath {
     pin_dir: Option<std::path::PathBuf>,
     /// Drop events per second per CPU, burst.
     event_rate: (u32, u32),
+    /// The census program's links (None: the census is off or did not load).
+    census: Option<Vec<census::CensusLink>>,
+    census_window: std::time::Duration,
     /// Held while we own `pin_dir` (released when we exit).
     _pin_lock: Option<pins::PinLock>,
 }
@@ -110,6 +120,10 @@ impl Datapath {
         let mut loader = aya::EbpfLoader::new();
         loader.map_max_entries(MAP_LB_IPS, lb_ips);
         loader.map_max_entries(MAP_COUNTERS, counter_capacity(lb_ips));
+        if !cfg.census {
+            // The object always has the census table; unused, it holds nothing.
+            loader.map_max_entries(guard_common::MAP_RESPONDERS, 1);
+        }
         let pin_dir = cfg.pin_dir.as_deref();
         let lock = match pin_dir {
             Some(dir) => {
@@ -140,7 +154,18 @@ impl Datapath {
         if let Some(dir) = pin_dir {
             pins::pin_program(prog, dir)?;
         }
+        // The census only observes: if it cannot load, the guard goes on without it.
+        let census = match cfg.census.then(|| census::load(&mut ebpf)) {
+            Some(Ok(())) => Some(Vec::new()),
+            Some(Err(e)) => {
+                tracing::warn!(error = %format!("{e:#}"), "the responder census cannot load; guarding without it");
+                None
+            }
+            None => None,
+        };
         let mut dp = Datapath {
+            census,
+            census_window: cfg.census_window,
             event_rate: (cfg.event_rate, cfg.event_burst.max(1)),
             pin_dir: cfg.pin_dir.clone(),
             gate: cfg.gate,
@@ -181,6 +206,7 @@ impl Datapath {
             dead_after_ns: self.gate.dead_after.as_nanos() as u64,
             events_per_sec,
             events_burst,
+            census_window_ns: u64::try_from(self.census_window.as_nanos()).unwrap_or(u64::MAX),
         };
         let mut config: Array<&mut MapData, Config> = Array::try_from(self.map_mut(MAP_CONFIG)?)?;
         config.set(0, c, 0)?;
@@ -311,40 +337,14 @@ impl Datapath {
     /// The same as a frame that came in through `ingress_ifindex` (non-zero:
     /// a redirected frame, origin `redirect`).
     pub fn test_run_from(&self, frame: &[u8], ingress_ifindex: u32) -> Result<(i32, Vec<u8>)> {
-        use aya::programs::{TestRun as _, TestRunOptions};
-        let prog = self.program()?;
-        let mut out = vec![0u8; frame.len() + 64];
-        // The head of a `struct __sk_buff` up to and including `ifindex`:
-        // ingress_ifindex sits at offset 36 and is one of the fields
-        // BPF_PROG_TEST_RUN copies into the skb (as skb_iif).
-        let mut ctx = [0u8; 44];
-        ctx[36..40].copy_from_slice(&ingress_ifindex.to_ne_bytes());
-        let res = prog
-            .test_run(TestRunOptions {
-                data_in: Some(frame),
-                data_out: Some(&mut out),
-                ctx_in: Some(&ctx),
-                ..TestRunOptions::new()
-            })
-            .ctx("BPF_PROG_TEST_RUN")?;
-        out.truncate(res.data_size_out as usize);
-        Ok((res.return_value as i32, out))
+        test_run_on(self.program()?, frame, ingress_ifindex)
     }
 
     #[cfg(feature = "testing")]
     /// Average kernel time of one program run on `frame` over `repeat` runs
     /// (BPF_PROG_TEST_RUN's own timing; for benchmarks).
     pub fn test_run_timed(&self, frame: &[u8], repeat: u32) -> Result<std::time::Duration> {
-        use aya::programs::{TestRun as _, TestRunOptions};
-        let prog = self.program()?;
-        let res = prog
-            .test_run(TestRunOptions {
-                data_in: Some(frame),
-                repeat,
-                ..TestRunOptions::new()
-            })
-            .ctx("BPF_PROG_TEST_RUN")?;
-        Ok(res.duration)
+        timed_on(self.program()?, frame, repeat)
     }
 
     /// Forward diagnostics logged by the program with aya-log.
@@ -378,10 +378,53 @@ impl Datapath {
     }
 }
 
+#[cfg(feature = "testing")]
+/// Run a loaded TC program on `frame` with BPF_PROG_TEST_RUN; see
+/// [`Datapath::test_run_from`].
+pub fn test_run_on(
+    prog: &SchedClassifier,
+    frame: &[u8],
+    ingress_ifindex: u32,
+) -> Result<(i32, Vec<u8>)> {
+    use aya::programs::{TestRun as _, TestRunOptions};
+    let mut out = vec![0u8; frame.len() + 64];
+    // The head of a `struct __sk_buff` up to and including `ifindex`:
+    // ingress_ifindex sits at offset 36 and is one of the fields
+    // BPF_PROG_TEST_RUN copies into the skb (as skb_iif).
+    let mut ctx = [0u8; 44];
+    ctx[36..40].copy_from_slice(&ingress_ifindex.to_ne_bytes());
+    let res = prog
+        .test_run(TestRunOptions {
+            data_in: Some(frame),
+            data_out: Some(&mut out),
+            ctx_in: Some(&ctx),
+            ..TestRunOptions::new()
+        })
+        .ctx("BPF_PROG_TEST_RUN")?;
+    out.truncate(res.data_size_out as usize);
+    Ok((res.return_value as i32, out))
+}
+
+#[cfg(feature = "testing")]
+/// Average kernel time of one run of a loaded TC program on `frame`.
+pub fn timed_on(prog: &SchedClassifier, frame: &[u8], repeat: u32) -> Result<std::time::Duration> {
+    use aya::programs::{TestRun as _, TestRunOptions};
+    let res = prog
+        .test_run(TestRunOptions {
+            data_in: Some(frame),
+            repeat,
+            ..TestRunOptions::new()
+        })
+        .ctx("BPF_PROG_TEST_RUN")?;
+    Ok(res.duration)
+}
+
 pub(super) fn map_data_mut(m: &mut aya::maps::Map) -> Option<&mut MapData> {
     use aya::maps::Map::*;
     match m {
-        Array(d) | HashMap(d) | PerCpuArray(d) | PerCpuHashMap(d) | RingBuf(d) => Some(d),
+        Array(d) | HashMap(d) | LruHashMap(d) | PerCpuArray(d) | PerCpuHashMap(d) | RingBuf(d) => {
+            Some(d)
+        }
         _ => None,
     }
 }
@@ -389,7 +432,9 @@ pub(super) fn map_data_mut(m: &mut aya::maps::Map) -> Option<&mut MapData> {
 fn map_data(m: &aya::maps::Map) -> Option<&MapData> {
     use aya::maps::Map::*;
     match m {
-        Array(d) | HashMap(d) | PerCpuArray(d) | PerCpuHashMap(d) | RingBuf(d) => Some(d),
+        Array(d) | HashMap(d) | LruHashMap(d) | PerCpuArray(d) | PerCpuHashMap(d) | RingBuf(d) => {
+            Some(d)
+        }
         _ => None,
     }
 }

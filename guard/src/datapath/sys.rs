@@ -64,3 +64,32 @@ pub fn ifname(ifindex: u32) -> Option<String> {
             .into_owned(),
     )
 }
+
+/// The MAC address of every Ethernet-like interface in this network
+/// namespace (getifaddrs' AF_PACKET entries: no /sys needed).
+pub fn link_macs() -> Vec<[u8; 6]> {
+    let mut out = Vec::new();
+    let mut list: *mut libc::ifaddrs = std::ptr::null_mut();
+    // SAFETY: getifaddrs fills `list` with a linked list we free below; each
+    // AF_PACKET entry's address is a sockaddr_ll.
+    unsafe {
+        if libc::getifaddrs(&mut list) != 0 {
+            return out;
+        }
+        let mut p = list;
+        while !p.is_null() {
+            let a = (*p).ifa_addr;
+            if !a.is_null() && i32::from((*a).sa_family) == libc::AF_PACKET {
+                let ll = &*(a as *const libc::sockaddr_ll);
+                if ll.sll_halen == 6 {
+                    let mut mac = [0u8; 6];
+                    mac.copy_from_slice(&ll.sll_addr[..6]);
+                    out.push(mac);
+                }
+            }
+            p = (*p).ifa_next;
+        }
+        libc::freeifaddrs(list);
+    }
+    out
+}

@@ -3,6 +3,7 @@
 //! rule is tested without a kernel, a file or an API server.
 
 pub mod addrs;
+pub mod census;
 pub mod cluster;
 pub mod ownership;
 pub mod view;

@@ -57,7 +57,7 @@ pub fn fmt_mac(m: &[u8; 6]) -> String {
 }
 
 /// Seconds since the Unix epoch with milliseconds, as text ("1764500000.123").
-fn unix_time_millis() -> String {
+pub(crate) fn unix_time_millis() -> String {
     let d = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap_or_default();

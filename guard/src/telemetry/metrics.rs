@@ -20,6 +20,10 @@
 //! | `arp_guard_feed_stream_healthy` | gauge | stream |
 //! | `arp_guard_feed_unconfirmed_leases` | gauge | |
 //! | `arp_guard_feed_rebuilds_total` | counter | stream, reason |
+//! | `arp_guard_responders` | gauge | lb_ip (current claims only, at most --metrics-max-ip-series) |
+//! | `arp_guard_responder_conflicts` | gauge | reason |
+//! | `arp_guard_census_frames_total` | counter | outcome |
+//! | `arp_guard_census_entries` | gauge | |
 
 use std::sync::atomic::Ordering;
 
@@ -36,6 +40,7 @@ use super::{
     ops::OPS,
     status::{Feed, InterfaceState, Status},
 };
+use crate::{model::census::Reason, telemetry::census::CensusDoc};
 
 type Labels = Vec<(&'static str, String)>;
 /// (name, help, series).
@@ -154,6 +159,10 @@ pub const NAMES: &[&str] = &[
     "arp_guard_feed_stream_healthy",
     "arp_guard_feed_unconfirmed_leases",
     "arp_guard_feed_rebuilds_total",
+    "arp_guard_responders",
+    "arp_guard_responder_conflicts",
+    "arp_guard_census_frames_total",
+    "arp_guard_census_entries",
 ];
 
 /// What one scrape is made of.
@@ -167,6 +176,8 @@ pub struct Scrape<'a> {
     pub status: Option<&'a Status>,
     /// With a Kubernetes feed: seconds it has been failing (0: healthy).
     pub feed_unhealthy_seconds: Option<f64>,
+    /// The responder census, when it runs.
+    pub census: Option<&'a CensusDoc>,
 }
 
 /// The Prometheus text of one scrape.
@@ -185,6 +196,9 @@ pub fn render(scrape: Scrape<'_>) -> Result<String> {
             "Seconds the Kubernetes feed has been failing (0: healthy).",
             vec![(vec![], secs)],
         ));
+    }
+    if let Some(c) = scrape.census {
+        census(&mut v, c, scrape.max_ip_series);
     }
     operations(&mut v);
     let mut registry = Registry::default();
@@ -267,6 +281,48 @@ fn daemon(v: &mut Values, status: &Status) {
         "arp_guard_mode",
         "1 for the mode in force.",
         vec![(vec![("mode", status.mode.clone())], 1.0)],
+    ));
+}
+
+/// Who claims each LB IP. One series per LB IP with a current claim, at
+/// most `max_ip_series` of them, IPs in conflict first: the cardinality is
+/// bounded by the LB set and the flag, never by what arrives on the wire.
+fn census(v: &mut Values, c: &CensusDoc, max_ip_series: usize) {
+    let mut claimed: Vec<(&std::net::Ipv4Addr, &crate::model::census::IpCensus)> =
+        c.ips.iter().filter(|(_, e)| e.active > 0).collect();
+    claimed.sort_by_key(|(ip, e)| (e.conflict.is_none(), **ip));
+    v.gauges.push((
+        "arp_guard_responders",
+        "MACs that claimed the LB IP within the census window (more than 1 at once: a conflict).",
+        claimed
+            .iter()
+            .take(max_ip_series)
+            .map(|(ip, e)| (vec![("lb_ip", ip.to_string())], e.active as f64))
+            .collect(),
+    ));
+    v.gauges.push((
+        "arp_guard_responder_conflicts",
+        "LB IPs in conflict: contested (several MACs at once) or claimed_elsewhere (owned here, claimed by another MAC).",
+        [Reason::Contested, Reason::ClaimedElsewhere]
+            .iter()
+            .map(|r| {
+                let n = c.ips.values().filter(|e| e.conflict == Some(*r)).count();
+                (vec![("reason", r.as_str().to_owned())], n as f64)
+            })
+            .collect(),
+    ));
+    v.counters.push((
+        "arp_guard_census_frames",
+        "Frames of the ingress census: ARP parsed, claims of LB IPs recorded, claims the table refused.",
+        c.totals
+            .iter()
+            .map(|(k, n)| (vec![("outcome", k.clone())], *n))
+            .collect(),
+    ));
+    v.gauges.push((
+        "arp_guard_census_entries",
+        "Entries in the census table (LRU; capacity in the status).",
+        vec![(vec![], c.entries as f64)],
     ));
 }
 

@@ -2,6 +2,7 @@
 //! daemon's status document and operation counters, and the Prometheus
 //! rendering of all of it.
 
+pub mod census;
 pub mod counters;
 pub mod events;
 pub mod metrics;

@@ -51,6 +51,9 @@ pub struct Interface {
     pub state: InterfaceState,
     /// tcx or netlink-clsact when attached; the error when failed.
     pub detail: String,
+    /// How the responder census is attached to its ingress (absent: it is not).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub census: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

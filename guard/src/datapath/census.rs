@@ -1,0 +1,197 @@
+//! The census program on the ingress of each guarded interface, and the
+//! reader of its table. Observe-only and never pinned: it lives with the
+//! daemon (a restart starts a new table), and anything that goes wrong with
+//! it is logged and leaves the guard itself untouched.
+
+use std::net::Ipv4Addr;
+
+use aya::{
+    maps::{HashMap, Map, MapData, PerCpuArray},
+    programs::{tc, LinkOrder, SchedClassifier, TcAttachType},
+};
+use guard_common::{
+    CensusStat, ResponderKey, ResponderValue, MAP_CENSUS_STATS, MAP_RESPONDERS, MAX_RESPONDERS,
+};
+
+use super::{
+    attach::{attach_netlink, AttachHow, AttachMode},
+    error::{dp_err, DatapathError},
+    Datapath,
+};
+use crate::model::census::Claim;
+
+type Result<T, E = DatapathError> = std::result::Result<T, E>;
+
+/// The census program's name in the object file.
+pub const CENSUS_PROGRAM: &str = "arp_guard_census";
+
+/// The census on one interface.
+#[derive(Debug)]
+pub(super) struct CensusLink {
+    ifindex: u32,
+    id: tc::SchedClassifierLinkId,
+}
+
+/// Load the census program beside the guard; its maps are the object's own
+/// (LB_IPS and CONFIG shared with the guard).
+pub(super) fn load(ebpf: &mut aya::Ebpf) -> Result<()> {
+    let prog: &mut SchedClassifier = ebpf
+        .program_mut(CENSUS_PROGRAM)
+        .ok_or_else(|| dp_err!("program {CENSUS_PROGRAM} missing from the embedded object"))?
+        .try_into()?;
+    prog.load().map_err(super::error::load_error)
+}
+
+impl Datapath {
+    /// Is the census loaded (it may still be attached nowhere)?
+    pub fn census_loaded(&self) -> bool {
+        self.census.is_some()
+    }
+
+    /// Put the census on the ingress of `iface`: first in the TCX chain, so
+    /// it sees a claim before a program that consumes it (a datapath ARP
+    /// responder ends the chain); else a netlink clsact filter in arp-guard's
+    /// slot on the ingress side.
+    pub fn attach_census(
+        &mut self,
+        iface: &str,
+        ifindex: u32,
+        how: AttachMode,
+    ) -> Result<AttachHow> {
+        self.detach_census(ifindex);
+        let prog = self.census_program_mut()?;
+        let tcx = || tc::TcAttachOptions::TcxOrder(LinkOrder::first());
+        let (id, how) = match how {
+            AttachMode::Netlink => (
+                attach_netlink(prog, iface, TcAttachType::Ingress)?,
+                AttachHow::Netlink,
+            ),
+            AttachMode::Tcx => (
+                prog.attach_with_options(iface, TcAttachType::Ingress, tcx())?,
+                AttachHow::Tcx,
+            ),
+            AttachMode::Auto => match prog.attach_with_options(iface, TcAttachType::Ingress, tcx())
+            {
+                Ok(id) => (id, AttachHow::Tcx),
+                Err(_) => (
+                    attach_netlink(prog, iface, TcAttachType::Ingress)?,
+                    AttachHow::Netlink,
+                ),
+            },
+        };
+        if let Some(links) = self.census.as_mut() {
+            links.push(CensusLink { ifindex, id });
+        }
+        Ok(how)
+    }
+
+    /// Take the census off one interface (best effort: it only observes).
+    pub fn detach_census(&mut self, ifindex: u32) {
+        let Some(links) = self.census.as_mut() else {
+            return;
+        };
+        let (gone, keep): (Vec<CensusLink>, Vec<CensusLink>) = std::mem::take(links)
+            .into_iter()
+            .partition(|l| l.ifindex == ifindex);
+        *links = keep;
+        for l in gone {
+            if let Ok(prog) = self.census_program_mut() {
+                if let Err(e) = prog.detach(l.id) {
+                    tracing::debug!(ifindex, error = %e, "census detach");
+                }
+            }
+        }
+    }
+
+    /// Take the census off everywhere: it never outlives the daemon (a TCX
+    /// link would go with our fds anyway; a netlink filter would not).
+    pub(super) fn detach_census_all(&mut self) {
+        let all: Vec<u32> = self.census.iter().flatten().map(|l| l.ifindex).collect();
+        for i in all {
+            self.detach_census(i);
+        }
+    }
+
+    /// A reader of the census table on fds of its own, for a task off the
+    /// main loop.
+    pub fn census_reader(&self) -> Result<CensusReader> {
+        if self.census.is_none() {
+            return Err(dp_err!("the census is not loaded"));
+        }
+        Ok(CensusReader {
+            responders: Map::LruHashMap(self.dup_map(MAP_RESPONDERS)?),
+            stats: Map::PerCpuArray(self.dup_map(MAP_CENSUS_STATS)?),
+        })
+    }
+
+    #[cfg(feature = "testing")]
+    /// Run the census program on `frame` (BPF_PROG_TEST_RUN, lo as the device).
+    pub fn census_test_run(&self, frame: &[u8]) -> Result<(i32, Vec<u8>)> {
+        super::test_run_on(self.census_program()?, frame, 0)
+    }
+
+    #[cfg(feature = "testing")]
+    /// Mean kernel time of one census run on `frame` (for benchmarks).
+    pub fn census_test_run_timed(&self, frame: &[u8], repeat: u32) -> Result<std::time::Duration> {
+        super::timed_on(self.census_program()?, frame, repeat)
+    }
+
+    #[cfg(feature = "testing")]
+    fn census_program(&self) -> Result<&SchedClassifier> {
+        let p = self
+            .ebpf
+            .program(CENSUS_PROGRAM)
+            .ok_or_else(|| dp_err!("program {CENSUS_PROGRAM} missing"))?;
+        Ok(p.try_into()?)
+    }
+
+    fn census_program_mut(&mut self) -> Result<&mut SchedClassifier> {
+        let p = self
+            .ebpf
+            .program_mut(CENSUS_PROGRAM)
+            .ok_or_else(|| dp_err!("program {CENSUS_PROGRAM} missing"))?;
+        Ok(p.try_into()?)
+    }
+}
+
+/// The census table and its totals, read from userspace.
+pub struct CensusReader {
+    responders: Map,
+    stats: Map,
+}
+
+impl CensusReader {
+    /// Every entry of the table. Bounded: a table that churns under the walk
+    /// (the kernel restarts a walk whose key was evicted) is read at most
+    /// twice its capacity of entries.
+    pub fn claims(&self) -> Result<Vec<Claim>> {
+        let map: HashMap<&MapData, ResponderKey, ResponderValue> =
+            HashMap::try_from(&self.responders)?;
+        let mut out = Vec::new();
+        for item in map.iter().take(2 * MAX_RESPONDERS as usize) {
+            // An entry evicted between the key walk and its lookup is skipped.
+            let Ok((k, v)) = item else { continue };
+            out.push(Claim {
+                ip: Ipv4Addr::from(k.ip),
+                mac: k.mac,
+                first_ns: v.first_ns,
+                last_ns: v.last_ns,
+                count: v.count,
+                ifindex: v.ifindex,
+                kinds: v.kinds,
+            });
+        }
+        out.sort_by_key(|c| (c.ip, c.mac));
+        out.dedup_by_key(|c| (c.ip, c.mac));
+        Ok(out)
+    }
+
+    /// The census totals, summed over CPUs.
+    pub fn stats(&self) -> Result<Vec<(&'static str, u64)>> {
+        let map: PerCpuArray<&MapData, u64> = PerCpuArray::try_from(&self.stats)?;
+        CensusStat::ALL
+            .iter()
+            .map(|s| Ok((s.as_str(), map.get(&(*s as u32), 0)?.iter().sum())))
+            .collect()
+    }
+}

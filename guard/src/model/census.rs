@@ -1,0 +1,313 @@
+//! Who answers for each LB IP, from the census table (pure): the claims the
+//! ingress program recorded become responders per IP, and conflicts.
+//!
+//! A conflict is either
+//! - `contested`: two MACs claimed the IP within the window, and their runs
+//!   of claims overlap (one kept claiming after the other began): a split
+//!   brain, a stale speaker, every node's kernel answering. A clean move (the
+//!   old claimant silent before the new one began: a failover) is not one;
+//!   three or more claimants within one window are (flapping, or a flood:
+//!   more than one failover can explain);
+//! - `claimed_elsewhere`: this node owns the IP and another MAC claimed it
+//!   since this node became its owner (a rogue host, a speaker that did not
+//!   step down).
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    net::Ipv4Addr,
+    time::Duration,
+};
+
+use guard_common::Kind;
+use serde::{Deserialize, Serialize};
+
+/// At most this many responders per IP are listed (the rest are counted):
+/// a flood of forged MACs cannot make the status or the API answer huge.
+pub const MAX_LISTED: usize = 16;
+
+/// One entry of the census map.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Claim {
+    pub ip: Ipv4Addr,
+    pub mac: [u8; 6],
+    /// Start of the current run of claims, and the latest (CLOCK_MONOTONIC ns).
+    pub first_ns: u64,
+    pub last_ns: u64,
+    pub count: u64,
+    pub ifindex: u32,
+    /// One bit per [`Kind`].
+    pub kinds: u8,
+}
+
+/// What the census is judged against.
+#[derive(Debug, Clone, Default)]
+pub struct Context {
+    /// Now, on the claims' clock.
+    pub now_ns: u64,
+    /// Claims older than this are history, not responders.
+    pub window: Duration,
+    /// LB IPs this node owns, with when it became the owner (same clock).
+    pub owned_since: BTreeMap<Ipv4Addr, u64>,
+    /// This node's own MACs (a claim from one is this node's).
+    pub local_macs: BTreeSet<[u8; 6]>,
+    /// Interface names by index (a claim names the one it arrived on).
+    pub ifnames: BTreeMap<u32, String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Reason {
+    /// Claimed by more than one MAC at a time.
+    Contested,
+    /// Owned by this node, claimed by another MAC.
+    ClaimedElsewhere,
+}
+
+impl Reason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Reason::Contested => "contested",
+            Reason::ClaimedElsewhere => "claimed_elsewhere",
+        }
+    }
+}
+
+/// One MAC that claimed an IP, as the API and CLI show it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Responder {
+    pub mac: String,
+    pub claims: u64,
+    /// Seconds since its current run of claims began, and since its latest.
+    pub first_seen_ago_s: u64,
+    pub last_seen_ago_s: u64,
+    /// Claimed within the window.
+    pub active: bool,
+    /// One of this node's own MACs.
+    pub local: bool,
+    pub kinds: Vec<String>,
+    /// The interface its latest claim arrived on.
+    pub interface: String,
+}
+
+/// The census of one LB IP.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IpCensus {
+    /// MACs that claimed it within the window.
+    pub active: usize,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub conflict: Option<Reason>,
+    /// Most recent first, at most [`MAX_LISTED`].
+    pub responders: Vec<Responder>,
+    /// Responders not listed.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub more: usize,
+}
+
+fn is_zero(n: &usize) -> bool {
+    *n == 0
+}
+
+/// Every LB IP with a claim in the table.
+pub type Census = BTreeMap<Ipv4Addr, IpCensus>;
+
+/// aa:bb:cc:dd:ee:ff
+pub fn fmt_mac(m: &[u8; 6]) -> String {
+    let [a, b, c, d, e, f] = m;
+    format!("{a:02x}:{b:02x}:{c:02x}:{d:02x}:{e:02x}:{f:02x}")
+}
+
+/// The census from the claims (any order), judged in `cx`.
+pub fn assess(claims: &[Claim], cx: &Context) -> Census {
+    let mut by_ip: BTreeMap<Ipv4Addr, Vec<&Claim>> = BTreeMap::new();
+    for c in claims {
+        by_ip.entry(c.ip).or_default().push(c);
+    }
+    by_ip
+        .into_iter()
+        .map(|(ip, mut cs)| {
+            cs.sort_by(|a, b| b.last_ns.cmp(&a.last_ns).then(a.mac.cmp(&b.mac)));
+            (ip, one_ip(ip, &cs, cx))
+        })
+        .collect()
+}
+
+/// `cs` sorted most recent first.
+fn one_ip(ip: Ipv4Addr, cs: &[&Claim], cx: &Context) -> IpCensus {
+    let window = u64::try_from(cx.window.as_nanos()).unwrap_or(u64::MAX);
+    let is_active = |c: &Claim| cx.now_ns.saturating_sub(c.last_ns) <= window;
+    let active: Vec<&Claim> = cs.iter().copied().filter(|c| is_active(c)).collect();
+    let conflict = if contested(&active) {
+        Some(Reason::Contested)
+    } else if cx.owned_since.get(&ip).is_some_and(|since| {
+        active
+            .iter()
+            .any(|c| !cx.local_macs.contains(&c.mac) && c.last_ns >= *since)
+    }) {
+        Some(Reason::ClaimedElsewhere)
+    } else {
+        None
+    };
+    let ago = |t: u64| Duration::from_nanos(cx.now_ns.saturating_sub(t)).as_secs();
+    let responders = cs
+        .iter()
+        .take(MAX_LISTED)
+        .map(|c| Responder {
+            mac: fmt_mac(&c.mac),
+            claims: c.count,
+            first_seen_ago_s: ago(c.first_ns),
+            last_seen_ago_s: ago(c.last_ns),
+            active: is_active(c),
+            local: cx.local_macs.contains(&c.mac),
+            kinds: Kind::ALL
+                .iter()
+                .filter(|k| c.kinds & (1 << (**k as u8)) != 0)
+                .map(|k| k.as_str().to_owned())
+                .collect(),
+            interface: cx
+                .ifnames
+                .get(&c.ifindex)
+                .cloned()
+                .unwrap_or_else(|| format!("ifindex:{}", c.ifindex)),
+        })
+        .collect();
+    IpCensus {
+        active: active.len(),
+        conflict,
+        responders,
+        more: cs.len().saturating_sub(MAX_LISTED),
+    }
+}
+
+/// Do the runs of claims of two active MACs overlap? The latest claimant's
+/// run began at `first_ns`; any other that claimed after that kept claiming
+/// while it did. One that fell silent before is a move, not a conflict; a
+/// third claimant within the window is more than one move explains.
+fn contested(active: &[&Claim]) -> bool {
+    let Some((latest, others)) = active.split_first() else {
+        return false;
+    };
+    others.len() >= 2 || others.iter().any(|c| c.last_ns >= latest.first_ns)
+}
+
+/// The IPs in conflict, for logs and metrics.
+pub fn conflicts(c: &Census) -> BTreeMap<Ipv4Addr, Reason> {
+    c.iter()
+        .filter_map(|(ip, e)| e.conflict.map(|r| (*ip, r)))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const S: u64 = 1_000_000_000;
+    const IP: Ipv4Addr = Ipv4Addr::new(203, 0, 113, 10);
+    const A: [u8; 6] = [2, 0, 0, 0, 0, 0xa];
+    const B: [u8; 6] = [2, 0, 0, 0, 0, 0xb];
+
+    fn claim(mac: [u8; 6], first: u64, last: u64) -> Claim {
+        Claim {
+            ip: IP,
+            mac,
+            first_ns: first * S,
+            last_ns: last * S,
+            count: 3,
+            ifindex: 2,
+            kinds: 1 << (Kind::Gratuitous as u8),
+        }
+    }
+
+    fn cx(now: u64) -> Context {
+        Context {
+            now_ns: now * S,
+            window: Duration::from_secs(60),
+            ..Context::default()
+        }
+    }
+
+    #[test]
+    fn one_responder_is_no_conflict() {
+        let c = assess(&[claim(A, 100, 150)], &cx(160));
+        let e = &c[&IP];
+        assert_eq!((e.active, e.conflict), (1, None));
+        assert_eq!(e.responders[0].mac, "02:00:00:00:00:0a");
+        assert_eq!(e.responders[0].kinds, vec!["gratuitous"]);
+        assert_eq!(
+            (
+                e.responders[0].first_seen_ago_s,
+                e.responders[0].last_seen_ago_s
+            ),
+            (60, 10)
+        );
+    }
+
+    #[test]
+    fn two_claimants_at_once_contest_the_ip() {
+        // B began at 120, A still claimed at 130.
+        let c = assess(&[claim(A, 100, 130), claim(B, 120, 150)], &cx(160));
+        assert_eq!(c[&IP].conflict, Some(Reason::Contested));
+        assert_eq!(c[&IP].active, 2);
+        // Order does not matter; the most recent claimant is listed first.
+        let c = assess(&[claim(B, 120, 150), claim(A, 100, 130)], &cx(160));
+        assert_eq!(c[&IP].responders[0].mac, fmt_mac(&B));
+        assert_eq!(conflicts(&c).len(), 1);
+    }
+
+    #[test]
+    fn a_clean_failover_is_a_move_not_a_conflict() {
+        // A claimed until 110, B took over at 115.
+        let c = assess(&[claim(A, 100, 110), claim(B, 115, 150)], &cx(160));
+        assert_eq!(c[&IP].conflict, None);
+        assert_eq!(c[&IP].active, 2);
+        // A claims again after B began: a stale speaker.
+        let c = assess(&[claim(A, 100, 140), claim(B, 115, 150)], &cx(160));
+        assert_eq!(c[&IP].conflict, Some(Reason::Contested));
+        // Three claimants one after the other within the window: flapping.
+        let cc: [u8; 6] = [2, 0, 0, 0, 0, 0xc];
+        let c = assess(
+            &[claim(A, 100, 110), claim(B, 115, 120), claim(cc, 125, 150)],
+            &cx(160),
+        );
+        assert_eq!(c[&IP].conflict, Some(Reason::Contested));
+    }
+
+    #[test]
+    fn claims_older_than_the_window_are_history() {
+        let c = assess(&[claim(A, 10, 50), claim(B, 40, 150)], &cx(160));
+        assert_eq!((c[&IP].active, c[&IP].conflict), (1, None));
+        assert!(!c[&IP].responders[1].active);
+    }
+
+    #[test]
+    fn the_owner_flags_another_mac_claiming_its_ip() {
+        let mut k = cx(160);
+        k.owned_since.insert(IP, 120 * S);
+        k.local_macs.insert(A);
+        // Another MAC claimed it before this node became the owner: a move.
+        assert_eq!(assess(&[claim(B, 100, 110)], &k)[&IP].conflict, None);
+        // ...and after: claimed elsewhere.
+        assert_eq!(
+            assess(&[claim(B, 100, 130)], &k)[&IP].conflict,
+            Some(Reason::ClaimedElsewhere)
+        );
+        // This node's own MAC is no conflict.
+        let c = assess(&[claim(A, 125, 150)], &k);
+        assert_eq!(c[&IP].conflict, None);
+        assert!(c[&IP].responders[0].local);
+    }
+
+    #[test]
+    fn a_flood_of_macs_is_listed_bounded() {
+        let claims: Vec<Claim> = (0..1000u32)
+            .map(|i| {
+                let b = i.to_be_bytes();
+                claim([2, 0, b[0], b[1], b[2], b[3]], 100, 150)
+            })
+            .collect();
+        let c = assess(&claims, &cx(160));
+        assert_eq!(c[&IP].responders.len(), MAX_LISTED);
+        assert_eq!(c[&IP].more, 1000 - MAX_LISTED);
+        assert_eq!(c[&IP].active, 1000);
+        assert_eq!(c[&IP].conflict, Some(Reason::Contested));
+    }
+}

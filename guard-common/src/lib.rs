@@ -1,7 +1,8 @@
 //! Types and logic shared by arp-guard's eBPF program and its userspace.
 //!
 //! Everything that decides what happens to a frame lives here, once:
-//! [`frame::parse`] reads an outgoing Ethernet frame, [`verdict::classify`]
+//! [`frame::parse`] reads an outgoing Ethernet frame (and [`build::write_arp`]
+//! writes one, for `arp-guard probe` and the tests), [`verdict::classify`]
 //! names the kind of ARP announcement it is, and [`verdict::decide`] turns the
 //! facts about it into a verdict. The BPF program calls these functions on the
 //! real skb; the host-side unit tests and the differential tests call the very
@@ -9,6 +10,7 @@
 #![no_std]
 
 pub mod census;
+pub mod build;
 pub mod frame;
 pub mod maps;
 pub mod verdict;

@@ -5,6 +5,10 @@
 //!
 //! ```text
 //! commands, cli           what the user runs
+//! probe                   `arp-guard probe`: a tool beside the daemon (ARP
+//!                         and TCP from any host on the segment); it reads
+//!                         interfaces through sources and datapath, and
+//!                         nothing imports it but commands and cli
 //! daemon                  the loop: one handler per event
 //! api                     the local HTTP API (axum) and its CLI client
 //! telemetry               counters, events, metrics, status document
@@ -25,6 +29,7 @@ mod api;
 mod daemon;
 mod datapath;
 mod model;
+mod probe;
 mod sources;
 mod telemetry;
 

@@ -1,9 +1,11 @@
-//! Building and reading ARP frames, written independently of the guard's
-//! parser so that tests do not check the parser against itself.
+//! Building and reading ARP frames. Frames are built by guard-common's
+//! builder (shared with `arp-guard probe`); [`Captured::parse`] reads them
+//! with a decoder written independently of the guard's parser, so that tests
+//! do not check the parser against itself.
 
 use std::net::Ipv4Addr;
 
-pub const BROADCAST: [u8; 6] = [0xff; 6];
+pub use guard_common::build::BROADCAST;
 
 /// An Ethernet/IPv4 ARP frame to send.
 #[derive(Debug, Clone)]
@@ -67,29 +69,30 @@ impl ArpSpec {
         self
     }
 
+    /// The frame, written by guard-common's builder (the one `arp-guard
+    /// probe` sends with), padded to the Ethernet minimum as a NIC would.
     pub fn to_bytes(&self) -> Vec<u8> {
-        let mut f = Vec::with_capacity(60);
-        f.extend_from_slice(&self.eth_dst);
-        f.extend_from_slice(&self.eth_src);
-        for (tpid, vid) in &self.vlans {
-            f.extend_from_slice(&tpid.to_be_bytes());
-            f.extend_from_slice(&(vid & 0x0fff).to_be_bytes());
-        }
-        f.extend_from_slice(&0x0806u16.to_be_bytes());
-        f.extend_from_slice(&1u16.to_be_bytes()); // htype Ethernet
-        f.extend_from_slice(&0x0800u16.to_be_bytes()); // ptype IPv4
-        f.push(6);
-        f.push(4);
-        f.extend_from_slice(&self.op.to_be_bytes());
-        f.extend_from_slice(&self.sha);
-        f.extend_from_slice(&self.spa.octets());
-        f.extend_from_slice(&self.tha);
-        f.extend_from_slice(&self.tpa.octets());
-        // Pad to the Ethernet minimum (without FCS) as a NIC would.
-        while f.len() < 60 {
-            f.push(0);
-        }
-        f
+        use guard_common::build::{write_arp, ArpPacket, Ethernet, FRAME_BUF};
+        let tags: Vec<(u16, u16)> = self
+            .vlans
+            .iter()
+            .map(|(tpid, vid)| (*tpid, vid & 0x0fff))
+            .collect();
+        let mut buf = [0u8; FRAME_BUF];
+        let eth = Ethernet {
+            dst: self.eth_dst,
+            src: self.eth_src,
+            tags: &tags,
+        };
+        let arp = ArpPacket {
+            op: self.op,
+            sha: self.sha,
+            spa: u32::from(self.spa),
+            tha: self.tha,
+            tpa: u32::from(self.tpa),
+        };
+        let n = write_arp(&mut buf, &eth, &arp).expect("at most 5 VLAN tags");
+        buf[..n].to_vec()
     }
 }
 

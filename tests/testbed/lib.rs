@@ -18,6 +18,7 @@ pub mod http;
 pub mod lab;
 pub mod netns;
 pub mod packet;
+pub mod segment;
 
 pub use daemon::{Daemon, EventTail};
 pub use frames::{ArpSpec, Captured};

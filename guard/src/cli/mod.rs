@@ -2,6 +2,7 @@
 //! one typed config per part (`config`).
 
 mod config;
+mod probe;
 
 use std::{path::PathBuf, time::Duration};
 
@@ -9,6 +10,8 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use guard_common::{LeakAction, Mode};
 
 use crate::sources::file::DEFAULT_MAX_BYTES;
+
+pub use probe::{ConnectTarget, NeighArg, ProbeArgs};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -57,6 +60,9 @@ pub enum Command {
     /// Who claims each LB IP on the segment, as the running daemon's census
     /// saw it arrive: MACs, how often, when; conflicts (exit 1 if any).
     Responders(RespondersArgs),
+    /// Ask the segment who answers ARP for IPs, every --interval for
+    /// --duration, from any host on it; optionally connect through each answer.
+    Probe(ProbeArgs),
 }
 
 /// The daemon's API address.

@@ -1,7 +1,9 @@
 //! The subcommands, each a thin function over the parts: `run` starts the
 //! daemon; `counters`, `validate` and `uninstall` work on the node; `status`,
-//! `explain` and `events` ask the running daemon (`query`).
+//! `explain` and `events` ask the running daemon (`query`); `probe` asks the
+//! segment, from any host on it.
 
+mod probe;
 mod query;
 
 use std::time::Duration;
@@ -9,6 +11,7 @@ use std::time::Duration;
 use anyhow::Result;
 
 pub use query::{events, explain, responders, status};
+pub use probe::probe;
 
 use crate::{
     api::client,

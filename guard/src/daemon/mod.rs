@@ -25,7 +25,7 @@ use crate::{
     telemetry::{ops::OPS, status::Status},
 };
 pub use config::{ApiConfig, DaemonConfig, OnExit, RunConfig, SourcesConfig};
-pub use preflight::{check_capabilities, node_name};
+pub use preflight::{check_capabilities, effective_caps, node_name};
 
 /// Run the daemon until SIGTERM/SIGINT.
 pub async fn run(cfg: RunConfig) -> Result<()> {

@@ -7,8 +7,8 @@ const CAP_SYS_ADMIN: u32 = 21;
 const CAP_PERFMON: u32 = 38;
 const CAP_BPF: u32 = 39;
 
-/// The effective capability set of this process.
-fn effective_caps() -> Option<u64> {
+/// The effective capability set of this process (bit n: capability n).
+pub fn effective_caps() -> Option<u64> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;
     let line = status.lines().find(|l| l.starts_with("CapEff:"))?;
     u64::from_str_radix(line["CapEff:".len()..].trim(), 16).ok()

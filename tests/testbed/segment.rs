@@ -1,0 +1,170 @@
+//! An L2 segment for `arp-guard probe`: a client and N nodes on one bridge
+//! (in a namespace of its own, the switch), each node with LB IPs on a
+//! kube-ipvs0 stand-in and arp_ignore=0, so every node holding an IP answers
+//! ARP for it. Optional: a TCP listener on a node, SYNs dropped on a node
+//! (externalTrafficPolicy: Local without an endpoint), the guard on every
+//! node with an ownership file.
+//!
+//! ```text
+//!  client 203.0.113.1 -+- node1 203.0.113.11
+//!                      +- node2 203.0.113.12   ...
+//! ```
+//! No link to the root namespace, no default route; everything is removed on
+//! drop, also when a test fails (daemons and listeners first).
+
+use std::{
+    net::{Ipv4Addr, SocketAddr, TcpListener},
+    sync::{
+        atomic::{AtomicBool, Ordering},
+        Arc,
+    },
+    time::Duration,
+};
+
+use anyhow::{Context as _, Result};
+
+use crate::{
+    bed::TempDir,
+    netns::{kube_ipvs0, veth},
+    Daemon, Netns,
+};
+
+pub const CLIENT_IP: Ipv4Addr = Ipv4Addr::new(203, 0, 113, 1);
+
+pub struct Node {
+    pub name: String,
+    pub ip: Ipv4Addr,
+    pub mac: [u8; 6],
+    pub ns: Netns,
+}
+
+pub struct Segment {
+    // Drop order (top to bottom): guards and listeners before namespaces.
+    pub guards: Vec<Daemon>,
+    stop_listeners: Arc<AtomicBool>,
+    pub dir: TempDir,
+    pub nodes: Vec<Node>,
+    pub client: Netns,
+    _switch: Netns,
+}
+
+impl Drop for Segment {
+    fn drop(&mut self) {
+        self.stop_listeners.store(true, Ordering::SeqCst);
+        self.guards.clear();
+    }
+}
+
+impl Segment {
+    /// A client and `lb_ips.len()` nodes; node i (from 1) carries
+    /// `lb_ips[i - 1]` on its kube-ipvs0.
+    pub fn new(tag: &str, lb_ips: &[&[Ipv4Addr]]) -> Result<Self> {
+        let switch = Netns::new(&format!("{tag}-sw"))?;
+        switch.ip(&["link", "add", "br0", "type", "bridge"])?;
+        switch.ip(&["link", "set", "br0", "up"])?;
+        let client = Netns::new(&format!("{tag}-c"))?;
+        veth(&client, "eth0", &switch, "port0")?;
+        switch.ip(&["link", "set", "port0", "master", "br0"])?;
+        client.ip(&["addr", "add", &format!("{CLIENT_IP}/24"), "dev", "eth0"])?;
+        let mut nodes = Vec::new();
+        for (i, ips) in lb_ips.iter().enumerate() {
+            let name = format!("node{}", i + 1);
+            let ns = Netns::new(&format!("{tag}-{}", i + 1))?;
+            let port = format!("port{}", i + 1);
+            veth(&ns, "eth0", &switch, &port)?;
+            switch.ip(&["link", "set", &port, "master", "br0"])?;
+            let ip = Ipv4Addr::new(203, 0, 113, 11 + i as u8);
+            ns.ip(&["addr", "add", &format!("{ip}/24"), "dev", "eth0"])?;
+            kube_ipvs0(&ns, ips)?;
+            ns.sysctl("net.ipv4.conf.all.arp_ignore", "0")?;
+            ns.sysctl("net.ipv4.conf.all.arp_announce", "0")?;
+            let mac = ns.mac("eth0")?;
+            nodes.push(Node { name, ip, mac, ns });
+        }
+        for ns in nodes.iter().map(|n| &n.ns).chain([&client, &switch]) {
+            // No IPv6 chatter on the segment.
+            ns.sysctl("net.ipv6.conf.all.disable_ipv6", "1")?;
+        }
+        Ok(Segment {
+            guards: Vec::new(),
+            stop_listeners: Arc::new(AtomicBool::new(false)),
+            dir: TempDir::new(tag)?,
+            nodes,
+            client,
+            _switch: switch,
+        })
+    }
+
+    /// The node whose eth0 has `mac`.
+    pub fn node_of(&self, mac: &str) -> Option<&str> {
+        let mac = crate::netns::parse_mac(mac).ok()?;
+        self.nodes
+            .iter()
+            .find(|n| n.mac == mac)
+            .map(|n| n.name.as_str())
+    }
+
+    /// Accept (and close) TCP connections on `ip:port` on node `i` (from 0).
+    pub fn listen(&self, i: usize, ip: Ipv4Addr, port: u16) -> Result<()> {
+        let addr = SocketAddr::from((ip, port));
+        let listener = self.nodes[i]
+            .ns
+            .enter(move || Ok(TcpListener::bind(addr)?))?;
+        listener.set_nonblocking(true)?;
+        let stop = self.stop_listeners.clone();
+        std::thread::spawn(move || {
+            while !stop.load(Ordering::SeqCst) {
+                if listener.accept().is_err() {
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+            }
+        });
+        Ok(())
+    }
+
+    /// Node `i` silently drops SYNs to `ip:port`: externalTrafficPolicy
+    /// Local on a node without an endpoint.
+    pub fn drop_syns(&self, i: usize, ip: Ipv4Addr, port: u16) -> Result<()> {
+        let ns = &self.nodes[i].ns;
+        ns.exec(&["nft", "add table inet probe"])?;
+        ns.exec(&[
+            "nft",
+            "add chain inet probe input { type filter hook input priority 0 ; }",
+        ])?;
+        ns.exec(&[
+            "nft",
+            &format!("add rule inet probe input ip daddr {ip} tcp dport {port} drop"),
+        ])?;
+        Ok(())
+    }
+
+    /// Start the guard on every node's eth0 with an ownership file saying
+    /// `owners` (LB IP, node name), LB IPs from kube-ipvs0.
+    pub fn guard(&mut self, owners: &[(Ipv4Addr, &str)]) -> Result<()> {
+        let path = self.dir.path().join("owners.yaml");
+        let mut file = String::from("ips:\n");
+        for (ip, owner) in owners {
+            file.push_str(&format!("  - ip: {ip}\n    owner: {owner}\n"));
+        }
+        std::fs::write(&path, file)?;
+        let path = path.to_string_lossy().into_owned();
+        for n in &self.nodes {
+            let d = Daemon::start(
+                &n.ns,
+                &[
+                    "-i",
+                    "eth0",
+                    "--node-name",
+                    &n.name,
+                    "--ownership-file",
+                    &path,
+                    "--lb-ips-from",
+                    "kube-ipvs0",
+                ],
+            )
+            .with_context(|| format!("starting arp-guard on {}", n.name))?;
+            self.guards.push(d);
+        }
+        Ok(())
+    }
+}

@@ -77,6 +77,7 @@ fn main() -> ExitCode {
         Command::Status(args) => oneshot(commands::status(args)),
         Command::Explain(args) => oneshot(commands::explain(args)),
         Command::Events(args) => oneshot(commands::events(args)),
+        Command::Doctor(args) => oneshot(commands::doctor(args)),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -2,6 +2,9 @@
 //! one typed config per part (`config`).
 
 mod config;
+mod doctor;
+
+pub use doctor::DoctorArgs;
 
 use std::{path::PathBuf, time::Duration};
 
@@ -54,6 +57,10 @@ pub enum Command {
     Explain(ExplainArgs),
     /// Tail the drop events of the running daemon.
     Events(ClientArgs),
+    /// Check this node for what makes it answer ARP for LB IPs it does not
+    /// own: sysctls, addresses, kube-proxy, routes, the guard. One line per
+    /// check; exits 1 when a check fails.
+    Doctor(Box<DoctorArgs>),
 }
 
 /// The daemon's API address.

@@ -1,13 +1,16 @@
 //! The subcommands, each a thin function over the parts: `run` starts the
 //! daemon; `counters`, `validate` and `uninstall` work on the node; `status`,
-//! `explain` and `events` ask the running daemon (`query`).
+//! `explain` and `events` ask the running daemon (`query`); `doctor` checks
+//! the node (`doctor`).
 
+mod doctor;
 mod query;
 
 use std::time::Duration;
 
 use anyhow::Result;
 
+pub use doctor::doctor;
 pub use query::{events, explain, status};
 
 use crate::{

@@ -5,6 +5,7 @@
 
 pub mod attach;
 pub mod error;
+pub mod inspect;
 pub mod maps;
 pub mod pins;
 pub mod sys;

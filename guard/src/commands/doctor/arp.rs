@@ -17,13 +17,13 @@ const STRICT_FIX: &str = "set kube-proxy's ipvs.strictARP: true (it sets net.ipv
 /// What an effective arp_ignore value makes the kernel do.
 pub fn arp_ignore_meaning(v: i64) -> &'static str {
     match v {
-        0 => "answers ARP on this interface for every local address, also those on kube-ipvs0 and lo",
+        0 => "answers ARP for every local address, on every interface",
         1 => "answers only for addresses configured on the receiving interface",
         2 => "answers only for addresses on the receiving interface, in the sender's subnet",
         3 => "answers for every address but scope host ones; kube-ipvs0's are scope global, so it answers for them",
-        4..=7 => "a reserved value: the kernel answers as with 0",
+        4..=7 => "(a reserved value) answers as with 0: for every local address",
         8 => "answers no ARP at all on this interface",
-        _ => "not a value the kernel knows: it answers as with 0",
+        _ => "(a value it does not know) answers as with 0: for every local address",
     }
 }
 

@@ -109,7 +109,7 @@ impl Facts {
     /// Whether the guard stops the kernel's replies for `ips` on `uplink`.
     pub fn coverage(&self, uplink: &str, ips: &[Ipv4Addr]) -> Coverage {
         if !self.guard.seen() {
-            return Coverage::Not("no running arp-guard seen".into());
+            return Coverage::Not("no running arp-guard was seen".into());
         }
         match self.guard.attached(uplink, self.node.ifindex(uplink)) {
             Attached::Daemon(InterfaceState::Attached, _)

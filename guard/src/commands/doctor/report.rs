@@ -147,7 +147,7 @@ impl Report {
         }
         let s = &self.summary;
         out += &format!(
-            "{} pass, {} warn, {} fail, {} skip (interfaces: {}, {})\n",
+            "{} pass, {} warn, {} fail, {} skip (interfaces: {}, from {})\n",
             s.pass,
             s.warn,
             s.fail,

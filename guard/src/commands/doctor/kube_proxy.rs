@@ -88,13 +88,16 @@ pub async fn read(kubeconfig: Option<&Path>, timeout: Duration) -> KubeProxy {
         let client = match task::client(kubeconfig, timeout).await {
             Ok(c) => c,
             Err(e) => {
+                // kube's errors repeat their sources in their text: the
+                // first two links of the chain say it all.
+                let why = e.chain().take(2).map(|c| c.to_string()).collect::<Vec<_>>();
                 return KubeProxy::Skipped {
-                    why: format!("no Kubernetes API to ask: {e:#}"),
+                    why: format!("no Kubernetes API to ask: {}", why.join(": ")),
                     fix: Some(
                         "run doctor where a kubeconfig works (--kubeconfig) to check kube-proxy's strictARP"
                             .into(),
                     ),
-                }
+                };
             }
         };
         match Api::<ConfigMap>::namespaced(client, NAMESPACE)

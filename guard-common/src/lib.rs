@@ -9,8 +9,8 @@
 //! same functions on byte slices.
 #![no_std]
 
-pub mod census;
 pub mod build;
+pub mod census;
 pub mod frame;
 pub mod maps;
 pub mod verdict;

@@ -79,6 +79,7 @@ fn main() -> ExitCode {
         Command::Events(args) => oneshot(commands::events(args)),
         Command::Responders(args) => oneshot(commands::responders(args)),
         Command::Probe(args) => oneshot(commands::probe(args)),
+        Command::Doctor(args) => oneshot(commands::doctor(args)),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

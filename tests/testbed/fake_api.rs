@@ -20,7 +20,7 @@
 //!   gets 401, a known one without permissions 403, each with a Kubernetes
 //!   `Status` body, as the real server answers.
 //!
-//! Collections: `/api/v1[/namespaces/NS]/services`,
+//! Collections: `/api/v1[/namespaces/NS]/services`, `/api/v1[/namespaces/NS]/configmaps`,
 //! `/apis/coordination.k8s.io/v1[/namespaces/NS]/leases`,
 //! `/apis/metallb.io/v1beta1[/namespaces/NS]/servicel2statuses`.
 
@@ -47,6 +47,8 @@ pub enum Resource {
     Services,
     Leases,
     L2Statuses,
+    /// Not watched by the guard; `arp-guard doctor` GETs kube-system/kube-proxy.
+    ConfigMaps,
 }
 
 impl Resource {
@@ -55,6 +57,7 @@ impl Resource {
             Resource::Services => "Service",
             Resource::Leases => "Lease",
             Resource::L2Statuses => "ServiceL2Status",
+            Resource::ConfigMaps => "ConfigMap",
         }
     }
     fn api_version(self) -> &'static str {
@@ -62,6 +65,7 @@ impl Resource {
             Resource::Services => "v1",
             Resource::Leases => "coordination.k8s.io/v1",
             Resource::L2Statuses => "metallb.io/v1beta1",
+            Resource::ConfigMaps => "v1",
         }
     }
     /// (resource, namespace, object name) from a request path.
@@ -88,6 +92,7 @@ impl Resource {
             ("core", "services") => Resource::Services,
             ("coord", "leases") => Resource::Leases,
             ("metallb", "servicel2statuses") => Resource::L2Statuses,
+            ("core", "configmaps") => Resource::ConfigMaps,
             _ => return None,
         };
         Some((res, ns, name))

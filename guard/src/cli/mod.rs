@@ -2,7 +2,10 @@
 //! one typed config per part (`config`).
 
 mod config;
+mod doctor;
 mod probe;
+
+pub use doctor::DoctorArgs;
 
 use std::{path::PathBuf, time::Duration};
 
@@ -63,6 +66,10 @@ pub enum Command {
     /// Ask the segment who answers ARP for IPs, every --interval for
     /// --duration, from any host on it; optionally connect through each answer.
     Probe(ProbeArgs),
+    /// Check this node for what makes it answer ARP for LB IPs it does not
+    /// own: sysctls, addresses, kube-proxy, routes, the guard. One line per
+    /// check; exits 1 when a check fails.
+    Doctor(Box<DoctorArgs>),
 }
 
 /// The daemon's API address.

@@ -1,8 +1,10 @@
 //! The subcommands, each a thin function over the parts: `run` starts the
 //! daemon; `counters`, `validate` and `uninstall` work on the node; `status`,
-//! `explain` and `events` ask the running daemon (`query`); `probe` asks the
-//! segment, from any host on it.
+//! `explain`, `events` and `responders` ask the running daemon (`query`);
+//! `doctor` checks the node (`doctor`); `probe` asks the segment, from any
+//! host on it.
 
+mod doctor;
 mod probe;
 mod query;
 
@@ -10,8 +12,9 @@ use std::time::Duration;
 
 use anyhow::Result;
 
-pub use query::{events, explain, responders, status};
+pub use doctor::doctor;
 pub use probe::probe;
+pub use query::{events, explain, responders, status};
 
 use crate::{
     api::client,

@@ -6,6 +6,7 @@
 pub mod attach;
 pub mod census;
 pub mod error;
+pub mod inspect;
 pub mod maps;
 pub mod pins;
 pub mod sys;

@@ -1,0 +1,179 @@
+//! What a guard left in the kernel, read without loading anything: its
+//! pinned maps and links (file permission on the pins is enough), and the
+//! programs on an interface's TC egress (listing TCX programs by name needs
+//! CAP_NET_ADMIN and CAP_SYS_ADMIN; netlink filters need nothing). For
+//! `arp-guard doctor`.
+
+use std::{collections::BTreeMap, net::Ipv4Addr, path::Path};
+
+use aya::{
+    maps::{Array, HashMap, Map, MapData},
+    programs::{SchedClassifier, TcAttachType},
+};
+use futures::TryStreamExt as _;
+use guard_common::{Config, LbEntry, Ownership, MAP_CONFIG, MAP_HEARTBEAT, MAP_LB_IPS};
+use netlink_packet_route::tc::{TcAttribute, TcFilterBpfOption, TcOption};
+
+use super::{
+    attach::{NETLINK_HANDLE, NETLINK_PRIORITY},
+    error::{Ctx as _, DatapathError},
+    pins::map_path,
+    PROGRAM,
+};
+
+type Result<T, E = DatapathError> = std::result::Result<T, E>;
+
+/// LB IPs read from a pinned map at most (the map's largest capacity).
+const MAX_LB_READ: usize = 1_048_576;
+
+/// What the pins under a `--pin-dir` hold.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Pinned {
+    pub config: Option<Config>,
+    /// The daemon's last heartbeat (CLOCK_MONOTONIC ns), 0 if none yet.
+    pub heartbeat_ns: Option<u64>,
+    /// The LB IP map: each IP with its state.
+    pub lb: Option<BTreeMap<Ipv4Addr, Ownership>>,
+    /// Interfaces (by index) with a pinned TCX link.
+    pub links: Vec<u32>,
+    /// What could not be read, one sentence each.
+    pub problems: Vec<String>,
+}
+
+/// Read the pins under `dir`. Err only if the directory cannot be listed;
+/// a map that cannot be opened is a problem noted in the result.
+pub fn read_pinned(dir: &Path) -> Result<Pinned> {
+    let entries = std::fs::read_dir(dir).with_ctx(|| format!("reading {}", dir.display()))?;
+    let mut out = Pinned::default();
+    for e in entries.flatten().take(4096) {
+        let name = e.file_name().to_string_lossy().into_owned();
+        if let Some(index) = name.strip_prefix("link_").and_then(|i| i.parse().ok()) {
+            out.links.push(index);
+        }
+    }
+    out.links.sort_unstable();
+    let open = |name: &str| -> Result<MapData> {
+        let path = map_path(dir, name);
+        MapData::from_pin(&path).with_ctx(|| format!("opening {}", path.display()))
+    };
+    let mut note = |r: Result<()>| {
+        if let Err(e) = r {
+            out_problem(&mut out.problems, e);
+        }
+    };
+    let mut config = None;
+    note((|| {
+        let a: Array<MapData, Config> = Array::try_from(Map::Array(open(MAP_CONFIG)?))?;
+        config = Some(a.get(&0, 0)?);
+        Ok(())
+    })());
+    let mut heartbeat = None;
+    note((|| {
+        let a: Array<MapData, u64> = Array::try_from(Map::Array(open(MAP_HEARTBEAT)?))?;
+        heartbeat = Some(a.get(&0, 0)?);
+        Ok(())
+    })());
+    let mut lb = None;
+    note((|| {
+        let m: HashMap<MapData, u32, LbEntry> = HashMap::try_from(Map::HashMap(open(MAP_LB_IPS)?))?;
+        let mut ips = BTreeMap::new();
+        for item in m.iter().take(MAX_LB_READ) {
+            let (ip, entry) = item?;
+            let state = Ownership::from_u8(entry.state).unwrap_or(Ownership::Unknown);
+            ips.insert(Ipv4Addr::from(ip), state);
+        }
+        lb = Some(ips);
+        Ok(())
+    })());
+    out.config = config;
+    out.heartbeat_ns = heartbeat;
+    out.lb = lb;
+    Ok(out)
+}
+
+fn out_problem(problems: &mut Vec<String>, e: DatapathError) {
+    let mut text = e.to_string();
+    let mut cur = std::error::Error::source(&e);
+    while let Some(s) = cur {
+        text = format!("{text}: {s}");
+        cur = s.source();
+    }
+    problems.push(text);
+}
+
+/// The programs on `iface`'s TCX egress, in the order they run (their
+/// names as the kernel keeps them: 15 characters).
+pub fn tcx_egress(iface: &str) -> Result<Vec<String>> {
+    let (_, progs) = SchedClassifier::query_tcx(iface, TcAttachType::Egress)
+        .with_ctx(|| format!("listing the TCX egress programs of {iface}"))?;
+    Ok(progs
+        .iter()
+        .map(|p| p.name_as_str().unwrap_or("?").to_owned())
+        .collect())
+}
+
+/// Whether a (kernel-truncated) program name is arp-guard's.
+pub fn is_guard_program(name: &str) -> bool {
+    name.len() >= 8 && PROGRAM.starts_with(name)
+}
+
+/// A BPF filter on a clsact egress hook.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NetlinkFilter {
+    pub priority: u16,
+    pub handle: u32,
+    pub program: String,
+}
+
+impl NetlinkFilter {
+    /// In arp-guard's fixed slot, running arp-guard's program.
+    pub fn is_guard(&self) -> bool {
+        self.priority == NETLINK_PRIORITY
+            && self.handle == u32::from(NETLINK_HANDLE)
+            && is_guard_program(&self.program)
+    }
+}
+
+/// The BPF filters on the clsact egress of interface `ifindex`, in the
+/// order the kernel lists them (by priority). No clsact qdisc: none.
+pub async fn netlink_egress(ifindex: u32) -> Result<Vec<NetlinkFilter>> {
+    let (conn, handle, _) = rtnetlink::new_connection().ctx("opening an rtnetlink socket")?;
+    let task = tokio::spawn(conn);
+    let index = i32::try_from(ifindex).ctx("interface index")?;
+    let mut dump = handle.traffic_filter(index).get().egress().execute();
+    let mut out = Vec::new();
+    let result = loop {
+        match dump.try_next().await {
+            Ok(Some(msg)) => {
+                let mut program = None;
+                for a in &msg.attributes {
+                    if let TcAttribute::Options(opts) = a {
+                        for o in opts {
+                            if let TcOption::Bpf(TcFilterBpfOption::ProgName(n)) = o {
+                                program = Some(n.clone());
+                            }
+                        }
+                    }
+                }
+                if let Some(program) = program {
+                    out.push(NetlinkFilter {
+                        priority: (msg.header.info >> 16) as u16,
+                        handle: u32::from(msg.header.handle.major) << 16
+                            | u32::from(msg.header.handle.minor),
+                        program,
+                    });
+                }
+            }
+            Ok(None) => break Ok(out),
+            // No clsact qdisc on the device: the kernel answers EINVAL.
+            Err(rtnetlink::Error::NetlinkError(e))
+                if e.raw_code().abs() == libc::EINVAL || e.raw_code().abs() == libc::ENOENT =>
+            {
+                break Ok(Vec::new())
+            }
+            Err(e) => break Err(e).ctx("dumping the egress filters"),
+        }
+    };
+    task.abort();
+    result
+}

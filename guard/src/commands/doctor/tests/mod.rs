@@ -230,3 +230,36 @@ impl Drop for Tree {
         let _ = std::fs::remove_dir_all(&self.root);
     }
 }
+
+/// The DaemonSet's ServiceAccount may read exactly the ConfigMap doctor
+/// reads: get, that one object, in its namespace.
+#[test]
+fn rbac_lets_doctor_read_kube_proxys_configmap_and_nothing_more() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy");
+    let rbac = std::fs::read_to_string(root.join("base/rbac.yaml")).unwrap();
+    let docs: Vec<serde_json::Value> = serde_saphyr::from_str_multiple(&rbac).unwrap();
+    let roles: Vec<&serde_json::Value> = docs.iter().filter(|d| d["kind"] == "Role").collect();
+    assert_eq!(roles.len(), 1, "{roles:#?}");
+    let role = roles[0];
+    assert_eq!(role["metadata"]["namespace"], super::kube_proxy::NAMESPACE);
+    assert_eq!(
+        role["rules"],
+        json!([{
+            "apiGroups": [""],
+            "resources": ["configmaps"],
+            "resourceNames": [super::kube_proxy::NAME],
+            "verbs": ["get"],
+        }])
+    );
+    let binding = docs
+        .iter()
+        .find(|d| d["kind"] == "RoleBinding")
+        .expect("a RoleBinding");
+    assert_eq!(
+        binding["metadata"]["namespace"],
+        super::kube_proxy::NAMESPACE
+    );
+    assert_eq!(binding["roleRef"]["name"], role["metadata"]["name"]);
+    assert_eq!(binding["subjects"][0]["name"], "arp-guard");
+    assert_eq!(binding["subjects"][0]["namespace"], "arp-guard");
+}

@@ -62,9 +62,10 @@ fn gratuitous(from: &RawSocket, mac: [u8; 6], ip: Ipv4Addr) {
         .unwrap());
 }
 
-/// The census of `ip` once `ok` holds for it (the daemon reads every second).
+/// The census of `ip` once `ok` holds for it (the daemon reads every
+/// second; a conflict shows once it has lasted 3 s).
 fn census_of(ns: &Netns, ip: Ipv4Addr, ok: impl Fn(&Value) -> bool) -> Value {
-    wait_for(Duration::from_secs(5), || {
+    wait_for(Duration::from_secs(12), || {
         let doc = responders(ns);
         let e = doc["ips"][ip.to_string()].clone();
         ok(&e).then_some(e)
@@ -162,7 +163,7 @@ fn two_speakers_claiming_one_ip_are_a_conflict_on_a_third_node() {
         "{status:#}"
     );
     assert_eq!(status["conflicts"][0]["reason"], "contested");
-    let ev = events.wait_line("responder_conflict", Duration::from_secs(3));
+    let ev = events.wait_line("responder_conflict", Duration::from_secs(5));
     assert!(
         ev.contains(&FOREIGN.to_string()) && ev.contains("02:00:5e:00:53:b2"),
         "{ev}"
@@ -187,6 +188,9 @@ fn a_rogue_mac_claiming_the_owners_ip_is_raised_on_the_owner() {
     let bed = Bed::new("cenr").unwrap();
     let guard = bed.start(&[]).unwrap();
     let wire = RawSocket::open(&bed.peer, "eth0").unwrap();
+    // Claims in the first 2 s after the node became the owner are taken for
+    // the previous owner's last words: the rogue comes later.
+    std::thread::sleep(Duration::from_secs(3));
     // "OWNED is at ROGUE", sent to the node as a reply.
     let reply = ArpSpec::reply(ROGUE, OWNED, bed.node_mac, NODE_IP).to_bytes();
     assert!(wire.send(&reply).unwrap());
@@ -201,7 +205,7 @@ fn a_rogue_mac_claiming_the_owners_ip_is_raised_on_the_owner() {
         ),
         Some(1.0)
     );
-    let line = guard.expect_log("responder conflict:", Duration::from_secs(3));
+    let line = guard.expect_log("responder conflict:", Duration::from_secs(5));
     assert!(
         line.contains("claimed_elsewhere") && line.contains(&OWNED.to_string()),
         "{line}"
@@ -220,7 +224,7 @@ fn a_rogue_mac_claiming_the_owners_ip_is_raised_on_the_owner() {
 fn one_responder_and_a_clean_failover_are_no_conflict() {
     testbed::require_root();
     let bed = Bed::new("cen1").unwrap();
-    let guard = bed.start(&["--census-window", "3s"]).unwrap();
+    let guard = bed.start(&["--census-window", "6s"]).unwrap();
     let wire = RawSocket::open(&bed.peer, "eth0").unwrap();
     for _ in 0..3 {
         gratuitous(&wire, SPEAKER_A, FOREIGN);
@@ -272,9 +276,12 @@ fn a_flood_of_forged_macs_is_bounded_and_the_owner_still_answers() {
     }
     eprintln!("sent {n} forged claims in {:?}", t.elapsed());
     // The table holds at most its capacity; the newest claims are kept.
-    let doc = wait_for(Duration::from_secs(10), || {
+    // The veth may drop some of the burst on a loaded machine: enough when
+    // more claims arrived than the table holds.
+    let doc = wait_for(Duration::from_secs(15), || {
         let d = responders(&bed.node);
-        (d["totals"]["claims"].as_u64().unwrap_or(0) as usize >= n * 9 / 10).then_some(d)
+        let claims = d["totals"]["claims"].as_u64().unwrap_or(0) as usize;
+        (claims > capacity && !d["ips"][FOREIGN.to_string()]["conflict"].is_null()).then_some(d)
     })
     .unwrap_or_else(|| panic!("{:#}", responders(&bed.node)["totals"]));
     let entries = doc["entries"].as_u64().unwrap() as usize;

@@ -27,7 +27,10 @@ use super::{
     types::{CensusSummary, ConflictRow, Explanation, IpRow, StatusDoc, Would},
     MAX_EVENT_STREAMS,
 };
-use crate::telemetry::metrics::{self, Scrape};
+use crate::telemetry::{
+    census::CensusDoc,
+    metrics::{self, Scrape},
+};
 
 /// Set by `/events` on its connection: an event stream is not cut by the
 /// server's per-connection time limit.
@@ -265,11 +268,20 @@ async fn responders(
     };
     match ip {
         None => json(doc),
-        Some(ip) => {
-            let mut one = doc.clone();
-            one.ips.retain(|k, _| *k == ip);
-            json(&one)
-        }
+        // Only that IP is copied out of the table.
+        Some(ip) => json(&CensusDoc {
+            window_seconds: doc.window_seconds,
+            entries: doc.entries,
+            capacity: doc.capacity,
+            totals: doc.totals.clone(),
+            error: doc.error.clone(),
+            ips: doc
+                .ips
+                .get(&ip)
+                .map(|c| (ip, c.clone()))
+                .into_iter()
+                .collect(),
+        }),
     }
 }
 

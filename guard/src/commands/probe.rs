@@ -59,14 +59,17 @@ pub async fn probe(args: &ProbeArgs) -> Result<()> {
     let mut socket = PacketSocket::open(iface)?;
     let host = NetHost::open(iface)?;
     let plan = args.plan(source(args, &host).await?)?;
-    // Installed before the first request: from here on Ctrl-C (or SIGTERM)
-    // ends the probe with the summary so far, and pins are removed.
+    // Installed before the first request: from here on Ctrl-C, SIGTERM or
+    // SIGHUP (the ssh session that ran it went away) ends the probe with the
+    // summary so far, and pins are removed.
     let mut int = signal(SignalKind::interrupt())?;
     let mut term = signal(SignalKind::terminate())?;
+    let mut hup = signal(SignalKind::hangup())?;
     let stop = async {
         tokio::select! {
             _ = int.recv() => {}
             _ = term.recv() => {}
+            _ = hup.recv() => {}
         }
     };
     let table = args.output == Output::Table;

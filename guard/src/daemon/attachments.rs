@@ -48,8 +48,8 @@ pub fn wanted(patterns: &[String], exclude: &[String], table: &AddrTable) -> BTr
 pub struct Attached {
     pub ifindex: u32,
     pub how: AttachHow,
-    /// The census on this interface's ingress (None: off or failed).
-    pub census: Option<AttachHow>,
+    /// The census is on this interface's ingress (TCX).
+    pub census: bool,
 }
 
 /// What is attached where, kept equal to [`wanted`].
@@ -149,7 +149,7 @@ impl Attachments {
             match dp.attach(name, self.how) {
                 Ok(h) => {
                     tracing::info!(interface = %name, attach = h.as_str(), "guard attached to egress");
-                    let census = attach_census(dp, name, *ifindex, self.how);
+                    let census = attach_census(dp, name, *ifindex);
                     self.attached.insert(
                         name.clone(),
                         Attached {
@@ -173,7 +173,7 @@ impl Attachments {
             name: n.clone(),
             state: InterfaceState::Attached,
             detail: a.how.as_str().into(),
-            census: a.census.map(|h| h.as_str().into()),
+            census: a.census.then(|| "tcx".into()),
         });
         let missing = self.missing.iter().map(|p| Interface {
             name: p.clone(),
@@ -207,24 +207,19 @@ impl Attachments {
 }
 
 /// The census on `iface`'s ingress, when it is loaded. It only observes: a
-/// failure is logged and the guard goes on.
-fn attach_census(
-    dp: &mut Datapath,
-    iface: &str,
-    ifindex: u32,
-    how: AttachMode,
-) -> Option<AttachHow> {
+/// failure (no TCX before Linux 6.6) is logged and the guard goes on.
+fn attach_census(dp: &mut Datapath, iface: &str, ifindex: u32) -> bool {
     if !dp.census_loaded() {
-        return None;
+        return false;
     }
-    match dp.attach_census(iface, ifindex, how) {
-        Ok(h) => {
-            tracing::info!(interface = %iface, attach = h.as_str(), "responder census attached to ingress");
-            Some(h)
+    match dp.attach_census(iface, ifindex) {
+        Ok(()) => {
+            tracing::info!(interface = %iface, attach = "tcx", "responder census attached to ingress");
+            true
         }
         Err(e) => {
-            tracing::warn!(interface = %iface, error = %format!("{e:#}"), "the responder census cannot attach here; guarding without it");
-            None
+            tracing::warn!(interface = %iface, error = %format!("{e:#}"), "the responder census cannot attach here (it needs TCX, Linux >= 6.6); guarding without it");
+            false
         }
     }
 }

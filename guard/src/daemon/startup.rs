@@ -265,6 +265,12 @@ impl Daemon {
                 return;
             }
         };
+        // An empty census until the first read: "on, nothing seen yet".
+        self.shared.write().census = Some(census::CensusDoc {
+            window_seconds: self.cfg.datapath.census_window.as_secs(),
+            capacity: guard_common::MAX_RESPONDERS,
+            ..Default::default()
+        });
         let (owned, publish) = (self.shared.clone(), self.shared.clone());
         tokio::spawn(census::run(census::CensusTask {
             reader,

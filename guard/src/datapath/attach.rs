@@ -68,8 +68,7 @@ impl Datapath {
         // (Cilium's egress programs do) ends the chain, and the guard must have
         // seen the frame by then. The guard returns TCX_NEXT for what it passes.
         let tcx = || tc::TcAttachOptions::TcxOrder(LinkOrder::first());
-        let netlink =
-            |prog: &mut SchedClassifier| attach_netlink(prog, iface, TcAttachType::Egress);
+        let netlink = |prog: &mut SchedClassifier| attach_netlink(prog, iface);
         let index = ifindex(iface)?;
         if let (Some(dir), false) = (&pin_dir, how == AttachMode::Netlink) {
             match attach_pinned_tcx(prog, iface, index, dir) {
@@ -339,17 +338,18 @@ fn tcx_error(iface: &str, e: aya::programs::ProgramError) -> DatapathError {
 pub const NETLINK_PRIORITY: u16 = 1;
 pub const NETLINK_HANDLE: tc::TcHandle = tc::TcHandle::new(0, 0xa6d0);
 
-/// A handle on arp-guard's netlink filter slot on `iface`'s egress (the
-/// guard) or ingress (the census); it may be empty.
-fn our_netlink_slot(iface: &str, side: TcAttachType) -> io::Result<tc::SchedClassifierLink> {
-    tc::SchedClassifierLink::attached(iface, side, NETLINK_PRIORITY, NETLINK_HANDLE, None)
+/// A handle on arp-guard's netlink filter slot on `iface` (it may be empty).
+fn our_netlink_slot(iface: &str) -> io::Result<tc::SchedClassifierLink> {
+    tc::SchedClassifierLink::attached(
+        iface,
+        TcAttachType::Egress,
+        NETLINK_PRIORITY,
+        NETLINK_HANDLE,
+        None,
+    )
 }
 
-pub(super) fn attach_netlink(
-    prog: &mut SchedClassifier,
-    iface: &str,
-    side: TcAttachType,
-) -> Result<tc::SchedClassifierLinkId> {
+fn attach_netlink(prog: &mut SchedClassifier, iface: &str) -> Result<tc::SchedClassifierLinkId> {
     // EEXIST: a clsact qdisc is already there (ours from before, or Cilium's).
     if let Err(e) = tc::qdisc_add_clsact(iface) {
         if errno(&e) != Some(libc::EEXIST) {
@@ -361,12 +361,16 @@ pub(super) fn attach_netlink(
         handle: NETLINK_HANDLE,
         ..Default::default()
     };
-    match prog.attach_with_options(iface, side, tc::TcAttachOptions::Netlink(options)) {
+    match prog.attach_with_options(
+        iface,
+        TcAttachType::Egress,
+        tc::TcAttachOptions::Netlink(options),
+    ) {
         Ok(link) => Ok(link),
         Err(e) if errno(&e) == Some(libc::EEXIST) => {
             // Our slot is taken by an earlier run's filter: swap the program in
             // place (one netlink change, no moment without a guard).
-            let old = our_netlink_slot(iface, side)?;
+            let old = our_netlink_slot(iface)?;
             let link = prog
                 .attach_to_link(old)
                 .with_ctx(|| format!("replacing the guard filter left on {iface}"))?;
@@ -383,17 +387,10 @@ pub(super) fn attach_netlink(
     }
 }
 
-/// Remove arp-guard's netlink filters (fixed slot, egress guard and ingress
-/// census) from `iface`; false if there was none.
+/// Remove arp-guard's netlink filter (fixed slot) from `iface`; false if there was none.
 pub fn remove_netlink_filter(iface: &str) -> Result<bool> {
-    let egress = remove_netlink_slot(iface, TcAttachType::Egress)?;
-    let ingress = remove_netlink_slot(iface, TcAttachType::Ingress)?;
-    Ok(egress || ingress)
-}
-
-fn remove_netlink_slot(iface: &str, side: TcAttachType) -> Result<bool> {
     use aya::programs::links::Link as _;
-    match our_netlink_slot(iface, side)?.detach() {
+    match our_netlink_slot(iface)?.detach() {
         Ok(()) => Ok(true),
         // No filter in our slot (ENOENT), or no clsact qdisc at all (the
         // kernel answers EINVAL: "cannot find specified qdisc").

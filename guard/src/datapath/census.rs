@@ -14,7 +14,6 @@ use guard_common::{
 };
 
 use super::{
-    attach::{attach_netlink, AttachHow, AttachMode},
     error::{dp_err, DatapathError},
     Datapath,
 };
@@ -48,41 +47,23 @@ impl Datapath {
         self.census.is_some()
     }
 
-    /// Put the census on the ingress of `iface`: first in the TCX chain, so
-    /// it sees a claim before a program that consumes it (a datapath ARP
-    /// responder ends the chain); else a netlink clsact filter in arp-guard's
-    /// slot on the ingress side.
-    pub fn attach_census(
-        &mut self,
-        iface: &str,
-        ifindex: u32,
-        how: AttachMode,
-    ) -> Result<AttachHow> {
+    /// Put the census on the ingress of `iface`, first in the TCX chain, so
+    /// that it sees a claim before a program that consumes it (a datapath ARP
+    /// responder ends the chain). TCX only (Linux >= 6.6): a TCX link goes
+    /// with our fds however the daemon ends, while a netlink filter would
+    /// outlive it and take a slot in a chain other tools may count on.
+    pub fn attach_census(&mut self, iface: &str, ifindex: u32) -> Result<()> {
         self.detach_census(ifindex);
         let prog = self.census_program_mut()?;
-        let tcx = || tc::TcAttachOptions::TcxOrder(LinkOrder::first());
-        let (id, how) = match how {
-            AttachMode::Netlink => (
-                attach_netlink(prog, iface, TcAttachType::Ingress)?,
-                AttachHow::Netlink,
-            ),
-            AttachMode::Tcx => (
-                prog.attach_with_options(iface, TcAttachType::Ingress, tcx())?,
-                AttachHow::Tcx,
-            ),
-            AttachMode::Auto => match prog.attach_with_options(iface, TcAttachType::Ingress, tcx())
-            {
-                Ok(id) => (id, AttachHow::Tcx),
-                Err(_) => (
-                    attach_netlink(prog, iface, TcAttachType::Ingress)?,
-                    AttachHow::Netlink,
-                ),
-            },
-        };
+        let id = prog.attach_with_options(
+            iface,
+            TcAttachType::Ingress,
+            tc::TcAttachOptions::TcxOrder(LinkOrder::first()),
+        )?;
         if let Some(links) = self.census.as_mut() {
             links.push(CensusLink { ifindex, id });
         }
-        Ok(how)
+        Ok(())
     }
 
     /// Take the census off one interface (best effort: it only observes).
@@ -103,8 +84,8 @@ impl Datapath {
         }
     }
 
-    /// Take the census off everywhere: it never outlives the daemon (a TCX
-    /// link would go with our fds anyway; a netlink filter would not).
+    /// Take the census off everywhere (its TCX links would go with our fds
+    /// anyway; explicit, so that it is gone before the process is).
     pub(super) fn detach_census_all(&mut self) {
         let all: Vec<u32> = self.census.iter().flatten().map(|l| l.ifindex).collect();
         for i in all {

@@ -118,13 +118,6 @@ impl Datapath {
     /// that restarts finds the policy its predecessor left, intact.
     pub fn load(cfg: &DatapathConfig) -> Result<Self> {
         let lb_ips = cfg.max_lb_ips.max(1);
-        let mut loader = aya::EbpfLoader::new();
-        loader.map_max_entries(MAP_LB_IPS, lb_ips);
-        loader.map_max_entries(MAP_COUNTERS, counter_capacity(lb_ips));
-        if !cfg.census {
-            // The object always has the census table; unused, it holds nothing.
-            loader.map_max_entries(guard_common::MAP_RESPONDERS, 1);
-        }
         let pin_dir = cfg.pin_dir.as_deref();
         let lock = match pin_dir {
             Some(dir) => {
@@ -135,11 +128,32 @@ impl Datapath {
         };
         if let Some(dir) = pin_dir {
             pins::drop_incompatible_maps(dir, lb_ips);
-            for (name, ..) in pins::pinned_maps(lb_ips) {
-                loader.map_pin_path(name, pins::map_path(dir, name));
-            }
         }
-        let mut ebpf = loader.load(OBJECT).map_err(error::load_error)?;
+        let load = |census: bool| {
+            let mut loader = aya::EbpfLoader::new();
+            loader.map_max_entries(MAP_LB_IPS, lb_ips);
+            loader.map_max_entries(MAP_COUNTERS, counter_capacity(lb_ips));
+            if !census {
+                // The object always has the census table; unused, it holds nothing.
+                loader.map_max_entries(guard_common::MAP_RESPONDERS, 1);
+            }
+            if let Some(dir) = pin_dir {
+                for (name, ..) in pins::pinned_maps(lb_ips) {
+                    loader.map_pin_path(name, pins::map_path(dir, name));
+                }
+            }
+            loader.load(OBJECT).map_err(error::load_error)
+        };
+        // The census table (1.6 MiB, preallocated) must never be what keeps
+        // the guard from loading (a tight memlock limit or memory cgroup).
+        let (mut ebpf, census_on) = match load(cfg.census) {
+            Ok(ebpf) => (ebpf, cfg.census),
+            Err(e) if cfg.census => {
+                tracing::warn!(error = %format!("{e:#}"), "loading with the responder census failed; loading the guard without it");
+                (load(false)?, false)
+            }
+            Err(e) => return Err(e),
+        };
         let logger = match aya_log::EbpfLogger::init(&mut ebpf) {
             Ok(l) => Some(l),
             Err(e) => {
@@ -156,7 +170,7 @@ impl Datapath {
             pins::pin_program(prog, dir)?;
         }
         // The census only observes: if it cannot load, the guard goes on without it.
-        let census = match cfg.census.then(|| census::load(&mut ebpf)) {
+        let census = match census_on.then(|| census::load(&mut ebpf)) {
             Some(Ok(())) => Some(Vec::new()),
             Some(Err(e)) => {
                 tracing::warn!(error = %format!("{e:#}"), "the responder census cannot load; guarding without it");

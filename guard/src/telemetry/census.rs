@@ -42,7 +42,8 @@ pub struct CensusDoc {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ConflictEvent {
     pub time: String,
-    /// `responder_conflict` when it begins, `responder_conflict_resolved` when it ends.
+    /// `responder_conflict` when it begins, `responder_conflict_ended` when
+    /// it is no longer seen (quiet for a window: not proof that it is fixed).
     pub event: String,
     pub lb_ip: Ipv4Addr,
     pub reason: Reason,
@@ -63,73 +64,162 @@ pub struct CensusTask {
     pub events: broadcast::Sender<String>,
 }
 
+/// A conflict is reported (log, event, status, metrics) once it has been
+/// seen this long without a break: the ownership feed lags an announcer's
+/// first gratuitous ARP by up to a second or two at a failover, and one
+/// read must not call the new owner a rogue.
+pub const CONFIRM_AFTER: Duration = Duration::from_secs(3);
+/// Claims in the first moments after this node became an IP's owner are
+/// the previous owner's last words, not a rogue.
+const OWNER_GRACE: Duration = Duration::from_secs(2);
+/// At most this many conflict lines per read; the rest are summed up.
+const LOG_PER_READ: usize = 20;
+
+/// What the loop keeps from one read to the next.
+#[derive(Default)]
+struct Memory {
+    last: CensusDoc,
+    claims: Vec<crate::model::census::Claim>,
+    /// The census totals at the last walk of the table.
+    walked_at: Option<Vec<(&'static str, u64)>>,
+    /// Conflicts seen, since when (unbroken), and those reported.
+    seen: BTreeMap<Ipv4Addr, (Reason, std::time::Instant)>,
+    reported: BTreeMap<Ipv4Addr, Reason>,
+    read_failing: bool,
+}
+
 /// Read, judge and publish until the process ends.
 pub async fn run(task: CensusTask) {
-    let reader = Arc::new(task.reader);
-    let mut tick = tokio::time::interval(task.period);
+    let CensusTask {
+        reader,
+        window,
+        period,
+        owned,
+        publish,
+        events,
+    } = task;
+    let reader = Arc::new(reader);
+    let mut tick = tokio::time::interval(period);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut last = CensusDoc::default();
-    let mut in_conflict: BTreeMap<Ipv4Addr, Reason> = BTreeMap::new();
-    let mut read_failing = false;
+    let mut m = Memory::default();
     loop {
         tick.tick().await;
         let r = reader.clone();
-        let read =
-            tokio::task::spawn_blocking(move || Ok::<_, anyhow::Error>((r.claims()?, r.stats()?)))
-                .await;
+        // The table is walked only when a claim arrived since the last walk
+        // (the totals say so); otherwise the claims read then are judged
+        // again (time alone moves claims out of the window).
+        let walked_at = m.walked_at.clone();
+        let read = tokio::task::spawn_blocking(move || {
+            let stats = r.stats()?;
+            let claims = if walked_at.as_ref() == Some(&stats) {
+                None
+            } else {
+                Some(r.claims()?)
+            };
+            Ok::<_, anyhow::Error>((claims, stats))
+        })
+        .await;
         let (claims, stats) = match read {
             Ok(Ok(v)) => {
-                read_failing = false;
+                m.read_failing = false;
                 v
             }
             Ok(Err(e)) => {
-                if !read_failing {
+                if !m.read_failing {
                     tracing::warn!(error = %format!("{e:#}"), "cannot read the responder census; keeping the last one");
                 }
-                read_failing = true;
-                last.error = Some(format!("{e:#}"));
-                (task.publish)(last.clone());
+                m.read_failing = true;
+                m.last.error = Some(format!("{e:#}"));
+                publish(m.last.clone());
                 continue;
             }
-            Err(_) => continue,
+            Err(e) => {
+                tracing::warn!(error = %e, "the responder census read failed");
+                continue;
+            }
         };
-        let now_ns = monotonic_ns();
-        let now_unix = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs());
-        let cx = Context {
-            now_ns,
-            window: task.window,
-            owned_since: (task.owned)()
-                .into_iter()
-                .map(|(ip, since)| {
-                    let ago = now_unix.saturating_sub(since).saturating_mul(1_000_000_000);
-                    (ip, now_ns.saturating_sub(ago))
-                })
-                .collect(),
-            local_macs: local_macs(),
-            ifnames: claims
-                .iter()
-                .map(|c| c.ifindex)
-                .collect::<BTreeSet<u32>>()
-                .into_iter()
-                .map(|i| (i, super::interface_name(i)))
-                .collect(),
-        };
-        let census = assess(&claims, &cx);
-        let now = conflicts(&census);
-        report_changes(&in_conflict, &now, &census, &task.events);
-        in_conflict = now;
-        last = CensusDoc {
-            window_seconds: task.window.as_secs(),
-            entries: claims.len(),
+        if let Some(c) = claims {
+            m.claims = c;
+            m.walked_at = Some(stats.clone());
+        }
+        let mut census = assess(&m.claims, &context(window, &owned, &m.claims));
+        let confirmed = confirm(&mut m.seen, &mut census);
+        report_changes(&m.reported, &confirmed, &census, &events);
+        m.reported = confirmed;
+        m.last = CensusDoc {
+            window_seconds: window.as_secs(),
+            entries: m.claims.len(),
             capacity: MAX_RESPONDERS,
             totals: stats.into_iter().map(|(k, v)| (k.to_owned(), v)).collect(),
             error: None,
             ips: census,
         };
-        (task.publish)(last.clone());
+        publish(m.last.clone());
     }
+}
+
+/// What the claims are judged against, now.
+fn context(
+    window: Duration,
+    owned: &OwnedSince,
+    claims: &[crate::model::census::Claim],
+) -> Context {
+    let now_ns = monotonic_ns();
+    let now_unix = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let grace = OWNER_GRACE.as_nanos() as u64;
+    let owned_since: BTreeMap<Ipv4Addr, u64> = owned()
+        .into_iter()
+        .map(|(ip, since)| {
+            // Unix seconds to the claims' monotonic clock, then the grace.
+            let ago = now_unix.saturating_sub(since).saturating_mul(1_000_000_000);
+            (ip, now_ns.saturating_sub(ago).saturating_add(grace))
+        })
+        .collect();
+    // This node's MACs matter only for claims of IPs it owns.
+    let owned_claimed = claims.iter().any(|c| owned_since.contains_key(&c.ip));
+    Context {
+        now_ns,
+        window,
+        owned_since,
+        local_macs: if owned_claimed {
+            local_macs()
+        } else {
+            BTreeSet::new()
+        },
+        ifnames: claims
+            .iter()
+            .map(|c| c.ifindex)
+            .collect::<BTreeSet<u32>>()
+            .into_iter()
+            .map(|i| (i, super::interface_name(i)))
+            .collect(),
+    }
+}
+
+/// Keep in `census` only the conflicts seen for [`CONFIRM_AFTER`] without a
+/// break; returns them.
+fn confirm(
+    seen: &mut BTreeMap<Ipv4Addr, (Reason, std::time::Instant)>,
+    census: &mut Census,
+) -> BTreeMap<Ipv4Addr, Reason> {
+    let now = std::time::Instant::now();
+    let current = conflicts(census);
+    seen.retain(|ip, (r, _)| current.get(ip) == Some(r));
+    for (ip, r) in &current {
+        seen.entry(*ip).or_insert((*r, now));
+    }
+    let mut confirmed = BTreeMap::new();
+    for (ip, c) in census.iter_mut() {
+        match seen.get(ip) {
+            Some((r, since)) if now.duration_since(*since) >= CONFIRM_AFTER => {
+                confirmed.insert(*ip, *r);
+            }
+            _ => c.conflict = None,
+        }
+    }
+    confirmed
 }
 
 /// A log line and an event for each conflict that began or ended.
@@ -161,27 +251,42 @@ fn report_changes(
             let _ = events.send(line);
         }
     };
+    let mut lines = 0usize;
+    let mut held = 0usize;
     for (ip, reason) in now {
         if before.get(ip) == Some(reason) {
             continue;
         }
         let m = macs(ip);
+        send("responder_conflict", *ip, *reason, m.clone());
+        lines += 1;
+        if lines > LOG_PER_READ {
+            held += 1;
+            continue;
+        }
         tracing::warn!(
             target: "arp_guard::census",
             lb_ip = %ip, reason = reason.as_str(), macs = ?m,
             "responder conflict: {}",
             match reason {
-                Reason::Contested => "more than one MAC claims this LB IP at the same time (split brain, stale speaker, or nodes answering that should not)",
-                Reason::ClaimedElsewhere => "this node owns the LB IP and another MAC claims it (a rogue host or a speaker that did not step down)",
+                Reason::Contested => "more than one MAC claimed this LB IP within the census window, not one after the other (split brain, stale speaker, or nodes answering that should not)",
+                Reason::ClaimedElsewhere => "this node owns the LB IP and another MAC claimed it since (a rogue host or a speaker that did not step down)",
             }
         );
-        send("responder_conflict", *ip, *reason, m);
     }
     for (ip, reason) in before {
         if !now.contains_key(ip) {
-            tracing::info!(target: "arp_guard::census", lb_ip = %ip, reason = reason.as_str(), "responder conflict resolved");
-            send("responder_conflict_resolved", *ip, *reason, macs(ip));
+            send("responder_conflict_ended", *ip, *reason, macs(ip));
+            lines += 1;
+            if lines > LOG_PER_READ {
+                held += 1;
+                continue;
+            }
+            tracing::info!(target: "arp_guard::census", lb_ip = %ip, reason = reason.as_str(), "responder conflict no longer seen");
         }
+    }
+    if held > 0 {
+        tracing::warn!(target: "arp_guard::census", more = held, "more responder conflicts began or ended in this read (see arp-guard responders)");
     }
 }
 
@@ -197,4 +302,50 @@ pub fn owned_since<'a>(
     ips.filter(|(_, s, _)| *s == Ownership::Owned)
         .map(|(ip, _, since)| (*ip, since))
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::census::IpCensus;
+
+    fn census(conflict: Option<Reason>) -> Census {
+        let ip = Ipv4Addr::new(203, 0, 113, 7);
+        BTreeMap::from([(
+            ip,
+            IpCensus {
+                active: 2,
+                conflict,
+                responders: vec![],
+                more: 0,
+            },
+        )])
+    }
+
+    #[test]
+    fn a_conflict_counts_once_it_has_lasted() {
+        let ip = Ipv4Addr::new(203, 0, 113, 7);
+        let mut seen = BTreeMap::new();
+        // First seen now: not reported yet, and hidden from the document.
+        let mut c = census(Some(Reason::Contested));
+        assert!(confirm(&mut seen, &mut c).is_empty());
+        assert_eq!(c[&ip].conflict, None);
+        // Seen since long enough: reported.
+        seen.insert(
+            ip,
+            (Reason::Contested, std::time::Instant::now() - CONFIRM_AFTER),
+        );
+        let mut c = census(Some(Reason::Contested));
+        assert_eq!(
+            confirm(&mut seen, &mut c).get(&ip),
+            Some(&Reason::Contested)
+        );
+        assert_eq!(c[&ip].conflict, Some(Reason::Contested));
+        // A break (or another reason) starts the clock again.
+        let mut c = census(Some(Reason::ClaimedElsewhere));
+        assert!(confirm(&mut seen, &mut c).is_empty());
+        let mut c = census(None);
+        assert!(confirm(&mut seen, &mut c).is_empty());
+        assert!(seen.is_empty());
+    }
 }

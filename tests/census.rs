@@ -7,6 +7,9 @@
 //! sender MACs), a rogue reply for an IP the node owns, a flood of forged
 //! MACs.
 
+#[path = "fixture_responder.rs"]
+mod fixture_responder;
+
 use std::{
     net::Ipv4Addr,
     time::{Duration, Instant},
@@ -364,4 +367,31 @@ fn the_census_runs_with_the_daemonsets_privileges() {
     gratuitous(&wire, SPEAKER_A, FOREIGN);
     let e = census_of(&bed.node, FOREIGN, |e| e["active"] == 1);
     assert_eq!(e["responders"][0]["mac"], "02:00:5e:00:53:a1");
+}
+
+/// The census is first in the ingress chain and observes only: a datapath
+/// responder attached after it (as Cilium's would be when it comes later)
+/// still gets every request and answers, and its own replies leave as ever.
+#[test]
+fn a_program_after_the_census_still_sees_every_frame() {
+    testbed::require_root();
+    let bed = Bed::new("cenc").unwrap();
+    let guard = bed.start(&[]).unwrap();
+    guard.expect_log(
+        "responder census attached to ingress",
+        Duration::from_secs(3),
+    );
+    const RESPONDER_MAC: [u8; 6] = [0x02, 0, 0x5e, 0, 0x53, 0xaa];
+    let _responder =
+        fixture_responder::attach(&bed.node, "eth0", vec![OWNED], RESPONDER_MAC, false);
+    bed.peer.flush_neigh("eth0").unwrap();
+    bed.peer.poke(&OWNED.to_string()).unwrap();
+    let learned = wait_for(Duration::from_secs(3), || {
+        bed.peer.cached_mac("eth0", &OWNED.to_string()).unwrap()
+    });
+    assert_eq!(
+        learned,
+        Some(RESPONDER_MAC),
+        "the responder after the census answered"
+    );
 }

@@ -5,6 +5,9 @@
 //!
 //! Expected outcomes are written out by hand from the specification.
 
+#[path = "fixture_responder.rs"]
+mod fixture_responder;
+
 use std::{net::Ipv4Addr, time::Duration};
 
 use testbed::{
@@ -515,40 +518,17 @@ fn vlan_tag_in_metadata_is_judged_like_untagged() {
 /// (it gates itself), so `unknown` passes where a kernel reply would not.
 #[test]
 fn datapath_responder_replies_are_judged_like_speakers() {
-    use aya::{
-        maps::{Array, HashMap},
-        programs::{tc::TcAttachOptions, LinkOrder, SchedClassifier, TcAttachType},
-    };
     testbed::require_root();
     let bed = Bed::new("redir").unwrap();
     let _guard = bed.start(&[]).unwrap();
     const RESPONDER_MAC: [u8; 6] = [0x02, 0, 0x5e, 0, 0x53, 0xaa];
-    let _fixture = bed
-        .node
-        .enter(|| {
-            let mut ebpf = aya::Ebpf::load(guard::testing::FIXTURES)?;
-            let mut respond: HashMap<_, u32, u8> =
-                HashMap::try_from(ebpf.map_mut("FIXTURE_RESPOND").unwrap())?;
-            for ip in [OWNED, FOREIGN, UNKNOWN] {
-                respond.insert(u32::from(ip), 1, 0)?;
-            }
-            let mut mac: Array<_, [u8; 8]> = Array::try_from(ebpf.map_mut("FIXTURE_MAC").unwrap())?;
-            let mut m = [0u8; 8];
-            m[..6].copy_from_slice(&RESPONDER_MAC);
-            mac.set(0, m, 0)?;
-            let prog: &mut SchedClassifier = ebpf
-                .program_mut("fixture_arp_responder")
-                .unwrap()
-                .try_into()?;
-            prog.load()?;
-            prog.attach_with_options(
-                "eth0",
-                TcAttachType::Ingress,
-                TcAttachOptions::TcxOrder(LinkOrder::first()),
-            )?;
-            Ok(ebpf)
-        })
-        .unwrap();
+    let _fixture = fixture_responder::attach(
+        &bed.node,
+        "eth0",
+        vec![OWNED, FOREIGN, UNKNOWN],
+        RESPONDER_MAC,
+        true,
+    );
     // The neighbour's kernel asks (a request with no socket, as from a real host).
     bed.peer.flush_neigh("eth0").unwrap();
     for ip in [OWNED, FOREIGN, UNKNOWN] {

@@ -112,9 +112,14 @@ impl GuardView {
         }
     }
 
-    /// Whether a guard was seen at all (API, or pinned maps).
+    /// Whether a guard was seen at all (API, or pinned maps or links; a
+    /// guard of another version may have a CONFIG this build cannot read).
     pub fn seen(&self) -> bool {
-        self.status.is_some() || self.pinned.as_ref().is_some_and(|p| p.config.is_some())
+        self.status.is_some()
+            || self
+                .pinned
+                .as_ref()
+                .is_some_and(|p| p.config.is_some() || p.lb.is_some() || !p.links.is_empty())
     }
 
     /// The LB IPs the guard enforces, with their state.

@@ -14,6 +14,7 @@ use crate::{
     telemetry::{
         census::{CensusDoc, ConflictEvent},
         events::EventJson,
+        status::InterfaceState,
     },
 };
 
@@ -52,10 +53,17 @@ pub async fn status(args: &ClientArgs) -> Result<()> {
     if let Some(st) = st {
         for i in &st.interfaces {
             println!(
-                "  interface {:<12} {:<9} {}",
+                "  interface {:<12} {:<9} {}{}",
                 i.name,
                 i.state.as_str(),
-                i.detail
+                i.detail,
+                match (&i.census, v.census.is_some()) {
+                    (Some(how), _) => format!("  census {how}"),
+                    // The census runs, but not here (no TCX on this kernel?).
+                    (None, true) if i.state == InterfaceState::Attached =>
+                        "  census not attached (see the log)".into(),
+                    _ => String::new(),
+                }
             );
         }
         if let Some(f) = &st.feed {

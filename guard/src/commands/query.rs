@@ -14,7 +14,7 @@ use crate::{
     telemetry::{
         census::{CensusDoc, ConflictEvent},
         events::EventJson,
-        status::InterfaceState,
+        status::{InterfaceState, Status},
     },
 };
 
@@ -51,40 +51,7 @@ pub async fn status(args: &ClientArgs) -> Result<()> {
         println!("  not ready: {r}");
     }
     if let Some(st) = st {
-        for i in &st.interfaces {
-            println!(
-                "  interface {:<12} {:<9} {}{}",
-                i.name,
-                i.state.as_str(),
-                i.detail,
-                match (&i.census, v.census.is_some()) {
-                    (Some(how), _) => format!("  census {how}"),
-                    // The census runs, but not here (no TCX on this kernel?).
-                    (None, true) if i.state == InterfaceState::Attached =>
-                        "  census not attached (see the log)".into(),
-                    _ => String::new(),
-                }
-            );
-        }
-        if let Some(f) = &st.feed {
-            println!(
-                "  kubernetes feed: announcers {:?}  synced {}  blind {}  degraded {}  unconfirmed leases {}",
-                f.announcers, f.synced, f.blind, f.degraded, f.unconfirmed_leases
-            );
-            for s in &f.streams {
-                let health = if s.healthy { "healthy" } else { "FAILING" };
-                println!(
-                    "    stream {:<32} {health} {}",
-                    s.name,
-                    s.error.as_deref().unwrap_or("")
-                );
-            }
-        }
-        let c = &st.lb_ips;
-        println!(
-            "  LB IPs {} (owned {}, foreign {}, unknown {}), not enforced {}, map memory {} bytes",
-            c.total, c.owned, c.foreign, c.unknown, st.not_enforced, st.map_memory_bytes
-        );
+        print_state(st, v.census.is_some());
     }
     print_census_summary(&v);
     println!();
@@ -118,6 +85,44 @@ pub async fn status(args: &ClientArgs) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// Attachments, feed and LB IP counts of `status`.
+fn print_state(st: &Status, census_on: bool) {
+    for i in &st.interfaces {
+        println!(
+            "  interface {:<12} {:<9} {}{}",
+            i.name,
+            i.state.as_str(),
+            i.detail,
+            match (&i.census, census_on) {
+                (Some(how), _) => format!("  census {how}"),
+                // The census runs, but not here (no TCX on this kernel?).
+                (None, true) if i.state == InterfaceState::Attached =>
+                    "  census not attached (see the log)".into(),
+                _ => String::new(),
+            }
+        );
+    }
+    if let Some(f) = &st.feed {
+        println!(
+            "  kubernetes feed: announcers {:?}  synced {}  blind {}  degraded {}  unconfirmed leases {}",
+            f.announcers, f.synced, f.blind, f.degraded, f.unconfirmed_leases
+        );
+        for s in &f.streams {
+            let health = if s.healthy { "healthy" } else { "FAILING" };
+            println!(
+                "    stream {:<32} {health} {}",
+                s.name,
+                s.error.as_deref().unwrap_or("")
+            );
+        }
+    }
+    let c = &st.lb_ips;
+    println!(
+        "  LB IPs {} (owned {}, foreign {}, unknown {}), not enforced {}, map memory {} bytes",
+        c.total, c.owned, c.foreign, c.unknown, st.not_enforced, st.map_memory_bytes
+    );
 }
 
 /// The census line of `status`.

@@ -78,6 +78,8 @@ fn check_known_fields(obj: &Value) {
         "ConfigMap" => same_after::<v1::ConfigMap>(obj),
         "ClusterRole" => same_after::<rbac::ClusterRole>(obj),
         "ClusterRoleBinding" => same_after::<rbac::ClusterRoleBinding>(obj),
+        "Role" => same_after::<rbac::Role>(obj),
+        "RoleBinding" => same_after::<rbac::RoleBinding>(obj),
         "DaemonSet" => same_after::<DaemonSet>(obj),
         "PodMonitor" | "PrometheusRule" => {
             assert_eq!(obj["apiVersion"], "monitoring.coreos.com/v1");
@@ -164,6 +166,24 @@ fn check_guard(rel: &str, expect: &Expect) {
     let pod = &ds["spec"]["template"]["spec"];
     let c = &pod["containers"][0];
     let ctx = format!("deploy/{rel}");
+
+    // Every namespaced object in the guard's namespace, but the doctor's
+    // Role and its binding, which must be where kube-proxy's ConfigMap is.
+    for o in &objs {
+        let (kind, name) = (o["kind"].as_str().unwrap(), &o["metadata"]["name"]);
+        let want = match kind {
+            "Namespace" | "ClusterRole" | "ClusterRoleBinding" => None,
+            "Role" | "RoleBinding" => Some("kube-system"),
+            _ => Some(ns),
+        };
+        assert_eq!(
+            o["metadata"]["namespace"].as_str(),
+            want,
+            "{ctx}: {kind}/{name}"
+        );
+    }
+    let binding = named(&objs, "RoleBinding", "arp-guard-doctor");
+    assert_eq!(binding["subjects"][0]["namespace"], ns, "{ctx}");
 
     // Arguments: the real CLI takes them, with the overlay's settings.
     let args = expanded_args(&objs, c, &FIELDS.into_iter().collect());

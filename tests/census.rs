@@ -215,12 +215,7 @@ fn a_rogue_mac_claiming_the_owners_ip_is_raised_on_the_owner() {
     );
     // The owner's own answers are untouched by the census: the peer still
     // learns OWNED -> the node.
-    bed.peer.flush_neigh("eth0").unwrap();
-    bed.peer.poke(&OWNED.to_string()).unwrap();
-    let learned = wait_for(Duration::from_secs(3), || {
-        bed.peer.cached_mac("eth0", &OWNED.to_string()).unwrap()
-    });
-    assert_eq!(learned, Some(bed.node_mac));
+    assert_eq!(bed.peer_learns(&[OWNED]).unwrap(), [Some(bed.node_mac)]);
 }
 
 #[test]
@@ -309,12 +304,7 @@ fn a_flood_of_forged_macs_is_bounded_and_the_owner_still_answers() {
     let grown = guard.rss_kib().saturating_sub(rss_before);
     assert!(grown < 32 * 1024, "RSS grew {grown} KiB");
     // The guard itself is untouched: the owner's IP is still answered.
-    bed.peer.flush_neigh("eth0").unwrap();
-    bed.peer.poke(&OWNED.to_string()).unwrap();
-    let learned = wait_for(Duration::from_secs(3), || {
-        bed.peer.cached_mac("eth0", &OWNED.to_string()).unwrap()
-    });
-    assert_eq!(learned, Some(bed.node_mac));
+    assert_eq!(bed.peer_learns(&[OWNED]).unwrap(), [Some(bed.node_mac)]);
 }
 
 #[test]
@@ -332,17 +322,9 @@ fn without_the_census_the_guard_runs_and_says_so() {
     assert!(out.contains("responder census: off"), "{out}");
     assert!(!guard.log_text().contains("census attached"));
     // The guard works as ever: the neighbour learns the owned IP, not the foreign one.
-    bed.peer.flush_neigh("eth0").unwrap();
-    for ip in [OWNED, FOREIGN] {
-        bed.peer.poke(&ip.to_string()).unwrap();
-    }
-    let learned = wait_for(Duration::from_secs(3), || {
-        bed.peer.cached_mac("eth0", &OWNED.to_string()).unwrap()
-    });
-    assert_eq!(learned, Some(bed.node_mac));
     assert_eq!(
-        bed.peer.cached_mac("eth0", &FOREIGN.to_string()).unwrap(),
-        None
+        bed.peer_learns(&[OWNED, FOREIGN]).unwrap(),
+        [Some(bed.node_mac), None]
     );
 }
 

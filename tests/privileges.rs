@@ -4,11 +4,9 @@
 //! `/readyz` and `arp-guard counters` must all work there, so that the
 //! manifest and the code cannot drift apart.
 
-use std::time::Duration;
-
 use testbed::{
     bed::{Bed, Bpffs, FOREIGN, OWNED},
-    guard_binary, wait_for, Daemon,
+    guard_binary, Daemon,
 };
 
 /// The capabilities the DaemonSet's container adds, and whether its root
@@ -52,18 +50,9 @@ fn daemonset_privileges_enforce_and_serve_metrics_and_counters() {
     );
 
     // Enforcement: the neighbour learns the owned IP, never the foreign one.
-    bed.peer.flush_neigh("eth0").unwrap();
-    for ip in [OWNED, FOREIGN] {
-        bed.peer.poke(&ip.to_string()).unwrap();
-    }
-    let learned = wait_for(Duration::from_secs(3), || {
-        bed.peer.cached_mac("eth0", &OWNED.to_string()).unwrap()
-    });
-    assert_eq!(learned, Some(bed.node_mac));
-    std::thread::sleep(Duration::from_millis(300));
     assert_eq!(
-        bed.peer.cached_mac("eth0", &FOREIGN.to_string()).unwrap(),
-        None
+        bed.peer_learns(&[OWNED, FOREIGN]).unwrap(),
+        [Some(bed.node_mac), None]
     );
 
     // The API: /metrics reads the kernel counters, /readyz is ready.

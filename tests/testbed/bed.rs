@@ -164,6 +164,27 @@ impl Bed {
             .sum())
     }
 
+    /// The peer asks for `ips` afresh (its cache flushed); what it learned
+    /// for the first one within 3 s, and for the rest 300 ms after that.
+    pub fn peer_learns(&self, ips: &[Ipv4Addr]) -> Result<Vec<Option<[u8; 6]>>> {
+        self.peer.flush_neigh("eth0")?;
+        for ip in ips {
+            self.peer.poke(&ip.to_string())?;
+        }
+        let Some((first, rest)) = ips.split_first() else {
+            return Ok(Vec::new());
+        };
+        let first = first.to_string();
+        let mut out = vec![crate::wait_for(std::time::Duration::from_secs(3), || {
+            self.peer.cached_mac("eth0", &first).ok().flatten()
+        })];
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        for ip in rest {
+            out.push(self.peer.cached_mac("eth0", &ip.to_string())?);
+        }
+        Ok(out)
+    }
+
     pub fn total(&self, name: &str) -> Result<u64> {
         self.counters()?["totals"][name]
             .as_u64()

@@ -1,4 +1,4 @@
-//! `sudo cargo bench -p guard --bench cluster_feed`: the Kubernetes feed at
+//! `sudo cargo bench -p arp-guard-tests --bench cluster_feed`: the Kubernetes feed at
 //! scale, against the fake API server (real list/watch over HTTP) in network
 //! namespaces. Prints, for 1,000 and 10,000 Services each with a Cilium
 //! Lease: initial sync time, resident memory, and the latency from a watch

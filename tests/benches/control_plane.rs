@@ -1,4 +1,4 @@
-//! `sudo cargo bench -p guard --bench control_plane`: how fast changes reach
+//! `sudo cargo bench -p arp-guard-tests --bench control_plane`: how fast changes reach
 //! the kernel maps. Results go in BENCHMARKS.md.
 //!
 //! 1. An address added to (or removed from) `--lb-ips-from kube-ipvs0`, until

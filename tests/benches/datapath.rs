@@ -1,4 +1,4 @@
-//! `sudo cargo bench -p guard --bench datapath`: the cost of the egress
+//! `sudo cargo bench -p arp-guard-tests --bench datapath`: the cost of the egress
 //! program per frame (BPF_PROG_TEST_RUN's in-kernel timing, no wire), and of
 //! map updates from userspace. Results go in BENCHMARKS.md.
 

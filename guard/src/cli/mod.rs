@@ -275,7 +275,8 @@ pub struct RunArgs {
     #[arg(long, value_enum, default_value_t = OnExit::Remove)]
     pub on_exit: OnExit,
 
-    /// Serve /metrics, /healthz, /readyz, /status, /explain and /events here
+    /// Serve /metrics, /healthz, /readyz, /status, /explain, /events,
+    /// /counters and /responders here
     /// (`none` to disable). Loopback by default: exposing it off the node is
     /// a deliberate choice.
     #[arg(long, value_name = "ADDR", default_value = DEFAULT_API, value_parser = parse_listen)]

@@ -80,8 +80,8 @@ const LOG_PER_READ: usize = 20;
 struct Memory {
     last: CensusDoc,
     claims: Vec<crate::model::census::Claim>,
-    /// The census totals at the last walk of the table.
-    walked_at: Option<Vec<(&'static str, u64)>>,
+    /// The claim totals at the last walk of the table.
+    walked_at: Option<Vec<u64>>,
     /// Conflicts seen, since when (unbroken), and those reported.
     seen: BTreeMap<Ipv4Addr, (Reason, std::time::Instant)>,
     reported: BTreeMap<Ipv4Addr, Reason>,
@@ -111,7 +111,7 @@ pub async fn run(task: CensusTask) {
         let walked_at = m.walked_at.clone();
         let read = tokio::task::spawn_blocking(move || {
             let stats = r.stats()?;
-            let claims = if walked_at.as_ref() == Some(&stats) {
+            let claims = if walked_at == Some(claim_totals(&stats)) {
                 None
             } else {
                 Some(r.claims()?)
@@ -140,7 +140,7 @@ pub async fn run(task: CensusTask) {
         };
         if let Some(c) = claims {
             m.claims = c;
-            m.walked_at = Some(stats.clone());
+            m.walked_at = Some(claim_totals(&stats));
         }
         let mut census = assess(&m.claims, &context(window, &owned, &m.claims));
         let confirmed = confirm(&mut m.seen, &mut census);
@@ -156,6 +156,16 @@ pub async fn run(task: CensusTask) {
         };
         publish(m.last.clone());
     }
+}
+
+/// The totals that move when the table changes: claims recorded and
+/// refused (not every ARP frame parsed).
+fn claim_totals(stats: &[(&'static str, u64)]) -> Vec<u64> {
+    stats
+        .iter()
+        .filter(|(k, _)| *k != guard_common::CensusStat::Arp.as_str())
+        .map(|(_, v)| *v)
+        .collect()
 }
 
 /// What the claims are judged against, now.

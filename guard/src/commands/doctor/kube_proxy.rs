@@ -129,8 +129,9 @@ pub async fn read(kubeconfig: Option<&Path>, timeout: Duration) -> KubeProxy {
 fn failed(f: &Failure) -> KubeProxy {
     let fix = match f.cause {
         Cause::Forbidden => format!(
-            "allow this user get on configmaps/{NAME} in {NAMESPACE} (arp-guard's own ServiceAccount \
-             may not read ConfigMaps), or run doctor with an admin's --kubeconfig"
+            "allow this user get on configmaps/{NAME} in {NAMESPACE} (deploy/base/rbac.yaml's \
+             arp-guard-doctor Role does it for arp-guard's ServiceAccount), or run doctor with an \
+             admin's --kubeconfig"
         ),
         c if !c.fix().is_empty() => c.fix().to_owned(),
         _ => "check the API address and that it answers (--kube-timeout to wait longer)".to_owned(),

@@ -272,7 +272,7 @@ impl Daemon {
             ..Default::default()
         });
         let (owned, publish) = (self.shared.clone(), self.shared.clone());
-        tokio::spawn(census::run(census::CensusTask {
+        let spawned = census::spawn(census::CensusTask {
             reader,
             window: self.cfg.datapath.census_window,
             period: Duration::from_secs(1),
@@ -287,7 +287,10 @@ impl Daemon {
             }),
             publish: Box::new(move |doc| publish.write().census = Some(doc)),
             events: self.shared.events.clone(),
-        }));
+        });
+        if let Err(e) = spawned {
+            tracing::warn!(error = %e, "the responder census cannot start its thread; guarding without it");
+        }
     }
 
     fn announce(&self) {

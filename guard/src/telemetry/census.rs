@@ -7,7 +7,6 @@
 use std::{
     collections::{BTreeMap, BTreeSet},
     net::Ipv4Addr,
-    sync::Arc,
     time::Duration,
 };
 
@@ -88,8 +87,19 @@ struct Memory {
     read_failing: bool,
 }
 
+/// Start the census on a thread of its own: every read is blocking map
+/// syscalls (a full table is 16,384 lookups), and one long-lived thread
+/// keeps what aya caches per thread, so that the census opens no file
+/// after its first read (a daemon out of descriptors sees no flicker).
+pub fn spawn(task: CensusTask) -> std::io::Result<()> {
+    std::thread::Builder::new()
+        .name("census".into())
+        .spawn(move || run(task))
+        .map(drop)
+}
+
 /// Read, judge and publish until the process ends.
-pub async fn run(task: CensusTask) {
+fn run(task: CensusTask) {
     let CensusTask {
         reader,
         window,
@@ -98,43 +108,32 @@ pub async fn run(task: CensusTask) {
         publish,
         events,
     } = task;
-    let reader = Arc::new(reader);
-    let mut tick = tokio::time::interval(period);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut m = Memory::default();
     loop {
-        tick.tick().await;
-        let r = reader.clone();
+        std::thread::sleep(period);
         // The table is walked only when a claim arrived since the last walk
         // (the totals say so); otherwise the claims read then are judged
         // again (time alone moves claims out of the window).
-        let walked_at = m.walked_at.clone();
-        let read = tokio::task::spawn_blocking(move || {
-            let stats = r.stats()?;
-            let claims = if walked_at == Some(claim_totals(&stats)) {
+        let read = reader.stats().and_then(|stats| {
+            let claims = if m.walked_at == Some(claim_totals(&stats)) {
                 None
             } else {
-                Some(r.claims()?)
+                Some(reader.claims()?)
             };
-            Ok::<_, anyhow::Error>((claims, stats))
-        })
-        .await;
+            Ok((claims, stats))
+        });
         let (claims, stats) = match read {
-            Ok(Ok(v)) => {
+            Ok(v) => {
                 m.read_failing = false;
                 v
             }
-            Ok(Err(e)) => {
+            Err(e) => {
                 if !m.read_failing {
                     tracing::warn!(error = %format!("{e:#}"), "cannot read the responder census; keeping the last one");
                 }
                 m.read_failing = true;
                 m.last.error = Some(format!("{e:#}"));
                 publish(m.last.clone());
-                continue;
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "the responder census read failed");
                 continue;
             }
         };

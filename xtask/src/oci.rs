@@ -428,6 +428,15 @@ mod tests {
         data
     }
 
+    /// The uncompressed tar of the manifest's first layer.
+    fn first_layer(archive: &[u8], manifest: &Value) -> Vec<u8> {
+        let gz = blob(archive, manifest["layers"][0]["digest"].as_str().unwrap());
+        let mut raw = Vec::new();
+        std::io::Read::read_to_end(&mut flate2::read::GzDecoder::new(gz.as_slice()), &mut raw)
+            .unwrap();
+        raw
+    }
+
     fn json_blob(archive: &[u8], digest: &str) -> Value {
         serde_json::from_slice(&blob(archive, digest)).unwrap()
     }
@@ -482,13 +491,7 @@ mod tests {
             "2023-11-14T22:13:20Z"
         );
         // The layer: directories, then the binary, 0755, root, fixed mtime.
-        let gz = blob(
-            &w.archive,
-            manifest["layers"][0]["digest"].as_str().unwrap(),
-        );
-        let mut raw = Vec::new();
-        std::io::Read::read_to_end(&mut flate2::read::GzDecoder::new(gz.as_slice()), &mut raw)
-            .unwrap();
+        let raw = first_layer(&w.archive, &manifest);
         assert_eq!(config["rootfs"]["diff_ids"][0], sha256(&raw));
         let layer = entries(&raw);
         let names: Vec<&str> = layer.iter().map(|e| e.0.as_str()).collect();
@@ -516,13 +519,7 @@ mod tests {
         let caps = ["CAP_BPF", "CAP_PERFMON", "CAP_NET_ADMIN"];
         let w = write(&image(&caps), &[platform("amd64")]).unwrap();
         let manifest = json_blob(&w.archive, &w.digest);
-        let gz = blob(
-            &w.archive,
-            manifest["layers"][0]["digest"].as_str().unwrap(),
-        );
-        let mut raw = Vec::new();
-        std::io::Read::read_to_end(&mut flate2::read::GzDecoder::new(gz.as_slice()), &mut raw)
-            .unwrap();
+        let raw = first_layer(&w.archive, &manifest);
         let layer = entries(&raw);
         let (name, _, _, pax) = layer.last().unwrap();
         assert_eq!(name, "usr/local/bin/arp-guard");

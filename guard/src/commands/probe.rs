@@ -8,8 +8,8 @@ use tokio::signal::unix::{signal, SignalKind};
 use super::Found;
 use crate::{
     cli::{Output, ProbeArgs},
+    model::fmt_mac,
     probe::{
-        fmt_mac,
         host::{NetHost, CAP_NET_ADMIN},
         packet::PacketSocket,
         report::Summary,

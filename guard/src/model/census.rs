@@ -21,6 +21,8 @@ use std::{
 use guard_common::Kind;
 use serde::{Deserialize, Serialize};
 
+use super::fmt_mac;
+
 /// At most this many responders per IP are listed (the rest are counted):
 /// a flood of forged MACs cannot make the status or the API answer huge.
 pub const MAX_LISTED: usize = 16;
@@ -109,12 +111,6 @@ fn is_zero(n: &usize) -> bool {
 
 /// Every LB IP with a claim in the table.
 pub type Census = BTreeMap<Ipv4Addr, IpCensus>;
-
-/// aa:bb:cc:dd:ee:ff
-pub fn fmt_mac(m: &[u8; 6]) -> String {
-    let [a, b, c, d, e, f] = m;
-    format!("{a:02x}:{b:02x}:{c:02x}:{d:02x}:{e:02x}:{f:02x}")
-}
 
 /// The census from the claims (any order), judged in `cx`.
 pub fn assess(claims: &[Claim], cx: &Context) -> Census {

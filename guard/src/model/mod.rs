@@ -7,3 +7,9 @@ pub mod census;
 pub mod cluster;
 pub mod ownership;
 pub mod view;
+
+/// A MAC address as every output of arp-guard writes it: `aa:bb:cc:dd:ee:ff`.
+pub fn fmt_mac(m: &[u8; 6]) -> String {
+    let [a, b, c, d, e, f] = m;
+    format!("{a:02x}:{b:02x}:{c:02x}:{d:02x}:{e:02x}:{f:02x}")
+}

@@ -118,9 +118,3 @@ pub trait Host {
 pub enum Event {
     NewResponder(prober::NewResponder),
 }
-
-/// `aa:bb:cc:dd:ee:ff`.
-pub fn fmt_mac(m: &[u8; 6]) -> String {
-    let [a, b, c, d, e, f] = m;
-    format!("{a:02x}:{b:02x}:{c:02x}:{d:02x}:{e:02x}:{f:02x}")
-}

@@ -5,8 +5,9 @@ use std::{fmt::Write as _, net::Ipv4Addr, time::Duration};
 
 use serde::Serialize;
 
+use crate::model::fmt_mac;
+
 use super::{
-    fmt_mac,
     prober::{ConnectStats, MacSeen, Target, Verdict, MAX_MACS},
     run::Outcome,
     Plan,

@@ -9,6 +9,8 @@ use guard_common::DropEvent;
 use serde::{Deserialize, Serialize};
 use tokio::{io::unix::AsyncFd, sync::broadcast};
 
+use crate::model::fmt_mac;
+
 /// Per (LB IP, kind, verdict) and second, this many events are logged one by
 /// one; the rest are summarised in one line.
 const LOG_PER_KEY_PER_SEC: u32 = 5;
@@ -46,14 +48,6 @@ pub fn decode(bytes: &[u8]) -> Option<EventJson> {
         state,
         verdict,
     })
-}
-
-/// aa:bb:cc:dd:ee:ff
-pub fn fmt_mac(m: &[u8; 6]) -> String {
-    m.iter()
-        .map(|b| format!("{b:02x}"))
-        .collect::<Vec<_>>()
-        .join(":")
 }
 
 /// Seconds since the Unix epoch with milliseconds, as text ("1764500000.123").

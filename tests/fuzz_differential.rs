@@ -14,8 +14,7 @@ use std::collections::BTreeMap;
 
 use guard::testing::{monotonic_ns, Datapath, Snapshot};
 use guard_common::{
-    classify, decide, effective_state, frame, Facts, LeakAction, Liveness, Mode, Origin, Parsed,
-    Verdict,
+    classify, frame, judge, Facts, LeakAction, Liveness, Mode, Origin, Parsed, Verdict,
 };
 
 #[path = "test_run_common.rs"]
@@ -173,17 +172,7 @@ fn reference(
         e.stats = stats;
         return e;
     };
-    match live {
-        Liveness::Fresh => {}
-        Liveness::Stale => {
-            stats.insert("heartbeat_stale", 1);
-        }
-        Liveness::Dead => {
-            stats.insert("heartbeat_dead_passed", 1);
-        }
-    }
-    let judged = effective_state(state, live);
-    let verdict = decide(&Facts {
+    let mut facts = Facts {
         kind,
         origin,
         state,
@@ -192,7 +181,20 @@ fn reference(
         mode,
         leak_action,
         liveness: live,
-    });
+    };
+    // The shared judgement, as the program makes it: the heartbeat is read
+    // (and a stale or dead one counted) only for an IP this node does not own.
+    let j = judge(kind, origin, state, mode, leak_action, &mut facts);
+    match j.liveness {
+        Some(Liveness::Stale) => {
+            stats.insert("heartbeat_stale", 1);
+        }
+        Some(Liveness::Dead) => {
+            stats.insert("heartbeat_dead_passed", 1);
+        }
+        _ => {}
+    }
+    let (judged, verdict) = (j.state, j.verdict);
     if verdict == Verdict::Dropped {
         e.ret = DROP;
     }

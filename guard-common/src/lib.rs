@@ -21,6 +21,6 @@ pub use census::{
 pub use frame::{parse, ArpFrame, FrameReader, Parsed};
 pub use maps::*;
 pub use verdict::{
-    classify, decide, effective_state, liveness, Action, Facts, Kind, LeakAction, Liveness, Mode,
-    Origin, Ownership, Verdict,
+    classify, decide, effective_state, judge, liveness, Facts, Judgement, Kind, LeakAction,
+    Liveness, Mode, Origin, Ownership, Surroundings, Verdict,
 };

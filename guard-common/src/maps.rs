@@ -4,6 +4,24 @@
 /// LB IP (host-order u32) -> [`LbEntry`]. The LB set and this node's view of
 /// each IP's owner. An IP absent from this map is not an LB IP.
 pub const MAP_LB_IPS: &str = "LB_IPS";
+/// Array of [`LB_FILTER_WORDS`] u64: one bit per hash of an IP, set for every
+/// IP in [`MAP_LB_IPS`] ([`lb_filter_slot`]). A clear bit proves "not an LB
+/// IP" with one inlined array read, so ARP from node addresses skips the hash
+/// lookup; a set bit only sends the frame on to `LB_IPS`. Written by the
+/// daemon before an IP enters `LB_IPS` and after it leaves.
+pub const MAP_LB_FILTER: &str = "LB_FILTER";
+/// 2^20 bits (128 KiB): about 6% of bits set at 65,536 LB IPs.
+pub const LB_FILTER_WORDS: u32 = 16_384;
+
+/// The word of [`MAP_LB_FILTER`] and the bit in it that stand for `ip`
+/// (host order): a multiplicative hash, so that the addresses of one pool,
+/// which differ in their low bits, spread over the table.
+#[inline(always)]
+pub fn lb_filter_slot(ip: u32) -> (u32, u64) {
+    let h = ip.wrapping_mul(0x9E37_79B1) >> 12;
+    (h >> 6, 1u64 << (h & 63))
+}
+
 /// [`IfAddrKey`] -> u8 (1). IPv4 addresses configured on guarded interfaces,
 /// for the "LB IP is on the egress interface" (arp_ignore=1) rule.
 pub const MAP_IF_ADDRS: &str = "IF_ADDRS";
@@ -152,10 +170,12 @@ pub enum Stat {
     /// ARP frames whose VLAN tag travelled in skb metadata (a VLAN device or
     /// a VLAN-filtering bridge above the interface), not in the frame data.
     VlanInMetadata = 6,
-    /// LB announcements judged while the daemon's heartbeat was stale
-    /// (foreign judged as unknown).
+    /// Announcements of LB IPs not owned here judged while the daemon's
+    /// heartbeat was stale (foreign judged as unknown). An owned IP passes
+    /// without a look at the heartbeat, so it is never counted here.
     GateStale = 7,
-    /// LB announcements passed unjudged because the heartbeat was dead.
+    /// Announcements of LB IPs not owned here passed unjudged because the
+    /// heartbeat was dead.
     GateOpen = 8,
     /// Drop events handed to userspace.
     EventsDelivered = 9,
@@ -218,6 +238,20 @@ pub struct Config {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn filter_slots_are_in_range_and_spread() {
+        let mut seen = [(0u32, 0u64); 256];
+        for (i, slot) in seen.iter_mut().enumerate() {
+            let (word, bit) = lb_filter_slot(0x0a40_0000 + i as u32);
+            assert!(word < LB_FILTER_WORDS);
+            assert_eq!(bit.count_ones(), 1);
+            *slot = (word, bit);
+        }
+        // A /24 pool lands on 256 distinct bits.
+        seen.sort_unstable();
+        assert!(seen.windows(2).all(|w| w[0] != w[1]));
+    }
 
     #[test]
     fn token_bucket() {

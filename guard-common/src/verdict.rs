@@ -115,14 +115,6 @@ pub fn effective_state(state: Ownership, live: Liveness) -> Ownership {
     }
 }
 
-/// What the policy wants done with a frame, before the mode is applied.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Action {
-    Pass,
-    Drop,
-    Rewrite,
-}
-
 /// What happened to the frame; this is the `verdict` counter label.
 #[repr(u8)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -163,49 +155,110 @@ pub fn classify(arp: &ArpFrame) -> Option<Kind> {
     }
 }
 
-/// Must this announcement be kept off the wire?
+/// What the judgement of one frame needs from its surroundings, asked for
+/// only when the verdict depends on it: the BPF program answers each with a
+/// map lookup or a clock read, so an owned IP costs none of them and a
+/// reply for a foreign IP never looks at the interface's addresses.
+pub trait Surroundings {
+    /// The daemon's heartbeat as seen now.
+    fn liveness(&mut self) -> Liveness;
+    /// The LB IP is configured on the interface the frame leaves through.
+    fn ip_on_egress(&mut self) -> bool;
+    /// The egress interface's primary IPv4 (host order), to rewrite an
+    /// announce leak with.
+    fn egress_primary(&mut self) -> Option<u32>;
+}
+
+/// The outcome of [`judge`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Judgement {
+    pub verdict: Verdict,
+    /// The state the frame was judged with (foreign reads unknown while the
+    /// heartbeat is stale): the `state` counter label.
+    pub state: Ownership,
+    /// The heartbeat, when it was consulted (never for an owned IP, which
+    /// passes whatever it says).
+    pub liveness: Option<Liveness>,
+    /// Where a rewrite puts the interface's primary IPv4 ([`Verdict::Rewritten`]
+    /// and [`Verdict::WouldRewrite`]).
+    pub rewrite_to: Option<u32>,
+}
+
+/// The decision for one announcement of an LB IP: the one place a verdict is
+/// made, for the BPF program and every host-side reference.
 #[inline(always)]
-pub fn must_stop(origin: Origin, state: Ownership, ip_on_egress: bool) -> bool {
-    match state {
+pub fn judge<S: Surroundings + ?Sized>(
+    kind: Kind,
+    origin: Origin,
+    state: Ownership,
+    mode: Mode,
+    leak_action: LeakAction,
+    s: &mut S,
+) -> Judgement {
+    let pass = |state, liveness| Judgement {
+        verdict: Verdict::Passed,
+        state,
+        liveness,
+        rewrite_to: None,
+    };
+    // The owner passes whatever the heartbeat, the interface or the mode say.
+    if state == Ownership::Owned {
+        return pass(state, None);
+    }
+    let live = s.liveness();
+    let judged = effective_state(state, live);
+    if live == Liveness::Dead {
+        return pass(judged, Some(live));
+    }
+    let stop = match judged {
         Ownership::Owned => false,
         // Defence in depth against a split-brain speaker: stop every origin.
         Ownership::Foreign => true,
         // strictARP's arp_ignore=1 rule for the kernel; a live speaker or
         // datapath responder is the best authority we have, so it passes.
-        Ownership::Unknown => origin == Origin::Kernel && !ip_on_egress,
+        Ownership::Unknown => origin == Origin::Kernel && !s.ip_on_egress(),
+    };
+    if !stop {
+        return pass(judged, Some(live));
     }
-}
-
-/// The policy's action for a frame.
-#[inline(always)]
-pub fn action(f: &Facts) -> Action {
-    if f.liveness == Liveness::Dead {
-        return Action::Pass;
-    }
-    if !must_stop(
-        f.origin,
-        effective_state(f.state, f.liveness),
-        f.ip_on_egress,
-    ) {
-        return Action::Pass;
-    }
-    if f.kind == Kind::AnnounceLeak && f.leak_action == LeakAction::Rewrite && f.egress_has_ipv4 {
-        Action::Rewrite
+    let rewrite_to = if kind == Kind::AnnounceLeak && leak_action == LeakAction::Rewrite {
+        s.egress_primary()
     } else {
-        Action::Drop
+        None
+    };
+    let verdict = match (rewrite_to.is_some(), mode) {
+        (false, Mode::Enforce) => Verdict::Dropped,
+        (false, Mode::Monitor) => Verdict::WouldDrop,
+        (true, Mode::Enforce) => Verdict::Rewritten,
+        (true, Mode::Monitor) => Verdict::WouldRewrite,
+    };
+    Judgement {
+        verdict,
+        state: judged,
+        liveness: Some(live),
+        rewrite_to,
     }
 }
 
-/// The verdict: the policy's action under the mode.
-#[inline(always)]
-pub fn decide(f: &Facts) -> Verdict {
-    match (action(f), f.mode) {
-        (Action::Pass, _) => Verdict::Passed,
-        (Action::Drop, Mode::Enforce) => Verdict::Dropped,
-        (Action::Drop, Mode::Monitor) => Verdict::WouldDrop,
-        (Action::Rewrite, Mode::Enforce) => Verdict::Rewritten,
-        (Action::Rewrite, Mode::Monitor) => Verdict::WouldRewrite,
+/// [`Facts`] answer every question [`judge`] may ask.
+impl Surroundings for Facts {
+    fn liveness(&mut self) -> Liveness {
+        self.liveness
     }
+    fn ip_on_egress(&mut self) -> bool {
+        self.ip_on_egress
+    }
+    fn egress_primary(&mut self) -> Option<u32> {
+        // Any address will do: the table speaks of whether, not which.
+        self.egress_has_ipv4.then_some(1)
+    }
+}
+
+/// The verdict for a frame whose every fact is known (host references,
+/// explanations, the verdict table).
+pub fn decide(f: &Facts) -> Verdict {
+    let mut facts = *f;
+    judge(f.kind, f.origin, f.state, f.mode, f.leak_action, &mut facts).verdict
 }
 
 impl Verdict {

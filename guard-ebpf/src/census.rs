@@ -15,7 +15,7 @@ use guard_common::{
     parse, CensusStat, Parsed, ResponderKey, ResponderValue, MAX_RESPONDERS,
 };
 
-use crate::program::{outer_ethertype, Skb, CONFIG, LB_IPS, PASS};
+use crate::program::{may_be_lb, outer_ethertype, Skb, CONFIG, LB_IPS, PASS};
 
 #[map(name = "RESPONDERS")]
 static RESPONDERS: LruHashMap<ResponderKey, ResponderValue> =
@@ -37,7 +37,7 @@ pub fn arp_guard_census(ctx: TcContext) -> i32 {
     };
     bump(CensusStat::Arp);
     // SAFETY: a plain lookup; LB_IPS values are written whole by userspace.
-    if unsafe { LB_IPS.get(&arp.spa) }.is_none() {
+    if !may_be_lb(arp.spa) || unsafe { LB_IPS.get(&arp.spa) }.is_none() {
         return PASS;
     }
     let Some(kind) = claim(&arp) else {

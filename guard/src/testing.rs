@@ -27,14 +27,72 @@ pub fn load(
     })
 }
 
+/// [`load`] with another build of the egress program (an earlier
+/// revision's object, for before/after benchmarks).
+pub fn load_object(
+    object: &[u8],
+    mode: guard_common::Mode,
+    leak_action: guard_common::LeakAction,
+) -> Result<Datapath, crate::datapath::DatapathError> {
+    Datapath::load_object(
+        &DatapathConfig {
+            mode,
+            leak_action,
+            ..DatapathConfig::default()
+        },
+        object,
+    )
+}
+
 /// Mean kernel time of one run of the fixtures' empty TC program on `frame`:
 /// the floor the programs' costs are measured against.
 pub fn floor_timed(frame: &[u8], repeat: u32) -> anyhow::Result<std::time::Duration> {
-    let mut obj = aya::Ebpf::load(FIXTURES)?;
-    let prog: &mut aya::programs::SchedClassifier = obj
-        .program_mut("fixture_empty")
-        .ok_or_else(|| anyhow::anyhow!("fixture_empty missing"))?
-        .try_into()?;
-    prog.load()?;
-    Ok(crate::datapath::timed_on(prog, frame, repeat)?)
+    Floor::load()?.timed(frame, repeat)
+}
+
+/// The fixtures' empty TC program, loaded once: the floor of every datapath
+/// benchmark, run through the same `BPF_PROG_TEST_RUN` path as the guard.
+pub struct Floor(aya::Ebpf);
+
+impl Floor {
+    pub fn load() -> anyhow::Result<Self> {
+        let mut obj = aya::Ebpf::load(FIXTURES)?;
+        let prog: &mut aya::programs::SchedClassifier = obj
+            .program_mut("fixture_empty")
+            .ok_or_else(|| anyhow::anyhow!("fixture_empty missing"))?
+            .try_into()?;
+        prog.load()?;
+        Ok(Floor(obj))
+    }
+
+    pub fn program(&self) -> anyhow::Result<&aya::programs::SchedClassifier> {
+        Ok(self
+            .0
+            .program("fixture_empty")
+            .ok_or_else(|| anyhow::anyhow!("fixture_empty missing"))?
+            .try_into()?)
+    }
+
+    /// Mean kernel time of one run on `frame`, over `repeat` runs.
+    pub fn timed(&self, frame: &[u8], repeat: u32) -> anyhow::Result<std::time::Duration> {
+        Ok(crate::datapath::timed_on(self.program()?, frame, repeat)?)
+    }
+}
+
+/// What the kernel made of a loaded program: instructions after the
+/// verifier (its rewrites and inlined helpers included) and bytes of JIT code.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProgramSize {
+    pub id: u32,
+    pub xlated_insns: u32,
+    pub jited_bytes: u32,
+}
+
+pub fn program_size(prog: &aya::programs::SchedClassifier) -> anyhow::Result<ProgramSize> {
+    let info = prog.info()?;
+    Ok(ProgramSize {
+        id: info.id(),
+        xlated_insns: info.size_translated().unwrap_or(0) / 8,
+        jited_bytes: info.size_jitted(),
+    })
 }

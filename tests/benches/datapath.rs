@@ -1,15 +1,24 @@
-//! `sudo cargo bench -p arp-guard-tests --bench datapath`: the cost of the egress
-//! program per frame (BPF_PROG_TEST_RUN's in-kernel timing, no wire), and of
-//! map updates from userspace. Results go in BENCHMARKS.md.
+//! `cargo bench -p arp-guard-tests --bench datapath` (root): the cost of the
+//! egress and census programs per frame next to the floor, an empty TC
+//! program run the same way (`BPF_PROG_TEST_RUN`, same frames, same repeat
+//! count, interleaved rounds), at several LB set sizes; the size of each
+//! program after the verifier and the JIT; and map updates from userspace.
+//! `BENCH_SHORT=1` runs a small version (CI: nothing is asserted). Results:
+//! `RESULT` lines, which `cargo xtask bench` turns into BENCHMARKS.md tables.
 
-use std::{net::Ipv4Addr, time::Instant};
+use std::{net::Ipv4Addr, os::fd::AsFd as _, time::Instant};
 
-use guard::testing::{LbIp, Provenance, View};
+use guard::testing::{Floor, LbIp, Provenance, View};
 use guard_common::{LeakAction, Mode, Ownership};
-use testbed::ArpSpec;
+use testbed::{bench::Samples, ArpSpec};
 
 const MAC: [u8; 6] = [2, 0, 0x5e, 0, 0x53, 9];
+const PEER_MAC: [u8; 6] = [2, 0, 0, 0, 0, 1];
 const PEER: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 1);
+/// LB IPs with a fixed state whatever the set size (the rest are foreign).
+const OWNED: u32 = 1;
+const FOREIGN: u32 = 2;
+const UNKNOWN: u32 = 3;
 
 fn lb(i: u32) -> Ipv4Addr {
     Ipv4Addr::from(u32::from(Ipv4Addr::new(10, 64, 0, 0)) + i)
@@ -30,13 +39,209 @@ fn view(n: u32, state: impl Fn(u32) -> Ownership) -> View {
     v
 }
 
+fn fixed_states(i: u32) -> Ownership {
+    match i {
+        OWNED => Ownership::Owned,
+        UNKNOWN => Ownership::Unknown,
+        _ => Ownership::Foreign,
+    }
+}
+
+/// An Ethernet frame of `ethertype` carrying `payload` zero bytes, after
+/// the optional 802.1Q tag.
+fn frame(ethertype: u16, tag: Option<u16>, payload: usize) -> Vec<u8> {
+    let mut f = Vec::new();
+    f.extend_from_slice(&PEER_MAC);
+    f.extend_from_slice(&MAC);
+    if let Some(vid) = tag {
+        f.extend_from_slice(&0x8100u16.to_be_bytes());
+        f.extend_from_slice(&vid.to_be_bytes());
+    }
+    f.extend_from_slice(&ethertype.to_be_bytes());
+    f.resize(f.len() + payload, 0);
+    f
+}
+
+/// The frames every program is timed on, named as the tables name them.
+fn cases() -> Vec<(&'static str, Vec<u8>)> {
+    let reply = |i| ArpSpec::reply(MAC, lb(i), PEER_MAC, PEER);
+    vec![
+        ("ipv4", frame(0x0800, None, 46)),
+        ("ipv6", frame(0x86dd, None, 60)),
+        ("ipv4_vlan_tagged", frame(0x0800, Some(7), 46)),
+        (
+            "arp_not_lb",
+            ArpSpec::reply(MAC, PEER, PEER_MAC, Ipv4Addr::new(198, 51, 100, 2)).to_bytes(),
+        ),
+        ("arp_reply_owned", reply(OWNED).to_bytes()),
+        ("arp_reply_foreign", reply(FOREIGN).to_bytes()),
+        ("arp_reply_unknown", reply(UNKNOWN).to_bytes()),
+        (
+            "arp_reply_foreign_qinq",
+            reply(FOREIGN)
+                .tagged(&[(0x88a8, 1), (0x8100, 2)])
+                .to_bytes(),
+        ),
+        (
+            "garp_foreign",
+            ArpSpec::gratuitous(1, MAC, lb(FOREIGN)).to_bytes(),
+        ),
+        // No announce-leak rewrite case: BPF_PROG_TEST_RUN repeats on the same
+        // skb, so after the first run the SPA is no longer an LB IP.
+    ]
+}
+
+struct Plan {
+    sizes: Vec<u32>,
+    repeat: u32,
+    rounds: usize,
+}
+
 fn main() {
     testbed::require_root();
+    let plan = if testbed::bench::short() {
+        Plan {
+            sizes: vec![300],
+            repeat: 20_000,
+            rounds: 3,
+        }
+    } else {
+        Plan {
+            sizes: vec![300, 10_000, guard_common::MAX_LB_IPS],
+            repeat: 1_000_000,
+            rounds: 7,
+        }
+    };
     let mut dp = guard::testing::load(Mode::Enforce, LeakAction::Rewrite).unwrap();
-    dp.heartbeat().unwrap();
+    let floor = Floor::load().unwrap();
+    // `cargo xtask bench --baseline REV`: that revision's program, timed in
+    // the same rounds (the "before" of an optimisation).
+    let mut before = std::env::var_os("BENCH_BASELINE_OBJ").map(|p| {
+        let obj = std::fs::read(&p).expect("BENCH_BASELINE_OBJ");
+        guard::testing::load_object(&obj, Mode::Enforce, LeakAction::Rewrite).unwrap()
+    });
+    sizes(&dp, &floor);
+    if let Some(b) = &before {
+        let prog = b.programs().unwrap()[0].1;
+        let s = guard::testing::program_size(prog).unwrap();
+        println!(
+            "RESULT programs egress_before xlated_insns={} jited_bytes={} jited_insns={}",
+            s.xlated_insns,
+            s.jited_bytes,
+            testbed::bench::jited_image(prog.fd().unwrap().as_fd(), s.jited_bytes)
+                .and_then(|i| testbed::bench::count_x86_insns(&i))
+                .map_or("n/a".into(), |n| n.to_string())
+        );
+    }
+    for &n in &plan.sizes {
+        per_frame(&mut dp, before.as_mut(), &floor, n, &plan);
+    }
+    map_updates(&mut dp, *plan.sizes.last().unwrap());
+}
 
-    // Map updates: fill 65,536 LB IPs, then change one, then change every state.
-    let n = guard_common::MAX_LB_IPS;
+/// Instructions after the verifier and bytes of JIT code, per program.
+fn sizes(dp: &guard::testing::Datapath, floor: &Floor) {
+    let mut rows = vec![("empty_floor", floor.program().unwrap())];
+    rows.extend(dp.programs().unwrap());
+    for (name, prog) in rows {
+        let s = guard::testing::program_size(prog).unwrap();
+        let jited = testbed::bench::jited_image(prog.fd().unwrap().as_fd(), s.jited_bytes)
+            .and_then(|i| testbed::bench::count_x86_insns(&i));
+        println!(
+            "program {name:<18} {:>5} insns after the verifier, {:>5} bytes JIT ({} x86 insns)",
+            s.xlated_insns,
+            s.jited_bytes,
+            jited.map_or("?".into(), |n| n.to_string())
+        );
+        println!(
+            "RESULT programs {name} xlated_insns={} jited_bytes={} jited_insns={}",
+            s.xlated_insns,
+            s.jited_bytes,
+            jited.map_or("n/a".into(), |n| n.to_string())
+        );
+    }
+}
+
+/// Every case on the floor, the egress program and the census, with `n` LB
+/// IPs in the map; the three programs take turns on each frame, and the order
+/// rotates from round to round, so that all see the same machine.
+fn per_frame(
+    dp: &mut guard::testing::Datapath,
+    mut before: Option<&mut guard::testing::Datapath>,
+    floor: &Floor,
+    n: u32,
+    plan: &Plan,
+) {
+    for d in std::iter::once(&mut *dp).chain(before.as_deref_mut()) {
+        let r = d.apply(&view(n, fixed_states), false);
+        assert!(r.failed.is_empty(), "{:?}", r.failed);
+    }
+    let table = format!("datapath_{n}");
+    println!(
+        "\n{n} LB IPs, {} runs per sample, {} rounds",
+        plan.repeat, plan.rounds
+    );
+    for (case, bytes) in cases() {
+        let (mut f, mut g, mut c, mut b) = (
+            Samples::new(),
+            Samples::new(),
+            Samples::new(),
+            Samples::new(),
+        );
+        let turns = if before.is_some() { 4 } else { 3 };
+        for round in 0..plan.rounds {
+            // A stale heartbeat would change the verdict half-way (15 s).
+            dp.heartbeat().unwrap();
+            for turn in 0..turns {
+                match (round + turn) % turns {
+                    0 => f.push(ns(floor.timed(&bytes, plan.repeat).unwrap())),
+                    1 => g.push(ns(dp.test_run_timed(&bytes, plan.repeat).unwrap())),
+                    2 => c.push(ns(dp.census_test_run_timed(&bytes, plan.repeat).unwrap())),
+                    _ => {
+                        let old = before.as_deref_mut().expect("4 turns only with a baseline");
+                        old.heartbeat().unwrap();
+                        b.push(ns(old.test_run_timed(&bytes, plan.repeat).unwrap()));
+                    }
+                }
+            }
+        }
+        println!(
+            "{case:<24} floor {:>4} ns  egress {:>4} ns (+{:.0})  census {:>4} ns (+{:.0})",
+            f.median(),
+            g.median(),
+            g.median() - f.median(),
+            c.median(),
+            c.median() - f.median(),
+        );
+        let before_cols = if b.is_empty() {
+            String::new()
+        } else {
+            format!(
+                " before_ns={} before_over_floor={:.0}",
+                b.spread(),
+                b.median() - f.median()
+            )
+        };
+        println!(
+            "RESULT {table} {case} floor_ns={}{before_cols} egress_ns={} egress_over_floor={:.0} egress_ratio={:.2} census_ns={} census_over_floor={:.0}",
+            f.spread(),
+            g.spread(),
+            g.median() - f.median(),
+            g.median() / f.median(),
+            c.spread(),
+            c.median() - f.median(),
+        );
+    }
+}
+
+fn ns(d: std::time::Duration) -> f64 {
+    d.as_nanos() as f64
+}
+
+/// Map updates through the daemon's writer: fill `n` LB IPs, change one,
+/// change every one.
+fn map_updates(dp: &mut guard::testing::Datapath, n: u32) {
+    dp.apply(&View::default(), false);
     let full = view(n, |_| Ownership::Foreign);
     let t = Instant::now();
     let r = dp.apply(&full, false);
@@ -52,73 +257,14 @@ fn main() {
     let t = Instant::now();
     dp.apply(&flipped, false);
     let all = t.elapsed();
-    println!("map updates: fill {n} LB IPs {fill:?} ({:.2} us/entry); one change {single:?}; change all {n} {all:?}", fill.as_secs_f64() * 1e6 / f64::from(n));
-
-    // Per-frame cost with the full map.
-    let repeat = 1_000_000;
-    let mut tcp = ArpSpec::reply(MAC, lb(1), [2, 0, 0, 0, 0, 1], PEER).to_bytes();
-    tcp[12..14].copy_from_slice(&0x0800u16.to_be_bytes());
-    let cases: Vec<(&str, Vec<u8>)> = vec![
-        ("non-ARP (IPv4 ethertype)", tcp),
-        (
-            "ARP, SPA not an LB IP",
-            ArpSpec::reply(
-                MAC,
-                PEER,
-                [2, 0, 0, 0, 0, 1],
-                Ipv4Addr::new(198, 51, 100, 2),
-            )
-            .to_bytes(),
-        ),
-        (
-            "ARP reply from LB IP, dropped (unknown)",
-            ArpSpec::reply(MAC, lb(1), [2, 0, 0, 0, 0, 1], PEER).to_bytes(),
-        ),
-        (
-            "ARP reply, QinQ-tagged, dropped",
-            ArpSpec::reply(MAC, lb(1), [2, 0, 0, 0, 0, 1], PEER)
-                .tagged(&[(0x88a8, 1), (0x8100, 2)])
-                .to_bytes(),
-        ),
-        // No rewrite case: BPF_PROG_TEST_RUN repeats on the same skb, so after the
-        // first run the SPA is no longer an LB IP and the number would lie.
-    ];
-    for (name, frame) in &cases {
-        let d = dp.test_run_timed(frame, repeat).unwrap();
-        println!(
-            "program: {name:<42} {:>4} ns/frame (mean of {repeat})",
-            d.as_nanos()
-        );
-    }
-
-    // The ingress census beside an empty program (the floor), the same
-    // frames, in interleaved rounds so that both see the same machine.
-    let census_cases: Vec<(&str, Vec<u8>)> = vec![
-        ("non-ARP (IPv4 ethertype)", cases[0].1.clone()),
-        ("ARP, SPA not an LB IP", cases[1].1.clone()),
-        ("ARP reply from an LB IP, recorded", cases[2].1.clone()),
-        ("same, QinQ-tagged, recorded", cases[3].1.clone()),
-        (
-            "gratuitous ARP of an LB IP, recorded",
-            ArpSpec::gratuitous(1, MAC, lb(1)).to_bytes(),
-        ),
-    ];
-    for (name, frame) in &census_cases {
-        let (mut floor, mut census) = (Vec::new(), Vec::new());
-        for _ in 0..5 {
-            floor.push(
-                guard::testing::floor_timed(frame, repeat)
-                    .unwrap()
-                    .as_nanos(),
-            );
-            census.push(dp.census_test_run_timed(frame, repeat).unwrap().as_nanos());
-        }
-        floor.sort();
-        census.sort();
-        let (f, c) = (floor[2], census[2]);
-        println!(
-            "census:  {name:<42} {c:>4} ns/frame, empty program {f:>4} ns: +{} ns (median of 5 x {repeat})",
-            c as i128 - f as i128
-        );
-    }
+    println!(
+        "\nmap updates: fill {n} LB IPs {fill:?} ({:.2} us/entry); one change {single:?}; change all {n} {all:?}",
+        fill.as_secs_f64() * 1e6 / f64::from(n)
+    );
+    println!(
+        "RESULT map_updates fill_{n} ms={:.2}\nRESULT map_updates one_change_{n} ms={:.3}\nRESULT map_updates change_all_{n} ms={:.2}",
+        fill.as_secs_f64() * 1e3,
+        single.as_secs_f64() * 1e3,
+        all.as_secs_f64() * 1e3
+    );
 }

@@ -3,6 +3,7 @@
 
 use std::{path::PathBuf, process::Command};
 
+pub mod bench;
 pub mod image;
 pub mod oci;
 pub mod promtool;

@@ -30,6 +30,8 @@ enum Task {
     /// Build static binaries and a reproducible OCI image archive holding only them
     /// (amd64; arm64 cross-built and smoke-run under qemu-user when asked).
     Image(xtask::image::ImageArgs),
+    /// Run the benchmarks and write their tables into BENCHMARKS.md (needs root).
+    Bench(xtask::bench::BenchArgs),
 }
 
 fn guard_binary() -> PathBuf {
@@ -50,6 +52,7 @@ fn task(task: Task) -> Result<()> {
     match task {
         Task::Setup => xtask::setup::setup(),
         Task::Image(args) => xtask::image::image(&args).map(|_| ()),
+        Task::Bench(args) => xtask::bench::bench(&args),
         Task::Test { args } => {
             xtask::setup::setup()?;
             let mut fmt = cargo();
@@ -76,7 +79,15 @@ fn task(task: Task) -> Result<()> {
             test.args(["test", "--workspace", "--no-fail-fast", "--"])
                 .args(args);
             test.env("ARP_GUARD_BIN", guard_binary());
-            run(&mut test)
+            run(&mut test)?;
+            // Every bench in its short form, so that none can rot; the
+            // numbers are printed, never asserted.
+            xtask::bench::bench(&xtask::bench::BenchArgs {
+                short: true,
+                only: Vec::new(),
+                baseline: None,
+                out: None,
+            })
         }
         Task::Lab { duration } => {
             // SAFETY: geteuid has no preconditions.

@@ -118,7 +118,7 @@ impl Datapath {
     }
 
     #[cfg(feature = "testing")]
-    fn census_program(&self) -> Result<&SchedClassifier> {
+    pub(super) fn census_program(&self) -> Result<&SchedClassifier> {
         let p = self
             .ebpf
             .program(CENSUS_PROGRAM)

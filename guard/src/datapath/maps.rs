@@ -10,11 +10,13 @@ use aya::{
     Ebpf, Pod,
 };
 use guard_common::{
-    CounterKey, CounterValue, IfAddrKey, LbEntry, MAP_IF_ADDRS, MAP_IF_PRIMARY, MAP_LB_IPS,
+    CounterKey, CounterValue, IfAddrKey, LbEntry, MAP_IF_ADDRS, MAP_IF_PRIMARY, MAP_LB_FILTER,
+    MAP_LB_IPS,
 };
 
 use super::{
     error::{dp_err, errno, DatapathError},
+    filter::LbFilter,
     Datapath,
 };
 use crate::model::view::View;
@@ -80,7 +82,7 @@ pub enum EntryError {
 }
 
 impl EntryError {
-    fn of(e: &aya::maps::MapError) -> Self {
+    pub(super) fn of(e: &aya::maps::MapError) -> Self {
         match errno(e) {
             Some(libc::E2BIG) => EntryError::Full,
             Some(n) => EntryError::Errno(n),
@@ -96,6 +98,30 @@ impl fmt::Display for EntryError {
             EntryError::Errno(n) => write!(f, "{}", std::io::Error::from_raw_os_error(*n)),
             EntryError::Other(s) => f.write_str(s),
         }
+    }
+}
+
+/// What else must happen when a key enters or leaves a map (the LB filter's
+/// bits around `LB_IPS`).
+pub(super) trait KeyHook<K> {
+    /// Before a new key is written; an error keeps the key out.
+    fn before_insert(&mut self, _k: &K) -> std::result::Result<(), EntryError> {
+        Ok(())
+    }
+    /// After a key was removed.
+    fn after_remove(&mut self, _k: &K) {}
+}
+
+/// Nothing else to do.
+pub(super) struct NoHook;
+impl<K> KeyHook<K> for NoHook {}
+
+impl KeyHook<u32> for LbFilter {
+    fn before_insert(&mut self, ip: &u32) -> std::result::Result<(), EntryError> {
+        self.admit(ip).map_err(|e| EntryError::of(&e))
+    }
+    fn after_remove(&mut self, ip: &u32) {
+        self.release(ip);
     }
 }
 
@@ -134,6 +160,7 @@ impl<K: Pod + Ord, V: Pod + PartialEq> Table<K, V> {
         desired: &BTreeMap<K, V>,
         additive: bool,
         report: &mut ApplyReport,
+        hook: &mut dyn KeyHook<K>,
     ) {
         let fail = |report: &mut ApplyReport, entry: String, op, error| {
             report.failed.push(Failure { entry, op, error })
@@ -160,7 +187,7 @@ impl<K: Pod + Ord, V: Pod + PartialEq> Table<K, V> {
                 self.status.remove(k);
                 continue;
             }
-            match self.write(&mut map, k, v, report) {
+            match self.write(&mut map, k, v, report, hook) {
                 Err(EntryError::Full) => full.push(*k),
                 Err(e) => fail(report, (self.describe)(k), Op::Write, e),
                 Ok(()) => {}
@@ -177,6 +204,7 @@ impl<K: Pod + Ord, V: Pod + PartialEq> Table<K, V> {
                 match map.remove(&k) {
                     Ok(()) => {
                         self.applied.remove(&k);
+                        hook.after_remove(&k);
                         report.removed += 1;
                     }
                     Err(e) => fail(report, (self.describe)(&k), Op::Remove, EntryError::of(&e)),
@@ -184,7 +212,7 @@ impl<K: Pod + Ord, V: Pod + PartialEq> Table<K, V> {
             }
         }
         for k in full {
-            if let Err(e) = self.write(&mut map, &k, &desired[&k], report) {
+            if let Err(e) = self.write(&mut map, &k, &desired[&k], report, hook) {
                 fail(report, (self.describe)(&k), Op::Write, e);
             }
         }
@@ -196,7 +224,15 @@ impl<K: Pod + Ord, V: Pod + PartialEq> Table<K, V> {
         k: &K,
         v: &V,
         report: &mut ApplyReport,
+        hook: &mut dyn KeyHook<K>,
     ) -> std::result::Result<(), EntryError> {
+        let new = !self.applied.contains_key(k);
+        if new {
+            if let Err(e) = hook.before_insert(k) {
+                self.status.insert(*k, e.clone());
+                return Err(e);
+            }
+        }
         match map.insert(k, v, 0) {
             Ok(()) => {
                 self.applied.insert(*k, *v);
@@ -205,6 +241,9 @@ impl<K: Pod + Ord, V: Pod + PartialEq> Table<K, V> {
                 Ok(())
             }
             Err(e) => {
+                if new {
+                    hook.after_remove(k);
+                }
                 let e = EntryError::of(&e);
                 self.status.insert(*k, e.clone());
                 Err(e)
@@ -226,18 +265,21 @@ impl<K: Pod + Ord, V: Pod + PartialEq> Table<K, V> {
     }
 }
 
-/// The three maps the view is written into.
+/// The three maps the view is written into, and the filter in front of LB_IPS.
 #[derive(Debug)]
 pub(super) struct Tables {
     pub(super) lb: Table<u32, LbEntry>,
+    pub(super) filter: LbFilter,
     pub(super) if_addrs: Table<IfAddrKey, u8>,
     pub(super) if_primary: Table<u32, u32>,
 }
 
-impl Default for Tables {
-    fn default() -> Self {
+impl Tables {
+    /// `filter`: the program's LB_FILTER map, taken out of the object.
+    pub(super) fn new(filter: Option<aya::maps::Map>) -> Self {
         Tables {
             lb: Table::new(MAP_LB_IPS, |k| format!("LB IP {}", Ipv4Addr::from(*k))),
+            filter: LbFilter::new(filter),
             if_addrs: Table::new(MAP_IF_ADDRS, |k| {
                 format!(
                     "address {} on ifindex {}",
@@ -284,15 +326,27 @@ impl Datapath {
         // must be known as such before its LB entry can make a frame drop.
         let Self { ebpf, tables, .. } = self;
         let t = tables;
-        t.if_addrs
-            .reconcile(ebpf.map_mut(MAP_IF_ADDRS), &if_addrs, additive, &mut report);
+        t.if_addrs.reconcile(
+            ebpf.map_mut(MAP_IF_ADDRS),
+            &if_addrs,
+            additive,
+            &mut report,
+            &mut NoHook,
+        );
         t.if_primary.reconcile(
             ebpf.map_mut(MAP_IF_PRIMARY),
             &if_primary,
             additive,
             &mut report,
+            &mut NoHook,
         );
-        t.lb.reconcile(ebpf.map_mut(MAP_LB_IPS), &lb, additive, &mut report);
+        t.lb.reconcile(
+            ebpf.map_mut(MAP_LB_IPS),
+            &lb,
+            additive,
+            &mut report,
+            &mut t.filter,
+        );
         report
     }
 
@@ -322,9 +376,16 @@ impl Datapath {
     /// with bpftool). Returns how many entries differed from our record.
     pub fn reload_from_kernel(&mut self) -> Result<usize> {
         let Self { ebpf, tables, .. } = self;
-        Ok(tables.lb.reload(ebpf)?
+        let n = tables.lb.reload(ebpf)?
             + tables.if_addrs.reload(ebpf)?
-            + tables.if_primary.reload(ebpf)?)
+            + tables.if_primary.reload(ebpf)?;
+        // The filter must stand for what LB_IPS now holds (a pinned map from
+        // the previous daemon, or entries changed behind our back).
+        tables
+            .filter
+            .rebuild(tables.lb.applied.keys().copied())
+            .map_err(|e| dp_err!("writing {MAP_LB_FILTER}: {e}"))?;
+        Ok(n)
     }
 }
 

@@ -6,6 +6,7 @@
 pub mod attach;
 pub mod census;
 pub mod error;
+mod filter;
 pub mod inspect;
 pub mod maps;
 pub mod pins;
@@ -117,6 +118,13 @@ impl Datapath {
     /// reusing (or creating) the maps pinned under `cfg.pin_dir`: a daemon
     /// that restarts finds the policy its predecessor left, intact.
     pub fn load(cfg: &DatapathConfig) -> Result<Self> {
+        Self::load_object(cfg, OBJECT)
+    }
+
+    /// [`Datapath::load`] with another build of the program (benchmarks time
+    /// an earlier revision's object next to today's).
+    #[cfg_attr(not(feature = "testing"), allow(dead_code))]
+    pub(crate) fn load_object(cfg: &DatapathConfig, object: &[u8]) -> Result<Self> {
         let lb_ips = cfg.max_lb_ips.max(1);
         let pin_dir = cfg.pin_dir.as_deref();
         let lock = match pin_dir {
@@ -142,7 +150,7 @@ impl Datapath {
                     loader.map_pin_path(name, pins::map_path(dir, name));
                 }
             }
-            loader.load(OBJECT).map_err(error::load_error)
+            loader.load(object).map_err(error::load_error)
         };
         // The census table (1.6 MiB, preallocated) must never be what keeps
         // the guard from loading (a tight memlock limit or memory cgroup).
@@ -154,13 +162,7 @@ impl Datapath {
             }
             Err(e) => return Err(e),
         };
-        let logger = match aya_log::EbpfLogger::init(&mut ebpf) {
-            Ok(l) => Some(l),
-            Err(e) => {
-                tracing::debug!(error = %e, "eBPF program diagnostics unavailable");
-                None
-            }
-        };
+        let logger = program_logger(&mut ebpf);
         let prog: &mut SchedClassifier = ebpf
             .program_mut(PROGRAM)
             .ok_or_else(|| dp_err!("program {PROGRAM} missing from the embedded object"))?
@@ -178,6 +180,9 @@ impl Datapath {
             }
             None => None,
         };
+        // Held by the reconciler (written next to LB_IPS); the programs keep
+        // their own reference to it.
+        let filter = ebpf.take_map(guard_common::MAP_LB_FILTER);
         let mut dp = Datapath {
             census,
             census_window: cfg.census_window,
@@ -188,7 +193,7 @@ impl Datapath {
             leak_action: cfg.leak_action,
             ebpf,
             attached: Vec::new(),
-            tables: Tables::default(),
+            tables: Tables::new(filter),
             logger,
             _pin_lock: lock,
         };
@@ -362,6 +367,15 @@ impl Datapath {
         timed_on(self.program()?, frame, repeat)
     }
 
+    /// The egress and census programs as loaded, for the benchmarks.
+    #[cfg(feature = "testing")]
+    pub fn programs(&self) -> Result<[(&'static str, &SchedClassifier); 2]> {
+        Ok([
+            (PROGRAM, self.program()?),
+            (census::CENSUS_PROGRAM, self.census_program()?),
+        ])
+    }
+
     /// Forward diagnostics logged by the program with aya-log.
     pub fn flush_program_logs(&mut self) {
         if let Some(l) = self.logger.as_mut() {
@@ -418,6 +432,17 @@ pub fn test_run_on(
         .ctx("BPF_PROG_TEST_RUN")?;
     out.truncate(res.data_size_out as usize);
     Ok((res.return_value as i32, out))
+}
+
+/// The program's aya-log diagnostics, when the object has them.
+fn program_logger(ebpf: &mut Ebpf) -> Option<aya_log::EbpfLogger<&'static dyn log::Log>> {
+    match aya_log::EbpfLogger::init(ebpf) {
+        Ok(l) => Some(l),
+        Err(e) => {
+            tracing::debug!(error = %e, "eBPF program diagnostics unavailable");
+            None
+        }
+    }
 }
 
 #[cfg(feature = "testing")]

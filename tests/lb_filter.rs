@@ -1,0 +1,95 @@
+//! The LB filter in front of `LB_IPS` (one bit per hash of an LB IP): the
+//! real program through BPF_PROG_TEST_RUN while the daemon's writer adds and
+//! removes IPs, two of them on the same bit. The safe direction: an IP in
+//! the LB set is judged from the moment `apply` returns, and the bit of an IP
+//! that left stays set while another IP stands on it.
+
+use std::net::Ipv4Addr;
+
+use guard::testing::{LbIp, Provenance, Snapshot, View};
+use guard_common::{lb_filter_slot, Ownership};
+use testbed::ArpSpec;
+
+#[path = "test_run_common.rs"]
+#[allow(dead_code)] // shared with the tests that use all of it
+mod common;
+use common::{datapath, DROP, PASS};
+
+const MAC: [u8; 6] = [2, 0, 0x5e, 0, 0x53, 9];
+const PEER: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 1);
+
+/// Two addresses of 10.64.0.0/10 on the same filter bit (a birthday
+/// search: a few thousand addresses suffice for 2^20 bits).
+fn colliding_pair() -> (Ipv4Addr, Ipv4Addr) {
+    let mut seen = std::collections::HashMap::new();
+    for i in 0..(1u32 << 22) {
+        let ip = 0x0a40_0000 + i;
+        if let Some(first) = seen.insert(lb_filter_slot(ip), ip) {
+            return (Ipv4Addr::from(first), Ipv4Addr::from(ip));
+        }
+    }
+    panic!("no two addresses share a bit: the hash is not a hash");
+}
+
+fn foreign(ips: &[Ipv4Addr]) -> View {
+    let mut v = View::default();
+    for ip in ips {
+        v.lb.insert(
+            *ip,
+            LbIp {
+                state: Ownership::Foreign,
+                source: Provenance::Interface("test".into()),
+            },
+        );
+    }
+    v
+}
+
+fn verdict(dp: &guard::testing::Datapath, ip: Ipv4Addr) -> i32 {
+    let frame = ArpSpec::reply(MAC, ip, [2, 0, 0, 0, 0, 1], PEER).to_bytes();
+    dp.test_run_from(&frame, 0).unwrap().0
+}
+
+#[test]
+fn ips_sharing_a_bit_are_judged_until_each_leaves() {
+    testbed::require_root();
+    let (a, b) = colliding_pair();
+    assert_eq!(lb_filter_slot(a.into()), lb_filter_slot(b.into()));
+    let mut dp = datapath(true);
+    // Neither is an LB IP yet: both pass as not-LB.
+    assert_eq!((verdict(&dp, a), verdict(&dp, b)), (PASS, PASS));
+    let r = dp.apply(&foreign(&[a, b]), false);
+    assert!(r.failed.is_empty(), "{:?}", r.failed);
+    assert_eq!((verdict(&dp, a), verdict(&dp, b)), (DROP, DROP));
+    // `a` leaves; `b` stands on the same bit and must still be judged.
+    dp.apply(&foreign(&[b]), false);
+    assert_eq!((verdict(&dp, a), verdict(&dp, b)), (PASS, DROP));
+    // The last one leaves: the bit goes, and the frame is counted as not-LB
+    // without the hash lookup (the same total either way).
+    let before = Snapshot::of_datapath(&dp).unwrap().stats["not_lb"];
+    dp.apply(&foreign(&[]), false);
+    assert_eq!(verdict(&dp, b), PASS);
+    assert_eq!(
+        Snapshot::of_datapath(&dp).unwrap().stats["not_lb"],
+        before + 1
+    );
+    // And back: judged as soon as apply returns.
+    dp.apply(&foreign(&[a]), false);
+    assert_eq!((verdict(&dp, a), verdict(&dp, b)), (DROP, PASS));
+}
+
+#[test]
+fn a_reload_from_the_kernel_rebuilds_the_filter() {
+    testbed::require_root();
+    let mut dp = datapath(true);
+    let ips: Vec<Ipv4Addr> = (1..=300)
+        .map(|i| Ipv4Addr::from(0x0a50_0000u32 + i))
+        .collect();
+    dp.apply(&foreign(&ips), false);
+    // What a restarted daemon does with pinned maps: take the kernel's
+    // LB_IPS as the truth and make the filter stand for it.
+    dp.reload_from_kernel().unwrap();
+    for ip in &ips {
+        assert_eq!(verdict(&dp, *ip), DROP, "{ip}");
+    }
+}

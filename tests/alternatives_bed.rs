@@ -425,8 +425,12 @@ fn announce_leak(bed: &AltBed, cap: &RawSocket, ip: Ipv4Addr) -> Result<Outcome>
     })
 }
 
-/// Every kind under every approach, on one bed: `table[approach][kind]`.
-pub fn coverage(bed: &mut AltBed) -> Result<Vec<(Approach, Vec<(Kind, Outcome)>)>> {
+/// One approach's row of the coverage table: what became of each kind.
+pub type CoverageRow = (Approach, Vec<(Kind, Outcome)>);
+
+/// Every kind under every approach, on one bed, in the order of
+/// [`APPROACHES`] and [`KINDS`].
+pub fn coverage(bed: &mut AltBed) -> Result<Vec<CoverageRow>> {
     let cap = RawSocket::open(&bed.peer, "eth0")?;
     let mut out = Vec::new();
     for a in APPROACHES {

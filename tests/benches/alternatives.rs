@@ -60,10 +60,12 @@ fn main() -> Result<()> {
         Config {
             short,
             sizes: vec![300, 65_536],
-            rounds: 5,
-            flood: Duration::from_secs(2),
-            iperf_rounds: 5,
-            iperf_secs: 3,
+            // Many short rounds: the paired differences to the floor are
+            // taken seconds apart, and their median shrugs off a busy moment.
+            rounds: 11,
+            flood: Duration::from_secs(1),
+            iperf_rounds: 7,
+            iperf_secs: 2,
         }
     };
     let only = std::env::args().nth(1).filter(|a| !a.starts_with('-'));
@@ -152,6 +154,8 @@ struct Sample {
     /// Kernel-measured BPF run time per run: arp-guard's egress and ingress programs.
     egress_ns: Option<f64>,
     ingress_ns: Option<f64>,
+    /// The daemon's own CPU (userspace and its syscalls), % of one core.
+    daemon_pct: Option<f64>,
 }
 
 fn flood_part(cfg: &Config, n: u32) -> Result<()> {
@@ -187,6 +191,7 @@ fn flood_part(cfg: &Config, n: u32) -> Result<()> {
             let ai = (round + j) % APPROACHES.len();
             let a = APPROACHES[ai];
             bed.apply(a)?;
+            settle(cfg, a);
             for target in [Target::Lb, Target::NodeIp] {
                 let frames = if target == Target::Lb {
                     &lb_frames
@@ -202,6 +207,7 @@ fn flood_part(cfg: &Config, n: u32) -> Result<()> {
     // the timing costs two clock reads per run, which the rounds above
     // must not pay.
     bed.apply(Approach::ArpGuard)?;
+    settle(cfg, Approach::ArpGuard);
     let stats = enable_stats()?;
     let guard_i = APPROACHES
         .iter()
@@ -228,6 +234,34 @@ fn flood_part(cfg: &Config, n: u32) -> Result<()> {
     Ok(())
 }
 
+/// After the daemon's start, give its start-up work (a debug build's
+/// included) time to finish: the rounds measure it enforcing, not starting.
+fn settle(cfg: &Config, a: Approach) {
+    if a == Approach::ArpGuard {
+        std::thread::sleep(if cfg.short {
+            Duration::from_millis(300)
+        } else {
+            Duration::from_secs(2)
+        });
+    }
+}
+
+/// CPU time of process `pid` so far (all its threads), in ns.
+fn process_cpu_ns(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // The fields after the command name (which may hold spaces), from field 3.
+    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+    let f: Vec<u64> = rest
+        .split_whitespace()
+        .map(|x| x.parse().unwrap_or(0))
+        .collect();
+    // utime and stime: fields 14 and 15, here 11 and 12 (0-based from field 3).
+    let ticks = f.get(11).copied().unwrap_or(0) + f.get(12).copied().unwrap_or(0);
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as u64;
+    ticks * 1_000_000_000 / hz
+}
+
 fn flood_once(
     bed: &AltBed,
     sender: &Sender,
@@ -242,9 +276,14 @@ fn flood_once(
     } else {
         vec![]
     };
+    let daemon = bed.guard.as_ref().map(|d| d.pid());
+    let d0 = daemon.map(process_cpu_ns);
     let busy0 = busy_ns()?;
     let (sent, secs, cpu) = sender.flood(frames, dur)?;
     let busy1 = busy_ns()?;
+    let daemon_pct = daemon
+        .zip(d0)
+        .map(|(pid, d0)| (process_cpu_ns(pid) - d0) as f64 / (secs * 1e9) * 100.0);
     // Let the last replies land.
     std::thread::sleep(Duration::from_millis(50));
     let replies = rx_packets(&bed.peer)? - rx0;
@@ -255,6 +294,7 @@ fn flood_once(
         replies,
         sender_ns: per(cpu),
         busy_ns: per(busy1 - busy0),
+        daemon_pct,
         ..Sample::default()
     };
     if bpf_stats {
@@ -282,7 +322,7 @@ fn mmm(mut v: Vec<f64>) -> (f64, f64, f64) {
 
 fn report_flood(n: u32, samples: &BTreeMap<(usize, Target), Vec<Sample>>) {
     println!(
-        "{:<24} {:>20} {:>8} {:>22} {:>14} {:>22} {:>14} {:>9} {:>9}",
+        "{:<24} {:>20} {:>8} {:>22} {:>14} {:>22} {:>14} {:>9} {:>9} {:>9}",
         "approach / target",
         "kpps sent (min-max)",
         "replies",
@@ -291,7 +331,8 @@ fn report_flood(n: u32, samples: &BTreeMap<(usize, Target), Vec<Sample>>) {
         "busy ns/frame",
         "- floor",
         "bpf egr",
-        "bpf ingr"
+        "bpf ingr",
+        "daemon %"
     );
     for target in [Target::Lb, Target::NodeIp] {
         let floor = &samples[&(0, target)];
@@ -334,9 +375,11 @@ fn report_flood(n: u32, samples: &BTreeMap<(usize, Target), Vec<Sample>>) {
                 }
             };
             let (egress, ingress) = (bpf(&egress), bpf(&ingress));
+            let daemon: Vec<f64> = s.iter().filter_map(|x| x.daemon_pct).collect();
+            let daemon = bpf(&daemon);
             let show = |o: Option<(f64, f64, f64)>| o.map_or("-".into(), |m| format!("{:.0}", m.0));
             println!(
-                "{:<24} {:>6.0} ({:>5.0}-{:>5.0}) {:>8.3} {:>6.0} ({:>5.0}-{:>5.0}) {:>+5.0} ({:+.0}..{:+.0}) {:>6.0} ({:>5.0}-{:>5.0}) {:>+5.0} ({:+.0}..{:+.0}) {:>9} {:>9}",
+                "{:<24} {:>6.0} ({:>5.0}-{:>5.0}) {:>8.3} {:>6.0} ({:>5.0}-{:>5.0}) {:>+5.0} ({:+.0}..{:+.0}) {:>6.0} ({:>5.0}-{:>5.0}) {:>+5.0} ({:+.0}..{:+.0}) {:>9} {:>9} {:>9}",
                 format!("{} / {}", a.name(), target.name()),
                 kpps.0, kpps.1, kpps.2,
                 ratio,
@@ -346,6 +389,7 @@ fn report_flood(n: u32, samples: &BTreeMap<(usize, Target), Vec<Sample>>) {
                 d_busy.0, d_busy.1, d_busy.2,
                 show(egress),
                 show(ingress),
+                show(daemon),
             );
             let mut line = format!(
                 "RESULT alt_flood_n{n} {}_{} kpps={:.1} kpps_min={:.1} kpps_max={:.1} replies_per_request={:.3} \
@@ -358,7 +402,11 @@ fn report_flood(n: u32, samples: &BTreeMap<(usize, Target), Vec<Sample>>) {
                 busy.0, busy.1, busy.2, d_busy.0, d_busy.1, d_busy.2,
                 s.len()
             );
-            for (name, m) in [("bpf_egress_ns", egress), ("bpf_ingress_ns", ingress)] {
+            for (name, m) in [
+                ("bpf_egress_ns", egress),
+                ("bpf_ingress_ns", ingress),
+                ("daemon_cpu_pct", daemon),
+            ] {
                 if let Some(m) = m {
                     line.push_str(&format!(
                         " {name}={:.0} {name}_min={:.0} {name}_max={:.0}",
@@ -594,6 +642,7 @@ fn throughput_part(cfg: &Config) -> Result<()> {
         for j in 0..2 {
             let i = (round + j) % 2;
             bed.apply(pair[i])?;
+            settle(cfg, pair[i]);
             tcp[i].push(iperf(&bed, false, cfg.iperf_secs)?.0);
             let (rx, tx) = iperf(&bed, true, cfg.iperf_secs)?;
             udp[i].push(rx);

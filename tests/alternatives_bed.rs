@@ -382,6 +382,25 @@ fn speak(bed: &AltBed, cap: &RawSocket, spec: &ArpSpec) -> Result<Outcome> {
     })
 }
 
+/// A speaker on the node sends `n` gratuitous ARPs for the first foreign
+/// IP, 1 ms apart (as the trial did with 100); how many reached the
+/// neighbour.
+pub fn speaker_burst(bed: &AltBed, cap: &RawSocket, n: usize) -> Result<usize> {
+    let ip = bed.plan.foreign[0];
+    let speaker = RawSocket::open(&bed.node, "eth0")?;
+    cap.drain();
+    let frame = ArpSpec::gratuitous(1, SPEAKER_MAC, ip).to_bytes();
+    for _ in 0..n {
+        let _ = speaker.send(&frame)?;
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    Ok(cap
+        .collect_arp(QUIET)?
+        .iter()
+        .filter(|c| c.spa == ip && c.tpa == ip && c.sha == SPEAKER_MAC)
+        .count())
+}
+
 /// arp_notify=1 and a new MAC: the kernel announces every address of the
 /// uplink; the MAC goes back afterwards (announcing again, unobserved).
 fn kernel_gratuitous(bed: &AltBed, cap: &RawSocket) -> Result<Outcome> {

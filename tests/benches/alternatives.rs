@@ -115,6 +115,19 @@ fn coverage_part() -> Result<()> {
         println!();
         println!("{line}");
     }
+    // The trial, repeated: 100 speaker GARPs under each approach.
+    let cap = testbed::RawSocket::open(&bed.peer, "eth0")?;
+    print!("{:<22}", "speaker GARPs of 100");
+    let mut line = String::from("RESULT alt_coverage speaker_gratuitous_of_100");
+    for a in APPROACHES {
+        bed.apply(a)?;
+        let got = alternatives_bed::speaker_burst(&bed, &cap, 100)?;
+        print!(" {got:>11}");
+        line.push_str(&format!(" {}={got}", a.name()));
+    }
+    bed.clear()?;
+    println!();
+    println!("{line}");
     Ok(())
 }
 

@@ -282,7 +282,7 @@ fn flood_once(
     dur: Duration,
     bpf_stats: bool,
 ) -> Result<Sample> {
-    // The neighbour forgets nothing it needs: it never resolves anything.
+    // Replies counted as what arrives on the neighbour's eth0 (IPv6 is off: nothing else does).
     let rx0 = rx_packets(&bed.peer)?;
     let progs0 = if bpf_stats {
         prog_stats(&bed.node)?

@@ -31,7 +31,10 @@ const PACKAGES: &[(&str, &str)] = &[
     ("iproute2", "/usr/sbin/ip"),
     ("bpftool", "/usr/sbin/bpftool"),
     ("ethtool", "/usr/sbin/ethtool"),
+    // nft: tests/alternatives.rs (the nftables `arp` table beside the guard).
     ("nftables", "/usr/sbin/nft"),
+    // benches/alternatives.rs: throughput on the guarded veth.
+    ("iperf3", "/usr/bin/iperf3"),
     ("util-linux", "/usr/bin/setpriv"),
     // scripts/shape.py: the layering check `cargo xtask test` runs first.
     ("python3", "/usr/bin/python3"),

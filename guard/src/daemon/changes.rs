@@ -1,0 +1,173 @@
+//! A source published: bring the view and the maps along. When the changed
+//! LB IPs are known (the cluster feed says which claims changed, an address
+//! came or went) only those are re-derived and written; anything else (the
+//! ownership file, the feed syncing or degrading, the first change) derives
+//! the whole view. The periodic full reconcile repairs whatever drifts.
+
+use std::{
+    collections::BTreeSet,
+    net::{IpAddr, Ipv4Addr},
+};
+
+use super::{attachments, publish, Daemon, Sources};
+use crate::model::{
+    addrs::AddrTable,
+    view::{compute, ClusterIn, Inputs, LbIp, View},
+};
+
+/// What a change did to the view.
+pub(super) enum Changed {
+    Nothing,
+    /// These LB IPs (and maybe the guarded interfaces' addresses).
+    Keys(BTreeSet<Ipv4Addr>),
+    /// Derived anew: anything may have changed.
+    All,
+}
+
+/// The addresses that came or went on the LB interfaces between two tables.
+fn addr_changes(old: &AddrTable, new: &AddrTable, lb_ips_from: &[String]) -> BTreeSet<Ipv4Addr> {
+    let set = |t: &AddrTable, n: &str| -> BTreeSet<Ipv4Addr> {
+        t.v4_of(n).iter().map(|a| a.addr).collect()
+    };
+    let mut out = BTreeSet::new();
+    for name in lb_ips_from {
+        let (a, b) = (set(old, name), set(new, name));
+        out.extend(a.symmetric_difference(&b).copied());
+    }
+    out
+}
+
+impl Daemon {
+    /// The interfaces the guard is (to be) attached to.
+    pub(super) fn guarded(&self, table: &AddrTable) -> Vec<String> {
+        attachments::wanted(
+            &self.cfg.daemon.interfaces,
+            &self.cfg.sources.lb_ips_from,
+            table,
+        )
+        .into_keys()
+        .collect()
+    }
+
+    /// A source published: bring the view and the maps to it, follow links
+    /// that came or went, publish the state.
+    pub(super) fn on_source_changed(&mut self, sources: &mut Sources) {
+        let file_changed =
+            (sources.file.as_ref()).is_some_and(|f| f.has_changed().unwrap_or(false));
+        let file = sources.file.as_mut().map(|f| f.borrow_and_update().clone());
+        let table = sources.addrs.borrow_and_update().clone();
+        let cluster = (sources.cluster.as_mut()).map(|c| c.borrow_and_update().clone());
+        if let Some(c) = &cluster {
+            self.warn_once_if_node_unknown(c);
+        }
+        let flags = cluster.as_ref().map(|c| (c.synced, c.degraded));
+        let unsynced = flags.is_some_and(|(synced, _)| !synced);
+        let full = self.full_next || file_changed || unsynced || flags != self.cluster_flags;
+        let guarded = self.guarded(&table);
+        let mut claims = cluster.as_ref().map(|c| c.claims.lock());
+        // Taken whatever the path: a full derivation covers them too.
+        let taken =
+            (claims.as_mut()).map_or_else(BTreeSet::new, |t| std::mem::take(&mut t.changed));
+        let inputs = Inputs {
+            node: &self.node,
+            file: file.as_ref(),
+            lb_ips_from: &self.cfg.sources.lb_ips_from,
+            guarded: &guarded,
+            addrs: &table,
+            cluster: (claims.as_ref().zip(cluster.as_ref())).map(|(t, c)| ClusterIn {
+                claims: &t.claims,
+                degraded: c.degraded,
+            }),
+        };
+        let changed = if full {
+            let mut next = compute(&inputs);
+            if unsynced {
+                next.hold_previous(|ip| self.dp.map_state(ip));
+            }
+            if next == self.view {
+                Changed::Nothing
+            } else {
+                publish::log_changes(&self.view, &next);
+                self.view = next;
+                Changed::All
+            }
+        } else {
+            let mut ips: BTreeSet<Ipv4Addr> = (taken.iter())
+                .filter_map(|ip| match ip {
+                    IpAddr::V4(v4) => Some(*v4),
+                    IpAddr::V6(_) => None,
+                })
+                .collect();
+            ips.extend(addr_changes(
+                &self.addrs,
+                &table,
+                &self.cfg.sources.lb_ips_from,
+            ));
+            update(&mut self.view, &inputs, &ips)
+        };
+        drop(inputs);
+        drop(claims);
+        self.full_next = false;
+        self.cluster_flags = flags;
+        self.apply_changed(&changed, unsynced);
+        // How long a cluster event took to reach the maps (BENCHMARKS.md).
+        if !matches!(changed, Changed::Nothing) {
+            if let Some(at) = cluster.as_ref().and_then(|c| c.event_at) {
+                tracing::debug!(
+                    feed_to_map_us = at.elapsed().as_micros() as u64,
+                    "cluster change applied"
+                );
+            }
+        }
+        // Interfaces that appeared, vanished or were renamed (after the maps
+        // know their addresses).
+        if table.links != self.links {
+            self.attachments.sync(&mut self.dp, &table);
+            self.links = table.links.clone();
+        }
+        self.addrs = table;
+        self.publish(cluster.as_ref(), &changed);
+    }
+
+    /// Write what changed into the maps. A failed write is retried (in
+    /// full) with every heartbeat until one succeeds.
+    fn apply_changed(&mut self, changed: &Changed, additive: bool) {
+        let ok = match changed {
+            Changed::Nothing => return,
+            Changed::All => publish::apply(&mut self.dp, &self.view, additive),
+            Changed::Keys(keys) => publish::apply_changes(&mut self.dp, &self.view, keys, additive),
+        };
+        self.dirty = match changed {
+            Changed::All => !ok,
+            _ => self.dirty || !ok,
+        };
+    }
+}
+
+/// Re-derive the LB IPs `ips` of `view`, logging each change.
+fn update(view: &mut View, inputs: &Inputs<'_>, ips: &BTreeSet<Ipv4Addr>) -> Changed {
+    let before: Vec<(Ipv4Addr, Option<LbIp>)> = ips
+        .iter()
+        .map(|ip| (*ip, view.lb.get(ip).cloned()))
+        .collect();
+    let ifs = (
+        view.if_addrs.clone(),
+        view.if_primary.clone(),
+        view.ignored_v6,
+    );
+    let keys = view.update(inputs, ips);
+    let same_ifs = ifs
+        == (
+            view.if_addrs.clone(),
+            view.if_primary.clone(),
+            view.ignored_v6,
+        );
+    for (ip, old) in before.iter().filter(|(ip, _)| keys.contains(ip)) {
+        publish::log_change(*ip, old.as_ref(), view.lb.get(ip));
+    }
+    if keys.is_empty() && same_ifs {
+        Changed::Nothing
+    } else {
+        Changed::Keys(keys)
+    }
+}

@@ -345,4 +345,146 @@ mod tests {
         );
         assert!(v.if_primary.is_empty());
     }
+
+    /// xorshift64*: deterministic, no dependency.
+    struct Rng(u64);
+    impl Rng {
+        fn below(&mut self, n: usize) -> usize {
+            self.0 ^= self.0 >> 12;
+            self.0 ^= self.0 << 25;
+            self.0 ^= self.0 >> 27;
+            (self.0.wrapping_mul(0x2545_f491_4f6c_dd1d) % n as u64) as usize
+        }
+    }
+
+    /// After any sequence of address additions and removals (on the LB
+    /// interface and on the uplink), claims that appear, change and go,
+    /// the feed degrading and recovering and the file being reloaded, the
+    /// view kept by `update` for the IPs each event touched equals `compute`
+    /// from the same inputs.
+    #[test]
+    fn incremental_view_equals_the_full_derivation() {
+        use crate::model::{cluster::Claim, ownership::Entry};
+        let pool: Vec<Ipv4Addr> = (1..=12).map(|i| Ipv4Addr::new(198, 51, 100, i)).collect();
+        let owners = [None, Some("node-a"), Some("node-b")];
+        let guarded = ["eth0".to_string()];
+        let lb_from = ["kube-ipvs0".to_string(), "lb1".to_string()];
+        for seed in 1..=40u64 {
+            let mut r = Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15));
+            let mut t = AddrTable::default();
+            t.links.insert("eth0".into(), 2);
+            t.links.insert("kube-ipvs0".into(), 5);
+            t.links.insert("lb1".into(), 6);
+            let mut claims: BTreeMap<IpAddr, Claim> = BTreeMap::new();
+            let mut file: Option<OwnershipFile> = None;
+            let mut degraded = false;
+            let mut view = View::default();
+            for _ in 0..300 {
+                let ip = pool[r.below(pool.len())];
+                // What the event touched: the daemon's changed set.
+                let mut changed = BTreeSet::from([ip]);
+                match r.below(7) {
+                    0 | 1 => {
+                        let ifindex = [2, 5, 6][r.below(3)];
+                        let v = t.v4.entry(ifindex).or_default();
+                        match v.iter().position(|a| a.addr == ip) {
+                            Some(p) => {
+                                v.remove(p);
+                            }
+                            None => v.push(IfAddr {
+                                addr: ip,
+                                prefix: 24,
+                                secondary: r.below(3) == 0,
+                            }),
+                        }
+                        if ifindex == 2 {
+                            changed.clear();
+                        }
+                    }
+                    2 | 3 => match owners[r.below(3)] {
+                        _ if r.below(4) == 0 => {
+                            claims.remove(&IpAddr::V4(ip));
+                        }
+                        o => {
+                            let c = Claim {
+                                owner: o.map(Into::into),
+                                why: format!("seed {seed}"),
+                                certain: r.below(4) > 0,
+                            };
+                            claims.insert(IpAddr::V4(ip), c);
+                        }
+                    },
+                    4 => {
+                        // The feed degrades or recovers: every claimed IP.
+                        degraded = !degraded;
+                        changed.extend(claims.keys().filter_map(|ip| match ip {
+                            IpAddr::V4(v4) => Some(*v4),
+                            IpAddr::V6(_) => None,
+                        }));
+                    }
+                    5 => {
+                        let mut f = OwnershipFile::default();
+                        for (line, ip) in pool.iter().enumerate() {
+                            if r.below(4) > 0 {
+                                continue;
+                            }
+                            let owner = owners[r.below(3)].map(Into::into);
+                            let e = Entry {
+                                owner,
+                                service: None,
+                                line,
+                            };
+                            f.ips.insert(IpAddr::V4(*ip), e);
+                        }
+                        if r.below(3) == 0 {
+                            let e = Entry {
+                                owner: None,
+                                service: None,
+                                line: 99,
+                            };
+                            f.ips.insert("fd00::1".parse().unwrap(), e);
+                        }
+                        // A reload: every IP the old or the new file names.
+                        for f in file.iter().chain([&f]) {
+                            changed.extend(f.ips.keys().filter_map(|ip| match ip {
+                                IpAddr::V4(v4) => Some(*v4),
+                                IpAddr::V6(_) => None,
+                            }));
+                        }
+                        file = (r.below(4) > 0).then_some(f);
+                    }
+                    _ => {
+                        claims.insert(
+                            "fd00::2".parse().unwrap(),
+                            Claim {
+                                owner: None,
+                                why: "v6".into(),
+                                certain: true,
+                            },
+                        );
+                    }
+                }
+                let inputs = Inputs {
+                    node: "node-a",
+                    file: file.as_ref(),
+                    lb_ips_from: &lb_from,
+                    guarded: &guarded,
+                    addrs: &t,
+                    cluster: Some(ClusterIn {
+                        claims: &claims,
+                        degraded,
+                    }),
+                };
+                let before = view.clone();
+                let keys = view.update(&inputs, &changed);
+                let full = compute(&inputs);
+                assert_eq!(view, full, "seed {seed}");
+                let differ: BTreeSet<Ipv4Addr> = (before.lb.keys().chain(full.lb.keys()))
+                    .filter(|ip| before.lb.get(ip) != full.lb.get(ip))
+                    .copied()
+                    .collect();
+                assert_eq!(keys, differ, "seed {seed}: the keys for the map writer");
+            }
+        }
+    }
 }

@@ -9,20 +9,15 @@ use std::{
     net::{IpAddr, Ipv4Addr},
 };
 
-use super::{attachments, publish, Daemon, Sources};
+use super::{
+    attachments,
+    publish::{self, Changed},
+    Daemon, Sources,
+};
 use crate::model::{
     addrs::AddrTable,
     view::{compute, ClusterIn, Inputs, LbIp, View},
 };
-
-/// What a change did to the view.
-pub(super) enum Changed {
-    Nothing,
-    /// These LB IPs (and maybe the guarded interfaces' addresses).
-    Keys(BTreeSet<Ipv4Addr>),
-    /// Derived anew: anything may have changed.
-    All,
-}
 
 /// The addresses that came or went on the LB interfaces between two tables.
 fn addr_changes(old: &AddrTable, new: &AddrTable, lb_ips_from: &[String]) -> BTreeSet<Ipv4Addr> {
@@ -165,9 +160,11 @@ fn update(view: &mut View, inputs: &Inputs<'_>, ips: &BTreeSet<Ipv4Addr>) -> Cha
     for (ip, old) in before.iter().filter(|(ip, _)| keys.contains(ip)) {
         publish::log_change(*ip, old.as_ref(), view.lb.get(ip));
     }
-    if keys.is_empty() && same_ifs {
-        Changed::Nothing
-    } else {
-        Changed::Keys(keys)
+    match (keys.is_empty(), same_ifs) {
+        (true, true) => Changed::Nothing,
+        (_, true) => Changed::Keys(keys),
+        // The uplink's addresses changed (rare): the API's per-IP table
+        // shows them, so everything is published anew.
+        (_, false) => Changed::All,
     }
 }

@@ -2,9 +2,12 @@
 //! --status-file (built once per change), and its log lines about changes,
 //! map writes and counters.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    net::Ipv4Addr,
+};
 
-use super::{changes::Changed, status_file, Daemon};
+use super::{status_file, Daemon};
 use crate::{
     api::state::{ip_entries, update_ip_entries},
     datapath::Datapath,
@@ -19,6 +22,15 @@ use crate::{
         status::{Counts, Feed, Status},
     },
 };
+
+/// What a change did to the view.
+pub(super) enum Changed {
+    Nothing,
+    /// These LB IPs, and nothing else.
+    Keys(BTreeSet<Ipv4Addr>),
+    /// Derived anew: anything may have changed.
+    All,
+}
 
 impl Daemon {
     /// The status document and the API's state, from the current view,

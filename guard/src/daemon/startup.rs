@@ -70,7 +70,7 @@ pub(super) async fn start(cfg: RunConfig) -> Result<(Daemon, Inputs)> {
     daemon.enforce(file.as_ref().map(|(f, _)| f), &table, cluster_rx.is_some())?;
     daemon.start_telemetry(listeners);
     let cluster_now = cluster_rx.as_ref().map(|c| c.borrow().clone());
-    daemon.publish(cluster_now.as_ref(), &super::changes::Changed::All);
+    daemon.publish(cluster_now.as_ref(), &super::publish::Changed::All);
     daemon.announce();
 
     // The sources keep their facts current from now on.

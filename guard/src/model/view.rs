@@ -138,11 +138,9 @@ fn lb_iface<'a>(i: &Inputs<'a>, ip: Ipv4Addr) -> Option<&'a str> {
 
 /// IPv6 LB IPs the sources name (known, not enforced).
 fn count_v6(i: &Inputs<'_>) -> usize {
-    let file = i
-        .file
-        .map_or(0, |f| f.ips.keys().filter(|ip| ip.is_ipv6()).count());
-    // IpAddr orders every V4 before every V6: only the V6 tail is walked.
+    // IpAddr orders every V4 before every V6: only the V6 tails are walked.
     let first_v6 = IpAddr::V6(std::net::Ipv6Addr::UNSPECIFIED);
+    let file = i.file.map_or(0, |f| f.ips.range(first_v6..).count());
     let cluster = i
         .cluster
         .as_ref()

@@ -10,33 +10,10 @@ use std::{
     collections::{btree_map::Entry, BTreeMap, BTreeSet},
     net::IpAddr,
     ops::Bound::{Excluded, Included},
-    time::{Duration, Instant},
+    time::Instant,
 };
 
 use super::model::{Announcer, Claim, Key, L2Status, LeaseInfo, Model, ServiceInfo};
-
-#[derive(Debug, Default, Clone)]
-pub struct Index {
-    announcers: Vec<Announcer>,
-    /// LB IP -> the Services that carry it (an IP can be shared).
-    ip_services: BTreeMap<IpAddr, BTreeSet<Key>>,
-    /// Lease -> the Services it decides (for the announcers in use). Its
-    /// keys are the Leases in use.
-    pub(super) lease_services: BTreeMap<Key, BTreeSet<Key>>,
-    /// Service -> the ServiceL2Status objects naming it.
-    pub(super) l2_of_service: BTreeMap<Key, BTreeSet<Key>>,
-    /// Lease deadline -> Leases.
-    pub(super) deadlines: BTreeMap<Instant, BTreeSet<Key>>,
-    /// Holders of Leases in use and announcing nodes, counted.
-    pub(super) holders: BTreeMap<String, usize>,
-    /// Durations of the Leases in use, counted.
-    pub(super) durations: BTreeMap<Duration, usize>,
-    dirty_services: BTreeSet<Key>,
-    dirty_ips: BTreeSet<IpAddr>,
-    /// Every LB IP's claim as of `evaluated`.
-    claims: BTreeMap<IpAddr, Claim>,
-    evaluated: Option<Instant>,
-}
 
 fn count<K: Ord>(m: &mut BTreeMap<K, usize>, k: K, add: bool) {
     match m.entry(k) {
@@ -268,6 +245,7 @@ impl Model {
 mod tests {
     use super::*;
     use crate::sources::cluster::model::LeaseState;
+    use std::time::Duration;
 
     /// xorshift64*: deterministic, no dependency.
     struct Rng(u64);

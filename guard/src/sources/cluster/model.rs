@@ -126,6 +126,30 @@ impl Announcer {
     }
 }
 
+#[derive(Debug, Default, Clone)]
+/// The indexes behind the incremental claims (kept by `index.rs`).
+pub struct Index {
+    pub(super) announcers: Vec<Announcer>,
+    /// LB IP -> the Services that carry it (an IP can be shared).
+    pub(super) ip_services: BTreeMap<IpAddr, BTreeSet<Key>>,
+    /// Lease -> the Services it decides (for the announcers in use). Its
+    /// keys are the Leases in use.
+    pub(super) lease_services: BTreeMap<Key, BTreeSet<Key>>,
+    /// Service -> the ServiceL2Status objects naming it.
+    pub(super) l2_of_service: BTreeMap<Key, BTreeSet<Key>>,
+    /// Lease deadline -> Leases.
+    pub(super) deadlines: BTreeMap<Instant, BTreeSet<Key>>,
+    /// Holders of Leases in use and announcing nodes, counted.
+    pub(super) holders: BTreeMap<String, usize>,
+    /// Durations of the Leases in use, counted.
+    pub(super) durations: BTreeMap<Duration, usize>,
+    pub(super) dirty_services: BTreeSet<Key>,
+    pub(super) dirty_ips: BTreeSet<IpAddr>,
+    /// Every LB IP's claim as of `evaluated`.
+    pub(super) claims: BTreeMap<IpAddr, Claim>,
+    pub(super) evaluated: Option<Instant>,
+}
+
 /// The objects the feed delivered, and the claims derived from them, kept
 /// incrementally (`index.rs`): read the maps freely, change them only
 /// through the methods, which keep the indexes and mark what to re-derive.
@@ -134,7 +158,7 @@ pub struct Model {
     pub services: BTreeMap<Key, ServiceInfo>,
     pub leases: BTreeMap<Key, LeaseInfo>,
     pub l2: BTreeMap<Key, L2Status>,
-    pub(super) idx: super::index::Index,
+    pub(super) idx: Index,
 }
 
 impl Model {

@@ -6,6 +6,7 @@
 //! Lease holder moves, one at a time).
 //!
 //! `BENCH_SHORT=1`: 200 Services and 20 moves (well under a minute).
+//! `-- 10000`: that size alone; `BENCH_MOVES=n`: n Lease moves per size.
 //! `ARP_GUARD_BIN=path`: measure another build of the daemon (e.g. an older
 //! one, for a before/after). Besides the text, one machine-readable line per
 //! size: `RESULT cluster_feed <services> key=value ...`.
@@ -136,7 +137,11 @@ fn main() {
     } else {
         sizes
     };
+    // `BENCH_MOVES=n`: fewer Lease moves (an old, slow build at 100,000).
+    let moves = std::env::var("BENCH_MOVES")
+        .ok()
+        .and_then(|m| m.parse().ok());
     for n in sizes {
-        run(n, 200);
+        run(n, moves.unwrap_or(200));
     }
 }

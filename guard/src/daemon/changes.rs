@@ -45,10 +45,12 @@ impl Daemon {
     }
 
     /// A source published: bring the view and the maps to it, follow links
-    /// that came or went, publish the state.
-    pub(super) fn on_source_changed(&mut self, sources: &mut Sources) {
+    /// that came or went, publish the state. `file_event`: the ownership
+    /// file's change woke the loop (which marked it seen); one that came
+    /// with another source's shows as not yet seen.
+    pub(super) fn on_source_changed(&mut self, sources: &mut Sources, file_event: bool) {
         let file_changed =
-            (sources.file.as_ref()).is_some_and(|f| f.has_changed().unwrap_or(false));
+            file_event || (sources.file.as_ref()).is_some_and(|f| f.has_changed().unwrap_or(false));
         let file = sources.file.as_mut().map(|f| f.borrow_and_update().clone());
         let table = sources.addrs.borrow_and_update().clone();
         let cluster = (sources.cluster.as_mut()).map(|c| c.borrow_and_update().clone());

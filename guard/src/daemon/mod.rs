@@ -58,8 +58,8 @@ struct Inputs {
 /// What woke the loop.
 enum Event {
     Stop(&'static str),
-    /// A source published new facts.
-    SourceChanged,
+    /// A source published new facts (true: the ownership file).
+    SourceChanged(bool),
     /// A source's task ended: its last facts would stay in force for good.
     SourceStopped(&'static str),
     Heartbeat,
@@ -103,7 +103,7 @@ impl Daemon {
         let signal = loop {
             match next_event(&mut inputs).await {
                 Event::Stop(signal) => break signal,
-                Event::SourceChanged => self.on_source_changed(&mut inputs.sources),
+                Event::SourceChanged(file) => self.on_source_changed(&mut inputs.sources, file),
                 Event::SourceStopped(which) => anyhow::bail!("{which} stopped"),
                 Event::Heartbeat => self.on_heartbeat(&inputs.sources),
                 Event::Reconcile => self.on_reconcile(&inputs.sources),
@@ -289,15 +289,15 @@ async fn next_event(i: &mut Inputs) -> Event {
         _ = i.sigterm.recv() => Event::Stop("SIGTERM"),
         _ = i.sigint.recv() => Event::Stop("SIGINT"),
         r = i.sources.addrs.changed() => match r {
-            Ok(()) => Event::SourceChanged,
+            Ok(()) => Event::SourceChanged(false),
             Err(_) => Event::SourceStopped("the interface watcher"),
         },
         r = changed(i.sources.file.as_mut()) => match r {
-            Ok(()) => Event::SourceChanged,
+            Ok(()) => Event::SourceChanged(true),
             Err(_) => Event::SourceStopped("the ownership file watcher"),
         },
         r = changed(i.sources.cluster.as_mut()) => match r {
-            Ok(()) => Event::SourceChanged,
+            Ok(()) => Event::SourceChanged(false),
             Err(_) => Event::SourceStopped("the Kubernetes feed"),
         },
         _ = i.heartbeat.tick() => Event::Heartbeat,

@@ -102,7 +102,6 @@ impl Daemon {
             ));
             update(&mut self.view, &inputs, &ips)
         };
-        drop(inputs);
         drop(claims);
         self.full_next = false;
         self.cluster_flags = flags;

@@ -225,3 +225,68 @@ fn the_census_never_changes_or_stops_a_frame() {
         .iter()
         .all(|c| c.mac == MAC && c.ifindex == common::LO));
 }
+
+/// The map writer's per-event path writes the changed LB keys and nothing
+/// else (counted in its report), deletes those gone, and keeps the full-map
+/// behaviour: an IP that does not fit is reported and counted as not
+/// enforced, and gets its entry once a key is freed.
+#[test]
+fn apply_changes_touches_only_the_changed_keys() {
+    use guard::testing::{Datapath, DatapathConfig, LbIp, Provenance, View};
+    use guard_common::{LeakAction, Mode, Ownership};
+    use std::collections::BTreeSet;
+    testbed::require_root();
+    let ip = |i: u32| Ipv4Addr::from(u32::from(Ipv4Addr::new(10, 77, 0, 0)) + i);
+    let entry = |state| LbIp {
+        state,
+        source: Provenance::Interface("test".into()),
+    };
+    let mut dp = Datapath::load(&DatapathConfig {
+        mode: Mode::Enforce,
+        leak_action: LeakAction::Rewrite,
+        max_lb_ips: 1000,
+        ..DatapathConfig::default()
+    })
+    .unwrap();
+    let mut view = View::default();
+    for i in 0..1000 {
+        view.lb.insert(ip(i), entry(Ownership::Foreign));
+    }
+    let r = dp.apply(&view, false);
+    assert_eq!((r.written, r.removed, r.failed.len()), (1000, 0, 0));
+    // One changed, one gone, one unchanged named: one write, one delete.
+    view.lb.insert(ip(1), entry(Ownership::Owned));
+    view.lb.remove(&ip(2));
+    let keys = BTreeSet::from([ip(1), ip(2), ip(3)]);
+    let r = dp.apply_changes(&view, &keys, false);
+    assert_eq!((r.written, r.removed, r.failed.len()), (1, 1, 0));
+    assert_eq!(dp.map_state(ip(1)), Some(Ownership::Owned));
+    assert_eq!(dp.map_state(ip(2)), None);
+    assert_eq!(dp.lb_set().len(), 999);
+    // Additive (feed not synced): nothing is deleted.
+    view.lb.remove(&ip(4));
+    let r = dp.apply_changes(&view, &BTreeSet::from([ip(4)]), true);
+    assert_eq!((r.written, r.removed), (0, 0));
+    assert_eq!(dp.map_state(ip(4)), Some(Ownership::Foreign));
+    let r = dp.apply_changes(&view, &BTreeSet::from([ip(4)]), false);
+    assert_eq!((r.written, r.removed), (0, 1));
+    // The map is full (998 + 2 = 1000): the third new IP does not fit; it
+    // is reported, counted, and passes (not in the LB set).
+    for i in [1000, 1001, 1002] {
+        view.lb.insert(ip(i), entry(Ownership::Foreign));
+    }
+    let keys = BTreeSet::from([ip(1000), ip(1001), ip(1002)]);
+    let r = dp.apply_changes(&view, &keys, false);
+    assert_eq!((r.written, r.full().count()), (2, 1), "{:?}", r.failed);
+    assert_eq!(dp.not_enforced(), 1);
+    assert_eq!(dp.map_state(ip(1002)), None);
+    // One IP leaves in the same change: the one that did not fit gets in.
+    view.lb.remove(&ip(5));
+    let r = dp.apply_changes(&view, &BTreeSet::from([ip(5), ip(1002)]), false);
+    assert_eq!((r.written, r.removed, r.failed.len()), (1, 1, 0));
+    assert_eq!(dp.not_enforced(), 0);
+    assert_eq!(dp.map_state(ip(1002)), Some(Ownership::Foreign));
+    // The full apply of the same view has nothing left to do.
+    let r = dp.apply(&view, false);
+    assert_eq!((r.written, r.removed, r.failed.len()), (0, 0, 0));
+}

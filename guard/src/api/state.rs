@@ -145,6 +145,38 @@ pub fn ip_entries(
         .collect()
 }
 
+/// [`ip_entries`] for the LB IPs `keys` only (the others did not change).
+pub fn update_ip_entries(
+    entries: &mut BTreeMap<Ipv4Addr, IpEntry>,
+    view: &View,
+    keys: &std::collections::BTreeSet<Ipv4Addr>,
+    ifnames: &BTreeMap<u32, String>,
+) {
+    let now = unix_now();
+    for ip in keys {
+        let Some(l) = view.lb.get(ip) else {
+            entries.remove(ip);
+            continue;
+        };
+        let source = l.source.to_string();
+        let since_unix = match entries.get(ip) {
+            Some(o) if o.state == l.state && o.source == source => o.since_unix,
+            _ => now,
+        };
+        let on_interfaces = (view.if_addrs.iter())
+            .filter(|(_, a)| a == ip)
+            .filter_map(|(i, _)| ifnames.get(i).cloned())
+            .collect();
+        let e = IpEntry {
+            state: l.state,
+            source,
+            since_unix,
+            on_interfaces,
+        };
+        entries.insert(*ip, e);
+    }
+}
+
 pub fn unix_now() -> u64 {
     SystemTime::now()
         .duration_since(SystemTime::UNIX_EPOCH)

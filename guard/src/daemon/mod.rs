@@ -7,6 +7,7 @@
 //! program -> counters and events -> telemetry -> API.
 
 mod attachments;
+mod changes;
 pub mod config;
 mod preflight;
 mod publish;
@@ -57,8 +58,8 @@ struct Inputs {
 /// What woke the loop.
 enum Event {
     Stop(&'static str),
-    /// A source published new facts.
-    SourceChanged,
+    /// A source published new facts (true: the ownership file).
+    SourceChanged(bool),
     /// A source's task ended: its last facts would stay in force for good.
     SourceStopped(&'static str),
     Heartbeat,
@@ -77,6 +78,13 @@ pub(crate) struct Daemon {
     view: View,
     /// Links as last seen (attachments follow their changes).
     links: std::collections::BTreeMap<String, u32>,
+    /// The interface table the view was last derived from.
+    addrs: AddrTable,
+    /// The cluster feed's (synced, degraded) the view was last derived with.
+    cluster_flags: Option<(bool, bool)>,
+    /// Derive the whole view at the next change (at start, and whenever the
+    /// changed IPs cannot be known).
+    full_next: bool,
     /// A map write failed: retried with every heartbeat.
     dirty: bool,
     pins_ok: bool,
@@ -95,7 +103,7 @@ impl Daemon {
         let signal = loop {
             match next_event(&mut inputs).await {
                 Event::Stop(signal) => break signal,
-                Event::SourceChanged => self.on_source_changed(&mut inputs.sources),
+                Event::SourceChanged(file) => self.on_source_changed(&mut inputs.sources, file),
                 Event::SourceStopped(which) => anyhow::bail!("{which} stopped"),
                 Event::Heartbeat => self.on_heartbeat(&inputs.sources),
                 Event::Reconcile => self.on_reconcile(&inputs.sources),
@@ -115,45 +123,6 @@ impl Daemon {
     /// maps still hold what the previous daemon learned from the cluster.
     fn additive(sources: &Sources) -> bool {
         sources.cluster.as_ref().is_some_and(|c| !c.borrow().synced)
-    }
-
-    /// A source published: derive the view, bring the maps to it, follow
-    /// links that came or went, publish the state.
-    fn on_source_changed(&mut self, sources: &mut Sources) {
-        let file = sources.file.as_mut().map(|f| f.borrow_and_update().clone());
-        let table = sources.addrs.borrow_and_update().clone();
-        let cluster = sources
-            .cluster
-            .as_mut()
-            .map(|c| c.borrow_and_update().clone());
-        if let Some(c) = &cluster {
-            self.warn_once_if_node_unknown(c);
-        }
-        let mut next = self.derive(file.as_ref(), &table, cluster.as_ref());
-        let unsynced = cluster.as_ref().is_some_and(|c| !c.synced);
-        if unsynced {
-            next.hold_previous(|ip| self.dp.map_state(ip));
-        }
-        let changed = next != self.view;
-        if changed {
-            publish::log_changes(&self.view, &next);
-            self.dirty = !self.apply(&next, unsynced);
-            self.view = next;
-            // How long a cluster event took to reach the maps (BENCHMARKS.md).
-            if let Some(at) = cluster.as_ref().and_then(|c| c.event_at) {
-                tracing::debug!(
-                    feed_to_map_us = at.elapsed().as_micros() as u64,
-                    "cluster change applied"
-                );
-            }
-        }
-        // Interfaces that appeared, vanished or were renamed (after the maps
-        // know their addresses).
-        if table.links != self.links {
-            self.attachments.sync(&mut self.dp, &table);
-            self.links = table.links.clone();
-        }
-        self.publish(cluster.as_ref(), changed);
     }
 
     /// Every 500 ms: vouch for the policy (the program's liveness gate),
@@ -242,27 +211,17 @@ impl Daemon {
         });
     }
 
-    /// The view from the sources' facts.
-    fn derive(
-        &self,
-        file: Option<&OwnershipFile>,
-        table: &AddrTable,
-        cluster: Option<&ClusterView>,
-    ) -> View {
-        let guarded: Vec<String> = attachments::wanted(
-            &self.cfg.daemon.interfaces,
-            &self.cfg.sources.lb_ips_from,
-            table,
-        )
-        .into_keys()
-        .collect();
+    /// The view from the file and the interfaces (at start, before the
+    /// cluster feed has anything to say).
+    fn derive(&self, file: Option<&OwnershipFile>, table: &AddrTable) -> View {
+        let guarded = self.guarded(table);
         crate::model::view::compute(&crate::model::view::Inputs {
             node: &self.node,
             file,
             lb_ips_from: &self.cfg.sources.lb_ips_from,
             guarded: &guarded,
             addrs: table,
-            cluster,
+            cluster: None,
         })
     }
 
@@ -330,15 +289,15 @@ async fn next_event(i: &mut Inputs) -> Event {
         _ = i.sigterm.recv() => Event::Stop("SIGTERM"),
         _ = i.sigint.recv() => Event::Stop("SIGINT"),
         r = i.sources.addrs.changed() => match r {
-            Ok(()) => Event::SourceChanged,
+            Ok(()) => Event::SourceChanged(false),
             Err(_) => Event::SourceStopped("the interface watcher"),
         },
         r = changed(i.sources.file.as_mut()) => match r {
-            Ok(()) => Event::SourceChanged,
+            Ok(()) => Event::SourceChanged(true),
             Err(_) => Event::SourceStopped("the ownership file watcher"),
         },
         r = changed(i.sources.cluster.as_mut()) => match r {
-            Ok(()) => Event::SourceChanged,
+            Ok(()) => Event::SourceChanged(false),
             Err(_) => Event::SourceStopped("the Kubernetes feed"),
         },
         _ = i.heartbeat.tick() => Event::Heartbeat,

@@ -2,13 +2,20 @@
 //! --status-file (built once per change), and its log lines about changes,
 //! map writes and counters.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    net::Ipv4Addr,
+};
 
 use super::{status_file, Daemon};
 use crate::{
-    api::state::ip_entries,
+    api::state::{ip_entries, update_ip_entries},
     datapath::Datapath,
-    model::{cluster::ClusterView, ownership::OwnershipFile, view::View},
+    model::{
+        cluster::ClusterView,
+        ownership::OwnershipFile,
+        view::{LbIp, View},
+    },
     telemetry::{
         counters::Snapshot,
         ops::OPS,
@@ -16,10 +23,19 @@ use crate::{
     },
 };
 
+/// What a change did to the view.
+pub(super) enum Changed {
+    Nothing,
+    /// These LB IPs, and nothing else.
+    Keys(BTreeSet<Ipv4Addr>),
+    /// Derived anew: anything may have changed.
+    All,
+}
+
 impl Daemon {
     /// The status document and the API's state, from the current view,
     /// attachments and feed.
-    pub(super) fn publish(&mut self, cluster: Option<&ClusterView>, view_changed: bool) {
+    pub(super) fn publish(&mut self, cluster: Option<&ClusterView>, changed: &Changed) {
         let att = &self.attachments;
         let status = Status {
             node: self.node.clone(),
@@ -46,8 +62,12 @@ impl Daemon {
             .map(|(n, a)| (a.ifindex, n.clone()))
             .collect();
         let mut st = self.shared.write();
-        if view_changed || st.ips.is_empty() {
-            st.ips = ip_entries(&st.ips, &self.view, &ifnames);
+        match changed {
+            Changed::Keys(keys) if !st.ips.is_empty() => {
+                update_ip_entries(&mut st.ips, &self.view, keys, &ifnames)
+            }
+            Changed::Nothing if !st.ips.is_empty() => {}
+            _ => st.ips = ip_entries(&st.ips, &self.view, &ifnames),
         }
         st.interfaces = att
             .attached
@@ -68,6 +88,12 @@ impl Daemon {
 /// reported, and retried on the next change or reconcile.
 pub(super) fn apply(dp: &mut Datapath, view: &View, additive: bool) -> bool {
     let r = dp.apply(view, additive);
+    report(view, r)
+}
+
+/// Log and count what an apply did and could not do; false if some entry
+/// could not be written (other than for a full map).
+fn report(view: &View, r: crate::datapath::maps::ApplyReport) -> bool {
     let full: Vec<String> = r.full().map(|f| f.entry.clone()).collect();
     if !full.is_empty() {
         tracing::warn!(
@@ -97,21 +123,40 @@ pub(super) fn apply(dp: &mut Datapath, view: &View, additive: bool) -> bool {
     ok
 }
 
+/// Bring only the LB entries `keys` (and the guarded interfaces' addresses)
+/// to `view`; false if some entry could not be written.
+pub(super) fn apply_changes(
+    dp: &mut Datapath,
+    view: &View,
+    keys: &BTreeSet<std::net::Ipv4Addr>,
+    additive: bool,
+) -> bool {
+    let r = dp.apply_changes(view, keys, additive);
+    report(view, r)
+}
+
 /// One line per LB IP added, removed or whose state changed.
 pub(super) fn log_changes(old: &View, new: &View) {
     for (ip, l) in &new.lb {
-        match old.lb.get(ip) {
-            Some(o) if o.state == l.state => {}
-            Some(o) => {
-                tracing::info!(lb_ip = %ip, from = o.state.as_str(), to = l.state.as_str(), source = %l.source, "ownership changed")
-            }
-            None => {
-                tracing::info!(lb_ip = %ip, state = l.state.as_str(), source = %l.source, "LB IP added")
-            }
-        }
+        log_change(*ip, old.lb.get(ip), Some(l));
     }
     for ip in old.lb.keys().filter(|ip| !new.lb.contains_key(ip)) {
-        tracing::info!(lb_ip = %ip, "LB IP removed");
+        log_change(*ip, old.lb.get(ip), None);
+    }
+}
+
+/// The line for one LB IP that was added, removed or changed state.
+pub(super) fn log_change(ip: std::net::Ipv4Addr, old: Option<&LbIp>, new: Option<&LbIp>) {
+    match (old, new) {
+        (Some(o), Some(l)) if o.state == l.state => {}
+        (Some(o), Some(l)) => {
+            tracing::info!(lb_ip = %ip, from = o.state.as_str(), to = l.state.as_str(), source = %l.source, "ownership changed")
+        }
+        (None, Some(l)) => {
+            tracing::info!(lb_ip = %ip, state = l.state.as_str(), source = %l.source, "LB IP added")
+        }
+        (Some(_), None) => tracing::info!(lb_ip = %ip, "LB IP removed"),
+        (None, None) => {}
     }
 }
 

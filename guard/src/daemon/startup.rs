@@ -70,7 +70,7 @@ pub(super) async fn start(cfg: RunConfig) -> Result<(Daemon, Inputs)> {
     daemon.enforce(file.as_ref().map(|(f, _)| f), &table, cluster_rx.is_some())?;
     daemon.start_telemetry(listeners);
     let cluster_now = cluster_rx.as_ref().map(|c| c.borrow().clone());
-    daemon.publish(cluster_now.as_ref(), true);
+    daemon.publish(cluster_now.as_ref(), &super::publish::Changed::All);
     daemon.announce();
 
     // The sources keep their facts current from now on.
@@ -189,6 +189,9 @@ impl Daemon {
             attachments,
             view: Default::default(),
             links: table.links.clone(),
+            addrs: table.clone(),
+            cluster_flags: None,
+            full_next: true,
             dirty: false,
             pins_ok: true,
             node_warned: false,
@@ -207,7 +210,7 @@ impl Daemon {
         table: &AddrTable,
         cluster_on: bool,
     ) -> Result<()> {
-        let mut view = self.derive(file, table, None);
+        let mut view = self.derive(file, table);
         if cluster_on {
             view.hold_previous(|ip| self.dp.map_state(ip));
         }

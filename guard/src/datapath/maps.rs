@@ -218,6 +218,66 @@ impl<K: Pod + Ord, V: Pod + PartialEq> Table<K, V> {
         }
     }
 
+    /// Bring only the entries `keys` to `desired` (None: absent), leaving
+    /// every other entry as it is: the cost of one change, whatever the size
+    /// of the map. Same order and second chance as [`Table::reconcile`].
+    fn apply_keys(
+        &mut self,
+        map: Option<&mut aya::maps::Map>,
+        keys: impl Iterator<Item = (K, Option<V>)>,
+        additive: bool,
+        report: &mut ApplyReport,
+    ) {
+        let fail = |report: &mut ApplyReport, entry: String, op, error| {
+            report.failed.push(Failure { entry, op, error })
+        };
+        let mut map: HashMap<&mut MapData, K, V> = match map.map(HashMap::try_from).transpose() {
+            Ok(Some(m)) => m,
+            Ok(None) => {
+                let e = EntryError::Other("map missing from the object".into());
+                return fail(report, format!("map {}", self.name), Op::Write, e);
+            }
+            Err(e) => {
+                let e = EntryError::of(&e);
+                return fail(report, format!("map {}", self.name), Op::Write, e);
+            }
+        };
+        let (mut full, mut stale) = (Vec::new(), Vec::new());
+        for (k, v) in keys {
+            let Some(v) = v else {
+                self.status.remove(&k);
+                stale.push(k);
+                continue;
+            };
+            if self.applied.get(&k) == Some(&v) {
+                self.status.remove(&k);
+                continue;
+            }
+            match self.write(&mut map, &k, &v, report) {
+                Err(EntryError::Full) => full.push((k, v)),
+                Err(e) => fail(report, (self.describe)(&k), Op::Write, e),
+                Ok(()) => {}
+            }
+        }
+        for k in stale.into_iter().filter(|_| !additive) {
+            if !self.applied.contains_key(&k) {
+                continue;
+            }
+            match map.remove(&k) {
+                Ok(()) => {
+                    self.applied.remove(&k);
+                    report.removed += 1;
+                }
+                Err(e) => fail(report, (self.describe)(&k), Op::Remove, EntryError::of(&e)),
+            }
+        }
+        for (k, v) in full {
+            if let Err(e) = self.write(&mut map, &k, &v, report) {
+                fail(report, (self.describe)(&k), Op::Write, e);
+            }
+        }
+    }
+
     fn write(
         &mut self,
         map: &mut HashMap<&mut MapData, K, V>,
@@ -347,6 +407,46 @@ impl Datapath {
             &mut report,
             &mut t.filter,
         );
+        report
+    }
+
+    /// Make the maps hold `view` where it may differ from what was written:
+    /// the LB entries of `changed` only (written, or deleted when no longer
+    /// in the view), and the guarded interfaces' few addresses in full. The
+    /// periodic [`Datapath::apply`] after [`Datapath::reload_from_kernel`]
+    /// stays the safety net that repairs anything else.
+    pub fn apply_changes(
+        &mut self,
+        view: &View,
+        changed: &std::collections::BTreeSet<Ipv4Addr>,
+        additive: bool,
+    ) -> ApplyReport {
+        let if_addrs: BTreeMap<IfAddrKey, u8> = view
+            .if_addrs
+            .iter()
+            .map(|(ifindex, a)| (IfAddrKey::new(*ifindex, *a), 1))
+            .collect();
+        let if_primary: BTreeMap<u32, u32> = view
+            .if_primary
+            .iter()
+            .map(|(i, a)| (*i, u32::from(*a)))
+            .collect();
+        let mut report = ApplyReport::default();
+        let Self { ebpf, tables, .. } = self;
+        let t = tables;
+        t.if_addrs
+            .reconcile(ebpf.map_mut(MAP_IF_ADDRS), &if_addrs, additive, &mut report);
+        t.if_primary.reconcile(
+            ebpf.map_mut(MAP_IF_PRIMARY),
+            &if_primary,
+            additive,
+            &mut report,
+        );
+        let lb = changed.iter().map(|ip| {
+            let entry = view.lb.get(ip).map(|l| LbEntry::new(l.state));
+            (u32::from(*ip), entry)
+        });
+        t.lb.apply_keys(ebpf.map_mut(MAP_LB_IPS), lb, additive, &mut report);
         report
     }
 

@@ -4,6 +4,7 @@
 use std::{
     collections::{BTreeMap, BTreeSet},
     net::IpAddr,
+    sync::{Arc, Mutex, MutexGuard},
     time::{Duration, Instant},
 };
 
@@ -33,12 +34,43 @@ pub struct StreamStatus {
     pub error: Option<String>,
 }
 
+/// The claims as the feed hands them to the daemon: every LB IP's current
+/// claim, and the IPs whose claim changed since the daemon last took them
+/// (so that one event costs the daemon the IPs it touched, not all of them).
+#[derive(Debug, Default)]
+pub struct ClaimTable {
+    pub claims: BTreeMap<IpAddr, Claim>,
+    pub changed: BTreeSet<IpAddr>,
+}
+
+/// One [`ClaimTable`], shared by the feed (which writes the changes) and the
+/// daemon (which reads them); clones share it.
+#[derive(Debug, Clone, Default)]
+pub struct SharedClaims(Arc<Mutex<ClaimTable>>);
+
+impl SharedClaims {
+    pub fn lock(&self) -> MutexGuard<'_, ClaimTable> {
+        // A panic while holding it leaves plain data, still consistent per entry.
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// A copy of every claim (tests).
+    #[cfg(test)]
+    pub fn snapshot(&self) -> BTreeMap<IpAddr, Claim> {
+        self.lock().claims.clone()
+    }
+}
+
 /// What the cluster says, as published to the daemon.
 #[derive(Debug, Clone, Default)]
 pub struct ClusterView {
     /// Empty until every stream has completed its first list, so that an
     /// announcer that lists late cannot be overruled by one that listed early.
-    pub claims: BTreeMap<IpAddr, Claim>,
+    pub claims: SharedClaims,
+    /// Bumped whenever `claims` changed (what equality compares).
+    pub claims_version: u64,
     /// Every watcher has completed its first list.
     pub synced: bool,
     /// The guard has been blind for longer than the threshold.
@@ -64,7 +96,7 @@ pub struct ClusterView {
 
 impl PartialEq for ClusterView {
     fn eq(&self, o: &Self) -> bool {
-        self.claims == o.claims
+        self.claims_version == o.claims_version
             && self.synced == o.synced
             && self.degraded == o.degraded
             && self.holders == o.holders

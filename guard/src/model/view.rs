@@ -10,7 +10,7 @@ use std::{
 
 use guard_common::Ownership;
 
-use super::{addrs::AddrTable, cluster::ClusterView, ownership::OwnershipFile};
+use super::{addrs::AddrTable, cluster::Claim, ownership::OwnershipFile};
 
 /// Where the knowledge about an LB IP came from (for logs and explanations).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -69,7 +69,15 @@ pub struct Inputs<'a> {
     pub lb_ips_from: &'a [String],
     pub guarded: &'a [String],
     pub addrs: &'a AddrTable,
-    pub cluster: Option<&'a ClusterView>,
+    pub cluster: Option<ClusterIn<'a>>,
+}
+
+/// What the view reads of the cluster feed: its claims (as the feed keeps
+/// them, under its lock) and whether it is stale.
+#[derive(Clone, Copy)]
+pub struct ClusterIn<'a> {
+    pub claims: &'a BTreeMap<IpAddr, Claim>,
+    pub degraded: bool,
 }
 
 /// This node's state for an IP whose owner is `owner`. When the source may be
@@ -85,84 +93,143 @@ fn state_of(owner: Option<&str>, node: &str, stale: bool) -> Ownership {
     }
 }
 
+/// This node's entry for one LB IP, from every source at once: the file's
+/// statement wins (the operator's word), then the cluster's record (while
+/// the feed is stale "another node owns it" degrades to unknown), then an
+/// address on an LB interface (`on_iface`: which one), with no owner known.
+/// The one decision per IP: the full derivation folds it over every IP, an
+/// incremental update calls it for the IPs that changed.
+pub fn derive_ip(i: &Inputs<'_>, ip: Ipv4Addr, on_iface: Option<&str>) -> Option<LbIp> {
+    if let Some(entry) = i.file.and_then(|f| f.ips.get(&IpAddr::V4(ip))) {
+        return Some(LbIp {
+            state: state_of(entry.owner.as_deref(), i.node, false),
+            source: Provenance::File {
+                line: entry.line,
+                owner: entry.owner.clone(),
+            },
+        });
+    }
+    if let Some(c) = &i.cluster {
+        if let Some(claim) = c.claims.get(&IpAddr::V4(ip)) {
+            let stale = c.degraded || !claim.certain;
+            return Some(LbIp {
+                state: state_of(claim.owner.as_deref(), i.node, stale),
+                source: Provenance::Cluster {
+                    owner: claim.owner.clone(),
+                    why: claim.why.clone(),
+                },
+            });
+        }
+    }
+    on_iface.map(|name| LbIp {
+        state: Ownership::Unknown,
+        source: Provenance::Interface(name.to_owned()),
+    })
+}
+
+/// The LB interface `ip` is on (the last of `--lb-ips-from` that has it).
+fn lb_iface<'a>(i: &Inputs<'a>, ip: Ipv4Addr) -> Option<&'a str> {
+    i.lb_ips_from
+        .iter()
+        .rev()
+        .find(|n| i.addrs.v4_of(n).iter().any(|a| a.addr == ip))
+        .map(String::as_str)
+}
+
+/// IPv6 LB IPs the sources name (known, not enforced).
+fn count_v6(i: &Inputs<'_>) -> usize {
+    // IpAddr orders every V4 before every V6: only the V6 tails are walked.
+    let first_v6 = IpAddr::V6(std::net::Ipv6Addr::UNSPECIFIED);
+    let file = i.file.map_or(0, |f| f.ips.range(first_v6..).count());
+    let cluster = i
+        .cluster
+        .as_ref()
+        .map_or(0, |c| c.claims.range(first_v6..).count());
+    file + cluster
+}
+
 pub fn compute(i: &Inputs<'_>) -> View {
     let mut view = View::default();
-    // Addresses on the LB interfaces: LB IPs with no known owner.
+    // Every IPv4 some source names, with the LB interface it is on.
+    let mut ips: BTreeMap<Ipv4Addr, Option<&str>> = BTreeMap::new();
     for name in i.lb_ips_from {
         for a in i.addrs.v4_of(name) {
-            view.lb.insert(
-                a.addr,
-                LbIp {
-                    state: Ownership::Unknown,
-                    source: Provenance::Interface(name.clone()),
-                },
-            );
+            ips.insert(a.addr, Some(name.as_str()));
         }
     }
-    // The cluster's records. While the feed is stale, "another node owns it"
-    // may no longer be true: foreign degrades to unknown.
-    if let Some(c) = i.cluster {
-        for (ip, claim) in &c.claims {
-            let IpAddr::V4(v4) = ip else {
-                view.ignored_v6 += 1;
-                continue;
-            };
-            let state = state_of(claim.owner.as_deref(), i.node, c.degraded || !claim.certain);
-            view.lb.insert(
-                *v4,
-                LbIp {
-                    state,
-                    source: Provenance::Cluster {
-                        owner: claim.owner.clone(),
-                        why: claim.why.clone(),
-                    },
-                },
-            );
+    let v4 = |ip: &IpAddr| match ip {
+        IpAddr::V4(v4) => Some(*v4),
+        IpAddr::V6(_) => None,
+    };
+    if let Some(c) = &i.cluster {
+        for ip in c.claims.keys().filter_map(v4) {
+            ips.entry(ip).or_insert(None);
         }
     }
-    // The file's statement wins over everything: it is the operator's word.
-    if let Some(file) = i.file {
-        for (ip, entry) in &file.ips {
-            let IpAddr::V4(v4) = ip else {
-                view.ignored_v6 += 1;
-                continue;
-            };
-            let state = state_of(entry.owner.as_deref(), i.node, false);
-            view.lb.insert(
-                *v4,
-                LbIp {
-                    state,
-                    source: Provenance::File {
-                        line: entry.line,
-                        owner: entry.owner.clone(),
-                    },
-                },
-            );
+    if let Some(f) = i.file {
+        for ip in f.ips.keys().filter_map(v4) {
+            ips.entry(ip).or_insert(None);
         }
     }
-    for name in i.guarded {
-        let Some(ifindex) = i.addrs.ifindex(name) else {
-            continue;
-        };
-        let addrs = i.addrs.v4_of_index(ifindex);
-        for a in addrs {
-            view.if_addrs.insert((ifindex, a.addr));
-        }
-        // arp_announce=2 picks a primary address; never rewrite to an LB IP.
-        let not_lb = |a: &&super::addrs::IfAddr| !view.lb.contains_key(&a.addr);
-        let primary = addrs
-            .iter()
-            .filter(not_lb)
-            .find(|a| !a.secondary)
-            .or_else(|| addrs.iter().find(not_lb));
-        if let Some(p) = primary {
-            view.if_primary.insert(ifindex, p.addr);
+    for (ip, on) in ips {
+        if let Some(l) = derive_ip(i, ip, on) {
+            view.lb.insert(ip, l);
         }
     }
+    view.ignored_v6 = count_v6(i);
+    view.derive_interfaces(i);
     view
 }
 
 impl View {
+    /// The guarded interfaces' addresses and rewrite addresses (few: the
+    /// uplinks'), derived anew from `i` and the LB set.
+    fn derive_interfaces(&mut self, i: &Inputs<'_>) {
+        self.if_addrs.clear();
+        self.if_primary.clear();
+        for name in i.guarded {
+            let Some(ifindex) = i.addrs.ifindex(name) else {
+                continue;
+            };
+            let addrs = i.addrs.v4_of_index(ifindex);
+            for a in addrs {
+                self.if_addrs.insert((ifindex, a.addr));
+            }
+            // arp_announce=2 picks a primary address; never rewrite to an LB IP.
+            let not_lb = |a: &&super::addrs::IfAddr| !self.lb.contains_key(&a.addr);
+            let primary = addrs
+                .iter()
+                .filter(not_lb)
+                .find(|a| !a.secondary)
+                .or_else(|| addrs.iter().find(not_lb));
+            if let Some(p) = primary {
+                self.if_primary.insert(ifindex, p.addr);
+            }
+        }
+    }
+
+    /// Bring the view to what [`compute`] would give for `i`, re-deriving
+    /// only the LB IPs in `changed` (every IP whose sources may have changed)
+    /// with the same per-IP decision. Returns the LB IPs whose entry did
+    /// change (added, removed or different), for the map writer.
+    pub fn update(&mut self, i: &Inputs<'_>, changed: &BTreeSet<Ipv4Addr>) -> BTreeSet<Ipv4Addr> {
+        let mut out = BTreeSet::new();
+        for ip in changed {
+            let next = derive_ip(i, *ip, lb_iface(i, *ip));
+            if self.lb.get(ip) == next.as_ref() {
+                continue;
+            }
+            match next {
+                Some(l) => self.lb.insert(*ip, l),
+                None => self.lb.remove(ip),
+            };
+            out.insert(*ip);
+        }
+        self.ignored_v6 = count_v6(i);
+        self.derive_interfaces(i);
+        out
+    }
+
     /// Until the Kubernetes feed has synced, an IP that only the interface
     /// source knows keeps the state the previous daemon left pinned (`held`):
     /// "unknown" from kube-ipvs0 must not overrule "foreign" from the cluster.
@@ -275,5 +342,147 @@ mod tests {
             Ownership::Foreign
         );
         assert!(v.if_primary.is_empty());
+    }
+
+    /// xorshift64*: deterministic, no dependency.
+    struct Rng(u64);
+    impl Rng {
+        fn below(&mut self, n: usize) -> usize {
+            self.0 ^= self.0 >> 12;
+            self.0 ^= self.0 << 25;
+            self.0 ^= self.0 >> 27;
+            (self.0.wrapping_mul(0x2545_f491_4f6c_dd1d) % n as u64) as usize
+        }
+    }
+
+    /// After any sequence of address additions and removals (on the LB
+    /// interface and on the uplink), claims that appear, change and go,
+    /// the feed degrading and recovering and the file being reloaded, the
+    /// view kept by `update` for the IPs each event touched equals `compute`
+    /// from the same inputs.
+    #[test]
+    fn incremental_view_equals_the_full_derivation() {
+        use crate::model::{cluster::Claim, ownership::Entry};
+        let pool: Vec<Ipv4Addr> = (1..=12).map(|i| Ipv4Addr::new(198, 51, 100, i)).collect();
+        let owners = [None, Some("node-a"), Some("node-b")];
+        let guarded = ["eth0".to_string()];
+        let lb_from = ["kube-ipvs0".to_string(), "lb1".to_string()];
+        for seed in 1..=40u64 {
+            let mut r = Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15));
+            let mut t = AddrTable::default();
+            t.links.insert("eth0".into(), 2);
+            t.links.insert("kube-ipvs0".into(), 5);
+            t.links.insert("lb1".into(), 6);
+            let mut claims: BTreeMap<IpAddr, Claim> = BTreeMap::new();
+            let mut file: Option<OwnershipFile> = None;
+            let mut degraded = false;
+            let mut view = View::default();
+            for _ in 0..300 {
+                let ip = pool[r.below(pool.len())];
+                // What the event touched: the daemon's changed set.
+                let mut changed = BTreeSet::from([ip]);
+                match r.below(7) {
+                    0 | 1 => {
+                        let ifindex = [2, 5, 6][r.below(3)];
+                        let v = t.v4.entry(ifindex).or_default();
+                        match v.iter().position(|a| a.addr == ip) {
+                            Some(p) => {
+                                v.remove(p);
+                            }
+                            None => v.push(IfAddr {
+                                addr: ip,
+                                prefix: 24,
+                                secondary: r.below(3) == 0,
+                            }),
+                        }
+                        if ifindex == 2 {
+                            changed.clear();
+                        }
+                    }
+                    2 | 3 => match owners[r.below(3)] {
+                        _ if r.below(4) == 0 => {
+                            claims.remove(&IpAddr::V4(ip));
+                        }
+                        o => {
+                            let c = Claim {
+                                owner: o.map(Into::into),
+                                why: format!("seed {seed}"),
+                                certain: r.below(4) > 0,
+                            };
+                            claims.insert(IpAddr::V4(ip), c);
+                        }
+                    },
+                    4 => {
+                        // The feed degrades or recovers: every claimed IP.
+                        degraded = !degraded;
+                        changed.extend(claims.keys().filter_map(|ip| match ip {
+                            IpAddr::V4(v4) => Some(*v4),
+                            IpAddr::V6(_) => None,
+                        }));
+                    }
+                    5 => {
+                        let mut f = OwnershipFile::default();
+                        for (line, ip) in pool.iter().enumerate() {
+                            if r.below(4) > 0 {
+                                continue;
+                            }
+                            let owner = owners[r.below(3)].map(Into::into);
+                            let e = Entry {
+                                owner,
+                                service: None,
+                                line,
+                            };
+                            f.ips.insert(IpAddr::V4(*ip), e);
+                        }
+                        if r.below(3) == 0 {
+                            let e = Entry {
+                                owner: None,
+                                service: None,
+                                line: 99,
+                            };
+                            f.ips.insert("fd00::1".parse().unwrap(), e);
+                        }
+                        // A reload: every IP the old or the new file names.
+                        for f in file.iter().chain([&f]) {
+                            changed.extend(f.ips.keys().filter_map(|ip| match ip {
+                                IpAddr::V4(v4) => Some(*v4),
+                                IpAddr::V6(_) => None,
+                            }));
+                        }
+                        file = (r.below(4) > 0).then_some(f);
+                    }
+                    _ => {
+                        claims.insert(
+                            "fd00::2".parse().unwrap(),
+                            Claim {
+                                owner: None,
+                                why: "v6".into(),
+                                certain: true,
+                            },
+                        );
+                    }
+                }
+                let inputs = Inputs {
+                    node: "node-a",
+                    file: file.as_ref(),
+                    lb_ips_from: &lb_from,
+                    guarded: &guarded,
+                    addrs: &t,
+                    cluster: Some(ClusterIn {
+                        claims: &claims,
+                        degraded,
+                    }),
+                };
+                let before = view.clone();
+                let keys = view.update(&inputs, &changed);
+                let full = compute(&inputs);
+                assert_eq!(view, full, "seed {seed}");
+                let differ: BTreeSet<Ipv4Addr> = (before.lb.keys().chain(full.lb.keys()))
+                    .filter(|ip| before.lb.get(ip) != full.lb.get(ip))
+                    .copied()
+                    .collect();
+                assert_eq!(keys, differ, "seed {seed}: the keys for the map writer");
+            }
+        }
     }
 }

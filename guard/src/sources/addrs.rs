@@ -191,21 +191,22 @@ pub async fn watch(
                     publish_dump(&handle, &tx).await;
                     continue;
                 };
-                let mut table = tx.borrow().clone();
-                let mut changed = false;
+                // Applied in place (no copy of the table per notification);
+                // the daemon is woken only if something changed.
                 let mut lost = false;
-                let mut next = Some(first);
-                while let Some(msg) = next {
-                    match msg.payload {
-                        NetlinkPayload::InnerMessage(m) => changed |= table.apply(&m),
-                        NetlinkPayload::Overrun(_) => lost = true,
-                        _ => {}
+                tx.send_if_modified(|table| {
+                    let mut changed = false;
+                    let mut next = Some(first);
+                    while let Some(msg) = next {
+                        match msg.payload {
+                            NetlinkPayload::InnerMessage(m) => changed |= table.apply(&m),
+                            NetlinkPayload::Overrun(_) => lost = true,
+                            _ => {}
+                        }
+                        next = notifications.try_recv().ok().map(|(m, _)| m);
                     }
-                    next = notifications.try_recv().ok().map(|(m, _)| m);
-                }
-                if changed {
-                    tx.send_replace(table);
-                }
+                    changed
+                });
                 lost
             }
             _ = ticker.tick() => true,

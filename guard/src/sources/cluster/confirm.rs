@@ -34,7 +34,7 @@ impl Feed {
     /// to 30 s, with jitter).
     pub(crate) fn due_confirmations(&mut self, now: Instant, in_flight: usize) -> Vec<Key> {
         let room = CONFIRM_PARALLEL.saturating_sub(in_flight);
-        let unconfirmed = self.model.unconfirmed(&self.cfg.announcers, now);
+        let unconfirmed = self.model.unconfirmed(now);
         if unconfirmed.is_empty() && self.confirm_failing.is_some() {
             // A GET failed, but the watch has since shown every Lease renewed
             // (or gone): nothing is left to confirm, so the guard is not
@@ -102,7 +102,7 @@ impl Feed {
             }
             Ok(None) => {
                 self.confirmed(&key);
-                self.model.leases.remove(&key);
+                self.model.remove_lease(&key);
                 self.watch_stuck(
                     &key,
                     "a GET shows the Lease deleted, which the watch never delivered",

@@ -37,7 +37,7 @@ use super::{
     FeedConfig,
 };
 use crate::{
-    model::cluster::{ClusterView, StreamStatus},
+    model::cluster::{ClusterView, SharedClaims, StreamStatus},
     sources::file::clip,
     telemetry::ops::OPS,
 };
@@ -109,6 +109,9 @@ pub(crate) struct Feed {
     pub(super) last_error: Option<String>,
     /// Why each failing part fails, while it does.
     pub(super) problems: BTreeMap<Who, Cause>,
+    /// The claims handed to the daemon, and their version.
+    claims: SharedClaims,
+    claims_version: u64,
     /// Causes logged since the feed was last healthy (each once).
     pub(super) logged: BTreeSet<Cause>,
 }
@@ -125,11 +128,12 @@ impl Feed {
                 last_error: None,
             })
             .collect();
+        let model = Model::new(cfg.announcers.clone());
         Feed {
             cfg,
             stores: streams.iter().map(Store::of).collect(),
             streams,
-            model: Model::default(),
+            model,
             health,
             probe_failing: None,
             clamp_warned: BTreeSet::new(),
@@ -139,6 +143,8 @@ impl Feed {
             last_error: None,
             problems: BTreeMap::new(),
             logged: BTreeSet::new(),
+            claims: SharedClaims::default(),
+            claims_version: 0,
         }
     }
 
@@ -180,16 +186,13 @@ impl Feed {
                 match *ev {
                     watcher::Event::Apply(s) => {
                         let key = objects::key_of(&s);
-                        match objects::service(&s, filter) {
-                            Some(info) => self.model.services.insert(key, info),
-                            None => self.model.services.remove(&key),
-                        };
+                        self.model.set_service(key, objects::service(&s, filter));
                     }
                     watcher::Event::Delete(s) => {
-                        self.model.services.remove(&objects::key_of(&s));
+                        self.model.set_service(objects::key_of(&s), None);
                     }
                     watcher::Event::InitDone => {
-                        self.model.services = listed(w, |s| objects::service(s, filter));
+                        (self.model).replace_services(listed(w, |s| objects::service(s, filter)));
                     }
                     watcher::Event::Init | watcher::Event::InitApply(_) => {}
                 }
@@ -211,18 +214,24 @@ impl Feed {
                 match *ev {
                     watcher::Event::Apply(o) => {
                         let key = objects::key_of(&o);
-                        match objects::l2status(&o) {
-                            Some(s) => self.model.l2.insert(key, s),
-                            None => self.model.l2.remove(&key),
-                        };
+                        self.model.set_l2(key, objects::l2status(&o));
                     }
                     watcher::Event::Delete(o) => {
-                        self.model.l2.remove(&objects::key_of(&o));
+                        self.model.set_l2(objects::key_of(&o), None);
                     }
                     watcher::Event::InitDone => {
                         // This stream owns its namespace's entries only.
-                        self.model.l2.retain(|k, _| k.ns != namespace);
-                        self.model.l2.extend(listed(w, objects::l2status));
+                        let listed = listed(w, objects::l2status);
+                        let gone: Vec<Key> = (self.model.l2.keys())
+                            .filter(|k| k.ns == namespace && !listed.contains_key(*k))
+                            .cloned()
+                            .collect();
+                        for k in gone {
+                            self.model.set_l2(k, None);
+                        }
+                        for (k, s) in listed {
+                            self.model.set_l2(k, Some(s));
+                        }
                     }
                     watcher::Event::Init | watcher::Event::InitApply(_) => {}
                 }
@@ -250,14 +259,20 @@ impl Feed {
             watcher::Event::Delete(l) => {
                 let key = objects::key_of(&l);
                 self.clamp_warned.remove(&key);
-                self.model.leases.remove(&key);
+                self.model.remove_lease(&key);
             }
             watcher::Event::InitDone => {
                 let listed = relisted.unwrap_or_default();
                 // upsert_lease keeps the observation time of a Lease whose
                 // holder and renewTime did not change: a relist never extends
                 // a lease that stopped being renewed.
-                self.model.leases.retain(|k, _| listed.contains_key(k));
+                let gone: Vec<Key> = (self.model.leases.keys())
+                    .filter(|k| !listed.contains_key(*k))
+                    .cloned()
+                    .collect();
+                for k in gone {
+                    self.model.remove_lease(&k);
+                }
                 self.clamp_warned.retain(|k| listed.contains_key(k));
                 for (k, f) in listed {
                     self.upsert_lease(k, f, now);
@@ -275,7 +290,7 @@ impl Feed {
     pub(crate) fn threshold(&self) -> Duration {
         self.cfg.stale_after.unwrap_or_else(|| {
             self.model
-                .max_lease_duration(&self.cfg.announcers)
+                .max_lease_duration()
                 .unwrap_or_default()
                 .clamp(THRESHOLD_FLOOR, THRESHOLD_CAP)
         })
@@ -287,7 +302,7 @@ impl Feed {
         let streams = self.health.iter().filter_map(|h| h.failing_since);
         let leases = self
             .model
-            .unconfirmed(&self.cfg.announcers, now)
+            .unconfirmed(now)
             .into_iter()
             .map(|(_, since)| since);
         streams
@@ -306,19 +321,39 @@ impl Feed {
         self.health.iter().all(|h| h.synced)
     }
 
-    pub(crate) fn view(&self, now: Instant, event_at: Option<Instant>) -> ClusterView {
+    /// Bring the claims handed to the daemon to `now`: the IPs whose claim
+    /// changed are written into the shared table and marked changed. Nothing
+    /// is handed over before every stream has listed.
+    fn publish_claims(&mut self, now: Instant) {
+        if !self.synced() {
+            return;
+        }
+        let changed = self.model.refresh(now);
+        if changed.is_empty() {
+            return;
+        }
+        let mut t = self.claims.lock();
+        for ip in changed {
+            match self.model.claims().get(&ip) {
+                Some(c) => t.claims.insert(ip, c.clone()),
+                None => t.claims.remove(&ip),
+            };
+            t.changed.insert(ip);
+        }
+        self.claims_version += 1;
+    }
+
+    pub(crate) fn view(&mut self, now: Instant, event_at: Option<Instant>) -> ClusterView {
+        self.publish_claims(now);
         let synced = self.synced();
         ClusterView {
-            claims: if synced {
-                self.model.ownership(&self.cfg.announcers, now)
-            } else {
-                BTreeMap::new()
-            },
+            claims: self.claims.clone(),
+            claims_version: self.claims_version,
             synced,
             degraded: self.degraded(now),
             holders: self
                 .model
-                .named_nodes(&self.cfg.announcers)
+                .named_nodes()
                 .into_iter()
                 .map(str::to_owned)
                 .collect(),
@@ -335,7 +370,7 @@ impl Feed {
                     error: h.failing_since.and(h.last_error.clone()),
                 })
                 .collect(),
-            unconfirmed: self.model.unconfirmed(&self.cfg.announcers, now).len(),
+            unconfirmed: self.model.unconfirmed(now).len(),
             threshold: self.threshold(),
             problem: self.problem(),
         }
@@ -498,8 +533,8 @@ mod tests {
     const IP: &str = "198.51.100.10";
     const KEY: (&str, &str) = ("kube-system", "cilium-l2announce-default-web");
 
-    fn owner(f: &Feed, t: Instant) -> (Option<String>, bool) {
-        let c = &f.view(t, None).claims[&IP.parse::<IpAddr>().unwrap()];
+    fn owner(f: &mut Feed, t: Instant) -> (Option<String>, bool) {
+        let c = &f.view(t, None).claims.snapshot()[&IP.parse::<IpAddr>().unwrap()];
         (c.owner.clone(), c.certain)
     }
 
@@ -508,23 +543,23 @@ mod tests {
         let t0 = Instant::now();
         let mut f = feed(t0);
         assert!(
-            f.view(t0, None).claims.is_empty(),
+            f.view(t0, None).claims.snapshot().is_empty(),
             "nothing before the first sync"
         );
         list(&mut f, t0, lease_json("node-a", RENEWED));
-        assert_eq!(owner(&f, t0), node_a(true));
+        assert_eq!(owner(&mut f, t0), node_a(true));
         // A relist 8 s later with the same renewTime keeps the first observation...
         let t8 = secs(t0, 8);
         list(&mut f, t8, lease_json("node-a", RENEWED));
         // ...so at 11 s the lease is past its deadline (10 s after it was
         // first seen); the API was last heard at 8 s: not confirmed yet.
         let t11 = secs(t0, 11);
-        assert_eq!(owner(&f, t11), node_a(false));
+        assert_eq!(owner(&mut f, t11), node_a(false));
         assert_eq!(f.due_confirmations(t11, 0), vec![key()]);
         assert!(f.due_confirmations(t11, 0).is_empty(), "one GET at a time");
         // The GET shows the same renewTime: expiry confirmed, no owner.
         f.on_confirm(key(), t11, Ok(Some(lease_json("node-a", RENEWED))), t11);
-        assert_eq!(owner(&f, t11), (None, true));
+        assert_eq!(owner(&mut f, t11), (None, true));
         assert!(f.take_rebuilds().is_empty(), "not a stuck stream");
         // ...and a renewal seen in a relist counts as one.
         let t12 = secs(t0, 12);
@@ -533,7 +568,7 @@ mod tests {
             t12,
             lease_json("node-a", "2026-11-30T10:00:12.000000Z"),
         );
-        assert_eq!(owner(&f, t12 + Duration::from_secs(1)), node_a(true));
+        assert_eq!(owner(&mut f, t12 + Duration::from_secs(1)), node_a(true));
     }
 
     /// The watch misses renewals (stuck half-way through a chunk): the
@@ -544,7 +579,7 @@ mod tests {
         let t0 = Instant::now();
         let mut f = synced(t0);
         let t10 = secs(t0, 10);
-        assert_eq!(owner(&f, t10), node_a(false), "held, uncertain");
+        assert_eq!(owner(&mut f, t10), node_a(false), "held, uncertain");
         assert_eq!(f.due_confirmations(t10, 0).len(), 1);
         f.on_confirm(
             key(),
@@ -552,7 +587,7 @@ mod tests {
             Ok(Some(lease_json("node-a", "2026-11-30T10:00:09.000000Z"))),
             t10,
         );
-        assert_eq!(owner(&f, t10), node_a(true), "renewed: certain again");
+        assert_eq!(owner(&mut f, t10), node_a(true), "renewed: certain again");
         assert_eq!(f.take_rebuilds().into_keys().collect::<Vec<_>>(), vec![1]);
         let v = f.view(t10, None);
         assert!(!v.streams[1].healthy, "the stuck stream shows as failing");
@@ -564,11 +599,11 @@ mod tests {
         assert_eq!(g.due_confirmations(t11, 0).len(), 1);
         let forbidden = Failure::new(Cause::Forbidden, "403 Forbidden");
         g.on_confirm(key(), t11, Err(forbidden), t11);
-        assert_eq!(owner(&g, t11), node_a(false));
+        assert_eq!(owner(&mut g, t11), node_a(false));
         assert_eq!(g.view(t11, None).failing_since, Some(t10));
         assert!(!g.view(secs(t0, 24), None).degraded);
         assert!(g.view(secs(t0, 25), None).degraded);
-        assert_eq!(owner(&g, secs(t0, 300)), node_a(false));
+        assert_eq!(owner(&mut g, secs(t0, 300)), node_a(false));
     }
 
     /// A GET's answer that the watch has overtaken is old news: it neither
@@ -593,10 +628,10 @@ mod tests {
         // ...then the GET's answer, from before it, arrives: ignored.
         let old = Ok(Some(lease_json("node-a", RENEWED)));
         f.on_confirm(key(), t10, old, t12);
-        assert_eq!(owner(&f, t12), node_a(true));
+        assert_eq!(owner(&mut f, t12), node_a(true));
         assert!(f.take_rebuilds().is_empty(), "no false alarm");
         f.on_confirm(key(), t10, Ok(None), t12);
-        assert_eq!(owner(&f, t12), node_a(true), "not removed");
+        assert_eq!(owner(&mut f, t12), node_a(true), "not removed");
         // Deleted by the watch after the GET went out: not revived.
         f.apply(
             1,
@@ -616,11 +651,15 @@ mod tests {
         use watcher::Event::*;
         let t0 = Instant::now();
         let mut f = synced(t0);
-        let ips = |f: &Feed| -> Vec<String> {
+        let ips = |f: &mut Feed| -> Vec<String> {
             let v = f.view(t0, None);
-            v.claims.keys().map(ToString::to_string).collect()
+            v.claims
+                .snapshot()
+                .keys()
+                .map(ToString::to_string)
+                .collect()
         };
-        assert_eq!(ips(&f), ["198.51.100.10"]);
+        assert_eq!(ips(&mut f), ["198.51.100.10"]);
         // A relist after an outage: "web" was deleted meanwhile, "api" added.
         let api: Service = serde_json::from_value(serde_json::json!({
             "metadata": {"name": "api", "namespace": "default"},
@@ -632,9 +671,9 @@ mod tests {
         f.apply(0, Update::Svc(Box::new(InitApply(api))), t0);
         // Half-way through, the last known state holds (nothing vanishes
         // because a list is in progress).
-        assert_eq!(ips(&f), ["198.51.100.10"]);
+        assert_eq!(ips(&mut f), ["198.51.100.10"]);
         f.apply(0, Update::Svc(Box::new(InitDone)), t0);
-        assert_eq!(ips(&f), ["198.51.100.20"]);
+        assert_eq!(ips(&mut f), ["198.51.100.20"]);
     }
 
     #[test]
@@ -643,7 +682,10 @@ mod tests {
         let mut f = feed(t0);
         list_services(&mut f, t0, vec![svc()]);
         let v = f.view(t0, None);
-        assert!(!v.synced && v.claims.is_empty(), "Leases not listed yet");
+        assert!(
+            !v.synced && v.claims.snapshot().is_empty(),
+            "Leases not listed yet"
+        );
     }
 
     #[test]

@@ -11,6 +11,7 @@
 pub mod cause;
 pub mod confirm;
 pub mod feed;
+pub mod index;
 pub mod model;
 pub mod objects;
 pub mod problems;

@@ -127,10 +127,38 @@ impl Announcer {
 }
 
 #[derive(Debug, Default, Clone)]
+/// The indexes behind the incremental claims (kept by `index.rs`).
+pub struct Index {
+    pub(super) announcers: Vec<Announcer>,
+    /// LB IP -> the Services that carry it (an IP can be shared).
+    pub(super) ip_services: BTreeMap<IpAddr, BTreeSet<Key>>,
+    /// Lease -> the Services it decides (for the announcers in use). Its
+    /// keys are the Leases in use.
+    pub(super) lease_services: BTreeMap<Key, BTreeSet<Key>>,
+    /// Service -> the ServiceL2Status objects naming it.
+    pub(super) l2_of_service: BTreeMap<Key, BTreeSet<Key>>,
+    /// Lease deadline -> Leases.
+    pub(super) deadlines: BTreeMap<Instant, BTreeSet<Key>>,
+    /// Holders of Leases in use and announcing nodes, counted.
+    pub(super) holders: BTreeMap<String, usize>,
+    /// Durations of the Leases in use, counted.
+    pub(super) durations: BTreeMap<Duration, usize>,
+    pub(super) dirty_services: BTreeSet<Key>,
+    pub(super) dirty_ips: BTreeSet<IpAddr>,
+    /// Every LB IP's claim as of `evaluated`.
+    pub(super) claims: BTreeMap<IpAddr, Claim>,
+    pub(super) evaluated: Option<Instant>,
+}
+
+/// The objects the feed delivered, and the claims derived from them, kept
+/// incrementally (`index.rs`): read the maps freely, change them only
+/// through the methods, which keep the indexes and mark what to re-derive.
+#[derive(Debug, Default, Clone)]
 pub struct Model {
     pub services: BTreeMap<Key, ServiceInfo>,
     pub leases: BTreeMap<Key, LeaseInfo>,
     pub l2: BTreeMap<Key, L2Status>,
+    pub(super) idx: Index,
 }
 
 impl Model {
@@ -151,55 +179,52 @@ impl Model {
             Some(_) => (now, true),
             None => (now, false),
         };
-        self.leases.insert(
-            key,
-            LeaseInfo {
-                holder,
-                duration,
-                renew,
-                observed,
-                checked: now,
-            },
-        );
+        let info = LeaseInfo {
+            holder,
+            duration,
+            renew,
+            observed,
+            checked: now,
+        };
+        self.set_lease(key, Some(info));
         renewed
     }
 
     /// The longest duration of the Leases in use (the feed's default
     /// staleness threshold).
-    pub fn max_lease_duration(&self, announcers: &[Announcer]) -> Option<Duration> {
-        let used = self.referenced_leases(announcers);
-        used.iter()
-            .filter_map(|k| self.leases.get(k))
-            .map(|l| l.duration)
-            .max()
+    pub fn max_lease_duration(&self) -> Option<Duration> {
+        self.idx.durations.keys().next_back().copied()
     }
 
-    /// The earliest future moment at which a live lease reaches its
-    /// deadline: when the ownership must be looked at again even if nothing
-    /// else happens.
+    /// The earliest future moment at which a lease reaches its deadline:
+    /// when the ownership must be looked at again even if nothing else
+    /// happens.
     pub fn next_expiry(&self, now: Instant) -> Option<Instant> {
-        self.leases
-            .values()
-            .map(LeaseInfo::deadline)
-            .filter(|t| *t > now)
-            .min()
+        use std::ops::Bound::{Excluded, Unbounded};
+        let mut after = self.idx.deadlines.range((Excluded(now), Unbounded));
+        after.next().map(|(t, _)| *t)
     }
 
     /// Leases some Service depends on that passed their deadline without
     /// the API being heard from since: each must be confirmed with a GET
-    /// before it changes anything. With the deadline (since when).
-    pub fn unconfirmed(&self, announcers: &[Announcer], now: Instant) -> Vec<(Key, Instant)> {
-        self.referenced_leases(announcers)
-            .into_iter()
+    /// before it changes anything. With the deadline (since when). Only
+    /// Leases past their deadline are looked at.
+    pub fn unconfirmed(&self, now: Instant) -> Vec<(Key, Instant)> {
+        let mut out: Vec<(Key, Instant)> = (self.idx.deadlines.range(..=now))
+            .flat_map(|(_, keys)| keys.iter())
+            .filter(|k| self.idx.lease_services.contains_key(*k))
             .filter_map(|k| {
-                let l = self.leases.get(&k)?;
-                matches!(l.state(now), LeaseState::Unconfirmed(_)).then(|| (k, l.deadline()))
+                let l = self.leases.get(k)?;
+                matches!(l.state(now), LeaseState::Unconfirmed(_))
+                    .then(|| (k.clone(), l.deadline()))
             })
-            .collect()
+            .collect();
+        out.sort();
+        out
     }
 
     /// The Lease that decides `svc` for a Lease-based announcer.
-    fn lease_key(svc: &Key, info: &ServiceInfo, a: &Announcer) -> Option<Key> {
+    pub(super) fn lease_key(svc: &Key, info: &ServiceInfo, a: &Announcer) -> Option<Key> {
         match a {
             Announcer::Cilium { namespace } => Some(Key::new(
                 namespace.clone(),
@@ -215,20 +240,6 @@ impl Model {
             Announcer::KubeVipGlobal { lease } => Some(lease.clone()),
             Announcer::MetalLb { .. } => None,
         }
-    }
-
-    /// The Leases some Service depends on. Only these count for the staleness
-    /// threshold and the holder names: a real cluster has many unrelated
-    /// Leases (leader elections) that say nothing about LB IPs.
-    fn referenced_leases(&self, announcers: &[Announcer]) -> BTreeSet<Key> {
-        self.services
-            .iter()
-            .flat_map(|(svc, info)| {
-                announcers
-                    .iter()
-                    .filter_map(move |a| Self::lease_key(svc, info, a))
-            })
-            .collect()
     }
 
     /// The owner of one Service according to one announcer: Some(claim) if
@@ -276,11 +287,11 @@ impl Model {
             | Announcer::KubeVipPerService
             | Announcer::KubeVipGlobal { .. } => lease_claim(Self::lease_key(svc, info, a)?),
             Announcer::MetalLb { namespace } => {
-                let nodes: BTreeSet<&str> = self
-                    .l2
-                    .iter()
-                    .filter(|(k, s)| &k.ns == namespace && &s.service == svc)
-                    .filter_map(|(_, s)| s.node.as_deref())
+                let nodes: BTreeSet<&str> = (self.idx.l2_of_service.get(svc))
+                    .into_iter()
+                    .flatten()
+                    .filter(|k| &k.ns == namespace)
+                    .filter_map(|k| self.l2.get(k)?.node.as_deref())
                     .collect();
                 match nodes.len() {
                     0 => None,
@@ -305,39 +316,59 @@ impl Model {
         }
     }
 
-    /// Ownership of every LB IP the Services carry. For each Service the first
-    /// announcer (in the order given) that has a record decides; an IP shared
-    /// by Services whose owners disagree has no owner.
+    /// The claim of one Service: the first announcer (in the order given)
+    /// that has a record for it decides.
+    pub(super) fn decision(
+        &self,
+        svc: &Key,
+        info: &ServiceInfo,
+        announcers: &[Announcer],
+        now: Instant,
+    ) -> Claim {
+        announcers
+            .iter()
+            .find_map(|a| self.service_claim(svc, info, a, now))
+            .unwrap_or_else(|| Claim {
+                owner: None,
+                why: format!("Service {svc}: no announcer record"),
+                certain: true,
+            })
+    }
+
+    /// Fold the claim of one more Service carrying an IP into the IP's
+    /// claim so far: Services whose owners disagree leave it no owner.
+    pub(super) fn merge(prev: Option<Claim>, claim: Claim) -> Claim {
+        match prev {
+            None => claim,
+            Some(mut prev) if prev.owner == claim.owner => {
+                prev.certain &= claim.certain;
+                prev
+            }
+            Some(prev) => Claim {
+                owner: None,
+                why: format!(
+                    "IP shared by Services whose owners disagree: {} / {}",
+                    prev.why, claim.why
+                ),
+                certain: prev.certain && claim.certain,
+            },
+        }
+    }
+
+    /// Ownership of every LB IP the Services carry, derived from scratch
+    /// (the reference the incremental claims are tested against). For each
+    /// Service the first announcer (in the order given) that has a record
+    /// decides; an IP shared by Services whose owners disagree has no owner.
+    #[cfg(test)]
     pub fn ownership(&self, announcers: &[Announcer], now: Instant) -> BTreeMap<IpAddr, Claim> {
         let mut out: BTreeMap<IpAddr, Claim> = BTreeMap::new();
         for (svc, info) in &self.services {
-            let claim = announcers
-                .iter()
-                .find_map(|a| self.service_claim(svc, info, a, now))
-                .unwrap_or_else(|| Claim {
-                    owner: None,
-                    why: format!("Service {svc}: no announcer record"),
-                    certain: true,
-                });
-            for ip in &info.ips {
-                match out.get_mut(ip) {
-                    None => {
-                        out.insert(*ip, claim.clone());
-                    }
-                    Some(prev) if prev.owner == claim.owner => {
-                        prev.certain &= claim.certain;
-                    }
-                    Some(prev) => {
-                        *prev = Claim {
-                            owner: None,
-                            why: format!(
-                                "IP shared by Services whose owners disagree: {} / {}",
-                                prev.why, claim.why
-                            ),
-                            certain: prev.certain && claim.certain,
-                        };
-                    }
-                }
+            let claim = self.decision(svc, info, announcers, now);
+            // An IP listed twice (an ingress IP that is an external IP too)
+            // counts once per Service.
+            for ip in info.ips.iter().collect::<BTreeSet<_>>() {
+                let prev = out.remove(ip);
+                out.insert(*ip, Self::merge(prev, claim.clone()));
             }
         }
         out
@@ -345,13 +376,8 @@ impl Model {
 
     /// Every holder of a Lease in use and every announcing node (to spot a
     /// node name that matches none of them).
-    pub fn named_nodes(&self, announcers: &[Announcer]) -> BTreeSet<&str> {
-        let used = self.referenced_leases(announcers);
-        let leases = used
-            .iter()
-            .filter_map(|k| self.leases.get(k)?.holder.as_deref());
-        let l2 = self.l2.values().filter_map(|s| s.node.as_deref());
-        leases.chain(l2).filter(|n| !n.is_empty()).collect()
+    pub fn named_nodes(&self) -> BTreeSet<&str> {
+        self.idx.holders.keys().map(String::as_str).collect()
     }
 }
 
@@ -364,12 +390,12 @@ mod tests {
     }
 
     fn svc(m: &mut Model, ns: &str, name: &str, ips: &[&str]) {
-        m.services.insert(
+        m.set_service(
             Key::new(ns, name),
-            ServiceInfo {
+            Some(ServiceInfo {
                 ips: ips.iter().map(|s| ip(s)).collect(),
                 kube_vip_lease: None,
-            },
+            }),
         );
     }
 
@@ -378,11 +404,11 @@ mod tests {
     #[test]
     fn cilium_lease_gives_owner_until_it_stops_being_renewed() {
         let t0 = Instant::now();
-        let mut m = Model::default();
-        svc(&mut m, "default", "web", &["198.51.100.10", "fd00::10"]);
         let cilium = [Announcer::Cilium {
             namespace: "kube-system".into(),
         }];
+        let mut m = Model::new(cilium.to_vec());
+        svc(&mut m, "default", "web", &["198.51.100.10", "fd00::10"]);
         let key = Key::new("kube-system", "cilium-l2announce-default-web");
         m.upsert_lease(
             key.clone(),
@@ -426,7 +452,7 @@ mod tests {
         let c = &o[&ip("198.51.100.10")];
         assert_eq!((c.owner.as_deref(), c.certain), (Some("node-a"), false));
         assert_eq!(
-            m.unconfirmed(&cilium, t0 + 26 * SEC),
+            m.unconfirmed(t0 + 26 * SEC),
             vec![(key.clone(), t0 + 25 * SEC)]
         );
         // The API, asked after the deadline, shows no renewal: expired.
@@ -445,7 +471,7 @@ mod tests {
         );
         assert!(o[&ip("198.51.100.10")].certain);
         assert!(o[&ip("198.51.100.10")].why.contains("expired"), "{:?}", o);
-        assert!(m.unconfirmed(&cilium, t0 + 26 * SEC).is_empty());
+        assert!(m.unconfirmed(t0 + 26 * SEC).is_empty());
         assert_eq!(m.next_expiry(t0 + 26 * SEC), None);
         assert_eq!(m.next_expiry(t0 + 11 * SEC), Some(t0 + 25 * SEC));
     }
@@ -477,19 +503,19 @@ mod tests {
         let t0 = Instant::now();
         let mut m = Model::default();
         svc(&mut m, "shop", "checkout", &["198.51.100.20"]);
-        m.services.insert(
+        m.set_service(
             Key::new("shop", "cart"),
-            ServiceInfo {
+            Some(ServiceInfo {
                 ips: vec![ip("198.51.100.21")],
                 kube_vip_lease: Some("custom".into()),
-            },
+            }),
         );
-        m.services.insert(
+        m.set_service(
             Key::new("shop", "pay"),
-            ServiceInfo {
+            Some(ServiceInfo {
                 ips: vec![ip("198.51.100.22")],
                 kube_vip_lease: Some("infra/pay-lock".into()),
-            },
+            }),
         );
         m.upsert_lease(
             Key::new("shop", "kubevip-checkout"),
@@ -546,36 +572,36 @@ mod tests {
             None,
             "no status yet"
         );
-        m.l2.insert(
+        m.set_l2(
             Key::new("metallb-system", "l2-abc"),
-            L2Status {
+            Some(L2Status {
                 node: Some("n1".into()),
                 service: Key::new("default", "web"),
-            },
+            }),
         );
         assert_eq!(
             m.ownership(&mlb, t0)[&ip("198.51.100.30")].owner.as_deref(),
             Some("n1")
         );
         // Status objects in another namespace are not MetalLB's.
-        m.l2.insert(
+        m.set_l2(
             Key::new("other", "l2-x"),
-            L2Status {
+            Some(L2Status {
                 node: Some("n7".into()),
                 service: Key::new("default", "web"),
-            },
+            }),
         );
         assert_eq!(
             m.ownership(&mlb, t0)[&ip("198.51.100.30")].owner.as_deref(),
             Some("n1")
         );
         // Two speakers claim it: unknown, never one of them picked at random.
-        m.l2.insert(
+        m.set_l2(
             Key::new("metallb-system", "l2-def"),
-            L2Status {
+            Some(L2Status {
                 node: Some("n2".into()),
                 service: Key::new("default", "web"),
-            },
+            }),
         );
         let c = &m.ownership(&mlb, t0)[&ip("198.51.100.30")];
         assert_eq!(c.owner, None);
@@ -591,30 +617,30 @@ mod tests {
         let mlb = [Announcer::MetalLb {
             namespace: "metallb-system".into(),
         }];
-        m.l2.insert(
+        m.set_l2(
             Key::new("metallb-system", "l2-1"),
-            L2Status {
+            Some(L2Status {
                 node: Some("n1".into()),
                 service: Key::new("a", "tcp"),
-            },
+            }),
         );
-        m.l2.insert(
+        m.set_l2(
             Key::new("metallb-system", "l2-2"),
-            L2Status {
+            Some(L2Status {
                 node: Some("n1".into()),
                 service: Key::new("a", "udp"),
-            },
+            }),
         );
         assert_eq!(
             m.ownership(&mlb, t0)[&ip("198.51.100.40")].owner.as_deref(),
             Some("n1")
         );
-        m.l2.insert(
+        m.set_l2(
             Key::new("metallb-system", "l2-2"),
-            L2Status {
+            Some(L2Status {
                 node: Some("n2".into()),
                 service: Key::new("a", "udp"),
-            },
+            }),
         );
         assert_eq!(m.ownership(&mlb, t0)[&ip("198.51.100.40")].owner, None);
     }
@@ -622,8 +648,6 @@ mod tests {
     #[test]
     fn first_announcer_with_a_record_decides() {
         let t0 = Instant::now();
-        let mut m = Model::default();
-        svc(&mut m, "default", "web", &["198.51.100.50"]);
         let both = [
             Announcer::Cilium {
                 namespace: "kube-system".into(),
@@ -632,12 +656,14 @@ mod tests {
                 namespace: "metallb-system".into(),
             },
         ];
-        m.l2.insert(
+        let mut m = Model::new(both.to_vec());
+        svc(&mut m, "default", "web", &["198.51.100.50"]);
+        m.set_l2(
             Key::new("metallb-system", "l2-1"),
-            L2Status {
+            Some(L2Status {
                 node: Some("n2".into()),
                 service: Key::new("default", "web"),
-            },
+            }),
         );
         assert_eq!(
             m.ownership(&both, t0)[&ip("198.51.100.50")]
@@ -659,7 +685,7 @@ mod tests {
                 .as_deref(),
             Some("n1")
         );
-        assert_eq!(m.named_nodes(&both), BTreeSet::from(["n1", "n2"]));
+        assert_eq!(m.named_nodes(), BTreeSet::from(["n1", "n2"]));
         // A Lease no Service depends on (a controller's leader election) is not counted.
         m.upsert_lease(
             Key::new("kube-system", "some-controller"),
@@ -668,7 +694,7 @@ mod tests {
             None,
             t0,
         );
-        assert_eq!(m.named_nodes(&both), BTreeSet::from(["n1", "n2"]));
-        assert_eq!(m.max_lease_duration(&both), Some(15 * SEC));
+        assert_eq!(m.named_nodes(), BTreeSet::from(["n1", "n2"]));
+        assert_eq!(m.max_lease_duration(), Some(15 * SEC));
     }
 }

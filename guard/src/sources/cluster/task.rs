@@ -260,8 +260,8 @@ impl Task {
     /// Publish the view if it changed; log entering and leaving degradation
     /// and the first sync.
     fn publish(&mut self, tx: &watch::Sender<ClusterView>, event_at: Option<Instant>) {
+        let view = self.feed.view(Instant::now(), event_at);
         let f = &self.feed;
-        let view = f.view(Instant::now(), event_at);
         if view.degraded != self.was_degraded {
             self.was_degraded = view.degraded;
             if view.degraded {

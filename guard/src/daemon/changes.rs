@@ -1,0 +1,235 @@
+//! A source published: bring the view and the maps along. When the changed
+//! LB IPs are known (the cluster feed says which claims changed, an address
+//! came or went) only those are re-derived and written; anything else (the
+//! ownership file, the feed syncing or degrading, the first change) derives
+//! the whole view. The periodic full reconcile repairs whatever drifts.
+
+use std::{
+    collections::BTreeSet,
+    net::{IpAddr, Ipv4Addr},
+};
+
+use super::{
+    attachments,
+    publish::{self, Changed},
+    Daemon, Sources,
+};
+use crate::model::{
+    addrs::AddrTable,
+    view::{compute, ClusterIn, Inputs, LbIp, View},
+};
+
+/// The addresses that came or went on the LB interfaces between two tables.
+fn addr_changes(old: &AddrTable, new: &AddrTable, lb_ips_from: &[String]) -> BTreeSet<Ipv4Addr> {
+    // Sorted vectors, not sets: thousands of addresses cost microseconds.
+    let sorted = |t: &AddrTable, n: &str| -> Vec<Ipv4Addr> {
+        let mut v: Vec<Ipv4Addr> = t.v4_of(n).iter().map(|a| a.addr).collect();
+        v.sort_unstable();
+        v.dedup();
+        v
+    };
+    let mut out = BTreeSet::new();
+    for name in lb_ips_from {
+        if old.v4_of(name) == new.v4_of(name) {
+            continue;
+        }
+        let (a, b) = (sorted(old, name), sorted(new, name));
+        let (mut i, mut j) = (0, 0);
+        while i < a.len() || j < b.len() {
+            match (a.get(i), b.get(j)) {
+                (Some(x), Some(y)) if x == y => {
+                    i += 1;
+                    j += 1;
+                }
+                (Some(x), Some(y)) if x < y => {
+                    out.insert(*x);
+                    i += 1;
+                }
+                (Some(x), None) => {
+                    out.insert(*x);
+                    i += 1;
+                }
+                (_, Some(y)) => {
+                    out.insert(*y);
+                    j += 1;
+                }
+                (None, None) => break,
+            }
+        }
+    }
+    out
+}
+
+impl Daemon {
+    /// The interfaces the guard is (to be) attached to.
+    pub(super) fn guarded(&self, table: &AddrTable) -> Vec<String> {
+        attachments::wanted(
+            &self.cfg.daemon.interfaces,
+            &self.cfg.sources.lb_ips_from,
+            table,
+        )
+        .into_keys()
+        .collect()
+    }
+
+    /// A source published: bring the view and the maps to it, follow links
+    /// that came or went, publish the state. `file_event`: the ownership
+    /// file's change woke the loop (which marked it seen); one that came
+    /// with another source's shows as not yet seen.
+    pub(super) fn on_source_changed(&mut self, sources: &mut Sources, file_event: bool) {
+        let file_changed =
+            file_event || (sources.file.as_ref()).is_some_and(|f| f.has_changed().unwrap_or(false));
+        let file = sources.file.as_mut().map(|f| f.borrow_and_update().clone());
+        let table = sources.addrs.borrow_and_update().clone();
+        let cluster = (sources.cluster.as_mut()).map(|c| c.borrow_and_update().clone());
+        if let Some(c) = &cluster {
+            self.warn_once_if_node_unknown(c);
+        }
+        let flags = cluster.as_ref().map(|c| (c.synced, c.degraded));
+        let unsynced = flags.is_some_and(|(synced, _)| !synced);
+        let full = self.full_next || file_changed || unsynced || flags != self.cluster_flags;
+        let guarded = self.guarded(&table);
+        let mut claims = cluster.as_ref().map(|c| c.claims.lock());
+        // Taken whatever the path: a full derivation covers them too.
+        let taken =
+            (claims.as_mut()).map_or_else(BTreeSet::new, |t| std::mem::take(&mut t.changed));
+        let inputs = Inputs {
+            node: &self.node,
+            file: file.as_ref(),
+            lb_ips_from: &self.cfg.sources.lb_ips_from,
+            guarded: &guarded,
+            addrs: &table,
+            cluster: (claims.as_ref().zip(cluster.as_ref())).map(|(t, c)| ClusterIn {
+                claims: &t.claims,
+                degraded: c.degraded,
+            }),
+        };
+        let changed = if full {
+            let mut next = compute(&inputs);
+            if unsynced {
+                next.hold_previous(|ip| self.dp.map_state(ip));
+            }
+            if next == self.view {
+                Changed::Nothing
+            } else {
+                publish::log_changes(&self.view, &next);
+                self.view = next;
+                Changed::All
+            }
+        } else {
+            let mut ips: BTreeSet<Ipv4Addr> = (taken.iter())
+                .filter_map(|ip| match ip {
+                    IpAddr::V4(v4) => Some(*v4),
+                    IpAddr::V6(_) => None,
+                })
+                .collect();
+            ips.extend(addr_changes(
+                &self.addrs,
+                &table,
+                &self.cfg.sources.lb_ips_from,
+            ));
+            update(&mut self.view, &inputs, &ips)
+        };
+        drop(claims);
+        self.full_next = false;
+        self.cluster_flags = flags;
+        self.apply_changed(&changed, unsynced);
+        // How long a cluster event took to reach the maps (BENCHMARKS.md).
+        if !matches!(changed, Changed::Nothing) {
+            if let Some(at) = cluster.as_ref().and_then(|c| c.event_at) {
+                tracing::debug!(
+                    feed_to_map_us = at.elapsed().as_micros() as u64,
+                    "cluster change applied"
+                );
+            }
+        }
+        // Interfaces that appeared, vanished or were renamed (after the maps
+        // know their addresses).
+        if table.links != self.links {
+            self.attachments.sync(&mut self.dp, &table);
+            self.links = table.links.clone();
+        }
+        self.addrs = table;
+        self.publish(cluster.as_ref(), &changed);
+    }
+
+    /// Write what changed into the maps. A failed write is retried (in
+    /// full) with every heartbeat until one succeeds.
+    fn apply_changed(&mut self, changed: &Changed, additive: bool) {
+        let ok = match changed {
+            Changed::Nothing => return,
+            Changed::All => publish::apply(&mut self.dp, &self.view, additive),
+            Changed::Keys(keys) => publish::apply_changes(&mut self.dp, &self.view, keys, additive),
+        };
+        self.dirty = match changed {
+            Changed::All => !ok,
+            _ => self.dirty || !ok,
+        };
+    }
+}
+
+/// Re-derive the LB IPs `ips` of `view`, logging each change.
+fn update(view: &mut View, inputs: &Inputs<'_>, ips: &BTreeSet<Ipv4Addr>) -> Changed {
+    let before: Vec<(Ipv4Addr, Option<LbIp>)> = ips
+        .iter()
+        .map(|ip| (*ip, view.lb.get(ip).cloned()))
+        .collect();
+    let ifs = (
+        view.if_addrs.clone(),
+        view.if_primary.clone(),
+        view.ignored_v6,
+    );
+    let keys = view.update(inputs, ips);
+    let same_ifs = ifs
+        == (
+            view.if_addrs.clone(),
+            view.if_primary.clone(),
+            view.ignored_v6,
+        );
+    for (ip, old) in before.iter().filter(|(ip, _)| keys.contains(ip)) {
+        publish::log_change(*ip, old.as_ref(), view.lb.get(ip));
+    }
+    match (keys.is_empty(), same_ifs) {
+        (true, true) => Changed::Nothing,
+        (_, true) => Changed::Keys(keys),
+        // The uplink's addresses changed (rare): the API's per-IP table
+        // shows them, so everything is published anew.
+        (_, false) => Changed::All,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::addrs::IfAddr;
+
+    #[test]
+    fn address_changes_are_the_symmetric_difference_on_lb_interfaces() {
+        let table = |lb: &[u8], up: &[u8]| {
+            let mut t = AddrTable::default();
+            t.links.insert("kube-ipvs0".into(), 5);
+            t.links.insert("eth0".into(), 2);
+            let a = |i: &u8| IfAddr {
+                addr: Ipv4Addr::new(10, 0, 0, *i),
+                prefix: 32,
+                secondary: false,
+            };
+            t.v4.insert(5, lb.iter().map(a).collect());
+            t.v4.insert(2, up.iter().map(a).collect());
+            t
+        };
+        let lb = ["kube-ipvs0".to_string()];
+        let ip = |i| Ipv4Addr::new(10, 0, 0, i);
+        let old = table(&[3, 1, 2, 1], &[9]);
+        assert!(addr_changes(&old, &old, &lb).is_empty());
+        let new = table(&[4, 2, 1], &[8]);
+        assert_eq!(
+            addr_changes(&old, &new, &lb),
+            BTreeSet::from([ip(3), ip(4)])
+        );
+        assert_eq!(
+            addr_changes(&old, &AddrTable::default(), &lb),
+            BTreeSet::from([ip(1), ip(2), ip(3)])
+        );
+    }
+}

@@ -93,3 +93,26 @@ fn a_reload_from_the_kernel_rebuilds_the_filter() {
         assert_eq!(verdict(&dp, *ip), DROP, "{ip}");
     }
 }
+
+/// The per-change writer (one Kubernetes event, one address) keeps the
+/// filter as the full writer does.
+#[test]
+fn per_change_writes_keep_the_filter() {
+    testbed::require_root();
+    let (a, b) = colliding_pair();
+    let mut dp = datapath(true);
+    let changed = |ips: &[Ipv4Addr]| {
+        ips.iter()
+            .copied()
+            .collect::<std::collections::BTreeSet<_>>()
+    };
+    let r = dp.apply_changes(&foreign(&[a]), &changed(&[a]), false);
+    assert!(r.failed.is_empty(), "{:?}", r.failed);
+    assert_eq!((verdict(&dp, a), verdict(&dp, b)), (DROP, PASS));
+    dp.apply_changes(&foreign(&[a, b]), &changed(&[b]), false);
+    assert_eq!((verdict(&dp, a), verdict(&dp, b)), (DROP, DROP));
+    dp.apply_changes(&foreign(&[b]), &changed(&[a]), false);
+    assert_eq!((verdict(&dp, a), verdict(&dp, b)), (PASS, DROP));
+    dp.apply_changes(&foreign(&[]), &changed(&[b]), false);
+    assert_eq!((verdict(&dp, a), verdict(&dp, b)), (PASS, PASS));
+}

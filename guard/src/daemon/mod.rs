@@ -21,7 +21,7 @@ use tokio::{signal::unix::Signal, sync::watch};
 
 use crate::{
     api::Shared,
-    datapath::{maps::CounterReclaimer, Datapath},
+    datapath::{CounterReclaimer, Datapath},
     model::{addrs::AddrTable, cluster::ClusterView, ownership::OwnershipFile, view::View},
     telemetry::{ops::OPS, status::Status},
 };

@@ -9,10 +9,7 @@ use aya::{
     maps::{HashMap, MapData},
     Ebpf, Pod,
 };
-use guard_common::{
-    CounterKey, CounterValue, IfAddrKey, LbEntry, MAP_IF_ADDRS, MAP_IF_PRIMARY, MAP_LB_FILTER,
-    MAP_LB_IPS,
-};
+use guard_common::{IfAddrKey, LbEntry, MAP_IF_ADDRS, MAP_IF_PRIMARY, MAP_LB_FILTER, MAP_LB_IPS};
 
 use super::{
     error::{dp_err, errno, DatapathError},
@@ -227,6 +224,7 @@ impl<K: Pod + Ord, V: Pod + PartialEq> Table<K, V> {
         keys: impl Iterator<Item = (K, Option<V>)>,
         additive: bool,
         report: &mut ApplyReport,
+        hook: &mut dyn KeyHook<K>,
     ) {
         let fail = |report: &mut ApplyReport, entry: String, op, error| {
             report.failed.push(Failure { entry, op, error })
@@ -253,7 +251,7 @@ impl<K: Pod + Ord, V: Pod + PartialEq> Table<K, V> {
                 self.status.remove(&k);
                 continue;
             }
-            match self.write(&mut map, &k, &v, report) {
+            match self.write(&mut map, &k, &v, report, hook) {
                 Err(EntryError::Full) => full.push((k, v)),
                 Err(e) => fail(report, (self.describe)(&k), Op::Write, e),
                 Ok(()) => {}
@@ -266,13 +264,14 @@ impl<K: Pod + Ord, V: Pod + PartialEq> Table<K, V> {
             match map.remove(&k) {
                 Ok(()) => {
                     self.applied.remove(&k);
+                    hook.after_remove(&k);
                     report.removed += 1;
                 }
                 Err(e) => fail(report, (self.describe)(&k), Op::Remove, EntryError::of(&e)),
             }
         }
         for (k, v) in full {
-            if let Err(e) = self.write(&mut map, &k, &v, report) {
+            if let Err(e) = self.write(&mut map, &k, &v, report, hook) {
                 fail(report, (self.describe)(&k), Op::Write, e);
             }
         }
@@ -354,13 +353,6 @@ impl Tables {
     }
 }
 
-/// Rows of the per-IP counter map for a given LB IP capacity: room for
-/// several decisions (kinds, origins, verdicts, interfaces) per IP. Rows of
-/// IPs that left the LB set are reclaimed ([`Datapath::reclaim_counters`]).
-pub fn counter_capacity(lb_ips: u32) -> u32 {
-    lb_ips.saturating_mul(4).clamp(1024, 4 * 1024 * 1024)
-}
-
 impl Datapath {
     /// Make the maps hold `view`, touching only what differs. `additive`:
     /// write new and changed entries, delete nothing (while a source has not
@@ -371,35 +363,12 @@ impl Datapath {
             .iter()
             .map(|(ip, l)| (u32::from(*ip), LbEntry::new(l.state)))
             .collect();
-        let if_addrs: BTreeMap<IfAddrKey, u8> = view
-            .if_addrs
-            .iter()
-            .map(|(ifindex, a)| (IfAddrKey::new(*ifindex, *a), 1))
-            .collect();
-        let if_primary: BTreeMap<u32, u32> = view
-            .if_primary
-            .iter()
-            .map(|(i, a)| (*i, u32::from(*a)))
-            .collect();
         let mut report = ApplyReport::default();
         // Addresses first: an LB IP that just appeared on the egress interface
         // must be known as such before its LB entry can make a frame drop.
+        self.write_addresses(view, additive, &mut report);
         let Self { ebpf, tables, .. } = self;
         let t = tables;
-        t.if_addrs.reconcile(
-            ebpf.map_mut(MAP_IF_ADDRS),
-            &if_addrs,
-            additive,
-            &mut report,
-            &mut NoHook,
-        );
-        t.if_primary.reconcile(
-            ebpf.map_mut(MAP_IF_PRIMARY),
-            &if_primary,
-            additive,
-            &mut report,
-            &mut NoHook,
-        );
         t.lb.reconcile(
             ebpf.map_mut(MAP_LB_IPS),
             &lb,
@@ -421,6 +390,27 @@ impl Datapath {
         changed: &std::collections::BTreeSet<Ipv4Addr>,
         additive: bool,
     ) -> ApplyReport {
+        let mut report = ApplyReport::default();
+        self.write_addresses(view, additive, &mut report);
+        let Self { ebpf, tables, .. } = self;
+        let t = tables;
+        let lb = changed.iter().map(|ip| {
+            let entry = view.lb.get(ip).map(|l| LbEntry::new(l.state));
+            (u32::from(*ip), entry)
+        });
+        t.lb.apply_keys(
+            ebpf.map_mut(MAP_LB_IPS),
+            lb,
+            additive,
+            &mut report,
+            &mut t.filter,
+        );
+        report
+    }
+
+    /// The guarded interfaces' addresses and primaries, in full (a few per
+    /// interface).
+    fn write_addresses(&mut self, view: &View, additive: bool, report: &mut ApplyReport) {
         let if_addrs: BTreeMap<IfAddrKey, u8> = view
             .if_addrs
             .iter()
@@ -431,23 +421,21 @@ impl Datapath {
             .iter()
             .map(|(i, a)| (*i, u32::from(*a)))
             .collect();
-        let mut report = ApplyReport::default();
         let Self { ebpf, tables, .. } = self;
-        let t = tables;
-        t.if_addrs
-            .reconcile(ebpf.map_mut(MAP_IF_ADDRS), &if_addrs, additive, &mut report);
-        t.if_primary.reconcile(
+        tables.if_addrs.reconcile(
+            ebpf.map_mut(MAP_IF_ADDRS),
+            &if_addrs,
+            additive,
+            report,
+            &mut NoHook,
+        );
+        tables.if_primary.reconcile(
             ebpf.map_mut(MAP_IF_PRIMARY),
             &if_primary,
             additive,
-            &mut report,
+            report,
+            &mut NoHook,
         );
-        let lb = changed.iter().map(|ip| {
-            let entry = view.lb.get(ip).map(|l| LbEntry::new(l.state));
-            (u32::from(*ip), entry)
-        });
-        t.lb.apply_keys(ebpf.map_mut(MAP_LB_IPS), lb, additive, &mut report);
-        report
     }
 
     /// Entries that did not fit in a full map at the last apply; shown in
@@ -486,51 +474,6 @@ impl Datapath {
             .rebuild(tables.lb.applied.keys().copied())
             .map_err(|e| dp_err!("writing {MAP_LB_FILTER}: {e}"))?;
         Ok(n)
-    }
-}
-
-/// Deletes the counter rows of IPs that have been out of the LB map for a
-/// grace period (long enough for a scrape to see their last values), so that
-/// churn cannot fill the map and leave new IPs uncounted. It walks the whole
-/// map, so it runs off the main loop.
-pub struct CounterReclaimer {
-    map: aya::maps::Map,
-    /// LB IPs with counter rows that are no longer in the LB set, and since when.
-    gone: std::collections::HashMap<u32, std::time::Instant>,
-}
-
-impl CounterReclaimer {
-    pub(super) fn new(map: aya::maps::Map) -> Self {
-        CounterReclaimer {
-            map,
-            gone: Default::default(),
-        }
-    }
-
-    /// Returns how many rows went.
-    pub fn reclaim(
-        &mut self,
-        lb: &std::collections::HashSet<u32>,
-        now: std::time::Instant,
-        grace: std::time::Duration,
-    ) -> Result<usize> {
-        let mut map: aya::maps::PerCpuHashMap<&mut MapData, CounterKey, CounterValue> =
-            aya::maps::PerCpuHashMap::try_from(&mut self.map)?;
-        let keys: Vec<CounterKey> = map.keys().filter_map(Result::ok).collect();
-        let mut gone_now = std::collections::HashSet::new();
-        let mut removed = 0;
-        for k in keys {
-            if lb.contains(&k.ip) {
-                continue;
-            }
-            gone_now.insert(k.ip);
-            let since = *self.gone.entry(k.ip).or_insert(now);
-            if now.saturating_duration_since(since) >= grace && map.remove(&k).is_ok() {
-                removed += 1;
-            }
-        }
-        self.gone.retain(|ip, _| gone_now.contains(ip));
-        Ok(removed)
     }
 }
 

@@ -10,11 +10,12 @@ mod filter;
 pub mod inspect;
 pub mod maps;
 pub mod pins;
+pub mod reclaim;
 pub mod sys;
 
 pub use attach::AttachMode;
 pub use error::DatapathError;
-pub use maps::CounterReclaimer;
+pub use reclaim::CounterReclaimer;
 pub use sys::monotonic_ns;
 
 use error::{dp_err, Ctx as _};
@@ -30,7 +31,8 @@ use guard_common::{
 };
 
 use attach::Attachment;
-use maps::{counter_capacity, Tables};
+use maps::Tables;
+pub use reclaim::counter_capacity;
 
 /// The program's name in the object file (and, truncated, in `bpftool prog`).
 pub const PROGRAM: &str = "arp_guard_egress";

@@ -90,19 +90,58 @@ fn cell(v: &str) -> String {
     }
 }
 
+/// The columns holding the spread of `base`: `<base>_min`/`<base>_max`, or
+/// `min`/`max` for a column named `median`.
+fn spread_columns(base: &str) -> (String, String) {
+    if base == "median" {
+        ("min".into(), "max".into())
+    } else {
+        (format!("{base}_min"), format!("{base}_max"))
+    }
+}
+
 impl Table {
+    /// Columns as shown: a column with its `_min` and `_max` beside it is
+    /// one cell, "median (min–max)".
+    fn shown_columns(&self) -> Vec<&String> {
+        let has = |c: &str| self.columns.iter().any(|x| x == c);
+        let folded: Vec<String> = self
+            .columns
+            .iter()
+            .filter(|c| {
+                let (lo, hi) = spread_columns(c);
+                has(&lo) && has(&hi)
+            })
+            .flat_map(|c| {
+                let (lo, hi) = spread_columns(c);
+                [lo, hi]
+            })
+            .collect();
+        self.columns
+            .iter()
+            .filter(|c| !folded.contains(c))
+            .collect()
+    }
+
     pub fn markdown(&self) -> String {
+        let shown = self.shown_columns();
         let mut s = String::from("| |");
-        for c in &self.columns {
+        for c in &shown {
             s += &format!(" {} |", c.replace('_', " "));
         }
         s += "\n|---|";
-        s += &"---|".repeat(self.columns.len());
+        s += &"---|".repeat(shown.len());
         s += "\n";
         for (row, values) in &self.rows {
             s += &format!("| {} |", row.replace('_', " "));
-            for c in &self.columns {
-                s += &format!(" {} |", values.get(c).map_or(String::new(), |v| cell(v)));
+            for c in &shown {
+                let (lo, hi) = spread_columns(c);
+                let v = match (values.get(*c), values.get(&lo), values.get(&hi)) {
+                    (Some(m), Some(lo), Some(hi)) => format!("{m} ({lo}–{hi})"),
+                    (Some(v), ..) => cell(v),
+                    _ => String::new(),
+                };
+                s += &format!(" {v} |");
             }
             s += "\n";
         }
@@ -344,6 +383,14 @@ mod tests {
             1
         );
         assert_eq!(cell("1.5"), "1.5");
+        // Spread columns beside their median are one cell.
+        let t = parse_results(
+            "RESULT t a kpps=5 kpps_min=4 kpps_max=6 n=2\nRESULT t b median=1 min=0 max=3\n",
+        );
+        assert_eq!(
+            t["t"].markdown(),
+            "| | kpps | n | median |\n|---|---|---|---|\n| a | 5 (4–6) | 2 |  |\n| b |  |  | 1 (0–3) |\n"
+        );
         assert_eq!(cell("a/b/c"), "a/b/c");
     }
 }

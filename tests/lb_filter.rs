@@ -78,19 +78,34 @@ fn ips_sharing_a_bit_are_judged_until_each_leaves() {
     assert_eq!((verdict(&dp, a), verdict(&dp, b)), (DROP, PASS));
 }
 
+/// A restarted daemon on pinned maps: a second load takes over `LB_IPS`
+/// from the pins with a fresh, empty filter, and the reload from the kernel
+/// (what start-up does before anything is attached) must make the filter
+/// stand for every IP the pinned map holds, without any write of the view.
 #[test]
-fn a_reload_from_the_kernel_rebuilds_the_filter() {
+fn a_second_load_on_pinned_maps_rebuilds_the_filter() {
     testbed::require_root();
-    let mut dp = datapath(true);
+    let fs = testbed::bed::Bpffs::new("filter").unwrap();
+    let cfg = guard::testing::DatapathConfig {
+        pin_dir: Some(fs.path().join("arp-guard")),
+        ..guard::testing::DatapathConfig::default()
+    };
     let ips: Vec<Ipv4Addr> = (1..=300)
         .map(|i| Ipv4Addr::from(0x0a50_0000u32 + i))
         .collect();
-    dp.apply(&foreign(&ips), false);
-    // What a restarted daemon does with pinned maps: take the kernel's
-    // LB_IPS as the truth and make the filter stand for it.
-    dp.reload_from_kernel().unwrap();
+    {
+        let mut first = guard::testing::Datapath::load(&cfg).unwrap();
+        let r = first.apply(&foreign(&ips), false);
+        assert!(r.failed.is_empty(), "{:?}", r.failed);
+    }
+    let mut second = guard::testing::Datapath::load(&cfg).unwrap();
+    second.heartbeat().unwrap();
+    // Before the reload the new filter is empty: every frame would pass as
+    // not-LB (which is why start-up reloads before it attaches).
+    assert_eq!(verdict(&second, ips[0]), PASS);
+    second.reload_from_kernel().unwrap();
     for ip in &ips {
-        assert_eq!(verdict(&dp, *ip), DROP, "{ip}");
+        assert_eq!(verdict(&second, *ip), DROP, "{ip}");
     }
 }
 

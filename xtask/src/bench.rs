@@ -335,14 +335,21 @@ fn baseline_object(rev: &str) -> Result<PathBuf> {
         .arg(cache.join("target"))
         .env(
             "CARGO_ENCODED_RUSTFLAGS",
-            "--cfg=bpf_target_arch=\"x86_64\"\x1f-Cdebuginfo=2\x1f-Clink-arg=--btf",
+            format!(
+                "--cfg=bpf_target_arch=\"{}\"\x1f-Cdebuginfo=2\x1f-Clink-arg=--btf",
+                std::env::consts::ARCH
+            ),
         )
         .env_remove("RUSTC")
         .env_remove("RUSTC_WORKSPACE_WRAPPER")
         .current_dir(tree.join("guard-ebpf"));
         crate::setup::run(&mut c)?;
         let obj = cache.join("target/bpfel-unknown-none/release/arp-guard-ebpf");
-        let kept = cache.join(format!("arp-guard-ebpf-{rev}"));
+        let safe: String = rev
+            .chars()
+            .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+            .collect();
+        let kept = cache.join(format!("arp-guard-ebpf-{safe}"));
         std::fs::copy(&obj, &kept).with_context(|| format!("copying {}", obj.display()))?;
         Ok(kept)
     })();

@@ -106,7 +106,7 @@ impl Daemon {
                 Event::SourceChanged(file) => self.on_source_changed(&mut inputs.sources, file),
                 Event::SourceStopped(which) => anyhow::bail!("{which} stopped"),
                 Event::Heartbeat => self.on_heartbeat(&inputs.sources),
-                Event::Reconcile => self.on_reconcile(&inputs.sources),
+                Event::Reconcile => self.on_reconcile(&mut inputs.sources),
                 Event::Reclaim => self.on_reclaim(),
                 Event::Stats => publish::log_counters(&self.dp, "counters"),
                 Event::Hangup => {
@@ -142,9 +142,13 @@ impl Daemon {
         }
     }
 
-    /// Every --resync: the pins are still there, and the maps hold what we
-    /// wrote (anything changed behind our back is repaired).
-    fn on_reconcile(&mut self, sources: &Sources) {
+    /// Every --resync (and on SIGHUP): the view derived again in full from
+    /// the sources (the safety net under the per-change updates: anything
+    /// they missed is repaired here), the pins are still there, and the maps
+    /// hold what we wrote (anything changed behind our back is repaired).
+    fn on_reconcile(&mut self, sources: &mut Sources) {
+        self.full_next = true;
+        self.on_source_changed(sources, false);
         self.check_pins();
         let view = self.view.clone();
         let additive = Self::additive(sources);

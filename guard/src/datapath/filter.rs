@@ -6,8 +6,10 @@
 //! unjudged, so a bit is set **before** its IP enters `LB_IPS` and cleared
 //! only **after** the last IP on it has left. A bit set too many (a
 //! collision, a failed clear) only costs the frame a hash lookup. The map is
-//! not pinned: every load starts it empty and fills it from `LB_IPS` before
-//! anything is attached.
+//! not pinned: every load starts it empty and fills it from `LB_IPS` (the
+//! reload of pinned maps, or the first write of the view) before anything is
+//! attached; if that rebuild fails, the writer forgets what `LB_IPS` holds so
+//! that its next write sets every entry's bit again.
 
 use std::collections::HashMap;
 
@@ -40,6 +42,12 @@ impl LbFilter {
             counts: HashMap::new(),
             words: vec![0; LB_FILTER_WORDS as usize],
         }
+    }
+
+    /// The kernel's id of the map (for the memory shown in the status).
+    pub(super) fn map_id(&self) -> Option<u32> {
+        let m = self.map.as_ref()?;
+        Some(super::map_data(m)?.info().ok()?.id())
     }
 
     fn write_word(&mut self, word: u32) -> Result<(), MapError> {

@@ -464,16 +464,18 @@ impl Datapath {
     /// with bpftool). Returns how many entries differed from our record.
     pub fn reload_from_kernel(&mut self) -> Result<usize> {
         let Self { ebpf, tables, .. } = self;
-        let n = tables.lb.reload(ebpf)?
-            + tables.if_addrs.reload(ebpf)?
-            + tables.if_primary.reload(ebpf)?;
+        let lb = tables.lb.reload(ebpf)?;
         // The filter must stand for what LB_IPS now holds (a pinned map from
-        // the previous daemon, or entries changed behind our back).
-        tables
-            .filter
-            .rebuild(tables.lb.applied.keys().copied())
-            .map_err(|e| dp_err!("writing {MAP_LB_FILTER}: {e}"))?;
-        Ok(n)
+        // the previous daemon, or entries changed behind our back), whatever
+        // happens to the other reloads.
+        if let Err(e) = tables.filter.rebuild(tables.lb.applied.keys().copied()) {
+            // Some bits may be missing for entries we hold: forget that we
+            // hold them, so that the next apply writes every entry again and
+            // sets each one's bit first (in place, no gap).
+            tables.lb.applied.clear();
+            return Err(dp_err!("writing {MAP_LB_FILTER}: {e}"));
+        }
+        Ok(lb + tables.if_addrs.reload(ebpf)? + tables.if_primary.reload(ebpf)?)
     }
 }
 

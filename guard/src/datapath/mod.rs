@@ -269,6 +269,7 @@ impl Datapath {
             .maps()
             .filter_map(|(_, m)| map_data(m)?.info().ok())
             .map(|i| i.id())
+            .chain(self.tables.filter.map_id())
             .collect();
         let Ok(dir) = std::fs::read_dir("/proc/self/fdinfo") else {
             return 0;

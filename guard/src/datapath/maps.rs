@@ -147,6 +147,25 @@ impl<K: Pod + Ord, V: Pod + PartialEq> Table<K, V> {
         self.status.iter()
     }
 
+    /// The kernel map as a typed hash map, or a failure in `report` naming it.
+    fn open<'m>(
+        &self,
+        map: Option<&'m mut aya::maps::Map>,
+        report: &mut ApplyReport,
+    ) -> Option<HashMap<&'m mut MapData, K, V>> {
+        let error = match map.map(HashMap::try_from).transpose() {
+            Ok(Some(m)) => return Some(m),
+            Ok(None) => EntryError::Other("map missing from the object".into()),
+            Err(e) => EntryError::of(&e),
+        };
+        report.failed.push(Failure {
+            entry: format!("map {}", self.name),
+            op: Op::Write,
+            error,
+        });
+        None
+    }
+
     /// Bring the kernel map to `desired`: changed entries are written in
     /// place before stale ones are deleted (so protection never has a gap),
     /// and entries that met a full map get a second chance once stale ones
@@ -162,20 +181,8 @@ impl<K: Pod + Ord, V: Pod + PartialEq> Table<K, V> {
         let fail = |report: &mut ApplyReport, entry: String, op, error| {
             report.failed.push(Failure { entry, op, error })
         };
-        let mut map: HashMap<&mut MapData, K, V> = match map.map(HashMap::try_from).transpose() {
-            Ok(Some(m)) => m,
-            Ok(None) => {
-                let e = EntryError::Other("map missing from the object".into());
-                return fail(report, format!("map {}", self.name), Op::Write, e);
-            }
-            Err(e) => {
-                return fail(
-                    report,
-                    format!("map {}", self.name),
-                    Op::Write,
-                    EntryError::of(&e),
-                );
-            }
+        let Some(mut map) = self.open(map, report) else {
+            return;
         };
         self.status.retain(|k, _| desired.contains_key(k));
         let mut full = Vec::new();
@@ -229,16 +236,8 @@ impl<K: Pod + Ord, V: Pod + PartialEq> Table<K, V> {
         let fail = |report: &mut ApplyReport, entry: String, op, error| {
             report.failed.push(Failure { entry, op, error })
         };
-        let mut map: HashMap<&mut MapData, K, V> = match map.map(HashMap::try_from).transpose() {
-            Ok(Some(m)) => m,
-            Ok(None) => {
-                let e = EntryError::Other("map missing from the object".into());
-                return fail(report, format!("map {}", self.name), Op::Write, e);
-            }
-            Err(e) => {
-                let e = EntryError::of(&e);
-                return fail(report, format!("map {}", self.name), Op::Write, e);
-            }
+        let Some(mut map) = self.open(map, report) else {
+            return;
         };
         let (mut full, mut stale) = (Vec::new(), Vec::new());
         for (k, v) in keys {

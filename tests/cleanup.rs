@@ -51,7 +51,8 @@ fn guarded(bed: &Bed) -> bool {
 }
 
 /// Whether a guard program is attached to the node's eth0, asked of the
-/// kernel (TCX query), not of an API or of pins.
+/// kernel (TCX query, else arp-guard's netlink filter), not of an API or of
+/// pins.
 fn attached(bed: &Bed) -> bool {
     let bin = testbed::guard_binary();
     let mut cmd = vec![bin.to_str().unwrap(), "counters", "-i", "eth0"];
@@ -92,7 +93,12 @@ fn the_cleanup_waits_for_the_guard_then_removes_everything_and_stays() {
     // ...and the clean-up takes it away.
     cleanup.expect_log("waiting for SIGTERM", Duration::from_secs(10));
     let log = cleanup.log_text();
-    assert!(log.contains("link_") && log.contains("map_LB_IPS"), "{log}");
+    // TCX links are pinned; without TCX the guard's netlink filter goes.
+    let attachment = testbed::kernel::removed_attachment();
+    assert!(
+        log.contains(attachment) && log.contains("map_LB_IPS"),
+        "{log}"
+    );
     assert!(!dir.exists(), "{log}");
     assert!(!attached(&bed), "{log}");
     assert!(!guarded(&bed), "nothing guards any more");

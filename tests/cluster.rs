@@ -6,7 +6,7 @@
 use std::{net::Ipv4Addr, time::Duration};
 
 use testbed::{
-    cluster_bed::ClusterBed,
+    cluster_bed::{check, ClusterBed},
     fake_api::{objects, Fault, Resource},
     wait_for, wait_until, ArpSpec, RawSocket,
 };
@@ -37,12 +37,6 @@ fn web_held_by_node_a(name: &str, lease_secs: i32) -> ClusterBed {
         cilium_lease("node-a", lease_secs, "2026-11-30T10:00:00.000000Z"),
     );
     bed
-}
-
-fn check(r: Option<String>) {
-    if let Some(why) = r {
-        panic!("{why}");
-    }
 }
 
 #[test]

@@ -6,12 +6,15 @@ use std::net::Ipv4Addr;
 
 use aya::{
     maps::{Array, HashMap},
-    programs::{tc::TcAttachOptions, LinkOrder, SchedClassifier, TcAttachType},
+    programs::{SchedClassifier, TcAttachType},
 };
-use testbed::Netns;
+use testbed::{
+    tc::{attach_fixture, Position},
+    Netns,
+};
 
 /// Attach the responder to `iface`'s ingress in `ns`, answering for `ips`
-/// with `mac`, at `order` in the TCX chain. Detached when the returned
+/// with `mac`, first or last among its programs. Detached when the returned
 /// object drops.
 pub fn attach(
     ns: &Netns,
@@ -36,16 +39,12 @@ pub fn attach(
             .unwrap()
             .try_into()?;
         prog.load()?;
-        let order = if first {
-            LinkOrder::first()
+        let pos = if first {
+            Position::First
         } else {
-            LinkOrder::last()
+            Position::Last
         };
-        prog.attach_with_options(
-            iface,
-            TcAttachType::Ingress,
-            TcAttachOptions::TcxOrder(order),
-        )?;
+        attach_fixture(prog, iface, TcAttachType::Ingress, pos)?;
         Ok(ebpf)
     })
     .unwrap()

@@ -16,7 +16,7 @@ use std::{
 };
 
 use testbed::{
-    cluster_bed::{ClusterBed, ServiceAccount, API, SA_DIR},
+    cluster_bed::{check, ClusterBed, ServiceAccount, API, SA_DIR},
     fake_api::{
         objects,
         tls::{ServerIdentity, TestCa},
@@ -98,12 +98,6 @@ fn lease(holder: &str, renew: &str) -> serde_json::Value {
         600,
         renew,
     )
-}
-
-fn check(r: Option<String>) {
-    if let Some(why) = r {
-        panic!("{why}");
-    }
 }
 
 /// The neighbour learns `want` for `ip` every time it asks, for `how_long`.

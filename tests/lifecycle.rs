@@ -3,6 +3,8 @@
 
 use std::time::Duration;
 
+use anyhow::Context as _;
+
 use testbed::{
     bed::{Bed, FOREIGN, NODE, OTHER, OWNED},
     guard_binary, wait_for, wait_until, ArpSpec, Daemon, RawSocket,
@@ -11,6 +13,37 @@ use testbed::{
 const RESOLVE: Duration = Duration::from_secs(3);
 
 /// Flush the peer's cache, make it resolve `ip`, and return the MAC it learned.
+/// The guard's program on eth0 egress of the namespace the calling thread
+/// is in: from the TCX chain, else from the netlink filter (kernels before
+/// 6.6, the VM lane's 5.10 and 6.1).
+fn attached_program() -> anyhow::Result<aya::programs::ProgramInfo> {
+    use aya::programs::{SchedClassifier, TcAttachType};
+    if testbed::kernel::has_tcx() {
+        let (_, progs) = SchedClassifier::query_tcx("eth0", TcAttachType::Egress)?;
+        return progs
+            .into_iter()
+            .find(|p| p.name_as_str().is_some_and(|n| n.starts_with("arp_guard")))
+            .context("no arp-guard program in eth0's TCX chain");
+    }
+    let out = std::process::Command::new("tc")
+        .args(["filter", "show", "dev", "eth0", "egress"])
+        .output()?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let id: u32 = text
+        .lines()
+        .filter(|l| l.contains("arp_guard"))
+        .find_map(|l| {
+            let mut w = l.split_whitespace();
+            w.find(|x| *x == "id")?;
+            w.next()?.parse().ok()
+        })
+        .with_context(|| format!("no arp-guard filter on eth0: {text}"))?;
+    aya::programs::loaded_programs()
+        .flatten()
+        .find(|p| p.id() == id)
+        .context("the filter's program is not loaded")
+}
+
 fn resolve(bed: &Bed, ip: &str) -> Option<[u8; 6]> {
     bed.peer.flush_neigh("eth0").unwrap();
     bed.peer.poke(ip).unwrap();
@@ -112,16 +145,19 @@ fn hostile_ownership_files_are_refused_without_blocking() {
         ("too big", "more than the limit of 4096"),
     ];
     for (i, (what, message)) in problems.iter().enumerate() {
-        std::fs::remove_file(&bed.owners).unwrap();
+        // Made beside it and renamed over it: a poll never finds the file
+        // missing in between (that would be a problem of its own).
+        let next = bed.owners.with_extension("next");
         match *what {
-            "FIFO" => testbed::mkfifo(&bed.owners),
-            "/dev/zero" => std::os::unix::fs::symlink("/dev/zero", &bed.owners).unwrap(),
+            "FIFO" => testbed::mkfifo(&next),
+            "/dev/zero" => std::os::unix::fs::symlink("/dev/zero", &next).unwrap(),
             _ => std::fs::write(
-                &bed.owners,
+                &next,
                 format!("# {}\n{}", "x".repeat(8192), owners_with(NODE)),
             )
             .unwrap(),
         }
+        std::fs::rename(&next, &bed.owners).unwrap();
         let line = guard
             .wait_log(message, Duration::from_secs(5))
             .unwrap_or_else(|| panic!("{what}: {}", guard.log_text()));
@@ -357,10 +393,7 @@ fn reloads_open_no_gap() {
 /// The periodic full reconcile repairs maps changed behind the daemon's back.
 #[test]
 fn drifted_maps_are_repaired() {
-    use aya::{
-        maps::{HashMap, Map, MapData},
-        programs::{SchedClassifier, TcAttachType},
-    };
+    use aya::maps::{HashMap, Map, MapData};
     testbed::require_root();
     let bed = Bed::new("drift").unwrap();
     let guard = bed.start(&["--resync", "1s"]).unwrap();
@@ -369,11 +402,7 @@ fn drifted_maps_are_repaired() {
     // stray `bpftool map delete` would.
     bed.node
         .enter(|| {
-            let (_, progs) = SchedClassifier::query_tcx("eth0", TcAttachType::Egress)?;
-            let prog = progs
-                .iter()
-                .find(|p| p.name_as_str().is_some_and(|n| n.starts_with("arp_guard")))
-                .expect("attached");
+            let prog = attached_program()?;
             for id in prog.map_ids()?.unwrap_or_default() {
                 let data = MapData::from_id(id)?;
                 if data.info()?.name_as_str() == Some(guard_common::MAP_LB_IPS) {
@@ -401,11 +430,7 @@ fn drifted_maps_are_repaired() {
         .enter(move || {
             // SAFETY: if_nametoindex with a NUL-terminated name.
             let ifindex = unsafe { libc::if_nametoindex(c"eth0".as_ptr()) };
-            let (_, progs) = SchedClassifier::query_tcx("eth0", TcAttachType::Egress)?;
-            let prog = progs
-                .iter()
-                .find(|p| p.name_as_str().is_some_and(|n| n.starts_with("arp_guard")))
-                .expect("attached");
+            let prog = attached_program()?;
             for id in prog.map_ids()?.unwrap_or_default() {
                 let data = MapData::from_id(id)?;
                 if data.info()?.name_as_str() == Some(guard_common::MAP_IF_ADDRS) {
@@ -685,21 +710,26 @@ fn restart_after_sigkill_opens_no_gap() {
     for pin in ["prog", "map_LB_IPS", "map_COUNTERS", "map_HEARTBEAT"] {
         assert!(dir.join(pin).exists(), "{pin} pinned");
     }
-    assert!(std::fs::read_dir(&dir)
-        .unwrap()
-        .flatten()
-        .any(|e| e.file_name().to_string_lossy().starts_with("link_")));
+    // TCX links are pinned; a netlink filter stays without a pin.
+    assert_eq!(
+        std::fs::read_dir(&dir)
+            .unwrap()
+            .flatten()
+            .any(|e| e.file_name().to_string_lossy().starts_with("link_")),
+        testbed::kernel::has_tcx()
+    );
     cap.drain();
     let (stop, sender) = foreign_speaker(&bed);
     std::thread::sleep(Duration::from_millis(300));
     guard.stop(libc::SIGKILL, Duration::from_secs(5)).unwrap();
     std::thread::sleep(Duration::from_millis(500)); // nobody home: the pinned program guards alone
     let mut guard = bed.start(&["--pin-dir", d]).unwrap();
-    assert!(
-        guard.log_text().contains("took over the pinned attachment"),
-        "{}",
-        guard.log_text()
-    );
+    let took_over = if testbed::kernel::has_tcx() {
+        "took over the pinned attachment"
+    } else {
+        "replaced an arp-guard filter left behind by an earlier run"
+    };
+    assert!(guard.log_text().contains(took_over), "{}", guard.log_text());
     std::thread::sleep(Duration::from_millis(300));
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     let (sent, passed) = sender.join().unwrap();
@@ -759,7 +789,11 @@ fn keep_on_exit_then_uninstall() {
             d,
         ])
         .unwrap();
-    assert!(out.contains("link_") && out.contains("map_LB_IPS"), "{out}");
+    let attachment = testbed::kernel::removed_attachment();
+    assert!(
+        out.contains(attachment) && out.contains("map_LB_IPS"),
+        "{out}"
+    );
     assert!(!dir.exists());
     assert_eq!(
         resolve(&bed, &FOREIGN.to_string()),

@@ -78,7 +78,14 @@ fn metrics_status_explain_and_health() {
     assert_eq!(
         series(
             &m,
-            "arp_guard_programs_attached{interface=\"eth0\",attach=\"tcx\"}"
+            &format!(
+                "arp_guard_programs_attached{{interface=\"eth0\",attach=\"{}\"}}",
+                if testbed::kernel::has_tcx() {
+                    "tcx"
+                } else {
+                    "netlink-clsact"
+                }
+            )
         ),
         Some(1.0),
         "{m}"
@@ -206,9 +213,26 @@ fn drop_events_stream_with_a_rate_limit() {
             sink.lock().unwrap().push(l);
         }
     });
-    std::thread::sleep(Duration::from_millis(300)); // subscribed
     let speaker = RawSocket::open(&bed.node, "eth0").unwrap();
     let frame = ArpSpec::gratuitous(2, bed.node_mac, FOREIGN).to_bytes();
+    // Subscribed once a first drop's event arrives (a fixed pause is too
+    // short on the VM lane's emulated CPUs); then a pause for the bucket to
+    // refill, and the counts from here on.
+    let mut warm_up = 0u64;
+    assert!(wait_until(Duration::from_secs(20), || {
+        assert!(!speaker.send(&frame).unwrap(), "foreign: dropped");
+        warm_up += 1;
+        std::thread::sleep(Duration::from_millis(100));
+        !lines.lock().unwrap().is_empty()
+    }));
+    std::thread::sleep(Duration::from_millis(1000));
+    let m0 = get(&bed, "/metrics").1;
+    let delivered0 = series(&m0, "arp_guard_drop_events_total{outcome=\"delivered\"}").unwrap();
+    let suppressed0 = series(&m0, "arp_guard_drop_events_total{outcome=\"suppressed\"}").unwrap();
+    assert_eq!(delivered0 + suppressed0, warm_up as f64);
+    // (Warm-up frames sent before the subscription were delivered to the
+    // ring buffer but not to this tail: from here on both count alike.)
+    let lines0 = lines.lock().unwrap().len();
     let flood = 3000u64;
     let started = std::time::Instant::now();
     for _ in 0..flood {
@@ -217,8 +241,10 @@ fn drop_events_stream_with_a_rate_limit() {
     let elapsed = started.elapsed().as_secs_f64();
     std::thread::sleep(Duration::from_millis(800));
     let m = get(&bed, "/metrics").1;
-    let delivered = series(&m, "arp_guard_drop_events_total{outcome=\"delivered\"}").unwrap();
-    let suppressed = series(&m, "arp_guard_drop_events_total{outcome=\"suppressed\"}").unwrap();
+    let delivered =
+        series(&m, "arp_guard_drop_events_total{outcome=\"delivered\"}").unwrap() - delivered0;
+    let suppressed =
+        series(&m, "arp_guard_drop_events_total{outcome=\"suppressed\"}").unwrap() - suppressed0;
     assert_eq!(
         delivered + suppressed,
         flood as f64,
@@ -233,11 +259,11 @@ fn drop_events_stream_with_a_rate_limit() {
     );
     assert!(suppressed >= flood as f64 - bound);
     // The tail got every delivered event, with its fields.
-    assert!(wait_until(
-        Duration::from_secs(3),
-        || lines.lock().unwrap().len() as f64 >= delivered
-    ));
-    let got = lines.lock().unwrap().clone();
+    // Generous: the VM lane's emulated CPUs deliver slowly.
+    assert!(wait_until(Duration::from_secs(15), || {
+        (lines.lock().unwrap().len() - lines0) as f64 >= delivered
+    }));
+    let got = lines.lock().unwrap()[lines0..].to_vec();
     assert_eq!(got.len() as f64, delivered, "one line per delivered event");
     let e: serde_json::Value = serde_json::from_str(&got[0]).unwrap();
     assert_eq!(e["lb_ip"], FOREIGN.to_string());
@@ -388,11 +414,17 @@ fn the_api_survives_its_clients() {
         "the API answers again once descriptors are free"
     );
     guard.expect_log("the API accepts connections again", Duration::from_secs(5));
+    // Once per episode, not per attempt: each "cannot accept" is followed
+    // by one "accepts again". On a slow machine (the VM lane's emulated
+    // CPUs) a hog connection may end and another take its place, so there
+    // may be a few episodes; per attempt there would be dozens.
+    let episodes = guard.count_log("the API cannot accept connections");
     assert_eq!(
-        guard.count_log("the API cannot accept connections"),
-        1,
-        "logged once per episode, not per attempt"
+        episodes,
+        guard.count_log("the API accepts connections again"),
+        "each episode logged once, start and end"
     );
+    assert!((1..=4).contains(&episodes), "{episodes} episodes");
 }
 
 /// `--metrics-listen` on the node's address: a scraper off the node (the

@@ -30,11 +30,8 @@ pub fn lb_ips() -> Vec<(Ipv4Addr, Ownership, bool)> {
     ]
 }
 
-/// The real program, loaded, its maps holding [`lb_ips`] (and lo's primary
-/// IPv4 when `with_primary`).
-pub fn datapath(with_primary: bool) -> Datapath {
-    let mut dp = guard::testing::load(Mode::Enforce, LeakAction::Rewrite)
-        .expect("load the BPF program (root?)");
+/// The view of [`lb_ips`] on lo (and lo's primary IPv4 when `with_primary`).
+pub fn view(with_primary: bool) -> View {
     let mut view = View::default();
     for (ip, state, on_egress) in lb_ips() {
         view.lb.insert(
@@ -52,7 +49,14 @@ pub fn datapath(with_primary: bool) -> Datapath {
     if with_primary {
         view.if_primary.insert(LO, PRIMARY);
     }
-    let r = dp.apply(&view, false);
+    view
+}
+
+/// The real program, loaded, its maps holding [`view`].
+pub fn datapath(with_primary: bool) -> Datapath {
+    let mut dp = guard::testing::load(Mode::Enforce, LeakAction::Rewrite)
+        .expect("load the BPF program (root?)");
+    let r = dp.apply(&view(with_primary), false);
     assert!(r.failed.is_empty(), "{:?}", r.failed);
     // Short gate thresholds, so that the tests can fake a stale or dead
     // daemon without depending on the host's uptime.

@@ -455,7 +455,7 @@ fn malformed_and_other_frames_pass_untouched() {
 /// judge those frames exactly like untagged ones.
 #[test]
 fn vlan_tag_in_metadata_is_judged_like_untagged() {
-    use aya::programs::{tc::TcAttachOptions, LinkOrder, SchedClassifier, TcAttachType};
+    use aya::programs::{SchedClassifier, TcAttachType};
     testbed::require_root();
     let bed = Bed::new("vmeta").unwrap();
     let _guard = bed.start(&[]).unwrap();
@@ -468,10 +468,11 @@ fn vlan_tag_in_metadata_is_judged_like_untagged() {
             let prog: &mut SchedClassifier =
                 ebpf.program_mut("fixture_vlan_meta").unwrap().try_into()?;
             prog.load()?;
-            prog.attach_with_options(
+            testbed::tc::attach_fixture(
+                prog,
                 "eth0",
                 TcAttachType::Egress,
-                TcAttachOptions::TcxOrder(LinkOrder::first()),
+                testbed::tc::Position::First,
             )?;
             Ok(ebpf)
         })

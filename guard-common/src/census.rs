@@ -146,6 +146,7 @@ mod tests {
             tpa,
             arp_offset: 14,
             vlan_tags: 0,
+            vids: [0; crate::frame::MAX_VLAN_TAGS],
         }
     }
 

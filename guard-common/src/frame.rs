@@ -15,6 +15,8 @@ pub const ARP_LEN: usize = 28;
 pub const ARP_SPA_OFFSET: usize = 14;
 /// Tags in the frame data that are looked through (QinQ: outer 802.1ad + inner 802.1Q).
 pub const MAX_VLAN_TAGS: usize = 2;
+/// The VLAN ID bits of a tag's TCI (the rest is priority and DEI).
+pub const VID_MASK: u16 = 0x0fff;
 
 pub const ETH_P_ARP: u16 = 0x0806;
 pub const ETH_P_8021Q: u16 = 0x8100;
@@ -54,6 +56,9 @@ pub struct ArpFrame {
     pub arp_offset: usize,
     /// Number of VLAN tags found in the frame data.
     pub vlan_tags: u8,
+    /// Their VLAN IDs, outermost first (0 past `vlan_tags`): which VLAN
+    /// device the frame belongs to, for the egress-interface rule.
+    pub vids: [u16; MAX_VLAN_TAGS],
 }
 
 impl ArpFrame {
@@ -94,6 +99,7 @@ pub fn parse<R: FrameReader + ?Sized>(r: &R, ethertype: u16) -> Parsed {
     let mut proto = ethertype;
     let mut offset = ETH_HLEN;
     let mut tags = 0u8;
+    let mut vids = [0u16; MAX_VLAN_TAGS];
     // Bounded loop, unrolled: the verifier sees at most MAX_VLAN_TAGS reads.
     let mut i = 0;
     while i < MAX_VLAN_TAGS {
@@ -101,10 +107,11 @@ pub fn parse<R: FrameReader + ?Sized>(r: &R, ethertype: u16) -> Parsed {
             break;
         }
         // The tag is TCI (2 bytes) + inner ethertype (2 bytes).
-        let Some(inner) = r.read::<2>(offset + 2) else {
+        let Some(tag) = r.read::<4>(offset) else {
             return Parsed::NotArp;
         };
-        proto = be16(inner);
+        vids[i] = be16([tag[0], tag[1]]) & VID_MASK;
+        proto = be16([tag[2], tag[3]]);
         offset += VLAN_HLEN;
         tags += 1;
         i += 1;
@@ -115,7 +122,13 @@ pub fn parse<R: FrameReader + ?Sized>(r: &R, ethertype: u16) -> Parsed {
     let Some(arp) = r.read::<ARP_LEN>(offset) else {
         return Parsed::Malformed;
     };
-    parse_arp(&arp, offset, tags)
+    match parse_arp(&arp, offset, tags) {
+        Parsed::Arp(mut f) => {
+            f.vids = vids;
+            Parsed::Arp(f)
+        }
+        other => other,
+    }
 }
 
 /// Validate and decode a 28-byte ARP payload.
@@ -140,6 +153,7 @@ pub fn parse_arp(arp: &[u8; ARP_LEN], arp_offset: usize, vlan_tags: u8) -> Parse
         tpa: u32::from_be_bytes([arp[24], arp[25], arp[26], arp[27]]),
         arp_offset,
         vlan_tags,
+        vids: [0; MAX_VLAN_TAGS],
     })
 }
 
@@ -168,7 +182,9 @@ mod tests {
         let mut off = 12;
         for t in tags {
             f[off..off + 2].copy_from_slice(&t.to_be_bytes());
-            f[off + 2..off + 4].copy_from_slice(&[0, 7]); // TCI: VLAN 7
+            // TCI: priority 5 and VLAN 7 + the tag's position (the VID is masked out).
+            let vid = 7 + (off as u16 - 12) / 4;
+            f[off + 2..off + 4].copy_from_slice(&(0xa000 | vid).to_be_bytes());
             off += 4;
         }
         f[off..off + 2].copy_from_slice(&ETH_P_ARP.to_be_bytes());
@@ -210,6 +226,11 @@ mod tests {
             };
             assert_eq!(a.arp_offset, off);
             assert_eq!(a.vlan_tags as usize, tags.len());
+            let want: [u16; MAX_VLAN_TAGS] = match tags.len() {
+                1 => [7, 0],
+                _ => [7, 8],
+            };
+            assert_eq!(a.vids, want, "VIDs outermost first, priority bits masked");
         }
     }
 

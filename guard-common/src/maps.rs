@@ -27,6 +27,12 @@ pub fn lb_filter_slot(ip: u32) -> (u32, u64) {
 pub const MAP_IF_ADDRS: &str = "IF_ADDRS";
 /// ifindex -> primary IPv4 (host-order u32), used to rewrite announce leaks.
 pub const MAP_IF_PRIMARY: &str = "IF_PRIMARY";
+/// [`VlanKey`] -> the VLAN device's ifindex, for the VLAN devices stacked on
+/// a guarded interface (two levels: QinQ). A frame that leaves the guarded
+/// interface with a tag (in skb metadata or in its data) is judged against
+/// the addresses and primary of the VLAN device it came from, as the kernel
+/// answered on that device; with no entry, against the guarded interface.
+pub const MAP_VLAN_UPPERS: &str = "VLAN_UPPERS";
 /// Per-CPU [`CounterKey`] -> [`CounterValue`]: one counter per decision.
 pub const MAP_COUNTERS: &str = "COUNTERS";
 /// Per-CPU array of u64 indexed by [`Stat`]: totals that have no LB IP.
@@ -119,6 +125,14 @@ impl LbEntry {
 pub struct IfAddrKey {
     pub ifindex: u32,
     pub addr: u32,
+}
+
+/// (lower device's ifindex, VLAN ID) of a VLAN device.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct VlanKey {
+    pub lower: u32,
+    pub vid: u32,
 }
 
 impl IfAddrKey {
@@ -291,6 +305,7 @@ mod pod {
     pod!(
         super::LbEntry,
         super::IfAddrKey,
+        super::VlanKey,
         super::CounterKey,
         super::CounterValue,
         super::Config,

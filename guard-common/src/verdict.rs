@@ -526,6 +526,7 @@ mod tests {
             tha: [0; 6],
             arp_offset: 14,
             vlan_tags: 0,
+            vids: [0; crate::frame::MAX_VLAN_TAGS],
         };
         assert_eq!(classify(&mk(2, 10, 1)), Some(Kind::Reply));
         assert_eq!(classify(&mk(2, 10, 10)), Some(Kind::Gratuitous));

@@ -6,10 +6,12 @@ use aya_ebpf::{
 };
 use aya_log_ebpf::error;
 use guard_common::{
-    frame::ETH_HLEN, liveness, parse, take_token, verdict::classify, Config, CounterKey,
-    CounterValue, DropEvent, FrameReader, IfAddrKey, LbEntry, LeakAction, Liveness, Mode, Origin,
-    Ownership, Parsed, RateLimit, Stat, Surroundings, Verdict, LB_FILTER_WORDS, MAX_COUNTERS,
-    MAX_IF_ADDRS, MAX_LB_IPS,
+    frame::{ETH_HLEN, VID_MASK},
+    liveness, parse, take_token,
+    verdict::classify,
+    Config, CounterKey, CounterValue, DropEvent, FrameReader, IfAddrKey, LbEntry, LeakAction,
+    Liveness, Mode, Origin, Ownership, Parsed, RateLimit, Stat, Surroundings, Verdict, VlanKey,
+    LB_FILTER_WORDS, MAX_COUNTERS, MAX_IF_ADDRS, MAX_LB_IPS,
 };
 
 /// Linux's BPF_F_NO_PREALLOC: the counter map grows with use instead of
@@ -29,6 +31,9 @@ static IF_ADDRS: HashMap<IfAddrKey, u8> = HashMap::with_max_entries(MAX_IF_ADDRS
 
 #[map(name = "IF_PRIMARY")]
 static IF_PRIMARY: HashMap<u32, u32> = HashMap::with_max_entries(MAX_IF_ADDRS, 0);
+
+#[map(name = "VLAN_UPPERS")]
+static VLAN_UPPERS: HashMap<VlanKey, u32> = HashMap::with_max_entries(MAX_IF_ADDRS, 0);
 
 #[map(name = "COUNTERS")]
 static COUNTERS: PerCpuHashMap<CounterKey, CounterValue> =
@@ -106,10 +111,58 @@ pub fn arp_guard_egress(ctx: TcContext) -> i32 {
 /// on first use only.
 struct Env<'a> {
     ctx: &'a TcContext,
+    arp: &'a guard_common::ArpFrame,
     spa: u32,
     ifindex: u32,
+    /// The device whose addresses the frame is judged against: the VLAN
+    /// device its tags lead to, else `ifindex`. 0 until first asked.
+    device: u32,
     config: &'a Config,
     now: u64,
+}
+
+impl Env<'_> {
+    /// The VLAN device the frame was sent from, when it carries tags and
+    /// the daemon knows a VLAN device for them on this interface (at most
+    /// two levels); else the guarded interface itself. Tags, outermost
+    /// first: the one in skb metadata (a VLAN device over a device that
+    /// offloads tagging), then those in the data.
+    #[inline(always)]
+    fn device(&mut self) -> u32 {
+        if self.device != 0 {
+            return self.device;
+        }
+        let skb = self.ctx.skb.skb;
+        // SAFETY: ctx.skb.skb is the kernel's __sk_buff for this invocation.
+        let (meta, tci) = unsafe { ((*skb).vlan_present != 0, (*skb).vlan_tci) };
+        let (tags, vids) = (self.arp.vlan_tags, self.arp.vids);
+        let (first, second) = if meta {
+            (Some((tci as u16) & VID_MASK), (tags > 0).then_some(vids[0]))
+        } else {
+            ((tags > 0).then_some(vids[0]), (tags > 1).then_some(vids[1]))
+        };
+        let mut dev = self.ifindex;
+        if let Some(vid) = first {
+            if let Some(upper) = vlan_upper(dev, vid) {
+                dev = upper;
+                if let Some(upper) = second.and_then(|vid| vlan_upper(dev, vid)) {
+                    dev = upper;
+                }
+            }
+        }
+        self.device = dev;
+        dev
+    }
+}
+
+#[inline(always)]
+fn vlan_upper(lower: u32, vid: u16) -> Option<u32> {
+    let key = VlanKey {
+        lower,
+        vid: u32::from(vid),
+    };
+    // SAFETY: a plain lookup of a Copy value.
+    unsafe { VLAN_UPPERS.get(&key) }.copied()
 }
 
 impl Surroundings for Env<'_> {
@@ -139,7 +192,7 @@ impl Surroundings for Env<'_> {
     #[inline(always)]
     fn ip_on_egress(&mut self) -> bool {
         let key = IfAddrKey {
-            ifindex: self.ifindex,
+            ifindex: self.device(),
             addr: self.spa,
         };
         // SAFETY: a plain lookup of a Copy value.
@@ -148,8 +201,9 @@ impl Surroundings for Env<'_> {
 
     #[inline(always)]
     fn egress_primary(&mut self) -> Option<u32> {
+        let device = self.device();
         // SAFETY: a plain lookup of a Copy value.
-        unsafe { IF_PRIMARY.get(&self.ifindex) }.copied()
+        unsafe { IF_PRIMARY.get(&device) }.copied()
     }
 }
 
@@ -195,9 +249,11 @@ fn judge(ctx: &TcContext, arp: &guard_common::ArpFrame) -> i32 {
     let origin = origin(ctx);
     let mut env = Env {
         ctx,
+        arp,
         spa: arp.spa,
         // SAFETY: ctx.skb.skb is the kernel's __sk_buff for this invocation.
         ifindex: unsafe { (*ctx.skb.skb).ifindex },
+        device: 0,
         config,
         now: 0,
     };

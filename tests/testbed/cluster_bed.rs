@@ -222,6 +222,13 @@ impl ClusterBed {
     }
 }
 
+/// Fail with the reason [`ClusterBed::wait_answer`] gave, if any.
+pub fn check(r: Option<String>) {
+    if let Some(why) = r {
+        panic!("{why}");
+    }
+}
+
 /// Where a pod finds its service account.
 pub const SA_DIR: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
 

@@ -16,10 +16,12 @@ pub mod deploy;
 pub mod fake_api;
 pub mod frames;
 pub mod http;
+pub mod kernel;
 pub mod lab;
 pub mod netns;
 pub mod packet;
 pub mod segment;
+pub mod tc;
 
 pub use daemon::{Daemon, EventTail};
 pub use frames::{ArpSpec, Captured};

@@ -168,22 +168,28 @@ pub fn veth(a: &Netns, a_if: &str, b: &Netns, b_if: &str) -> Result<()> {
     Ok(())
 }
 
-/// A kube-ipvs0 stand-in holding `ips` (/32): this kernel has no dummy
-/// devices, and a veth end that is down and NOARP carries the addresses just
-/// as well. The kernel treats them as local and, with arp_ignore=0, answers
-/// ARP for them on every interface.
+/// kube-ipvs0 holding `ips` (/32), as kube-proxy in IPVS mode makes it: a
+/// dummy device, left down. Where the kernel has no dummy driver (the
+/// development machine's), a veth end that is down and NOARP carries the
+/// addresses just as well. Either way the kernel treats them as local and,
+/// with arp_ignore=0, answers ARP for them on every interface.
 pub fn kube_ipvs0(ns: &Netns, ips: &[std::net::Ipv4Addr]) -> Result<()> {
-    ns.ip(&[
-        "link",
-        "add",
-        "kube-ipvs0",
-        "type",
-        "veth",
-        "peer",
-        "name",
-        "kipvs-peer",
-    ])?;
-    ns.ip(&["link", "set", "kube-ipvs0", "arp", "off"])?;
+    if ns
+        .ip(&["link", "add", "kube-ipvs0", "type", "dummy"])
+        .is_err()
+    {
+        ns.ip(&[
+            "link",
+            "add",
+            "kube-ipvs0",
+            "type",
+            "veth",
+            "peer",
+            "name",
+            "kipvs-peer",
+        ])?;
+        ns.ip(&["link", "set", "kube-ipvs0", "arp", "off"])?;
+    }
     for ip in ips {
         ns.ip(&["addr", "add", &format!("{ip}/32"), "dev", "kube-ipvs0"])?;
     }

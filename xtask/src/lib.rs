@@ -8,6 +8,7 @@ pub mod image;
 pub mod oci;
 pub mod promtool;
 pub mod setup;
+pub mod vm;
 
 /// The workspace's root directory.
 pub fn workspace_root() -> PathBuf {

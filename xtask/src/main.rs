@@ -15,7 +15,8 @@ struct Cli {
 enum Task {
     /// Install the tool chain and packages (idempotent): llvm-22-dev, rust-src, bpf-linker, iproute2, ...
     Setup,
-    /// Set up, then run fmt --check, the shape check, clippy -D warnings and the whole test suite (needs root).
+    /// Set up, then run fmt --check, the shape check, clippy -D warnings, the whole test suite
+    /// and its root-only tests again in the 6.1 VM lane (needs root).
     Test {
         /// Extra arguments for `cargo test` (after --).
         #[arg(last = true)]
@@ -32,6 +33,9 @@ enum Task {
     Image(xtask::image::ImageArgs),
     /// Run the benchmarks and write their tables into BENCHMARKS.md (needs root).
     Bench(xtask::bench::BenchArgs),
+    /// Run the root-only integration tests inside VMs booted on Debian's
+    /// 5.10 / 6.1 / 6.12 kernels (qemu, software emulation; needs root).
+    VmTest(xtask::vm::VmArgs),
 }
 
 fn guard_binary() -> PathBuf {
@@ -53,6 +57,7 @@ fn task(task: Task) -> Result<()> {
         Task::Setup => xtask::setup::setup(),
         Task::Image(args) => xtask::image::image(&args).map(|_| ()),
         Task::Bench(args) => xtask::bench::bench(&args),
+        Task::VmTest(args) => xtask::vm::vm_test(&args),
         Task::Test { args } => {
             xtask::setup::setup()?;
             let mut fmt = cargo();
@@ -80,6 +85,9 @@ fn task(task: Task) -> Result<()> {
                 .args(args);
             test.env("ARP_GUARD_BIN", guard_binary());
             run(&mut test)?;
+            // The same tests on Debian 12's kernel (no TCX: the netlink
+            // fallback), with the devices this machine's kernel lacks.
+            xtask::vm::vm_test(&xtask::vm::VmArgs::lane("6.1"))?;
             // Every bench in its short form, so that none can rot; the
             // numbers are printed, never asserted.
             xtask::bench::bench(&xtask::bench::BenchArgs {

@@ -52,6 +52,12 @@ const PACKAGES: &[(&str, &str)] = &[
     ("gcc-aarch64-linux-gnu", "/usr/bin/aarch64-linux-gnu-gcc"),
     ("libc6-dev-arm64-cross", "/usr/aarch64-linux-gnu/lib/libc.a"),
     ("qemu-user-static", "/usr/bin/qemu-aarch64-static"),
+    // `cargo xtask vm-test`: the emulator, ipvsadm for the guest (copied in
+    // with its libraries), objcopy and xz to strip binaries and unpack modules.
+    ("qemu-system-x86", "/usr/bin/qemu-system-x86_64"),
+    ("ipvsadm", "/usr/sbin/ipvsadm"),
+    ("binutils", "/usr/bin/objcopy"),
+    ("xz-utils", "/usr/bin/xz"),
 ];
 
 fn ok(cmd: &mut Command) -> bool {

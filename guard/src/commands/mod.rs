@@ -10,7 +10,7 @@ mod query;
 
 use std::time::Duration;
 
-use anyhow::Result;
+use anyhow::{Context as _, Result};
 
 pub use doctor::doctor;
 pub use probe::probe;
@@ -66,15 +66,34 @@ async fn counters_of(iface: &str, args: &CountersArgs) -> Result<CountersDoc> {
         Err(e) => tried.push(format!("pins: {e:#}")),
     }
     match Snapshot::of_attached(iface) {
+        Ok(s) => return Ok(s.to_doc().only(Some(iface))),
+        Err(e) => tried.push(format!("kernel (TCX): {e:#}")),
+    }
+    // Kernels before 6.6: the guard is a netlink filter in its own slot.
+    match netlink_guard_id(iface)
+        .await
+        .and_then(Snapshot::of_program_id)
+    {
         Ok(s) => Ok(s.to_doc().only(Some(iface))),
         Err(e) => {
-            tried.push(format!("kernel: {e:#}"));
+            tried.push(format!("kernel (netlink filter): {e:#}"));
             anyhow::bail!(
                 "cannot read the counters of {iface}:\n  {}",
                 tried.join("\n  ")
             )
         }
     }
+}
+
+/// The program id of arp-guard's netlink filter on `iface`'s egress.
+async fn netlink_guard_id(iface: &str) -> Result<u32> {
+    let index = crate::datapath::sys::ifindex(iface)?;
+    let filters = crate::datapath::inspect::netlink_egress(index).await?;
+    filters
+        .iter()
+        .find(|f| f.is_guard())
+        .and_then(|f| f.id)
+        .with_context(|| format!("no arp-guard netlink filter on {iface} egress"))
 }
 
 /// `arp-guard counters`.

@@ -177,6 +177,7 @@ fn update(view: &mut View, inputs: &Inputs<'_>, ips: &BTreeSet<Ipv4Addr>) -> Cha
     let ifs = (
         view.if_addrs.clone(),
         view.if_primary.clone(),
+        view.vlan_uppers.clone(),
         view.ignored_v6,
     );
     let keys = view.update(inputs, ips);
@@ -184,6 +185,7 @@ fn update(view: &mut View, inputs: &Inputs<'_>, ips: &BTreeSet<Ipv4Addr>) -> Cha
         == (
             view.if_addrs.clone(),
             view.if_primary.clone(),
+            view.vlan_uppers.clone(),
             view.ignored_v6,
         );
     for (ip, old) in before.iter().filter(|(ip, _)| keys.contains(ip)) {

@@ -20,7 +20,7 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 pub enum DatapathError {
     #[error("interface {0} not found in this network namespace")]
     NoInterface(String),
-    #[error("the kernel refused to load the BPF program: run as root or with CAP_BPF, CAP_NET_ADMIN and CAP_PERFMON")]
+    #[error("the kernel refused to load the BPF program: run as root or with CAP_BPF, CAP_NET_ADMIN and CAP_PERFMON (before Linux 5.11 BPF memory also counts against RLIMIT_MEMLOCK: raise it, e.g. LimitMEMLOCK=infinity for the container runtime, or add CAP_SYS_RESOURCE)")]
     LoadNotPermitted(#[source] BoxError),
     #[error("this kernel has no BPF support (bpf() returned ENOSYS)")]
     NoBpf(#[source] BoxError),

@@ -104,8 +104,13 @@ fn out_problem(problems: &mut Vec<String>, e: DatapathError) {
 /// The programs on `iface`'s TCX egress, in the order they run (their
 /// names as the kernel keeps them: 15 characters).
 pub fn tcx_egress(iface: &str) -> Result<Vec<String>> {
-    let (_, progs) = SchedClassifier::query_tcx(iface, TcAttachType::Egress)
-        .with_ctx(|| format!("listing the TCX egress programs of {iface}"))?;
+    let (_, progs) = match SchedClassifier::query_tcx(iface, TcAttachType::Egress) {
+        Ok(p) => p,
+        // A kernel before 6.6 does not know the TCX attach type: no TCX
+        // program can run there (the VM lane's 5.10 and 6.1 answer so).
+        Err(e) if super::error::errno(&e) == Some(libc::EINVAL) => return Ok(Vec::new()),
+        Err(e) => return Err(e).with_ctx(|| format!("listing the TCX egress programs of {iface}")),
+    };
     Ok(progs
         .iter()
         .map(|p| p.name_as_str().unwrap_or("?").to_owned())
@@ -123,6 +128,8 @@ pub struct NetlinkFilter {
     pub priority: u16,
     pub handle: u32,
     pub program: String,
+    /// The program's id, when the kernel reports it.
+    pub id: Option<u32>,
 }
 
 impl NetlinkFilter {
@@ -145,12 +152,16 @@ pub async fn netlink_egress(ifindex: u32) -> Result<Vec<NetlinkFilter>> {
     let result = loop {
         match dump.try_next().await {
             Ok(Some(msg)) => {
-                let mut program = None;
+                let (mut program, mut id) = (None, None);
                 for a in &msg.attributes {
                     if let TcAttribute::Options(opts) = a {
                         for o in opts {
-                            if let TcOption::Bpf(TcFilterBpfOption::ProgName(n)) = o {
-                                program = Some(n.clone());
+                            match o {
+                                TcOption::Bpf(TcFilterBpfOption::ProgName(n)) => {
+                                    program = Some(n.clone())
+                                }
+                                TcOption::Bpf(TcFilterBpfOption::ProgId(i)) => id = Some(*i),
+                                _ => {}
                             }
                         }
                     }
@@ -161,6 +172,7 @@ pub async fn netlink_egress(ifindex: u32) -> Result<Vec<NetlinkFilter>> {
                         handle: u32::from(msg.header.handle.major) << 16
                             | u32::from(msg.header.handle.minor),
                         program,
+                        id,
                     });
                 }
             }

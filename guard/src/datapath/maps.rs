@@ -9,7 +9,10 @@ use aya::{
     maps::{HashMap, MapData},
     Ebpf, Pod,
 };
-use guard_common::{IfAddrKey, LbEntry, MAP_IF_ADDRS, MAP_IF_PRIMARY, MAP_LB_FILTER, MAP_LB_IPS};
+use guard_common::{
+    IfAddrKey, LbEntry, VlanKey, MAP_IF_ADDRS, MAP_IF_PRIMARY, MAP_LB_FILTER, MAP_LB_IPS,
+    MAP_VLAN_UPPERS,
+};
 
 use super::{
     error::{dp_err, errno, DatapathError},
@@ -170,7 +173,7 @@ impl<K: Pod + Ord, V: Pod + PartialEq> Table<K, V> {
     /// place before stale ones are deleted (so protection never has a gap),
     /// and entries that met a full map get a second chance once stale ones
     /// are gone. `additive`: delete nothing.
-    fn reconcile(
+    pub(super) fn reconcile(
         &mut self,
         map: Option<&mut aya::maps::Map>,
         desired: &BTreeMap<K, V>,
@@ -323,13 +326,14 @@ impl<K: Pod + Ord, V: Pod + PartialEq> Table<K, V> {
     }
 }
 
-/// The three maps the view is written into, and the filter in front of LB_IPS.
+/// The maps the view is written into, and the filter in front of LB_IPS.
 #[derive(Debug)]
 pub(super) struct Tables {
     pub(super) lb: Table<u32, LbEntry>,
     pub(super) filter: LbFilter,
     pub(super) if_addrs: Table<IfAddrKey, u8>,
     pub(super) if_primary: Table<u32, u32>,
+    pub(super) vlan_uppers: Table<VlanKey, u32>,
 }
 
 impl Tables {
@@ -347,6 +351,9 @@ impl Tables {
             }),
             if_primary: Table::new(MAP_IF_PRIMARY, |k| {
                 format!("primary address of ifindex {k}")
+            }),
+            vlan_uppers: Table::new(MAP_VLAN_UPPERS, |k| {
+                format!("VLAN {} on ifindex {}", k.vid, k.lower)
             }),
         }
     }
@@ -407,36 +414,6 @@ impl Datapath {
         report
     }
 
-    /// The guarded interfaces' addresses and primaries, in full (a few per
-    /// interface).
-    fn write_addresses(&mut self, view: &View, additive: bool, report: &mut ApplyReport) {
-        let if_addrs: BTreeMap<IfAddrKey, u8> = view
-            .if_addrs
-            .iter()
-            .map(|(ifindex, a)| (IfAddrKey::new(*ifindex, *a), 1))
-            .collect();
-        let if_primary: BTreeMap<u32, u32> = view
-            .if_primary
-            .iter()
-            .map(|(i, a)| (*i, u32::from(*a)))
-            .collect();
-        let Self { ebpf, tables, .. } = self;
-        tables.if_addrs.reconcile(
-            ebpf.map_mut(MAP_IF_ADDRS),
-            &if_addrs,
-            additive,
-            report,
-            &mut NoHook,
-        );
-        tables.if_primary.reconcile(
-            ebpf.map_mut(MAP_IF_PRIMARY),
-            &if_primary,
-            additive,
-            report,
-            &mut NoHook,
-        );
-    }
-
     /// Entries that did not fit in a full map at the last apply; shown in
     /// the status as not enforced.
     pub fn not_enforced(&self) -> usize {
@@ -450,6 +427,10 @@ impl Datapath {
                 .filter(|(_, e)| **e == EntryError::Full)
                 .count(),
             t.if_primary
+                .failing()
+                .filter(|(_, e)| **e == EntryError::Full)
+                .count(),
+            t.vlan_uppers
                 .failing()
                 .filter(|(_, e)| **e == EntryError::Full)
                 .count(),
@@ -474,7 +455,10 @@ impl Datapath {
             tables.lb.applied.clear();
             return Err(dp_err!("writing {MAP_LB_FILTER}: {e}"));
         }
-        Ok(lb + tables.if_addrs.reload(ebpf)? + tables.if_primary.reload(ebpf)?)
+        Ok(lb
+            + tables.if_addrs.reload(ebpf)?
+            + tables.if_primary.reload(ebpf)?
+            + tables.vlan_uppers.reload(ebpf)?)
     }
 }
 

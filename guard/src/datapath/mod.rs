@@ -7,6 +7,7 @@ pub mod attach;
 pub mod census;
 pub mod error;
 mod filter;
+mod if_tables;
 pub mod inspect;
 pub mod maps;
 pub mod pins;
@@ -364,6 +365,14 @@ impl Datapath {
     }
 
     #[cfg(feature = "testing")]
+    /// Whether this kernel's BPF_PROG_TEST_RUN can name an ingress device
+    /// (Linux 5.12): without it, the `redirect` origin cannot be tested so.
+    pub fn test_run_sets_ingress(&self) -> bool {
+        let frame = [0u8; 60];
+        self.test_run_from(&frame, 1).is_ok()
+    }
+
+    #[cfg(feature = "testing")]
     /// Average kernel time of one program run on `frame` over `repeat` runs
     /// (BPF_PROG_TEST_RUN's own timing; for benchmarks).
     pub fn test_run_timed(&self, frame: &[u8], repeat: u32) -> Result<std::time::Duration> {
@@ -423,13 +432,15 @@ pub fn test_run_on(
     // The head of a `struct __sk_buff` up to and including `ifindex`:
     // ingress_ifindex sits at offset 36 and is one of the fields
     // BPF_PROG_TEST_RUN copies into the skb (as skb_iif).
+    // Kernels before 5.12 refuse a context that sets it (EINVAL): the
+    // context is passed only when a frame is to be redirected.
     let mut ctx = [0u8; 44];
     ctx[36..40].copy_from_slice(&ingress_ifindex.to_ne_bytes());
     let res = prog
         .test_run(TestRunOptions {
             data_in: Some(frame),
             data_out: Some(&mut out),
-            ctx_in: Some(&ctx),
+            ctx_in: (ingress_ifindex != 0).then_some(&ctx[..]),
             ..TestRunOptions::new()
         })
         .ctx("BPF_PROG_TEST_RUN")?;

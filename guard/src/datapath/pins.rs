@@ -19,8 +19,9 @@ use std::{
 
 use aya::{maps::MapData, programs::links::PinnedLink};
 use guard_common::{
-    Config, CounterKey, CounterValue, IfAddrKey, LbEntry, MAP_CONFIG, MAP_COUNTERS, MAP_HEARTBEAT,
-    MAP_IF_ADDRS, MAP_IF_PRIMARY, MAP_LB_IPS, MAP_STATS, MAX_IF_ADDRS,
+    Config, CounterKey, CounterValue, IfAddrKey, LbEntry, VlanKey, MAP_CONFIG, MAP_COUNTERS,
+    MAP_HEARTBEAT, MAP_IF_ADDRS, MAP_IF_PRIMARY, MAP_LB_IPS, MAP_STATS, MAP_VLAN_UPPERS,
+    MAX_IF_ADDRS,
 };
 
 /// statfs(2) magic of bpffs.
@@ -31,7 +32,7 @@ pub const DEFAULT_BPFFS: &str = "/sys/fs/bpf";
 /// The maps that are pinned, with the key size, value size and capacity the
 /// current program expects. A pinned map with another layout (an older
 /// arp-guard) is not reused.
-pub fn pinned_maps(lb_capacity: u32) -> [(&'static str, u32, u32, u32); 7] {
+pub fn pinned_maps(lb_capacity: u32) -> [(&'static str, u32, u32, u32); 8] {
     use std::mem::size_of;
     [
         (
@@ -42,6 +43,12 @@ pub fn pinned_maps(lb_capacity: u32) -> [(&'static str, u32, u32, u32); 7] {
         ),
         (MAP_IF_ADDRS, size_of::<IfAddrKey>() as u32, 1, MAX_IF_ADDRS),
         (MAP_IF_PRIMARY, 4, 4, MAX_IF_ADDRS),
+        (
+            MAP_VLAN_UPPERS,
+            size_of::<VlanKey>() as u32,
+            4,
+            MAX_IF_ADDRS,
+        ),
         (
             MAP_COUNTERS,
             size_of::<CounterKey>() as u32,

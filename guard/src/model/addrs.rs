@@ -18,6 +18,8 @@ pub struct AddrTable {
     pub links: BTreeMap<String, u32>,
     /// ifindex -> IPv4 addresses in the kernel's order (primaries first per subnet).
     pub v4: BTreeMap<u32, Vec<IfAddr>>,
+    /// VLAN device's ifindex -> (its lower device's ifindex, VLAN ID).
+    pub vlans: BTreeMap<u32, (u32, u16)>,
 }
 
 impl AddrTable {
@@ -27,6 +29,14 @@ impl AddrTable {
 
     pub fn v4_of_index(&self, ifindex: u32) -> &[IfAddr] {
         self.v4.get(&ifindex).map(Vec::as_slice).unwrap_or(&[])
+    }
+
+    /// The VLAN devices directly on `lower`: (VLAN ID, ifindex).
+    pub fn vlans_on(&self, lower: u32) -> impl Iterator<Item = (u16, u32)> + '_ {
+        self.vlans
+            .iter()
+            .filter(move |(_, (l, _))| *l == lower)
+            .map(|(dev, (_, vid))| (*vid, *dev))
     }
 
     pub fn v4_of(&self, name: &str) -> &[IfAddr] {

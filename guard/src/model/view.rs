@@ -59,6 +59,10 @@ pub struct View {
     pub if_addrs: BTreeSet<(u32, Ipv4Addr)>,
     /// Guarded ifindex -> the IPv4 an announce leak is rewritten to.
     pub if_primary: BTreeMap<u32, Ipv4Addr>,
+    /// (lower ifindex, VLAN ID) -> VLAN device, for the VLAN devices on a
+    /// guarded interface (two levels): a tagged frame is judged against its
+    /// VLAN device's addresses, which `if_addrs`/`if_primary` hold as well.
+    pub vlan_uppers: BTreeMap<(u32, u16), u32>,
     /// IPv6 LB IPs seen in the sources: known, not enforced by the ARP program.
     pub ignored_v6: usize,
 }
@@ -187,10 +191,25 @@ impl View {
     fn derive_interfaces(&mut self, i: &Inputs<'_>) {
         self.if_addrs.clear();
         self.if_primary.clear();
+        self.vlan_uppers.clear();
+        let mut devices = Vec::new();
         for name in i.guarded {
             let Some(ifindex) = i.addrs.ifindex(name) else {
                 continue;
             };
+            devices.push(ifindex);
+            // VLAN devices on it, and on those (QinQ): as deep as the
+            // program looks through tags.
+            for (vid, dev) in i.addrs.vlans_on(ifindex) {
+                self.vlan_uppers.insert((ifindex, vid), dev);
+                devices.push(dev);
+                for (vid2, dev2) in i.addrs.vlans_on(dev) {
+                    self.vlan_uppers.insert((dev, vid2), dev2);
+                    devices.push(dev2);
+                }
+            }
+        }
+        for ifindex in devices {
             let addrs = i.addrs.v4_of_index(ifindex);
             for a in addrs {
                 self.if_addrs.insert((ifindex, a.addr));
@@ -319,6 +338,42 @@ mod tests {
             "198.51.100.11".parse::<Ipv4Addr>().unwrap()
         );
         assert_eq!(v.count(Ownership::Unknown), 2);
+    }
+
+    #[test]
+    fn vlan_devices_on_a_guarded_interface_are_judged_with_their_own_addresses() {
+        let mut t = table();
+        // eth0 (2) carries eth0.100 (7), which carries eth0.100.200 (8); eth9's
+        // VLAN (9) is on an interface that is not guarded.
+        t.links.insert("eth0.100".into(), 7);
+        t.links.insert("eth0.100.200".into(), 8);
+        t.vlans.insert(7, (2, 100));
+        t.vlans.insert(8, (7, 200));
+        t.vlans.insert(9, (99, 100));
+        let a = |s: &str| IfAddr {
+            addr: s.parse().unwrap(),
+            prefix: 24,
+            secondary: false,
+        };
+        t.v4.insert(7, vec![a("203.0.113.11")]);
+        t.v4.insert(8, vec![a("203.0.113.12")]);
+        t.v4.insert(9, vec![a("203.0.113.13")]);
+        let guarded = ["eth0".to_string()];
+        let v = compute(&Inputs {
+            node: "node-a",
+            file: None,
+            lb_ips_from: &[],
+            guarded: &guarded,
+            addrs: &t,
+            cluster: None,
+        });
+        let want: BTreeMap<(u32, u16), u32> = [((2, 100), 7), ((7, 200), 8)].into();
+        assert_eq!(v.vlan_uppers, want);
+        let ip = |s: &str| s.parse::<Ipv4Addr>().unwrap();
+        assert_eq!(v.if_primary[&7], ip("203.0.113.11"));
+        assert_eq!(v.if_primary[&8], ip("203.0.113.12"));
+        assert!(v.if_addrs.contains(&(7, ip("203.0.113.11"))));
+        assert!(!v.if_primary.contains_key(&9), "not on a guarded interface");
     }
 
     #[test]

@@ -14,7 +14,7 @@ use anyhow::{Context as _, Result};
 use futures::{StreamExt as _, TryStreamExt as _};
 use netlink_packet_route::{
     address::{AddressAttribute, AddressHeaderFlags, AddressMessage},
-    link::{LinkAttribute, LinkMessage},
+    link::{InfoData, InfoVlan, LinkAttribute, LinkInfo, LinkMessage},
     AddressFamily, RouteNetlinkMessage,
 };
 use rtnetlink::packet_core::NetlinkPayload;
@@ -29,6 +29,34 @@ fn link_name(msg: &LinkMessage) -> Option<String> {
         LinkAttribute::IfName(n) => Some(n.clone()),
         _ => None,
     })
+}
+
+/// (lower ifindex, VLAN ID) of a VLAN device's link message. Not for a VLAN
+/// device whose lower device lives in another network namespace (its index
+/// means nothing here).
+fn vlan_of(msg: &LinkMessage) -> Option<(u32, u16)> {
+    if msg
+        .attributes
+        .iter()
+        .any(|a| matches!(a, LinkAttribute::LinkNetNsId(_)))
+    {
+        return None;
+    }
+    let lower = msg.attributes.iter().find_map(|a| match a {
+        LinkAttribute::Link(l) => Some(*l),
+        _ => None,
+    })?;
+    let vid = msg.attributes.iter().find_map(|a| match a {
+        LinkAttribute::LinkInfo(infos) => infos.iter().find_map(|i| match i {
+            LinkInfo::Data(InfoData::Vlan(v)) => v.iter().find_map(|x| match x {
+                InfoVlan::Id(id) => Some(*id),
+                _ => None,
+            }),
+            _ => None,
+        }),
+        _ => None,
+    })?;
+    Some((lower, vid))
 }
 
 /// (ifindex, address) of an IPv4 address message.
@@ -96,11 +124,15 @@ impl AddrTable {
             },
             RouteNetlinkMessage::NewLink(m) => {
                 let index = m.header.index;
+                let vlan_changed = match vlan_of(m) {
+                    Some(v) => self.vlans.insert(index, v) != Some(v),
+                    None => false,
+                };
                 let Some(name) = link_name(m) else {
-                    return false;
+                    return vlan_changed;
                 };
                 if self.links.get(&name) == Some(&index) {
-                    false
+                    vlan_changed
                 } else {
                     // A rename: the old name goes.
                     self.links.retain(|_, i| *i != index);
@@ -113,7 +145,8 @@ impl AddrTable {
                 let before = self.links.len();
                 self.links.retain(|_, i| *i != index);
                 let gone = self.v4.remove(&index).is_some();
-                gone || self.links.len() != before
+                let vlan_gone = self.vlans.remove(&index).is_some();
+                gone || vlan_gone || self.links.len() != before
             }
             _ => false,
         }
@@ -127,6 +160,9 @@ pub async fn dump(handle: &Handle) -> Result<AddrTable> {
     while let Some(msg) = links.try_next().await.context("netlink link dump")? {
         if let Some(name) = link_name(&msg) {
             table.links.insert(name, msg.header.index);
+        }
+        if let Some(v) = vlan_of(&msg) {
+            table.vlans.insert(msg.header.index, v);
         }
     }
     let mut addrs = handle.address().get().execute();
@@ -287,5 +323,39 @@ mod tests {
         assert_eq!(t.v4_of("lb0").len(), 1);
         assert!(t.apply(&DelLink(link_msg(5, "lb0"))));
         assert_eq!(t, AddrTable::default());
+    }
+
+    #[test]
+    fn vlan_devices_are_known_by_lower_device_and_id() {
+        let mut t = AddrTable::default();
+        use RouteNetlinkMessage::*;
+        let mut vlan = link_msg(7, "eth0.100");
+        vlan.attributes.push(LinkAttribute::Link(2));
+        vlan.attributes.push(LinkAttribute::LinkInfo(vec![
+            LinkInfo::Kind(netlink_packet_route::link::InfoKind::Vlan),
+            LinkInfo::Data(InfoData::Vlan(vec![InfoVlan::Id(100)])),
+        ]));
+        assert!(t.apply(&NewLink(vlan.clone())));
+        assert!(!t.apply(&NewLink(vlan)));
+        assert_eq!(t.vlans_on(2).collect::<Vec<_>>(), vec![(100, 7)]);
+        assert_eq!(t.vlans_on(7).count(), 0);
+        // A device with a lower link but no VLAN data (a veth) is no VLAN.
+        let mut veth = link_msg(8, "eth1");
+        veth.attributes.push(LinkAttribute::Link(9));
+        assert!(t.apply(&NewLink(veth)));
+        assert_eq!(t.vlans.len(), 1);
+        assert!(t.apply(&DelLink(link_msg(7, "eth0.100"))));
+        assert_eq!(t.vlans_on(2).count(), 0);
+        // A VLAN device moved to this namespace from its lower device's.
+        let mut moved = link_msg(10, "vlan-in");
+        moved.attributes.push(LinkAttribute::Link(2));
+        moved.attributes.push(LinkAttribute::LinkNetNsId(1));
+        moved
+            .attributes
+            .push(LinkAttribute::LinkInfo(vec![LinkInfo::Data(
+                InfoData::Vlan(vec![InfoVlan::Id(5)]),
+            )]));
+        t.apply(&NewLink(moved));
+        assert_eq!(t.vlans.len(), 0, "its lower index is another namespace's");
     }
 }

@@ -140,9 +140,25 @@ impl Snapshot {
         else {
             bail!(
                 "no arp-guard program is attached to {iface} egress through TCX \
-                 (is the daemon running in this network namespace? netlink-attached guards are not discoverable here)"
+                 (is the daemon running in this network namespace?)"
             );
         };
+        Self::of_program(prog)
+    }
+
+    /// Read the counters of the loaded program `id` (a netlink filter's, on
+    /// kernels without TCX). Needs CAP_SYS_ADMIN, as [`Snapshot::of_attached`].
+    pub fn of_program_id(id: u32) -> Result<Self> {
+        let prog = aya::programs::loaded_programs()
+            .filter_map(|p| p.ok())
+            .find(|p| p.id() == id)
+            .with_context(|| {
+                format!("program id {id} is not among the loaded programs (listing them needs CAP_SYS_ADMIN)")
+            })?;
+        Self::of_program(&prog)
+    }
+
+    fn of_program(prog: &aya::programs::ProgramInfo) -> Result<Self> {
         let ids = prog
             .map_ids()
             .context("listing the program's maps")?

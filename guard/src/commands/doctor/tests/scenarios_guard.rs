@@ -89,6 +89,7 @@ fn tc_chain_position() {
         priority: 1,
         handle: 0xa6d0,
         program: "arp_guard_egres".into(),
+        id: Some(42),
     };
     assert!(guard_filter.is_guard());
     g.chains.insert(

@@ -12,7 +12,9 @@ mount -t devtmpfs devtmpfs /dev
 mkdir -p /dev/pts /dev/shm
 mount -t devpts devpts /dev/pts
 mount -t tmpfs tmpfs /dev/shm
-mount -t tmpfs tmpfs /tmp
+# /tmp stays part of the initramfs (already in RAM): the binaries may live
+# under it at their host paths (a checkout in /tmp), and a tmpfs would hide them.
+chmod 1777 /tmp
 mount -t tmpfs tmpfs /run
 mount -t bpf bpf /sys/fs/bpf
 mount -t debugfs debugfs /sys/kernel/debug 2>/dev/null

@@ -375,17 +375,7 @@ fn api_silent_for_minutes_then_back() {
         .unwrap();
     check(bed.wait_answer(LB, Some("node-a"), CHANGE));
     let node_a = &bed.nodes[0];
-    let drops_on_a = || -> u64 {
-        let c =
-            testbed::daemon::counters_json(&node_a.ns, &testbed::guard_binary(), "eth0").unwrap();
-        c["counters"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .filter(|r| r["lb_ip"] == LB.to_string() && r["verdict"] == "dropped")
-            .map(|r| r["packets"].as_u64().unwrap_or(0))
-            .sum()
-    };
+    let drops_on_a = || testbed::daemon::dropped(&node_a.ns, "eth0", LB).unwrap();
     let dropped_before = drops_on_a();
     bed.api.set_blackhole(true);
     for g in &guards {

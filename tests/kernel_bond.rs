@@ -11,8 +11,7 @@ use std::{net::Ipv4Addr, time::Duration};
 
 use testbed::{
     bed::{default_owners, TempDir, FOREIGN, NODE, NODE_IP, OWNED, PEER_IP, UNKNOWN},
-    daemon::counters_json,
-    guard_binary, kernel,
+    kernel,
     netns::kube_ipvs0,
     wait_until, ArpSpec, Daemon, Netns, RawSocket,
 };
@@ -122,14 +121,7 @@ impl BondBed {
     }
 
     fn dropped(&self, iface: &str, ip: Ipv4Addr) -> u64 {
-        let c = counters_json(&self.node, &guard_binary(), iface).unwrap();
-        c["counters"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .filter(|r| r["lb_ip"] == ip.to_string() && r["verdict"] == "dropped")
-            .map(|r| r["packets"].as_u64().unwrap_or(0))
-            .sum()
+        testbed::daemon::dropped(&self.node, iface, ip).unwrap()
     }
 
     /// Fail the active slave over to the other one.

@@ -233,6 +233,19 @@ pub fn counters_json(
     serde_json::from_str(out.trim()).with_context(|| format!("counters output: {out}"))
 }
 
+/// Packets the guard on `iface` in `ns` dropped for `ip`, over every kind,
+/// origin and state (`arp-guard counters`, run by the test's binary).
+pub fn dropped(ns: &Netns, iface: &str, ip: std::net::Ipv4Addr) -> Result<u64> {
+    let c = counters_json(ns, &guard_binary(), iface)?;
+    Ok(c["counters"]
+        .as_array()
+        .context("counters array")?
+        .iter()
+        .filter(|r| r["lb_ip"] == ip.to_string() && r["verdict"] == "dropped")
+        .map(|r| r["packets"].as_u64().unwrap_or(0))
+        .sum())
+}
+
 /// `arp-guard events -o json` running in a namespace, its lines collected;
 /// killed on drop.
 pub struct EventTail {

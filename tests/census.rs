@@ -67,7 +67,7 @@ fn gratuitous(from: &RawSocket, mac: [u8; 6], ip: Ipv4Addr) {
 
 /// The census of `ip` once `ok` holds for it (the daemon reads every
 /// second; a conflict shows once it has lasted 3 s).
-fn census_of(ns: &Netns, ip: Ipv4Addr, ok: impl Fn(&Value) -> bool) -> Value {
+fn census_of(ns: &Netns, ip: impl std::fmt::Display, ok: impl Fn(&Value) -> bool) -> Value {
     wait_for(Duration::from_secs(12), || {
         let doc = responders(ns);
         let e = doc["ips"][ip.to_string()].clone();
@@ -120,12 +120,12 @@ fn two_speakers_claiming_one_ip_are_a_conflict_on_a_third_node() {
     assert!(one.get("conflict").is_none(), "{one:#}");
 
     // Metrics: the number of responders per IP, and conflicts by reason.
-    let responders_series = format!("arp_guard_responders{{lb_ip=\"{FOREIGN}\"}}");
+    let responders_series = format!("arp_guard_responders{{lb_ip=\"{FOREIGN}\",family=\"ipv4\"}}");
     assert_eq!(metric(&bed.node, &responders_series), Some(2.0));
     assert_eq!(
         metric(
             &bed.node,
-            &format!("arp_guard_responders{{lb_ip=\"{UNKNOWN}\"}}")
+            &format!("arp_guard_responders{{lb_ip=\"{UNKNOWN}\",family=\"ipv4\"}}")
         ),
         Some(1.0)
     );
@@ -222,6 +222,30 @@ fn a_rogue_mac_claiming_the_owners_ip_is_raised_on_the_owner() {
     // The owner's own answers are untouched by the census: the peer still
     // learns OWNED -> the node.
     assert_eq!(bed.peer_learns(&[OWNED]).unwrap(), [Some(bed.node_mac)]);
+}
+
+#[test]
+fn ipv6_advertisements_are_claims_with_their_family() {
+    use guard_common::ndp_build::NdSpec;
+    use testbed::bed6::{nd_bytes, Bed6, OWNED6};
+    testbed::require_root();
+    if !census_kernel() {
+        return;
+    }
+    let bed = Bed6::new("cen6").unwrap();
+    let _guard = bed.start(&[]).unwrap();
+    let wire = RawSocket::open(&bed.peer, "eth0").unwrap();
+    std::thread::sleep(Duration::from_secs(3));
+    // A rogue host tells the segment "OWNED6 is at ROGUE".
+    let na = nd_bytes(&NdSpec::unsolicited(ROGUE, OWNED6.octets()));
+    assert!(wire.send(&na).unwrap());
+    let e = census_of(&bed.node, OWNED6, |e| !e["conflict"].is_null());
+    assert_eq!(e["conflict"], "claimed_elsewhere", "{e:#}");
+    assert_eq!(e["responders"][0]["mac"], "02:00:5e:00:53:66");
+    assert_eq!(e["responders"][0]["kinds"][0], "na_unsolicited");
+    let series = format!("arp_guard_responders{{lb_ip=\"{OWNED6}\",family=\"ipv6\"}}");
+    assert_eq!(metric(&bed.node, &series), Some(1.0));
+    assert!(responders(&bed.node)["totals"]["ndp"].as_u64().unwrap() >= 1);
 }
 
 #[test]

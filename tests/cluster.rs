@@ -24,6 +24,19 @@ fn cilium_lease(holder: &str, duration: i32, renew: &str) -> serde_json::Value {
     )
 }
 
+/// Node `i`'s `/status` row for `ip`.
+fn status_row(bed: &ClusterBed, i: usize, ip: &str) -> serde_json::Value {
+    let (_, body) = bed.nodes[i]
+        .ns
+        .enter(|| guard::testing::get("127.0.0.1:9477".parse().unwrap(), "/status"))
+        .unwrap();
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let rows = v["ips"].as_array().cloned().unwrap_or_default();
+    rows.into_iter()
+        .find(|r| r["ip"] == ip)
+        .unwrap_or_else(|| panic!("no {ip} in {v}"))
+}
+
 /// A two-node bed whose Service `web` (LB) is announced by node-a under a
 /// Cilium lease of `lease_secs`.
 fn web_held_by_node_a(name: &str, lease_secs: i32) -> ClusterBed {
@@ -62,6 +75,16 @@ fn cilium_lease_moves_and_the_guards_swap_verdicts() {
     // Only node-a answers: node-b's kernel reply is dropped (foreign).
     for _ in 0..3 {
         assert_eq!(bed.who_answers(LB).as_deref(), Some("node-a"));
+    }
+    // Dual stack: the Service's IPv6 address follows the same Lease (it is
+    // guarded in Neighbor Discovery).
+    for (i, want) in [(0, "owned"), (1, "foreign")] {
+        let row = status_row(&bed, i, "fd00::100");
+        assert_eq!(
+            (&row["family"], &row["state"]),
+            (&"ipv6".into(), &want.into()),
+            "{row}"
+        );
     }
     // The holder moves to node-b.
     bed.api.apply(

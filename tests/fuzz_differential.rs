@@ -3,7 +3,9 @@
 //! parser and `decide`, with the same map contents) on the corpus in
 //! `tests/corpus/frames.hex` and on at least 100,000 generated frames: valid
 //! ARP of every kind, tagged and double-tagged, truncated at every offset,
-//! wrong hardware/protocol types and lengths, random bytes, non-ARP traffic.
+//! wrong hardware/protocol types and lengths, random bytes, non-ARP traffic;
+//! IPv6 Neighbor Solicitations and Advertisements of LB and other addresses
+//! with extension headers, wrong hop limits and codes, broken options.
 //!
 //! Every return code and output frame is compared per frame; counters and
 //! totals per batch, and a batch that disagrees is replayed frame by frame.
@@ -14,12 +16,14 @@ use std::collections::BTreeMap;
 
 use guard::testing::{monotonic_ns, Datapath, Snapshot};
 use guard_common::{
-    classify, frame, judge, Facts, LeakAction, Liveness, Mode, Origin, Parsed, Verdict,
+    classify, classify_nd, frame, judge, ndp,
+    ndp_build::{write_nd, NdSpec, ND_FRAME_BUF},
+    v4_key, Facts, IpKey, Kind, LeakAction, Liveness, Mode, Origin, Ownership, Parsed, Verdict,
 };
 
 #[path = "test_run_common.rs"]
 mod common;
-use common::{counter_delta, lb_ips, DROP, PASS, PRIMARY};
+use common::{counter_delta, lb_ips, lb_ips6, DeltaKey, DROP, PASS, PRIMARY};
 
 /// xorshift64*: small, seedable, reproducible.
 struct Rng(u64);
@@ -70,7 +74,9 @@ fn generate_raw(r: &mut Rng) -> Vec<u8> {
         f.extend_from_slice(&r.pick(&[0x8100u16, 0x88a8, 0x8100, 0x9100]).to_be_bytes());
         f.extend_from_slice(&(r.below(4096) as u16).to_be_bytes());
     }
-    match r.below(10) {
+    match r.below(12) {
+        // IPv6 Neighbor Discovery.
+        10 | 11 => return generate_nd(r, f.len() - 12),
         // Non-ARP traffic.
         0 => {
             f.extend_from_slice(&r.pick(&[0x0800u16, 0x86dd, 0x88cc, 0x8035]).to_be_bytes());
@@ -117,61 +123,84 @@ fn generate_raw(r: &mut Rng) -> Vec<u8> {
     f
 }
 
+/// An NDP frame: an NS or NA about an IPv6 LB IP or another address,
+/// `tag_bytes` of tags, sometimes broken the ways a receiver would notice.
+fn generate_nd(r: &mut Rng, tag_bytes: usize) -> Vec<u8> {
+    let ips: Vec<IpKey> = lb_ips6()
+        .iter()
+        .map(|(ip, _)| ip.octets())
+        .chain([[0xfd; 16], [0; 16]])
+        .collect();
+    let mac = [2, 0, 0, 0x5e, 0x53, 9];
+    let mut spec = match r.below(3) {
+        0 => NdSpec::solicit(mac, r.pick(&ips), r.pick(&ips)),
+        1 => NdSpec::unsolicited(mac, r.pick(&ips)),
+        _ => NdSpec::advert(
+            mac,
+            r.pick(&ips),
+            [2, 0, 0, 0, 0, 1],
+            r.pick(&ips),
+            r.pick(&[0x40u8, 0x60, 0xe0, 0]),
+        ),
+    };
+    spec.sll = r.below(4) > 0;
+    spec.ext_headers = r.pick(&[0u8, 0, 0, 1, 2, 4, 5]);
+    spec.hop_limit = r.pick(&[255u8, 255, 255, 64]);
+    if tag_bytes >= 4 {
+        spec.tags[0] = Some((0x8100, r.below(4096) as u16));
+    }
+    if tag_bytes >= 8 {
+        spec.tags[1] = Some((0x8100, r.below(4096) as u16));
+    }
+    let mut buf = [0u8; ND_FRAME_BUF];
+    let n = write_nd(&mut buf, &spec);
+    let mut f = buf[..n].to_vec();
+    match r.below(6) {
+        // A byte anywhere after the Ethernet header changed.
+        0 => {
+            let at = 14 + r.below((f.len() - 14) as u64) as usize;
+            f[at] = r.next() as u8;
+        }
+        // Cut (BPF_PROG_TEST_RUN wants a whole IPv6 header).
+        1 => {
+            let min = 14 + 40 + 4 * spec.tags.iter().flatten().count();
+            let cut = min + r.below((f.len() - min) as u64) as usize;
+            f.truncate(cut);
+        }
+        // Ethernet padding.
+        2 => {
+            let k = r.below(20) as usize;
+            f.extend(r.bytes(k));
+        }
+        _ => {}
+    }
+    f
+}
+
 /// What the reference says the program must do with `frame`.
 struct Expect {
     ret: i32,
     out: Vec<u8>,
     /// (ip, kind, origin, state, verdict) counted, if any.
-    counted: Option<(u32, u8, u8, u8, u8)>,
+    counted: Option<DeltaKey>,
     stats: BTreeMap<&'static str, u64>,
 }
 
-fn reference(
-    f: &[u8],
+/// The facts and the decision, as the program makes them; `e` gets the
+/// verdict, the counter and the stats.
+#[allow(clippy::too_many_arguments)]
+fn judged(
+    e: &mut Expect,
+    stats: &mut BTreeMap<&'static str, u64>,
+    ip: IpKey,
+    kind: Kind,
+    state: Ownership,
+    on_egress: bool,
     mode: Mode,
     leak_action: LeakAction,
     live: Liveness,
     origin: Origin,
-) -> Expect {
-    let mut stats = BTreeMap::from([("frames", 1u64)]);
-    let mut e = Expect {
-        ret: PASS,
-        out: f.to_vec(),
-        counted: None,
-        stats: BTreeMap::new(),
-    };
-    let ethertype = u16::from_be_bytes([f[12], f[13]]);
-    let parsed = if ethertype == frame::ETH_P_ARP || frame::is_vlan(ethertype) {
-        frame::parse(f, ethertype)
-    } else {
-        Parsed::NotArp
-    };
-    let arp = match parsed {
-        Parsed::NotArp => {
-            e.stats = stats;
-            return e;
-        }
-        Parsed::Malformed => {
-            stats.insert("arp", 1);
-            stats.insert("malformed", 1);
-            e.stats = stats;
-            return e;
-        }
-        Parsed::Arp(a) => a,
-    };
-    stats.insert("arp", 1);
-    let Some((_, state, on_egress)) = lb_ips()
-        .into_iter()
-        .find(|(ip, _, _)| u32::from(*ip) == arp.spa)
-    else {
-        stats.insert("not_lb", 1);
-        e.stats = stats;
-        return e;
-    };
-    let Some(kind) = classify(&arp) else {
-        e.stats = stats;
-        return e;
-    };
+) -> Verdict {
     let mut facts = Facts {
         kind,
         origin,
@@ -194,25 +223,144 @@ fn reference(
         }
         _ => {}
     }
-    let (judged, verdict) = (j.state, j.verdict);
+    let verdict = j.verdict;
     if verdict == Verdict::Dropped {
         e.ret = DROP;
     }
-    if verdict == Verdict::Rewritten {
-        let at = arp.spa_offset();
-        e.out[at..at + 4].copy_from_slice(&PRIMARY.octets());
-    }
-    e.counted = Some((
-        arp.spa,
-        kind as u8,
-        origin as u8,
-        judged as u8,
-        verdict as u8,
-    ));
+    e.counted = Some((ip, kind as u8, origin as u8, j.state as u8, verdict as u8));
     // Every decision that stops (or would stop) a frame makes an event,
     // delivered or suppressed by the rate limit.
     if verdict != Verdict::Passed {
         stats.insert("events", 1);
+    }
+    verdict
+}
+
+/// The reference for an NDP frame.
+#[allow(clippy::too_many_arguments)]
+fn reference_nd(
+    f: &[u8],
+    nd: &guard_common::NdFrame,
+    mut e: Expect,
+    mut stats: BTreeMap<&'static str, u64>,
+    mode: Mode,
+    leak_action: LeakAction,
+    live: Liveness,
+    origin: Origin,
+) -> Expect {
+    stats.insert("ndp", 1);
+    let lb = nd
+        .claimed()
+        .and_then(|ip| lb_ips6().into_iter().find(|(a, _)| a.octets() == ip));
+    let Some((ip, state)) = lb else {
+        stats.insert("ndp_not_lb", 1);
+        e.stats = stats;
+        return e;
+    };
+    let source_ll = if nd.is_advert() {
+        false
+    } else {
+        match ndp::has_option(f, nd, ndp::ND_OPT_SOURCE_LL) {
+            Some(b) => b,
+            None => {
+                stats.insert("ndp_malformed", 1);
+                e.stats = stats;
+                return e;
+            }
+        }
+    };
+    if let Some(kind) = classify_nd(nd, source_ll) {
+        let ip = ip.octets();
+        // NDP is never rewritten: the output is the input.
+        judged(
+            &mut e,
+            &mut stats,
+            ip,
+            kind,
+            state,
+            false,
+            mode,
+            leak_action,
+            live,
+            origin,
+        );
+    }
+    e.stats = stats;
+    e
+}
+
+fn reference(
+    f: &[u8],
+    mode: Mode,
+    leak_action: LeakAction,
+    live: Liveness,
+    origin: Origin,
+) -> Expect {
+    let mut stats = BTreeMap::from([("frames", 1u64)]);
+    let mut e = Expect {
+        ret: PASS,
+        out: f.to_vec(),
+        counted: None,
+        stats: BTreeMap::new(),
+    };
+    let ethertype = u16::from_be_bytes([f[12], f[13]]);
+    let parsed = if ethertype == frame::ETH_P_ARP
+        || frame::is_vlan(ethertype)
+        || ethertype == ndp::ETH_P_IPV6
+    {
+        frame::parse(f, ethertype)
+    } else {
+        Parsed::Other
+    };
+    let arp = match parsed {
+        Parsed::Other => {
+            e.stats = stats;
+            return e;
+        }
+        Parsed::NdMalformed => {
+            stats.insert("ndp", 1);
+            stats.insert("ndp_malformed", 1);
+            e.stats = stats;
+            return e;
+        }
+        Parsed::Nd(nd) => return reference_nd(f, &nd, e, stats, mode, leak_action, live, origin),
+        Parsed::Malformed => {
+            stats.insert("arp", 1);
+            stats.insert("malformed", 1);
+            e.stats = stats;
+            return e;
+        }
+        Parsed::Arp(a) => a,
+    };
+    stats.insert("arp", 1);
+    let Some((_, state, on_egress)) = lb_ips()
+        .into_iter()
+        .find(|(ip, _, _)| u32::from(*ip) == arp.spa)
+    else {
+        stats.insert("not_lb", 1);
+        e.stats = stats;
+        return e;
+    };
+    let Some(kind) = classify(&arp) else {
+        e.stats = stats;
+        return e;
+    };
+    let ip = v4_key(arp.spa);
+    let verdict = judged(
+        &mut e,
+        &mut stats,
+        ip,
+        kind,
+        state,
+        on_egress,
+        mode,
+        leak_action,
+        live,
+        origin,
+    );
+    if verdict == Verdict::Rewritten {
+        let at = arp.spa_offset();
+        e.out[at..at + 4].copy_from_slice(&PRIMARY.octets());
     }
     e.stats = stats;
     e
@@ -326,17 +474,25 @@ impl Harness {
     /// Run a batch, compare per frame and then the counters over the batch.
     fn run_batch(&self, frames: &[Vec<u8>]) {
         let before = Snapshot::of_datapath(&self.dp).unwrap();
-        let mut want_counters: BTreeMap<(u32, u8, u8, u8, u8), u64> = BTreeMap::new();
+        let mut want_counters: BTreeMap<DeltaKey, u64> = BTreeMap::new();
         let mut want_stats: BTreeMap<&'static str, u64> = BTreeMap::new();
         for f in frames {
             let e = reference(f, self.mode, self.leak_action, self.live, self.origin);
             self.run_one(f, &e);
+            let family = if e.stats.contains_key("ndp") {
+                "ndp "
+            } else {
+                ""
+            };
             let outcome = match e.counted {
                 Some((.., v)) => Verdict::from_u8(v).map_or("?", Verdict::as_str).to_owned(),
                 None if e.stats.contains_key("malformed") => "malformed".into(),
+                None if e.stats.contains_key("ndp_malformed") => "malformed".into(),
                 None if e.stats.contains_key("not_lb") => "not_lb".into(),
+                None if e.stats.contains_key("ndp_not_lb") => "not_lb".into(),
                 None => "not_arp".into(),
             };
+            let outcome = format!("{family}{outcome}");
             *self.seen.borrow_mut().entry(outcome).or_default() += 1;
             if let Some(k) = e.counted {
                 *want_counters.entry(k).or_default() += 1;
@@ -463,7 +619,11 @@ fn generated_frames_agree_with_reference() {
                 break f;
             }
         };
-        for len in 14..=f.len() {
+        // BPF_PROG_TEST_RUN wants an untagged IP frame's whole header
+        // (generate pads them to the IPv6 header's length).
+        let ip = matches!(u16::from_be_bytes([f[12], f[13]]), 0x0800 | 0x86dd);
+        let min = if ip { 14 + 40 } else { 14 };
+        for len in min..=f.len() {
             cuts.push(f[..len].to_vec());
         }
     }
@@ -479,6 +639,11 @@ fn generated_frames_agree_with_reference() {
         "malformed",
         "not_lb",
         "not_arp",
+        "ndp passed",
+        "ndp dropped",
+        "ndp would_drop",
+        "ndp malformed",
+        "ndp not_lb",
     ] {
         assert!(
             seen.get(outcome).copied().unwrap_or(0) >= 20,

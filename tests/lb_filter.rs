@@ -35,7 +35,7 @@ fn foreign(ips: &[Ipv4Addr]) -> View {
     let mut v = View::default();
     for ip in ips {
         v.lb.insert(
-            *ip,
+            (*ip).into(),
             LbIp {
                 state: Ownership::Foreign,
                 source: Provenance::Interface("test".into()),
@@ -118,7 +118,7 @@ fn per_change_writes_keep_the_filter() {
     let mut dp = datapath(true);
     let changed = |ips: &[Ipv4Addr]| {
         ips.iter()
-            .copied()
+            .map(|ip| std::net::IpAddr::V4(*ip))
             .collect::<std::collections::BTreeSet<_>>()
     };
     let r = dp.apply_changes(&foreign(&[a]), &changed(&[a]), false);

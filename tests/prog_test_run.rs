@@ -117,7 +117,7 @@ fn program_agrees_with_reference_on_the_whole_table() {
                             let delta = counter_delta(&before, &after);
                             let judged = effective_state(state, live);
                             let key = (
-                                u32::from(ip),
+                                guard_common::v4_key(u32::from(ip)),
                                 kind as u8,
                                 origin as u8,
                                 judged as u8,
@@ -301,7 +301,8 @@ fn apply_changes_touches_only_the_changed_keys() {
     use guard_common::{LeakAction, Mode, Ownership};
     use std::collections::BTreeSet;
     testbed::require_root();
-    let ip = |i: u32| Ipv4Addr::from(u32::from(Ipv4Addr::new(10, 77, 0, 0)) + i);
+    let ip =
+        |i: u32| std::net::IpAddr::V4(Ipv4Addr::from(u32::from(Ipv4Addr::new(10, 77, 0, 0)) + i));
     let entry = |state| LbIp {
         state,
         source: Provenance::Interface("test".into()),

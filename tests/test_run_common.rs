@@ -2,7 +2,10 @@
 //! whose maps hold it. BPF_PROG_TEST_RUN runs the program on the loopback
 //! device (ifindex 1), so "on the egress interface" means on lo here.
 
-use std::{collections::BTreeMap, net::Ipv4Addr};
+use std::{
+    collections::BTreeMap,
+    net::{Ipv4Addr, Ipv6Addr},
+};
 
 use guard::testing::{Datapath, LbIp, Provenance, Snapshot, View};
 use guard_common::{LeakAction, Mode, Ownership};
@@ -30,12 +33,22 @@ pub fn lb_ips() -> Vec<(Ipv4Addr, Ownership, bool)> {
     ]
 }
 
-/// The view of [`lb_ips`] on lo (and lo's primary IPv4 when `with_primary`).
+/// IPv6 LB IPs with each state (judged in Neighbor Discovery).
+pub fn lb_ips6() -> Vec<(Ipv6Addr, Ownership)> {
+    let ip = |last| Ipv6Addr::new(0xfd00, 0, 0, 0, 0, 0, 0, last);
+    vec![
+        (ip(0x101), Ownership::Owned),
+        (ip(0x102), Ownership::Foreign),
+        (ip(0x103), Ownership::Unknown),
+    ]
+}
+
+/// The view of [`lb_ips`] and [`lb_ips6`] on lo (and lo's primary IPv4 when `with_primary`).
 pub fn view(with_primary: bool) -> View {
     let mut view = View::default();
     for (ip, state, on_egress) in lb_ips() {
         view.lb.insert(
-            ip,
+            ip.into(),
             LbIp {
                 state,
                 source: Provenance::Interface("test".into()),
@@ -44,6 +57,10 @@ pub fn view(with_primary: bool) -> View {
         if on_egress {
             view.if_addrs.insert((LO, ip));
         }
+    }
+    for (ip, state) in lb_ips6() {
+        let source = Provenance::Interface("test".into());
+        view.lb.insert(ip.into(), LbIp { state, source });
     }
     view.if_addrs.insert((LO, PRIMARY));
     if with_primary {
@@ -71,8 +88,11 @@ pub fn datapath(with_primary: bool) -> Datapath {
     dp
 }
 
+/// A counter row's key: (ip, kind, origin, state, verdict).
+pub type DeltaKey = (guard_common::IpKey, u8, u8, u8, u8);
+
 /// Counter changes between two snapshots: (ip, kind, origin, state, verdict) -> packets.
-pub fn counter_delta(before: &Snapshot, after: &Snapshot) -> BTreeMap<(u32, u8, u8, u8, u8), u64> {
+pub fn counter_delta(before: &Snapshot, after: &Snapshot) -> BTreeMap<DeltaKey, u64> {
     let mut d = BTreeMap::new();
     for r in &after.rows {
         let b = before

@@ -1,7 +1,9 @@
 //! The responder census: who claims each LB IP on the segment, as seen
 //! arriving at this node. The TC ingress program records every ARP reply,
 //! gratuitous ARP and announcement whose sender IP is an LB IP, keyed by the
-//! sender hardware address (what a neighbour's cache learns); the host turns
+//! sender hardware address (what a neighbour's cache learns), and every
+//! IPv6 Neighbor Advertisement (or solicitation with a source link-layer
+//! option) about an IPv6 LB IP, keyed by its Ethernet source; the host turns
 //! the table into responders and conflicts. Observe-only: the program never
 //! changes or stops a frame.
 //!
@@ -11,6 +13,7 @@
 
 use crate::{
     frame::ArpFrame,
+    maps::IpKey,
     verdict::{classify, Kind},
 };
 
@@ -27,16 +30,19 @@ pub const MAP_CENSUS_STATS: &str = "CENSUS_STATS";
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct ResponderKey {
-    /// The LB IP claimed (SPA), host order.
-    pub ip: u32,
-    /// Who claims it (SHA): the MAC a neighbour would cache.
+    /// The LB IP claimed (ARP SPA; an NA's target, an NS's source), as an
+    /// [`IpKey`] (IPv4-mapped for IPv4).
+    pub ip: IpKey,
+    /// Who claims it (ARP SHA; NDP: the Ethernet source, which speakers and
+    /// the kernel also put in the link-layer option): the MAC a neighbour
+    /// would cache.
     pub mac: [u8; 6],
     pub _pad: [u8; 2],
 }
 
 impl ResponderKey {
     #[inline(always)]
-    pub const fn new(ip: u32, mac: [u8; 6]) -> Self {
+    pub const fn new(ip: IpKey, mac: [u8; 6]) -> Self {
         ResponderKey {
             ip,
             mac,
@@ -75,6 +81,8 @@ pub enum CensusStat {
     Claims = 1,
     /// A claim that could not be recorded (the map refused the insert).
     InsertFailed = 2,
+    /// NDP messages (NS, NA) the census program parsed.
+    Ndp = 3,
 }
 
 impl CensusStat {
@@ -82,6 +90,7 @@ impl CensusStat {
         CensusStat::Arp,
         CensusStat::Claims,
         CensusStat::InsertFailed,
+        CensusStat::Ndp,
     ];
     pub const COUNT: u32 = Self::ALL.len() as u32;
 
@@ -90,6 +99,7 @@ impl CensusStat {
             CensusStat::Arp => "arp",
             CensusStat::Claims => "claims",
             CensusStat::InsertFailed => "insert_failed",
+            CensusStat::Ndp => "ndp",
         }
     }
 }
@@ -174,7 +184,7 @@ mod tests {
         // A clock that went backwards is not a silence.
         record(&mut v, 100 * s, Kind::Reply, 4, 60 * s);
         assert_eq!(v.first_ns, 200 * s);
-        assert_eq!(core::mem::size_of::<ResponderKey>(), 12);
+        assert_eq!(core::mem::size_of::<ResponderKey>(), 24);
         assert_eq!(core::mem::size_of::<ResponderValue>(), 32);
     }
 }

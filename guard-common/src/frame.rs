@@ -1,4 +1,5 @@
-//! Parsing of an outgoing Ethernet frame down to the ARP fields the policy needs.
+//! Parsing of an outgoing Ethernet frame down to the ARP fields the policy
+//! needs (IPv6 Neighbor Discovery continues in [`crate::ndp`]).
 //!
 //! The parser is generic over [`FrameReader`] so that the BPF program (reading
 //! the skb with `bpf_skb_load_bytes`) and host tests (reading a `&[u8]`) run the
@@ -72,13 +73,20 @@ impl ArpFrame {
 /// What [`parse`] found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Parsed {
-    /// Not an ARP frame (after looking through up to two VLAN tags), or too
-    /// short to carry an Ethernet header. Passed untouched.
-    NotArp,
+    /// Neither ARP nor NDP (after looking through up to two VLAN tags), or
+    /// too short to carry an Ethernet header. Passed untouched.
+    Other,
     /// ARP ethertype, but truncated, not Ethernet/IPv4, or an opcode other than
     /// request/reply. Passed untouched and counted.
     Malformed,
     Arp(ArpFrame),
+    /// A Neighbor Solicitation or Advertisement (see [`crate::ndp`]).
+    Nd(crate::ndp::NdFrame),
+    /// IPv6 that may be NDP but that the parser could not follow (more
+    /// extension headers than it looks through, truncated), or an NDP message
+    /// its receiver would discard (hop limit, code, length). Passed untouched
+    /// and counted.
+    NdMalformed,
 }
 
 #[inline(always)]
@@ -108,7 +116,7 @@ pub fn parse<R: FrameReader + ?Sized>(r: &R, ethertype: u16) -> Parsed {
         }
         // The tag is TCI (2 bytes) + inner ethertype (2 bytes).
         let Some(tag) = r.read::<4>(offset) else {
-            return Parsed::NotArp;
+            return Parsed::Other;
         };
         vids[i] = be16([tag[0], tag[1]]) & VID_MASK;
         proto = be16([tag[2], tag[3]]);
@@ -116,8 +124,11 @@ pub fn parse<R: FrameReader + ?Sized>(r: &R, ethertype: u16) -> Parsed {
         tags += 1;
         i += 1;
     }
+    if proto == crate::ndp::ETH_P_IPV6 {
+        return crate::ndp::parse_ipv6(r, offset, tags, vids);
+    }
     if proto != ETH_P_ARP {
-        return Parsed::NotArp;
+        return Parsed::Other;
     }
     let Some(arp) = r.read::<ARP_LEN>(offset) else {
         return Parsed::Malformed;
@@ -240,7 +251,7 @@ mod tests {
             &[ETH_P_8021AD, ETH_P_8021Q, ETH_P_8021Q],
             &arp(2, [1; 4], [2; 4]),
         );
-        assert_eq!(run(&f[..n]), Parsed::NotArp);
+        assert_eq!(run(&f[..n]), Parsed::Other);
     }
 
     #[test]
@@ -250,7 +261,7 @@ mod tests {
             let got = run(&f[..len]);
             // Before the inner ethertype is complete we cannot tell it is ARP.
             let want = if len < 18 {
-                Parsed::NotArp
+                Parsed::Other
             } else {
                 Parsed::Malformed
             };
@@ -278,6 +289,6 @@ mod tests {
     fn non_arp_is_not_arp() {
         let (mut f, n) = frame(&[], &arp(2, [1; 4], [2; 4]));
         f[12..14].copy_from_slice(&0x0800u16.to_be_bytes());
-        assert_eq!(run(&f[..n]), Parsed::NotArp);
+        assert_eq!(run(&f[..n]), Parsed::Other);
     }
 }

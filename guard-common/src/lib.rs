@@ -13,6 +13,8 @@ pub mod build;
 pub mod census;
 pub mod frame;
 pub mod maps;
+pub mod ndp;
+pub mod ndp_build;
 pub mod verdict;
 
 pub use census::{
@@ -20,7 +22,8 @@ pub use census::{
 };
 pub use frame::{parse, ArpFrame, FrameReader, Parsed};
 pub use maps::*;
+pub use ndp::NdFrame;
 pub use verdict::{
-    classify, decide, effective_state, judge, liveness, Facts, Judgement, Kind, LeakAction,
-    Liveness, Mode, Origin, Ownership, Surroundings, Verdict,
+    classify, classify_nd, decide, effective_state, judge, liveness, Facts, Judgement, Kind,
+    LeakAction, Liveness, Mode, Origin, Ownership, Surroundings, Verdict,
 };

@@ -4,6 +4,10 @@
 /// LB IP (host-order u32) -> [`LbEntry`]. The LB set and this node's view of
 /// each IP's owner. An IP absent from this map is not an LB IP.
 pub const MAP_LB_IPS: &str = "LB_IPS";
+/// IPv6 LB IP (16 bytes, network order) -> [`LbEntry`]: the IPv6 LB set,
+/// judged for Neighbor Discovery. Allocated on use (few IPv6 LB IPs on most
+/// clusters); same capacity as [`MAP_LB_IPS`].
+pub const MAP_LB_IPS6: &str = "LB_IPS6";
 /// Array of [`LB_FILTER_WORDS`] u64: one bit per hash of an IP, set for every
 /// IP in [`MAP_LB_IPS`] ([`lb_filter_slot`]). A clear bit proves "not an LB
 /// IP" with one inlined array read, so ARP from node addresses skips the hash
@@ -47,16 +51,57 @@ pub const MAP_EVENTS: &str = "EVENTS";
 /// Per-CPU [`RateLimit`] state of the event token bucket.
 pub const MAP_EVENT_RATE: &str = "EVENT_RATE";
 
+/// An IP address as the counters and events carry it: 16 bytes in network
+/// order, an IPv4 address as IPv4-mapped IPv6 (`::ffff:a.b.c.d`, RFC 4291
+/// 2.5.5.2), so one key serves both families.
+pub type IpKey = [u8; 16];
+
+/// `ip` (host order) as an [`IpKey`].
+#[inline(always)]
+pub fn v4_key(ip: u32) -> IpKey {
+    let b = ip.to_be_bytes();
+    [
+        0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, b[0], b[1], b[2], b[3],
+    ]
+}
+
+/// `ip` as an [`IpKey`].
+pub fn key_of_ip(ip: core::net::IpAddr) -> IpKey {
+    match ip {
+        core::net::IpAddr::V4(v4) => v4_key(u32::from(v4)),
+        core::net::IpAddr::V6(v6) => v6.octets(),
+    }
+}
+
+/// The address an [`IpKey`] stands for (IPv4-mapped: the IPv4 address).
+pub fn ip_of_key(k: IpKey) -> core::net::IpAddr {
+    let v6 = core::net::Ipv6Addr::from(k);
+    match v6.to_ipv4_mapped() {
+        Some(v4) => core::net::IpAddr::V4(v4),
+        None => core::net::IpAddr::V6(v6),
+    }
+}
+
+/// The `family` label of an address: "ipv4" or "ipv6".
+pub fn family(ip: &core::net::IpAddr) -> &'static str {
+    if ip.is_ipv4() {
+        "ipv4"
+    } else {
+        "ipv6"
+    }
+}
+
 /// One drop / would-drop / rewrite decision, for the operator's event stream.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct DropEvent {
-    /// The LB IP announced (SPA), host order.
-    pub lb_ip: u32,
-    /// The neighbour the frame was for (TPA), host order.
-    pub requester_ip: u32,
+    /// The LB IP announced (ARP SPA; an NA's target, an NS's source).
+    pub lb_ip: IpKey,
+    /// The neighbour the frame was for (ARP TPA; the IPv6 destination).
+    pub requester_ip: IpKey,
     pub ifindex: u32,
-    /// THA: the requester's MAC (zero or broadcast for gratuitous ARP).
+    /// The requester's MAC (ARP THA: zero or broadcast for gratuitous ARP;
+    /// NDP: the Ethernet destination).
     pub requester_mac: [u8; 6],
     /// [`crate::Kind`], [`crate::Origin`], [`crate::Ownership`] (as judged), [`crate::Verdict`].
     pub kind: u8,
@@ -147,8 +192,8 @@ impl IfAddrKey {
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct CounterKey {
-    /// The LB IP (host order).
-    pub ip: u32,
+    /// The LB IP ([`IpKey`]: IPv4-mapped for IPv4).
+    pub ip: IpKey,
     /// Egress interface.
     pub ifindex: u32,
     /// [`crate::Kind`], [`crate::Origin`], [`crate::Ownership`], [`crate::Verdict`] as u8.
@@ -195,6 +240,14 @@ pub enum Stat {
     EventsDelivered = 9,
     /// Drop events held back by the rate limit (or a full ring buffer).
     EventsSuppressed = 10,
+    /// IPv6 Neighbor Solicitations and Advertisements (valid or not).
+    Ndp = 11,
+    /// IPv6 that may be NDP but could not be followed (more extension
+    /// headers than looked through, truncated, malformed options), or an
+    /// NDP message its receiver discards (hop limit, code, length): passed.
+    NdpMalformed = 12,
+    /// Valid NDP whose claimed address is not an LB IP (passed).
+    NdpNotLb = 13,
 }
 
 impl Stat {
@@ -210,6 +263,9 @@ impl Stat {
         Stat::GateOpen,
         Stat::EventsDelivered,
         Stat::EventsSuppressed,
+        Stat::Ndp,
+        Stat::NdpMalformed,
+        Stat::NdpNotLb,
     ];
     pub const COUNT: u32 = Self::ALL.len() as u32;
 
@@ -226,6 +282,9 @@ impl Stat {
             Stat::GateOpen => "heartbeat_dead_passed",
             Stat::EventsDelivered => "events_delivered",
             Stat::EventsSuppressed => "events_suppressed",
+            Stat::Ndp => "ndp",
+            Stat::NdpMalformed => "ndp_malformed",
+            Stat::NdpNotLb => "ndp_not_lb",
         }
     }
 }
@@ -286,7 +345,13 @@ mod tests {
         assert_eq!(passed, 5);
         // Clock going backwards refills nothing.
         assert!(!take_token(&mut b, 50 * s, 10, 5));
-        assert_eq!(core::mem::size_of::<DropEvent>(), 24);
+        assert_eq!(core::mem::size_of::<DropEvent>(), 48);
+        assert_eq!(core::mem::size_of::<CounterKey>(), 24);
+        assert_eq!(v4_key(0xc633_6401)[10..], [0xff, 0xff, 198, 51, 100, 1]);
+        for ip in ["198.51.100.1", "fd00::1", "::1"] {
+            let ip: core::net::IpAddr = ip.parse().unwrap();
+            assert_eq!(ip_of_key(key_of_ip(ip)), ip);
+        }
     }
 }
 

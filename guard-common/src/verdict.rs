@@ -27,6 +27,24 @@ pub enum Kind {
     /// op=1, SPA=LB IP, SPA != TPA: an ordinary request that teaches the
     /// target "LB IP is at this MAC" (what arp_announce=2 prevents).
     AnnounceLeak = 2,
+    /// IPv6: a Neighbor Advertisement with the Solicited flag, target = LB
+    /// IP: the answer to one neighbour's solicitation.
+    NaSolicited = 3,
+    /// IPv6: a Neighbor Advertisement without it (usually with Override, to
+    /// all nodes): a speaker taking the address over tells the segment.
+    NaUnsolicited = 4,
+    /// IPv6: a Neighbor Solicitation from an LB IP with a source link-layer
+    /// address option, which teaches the target "LB IP is at this MAC" (the
+    /// analogue of an announce leak; never rewritten, the frame is dropped).
+    NsLeak = 5,
+}
+
+impl Kind {
+    /// The kinds of IPv6 Neighbor Discovery.
+    #[inline(always)]
+    pub fn is_ndp(self) -> bool {
+        matches!(self, Kind::NaSolicited | Kind::NaUnsolicited | Kind::NsLeak)
+    }
 }
 
 /// Who put the frame on the wire.
@@ -155,6 +173,25 @@ pub fn classify(arp: &ArpFrame) -> Option<Kind> {
     }
 }
 
+/// Name the kind of an NDP message whose claimed address is an LB IP:
+/// advertisements by their Solicited flag; a solicitation only when it
+/// carries a source link-layer address (`source_ll`), without which its
+/// receiver learns nothing.
+#[inline(always)]
+pub fn classify_nd(nd: &crate::ndp::NdFrame, source_ll: bool) -> Option<Kind> {
+    if nd.is_advert() {
+        if nd.flags & crate::ndp::NA_FLAG_SOLICITED != 0 {
+            Some(Kind::NaSolicited)
+        } else {
+            Some(Kind::NaUnsolicited)
+        }
+    } else if source_ll {
+        Some(Kind::NsLeak)
+    } else {
+        None
+    }
+}
+
 /// What the judgement of one frame needs from its surroundings, asked for
 /// only when the verdict depends on it: the BPF program answers each with a
 /// map lookup or a clock read, so an owned IP costs none of them and a
@@ -216,7 +253,10 @@ pub fn judge<S: Surroundings + ?Sized>(
         Ownership::Foreign => true,
         // strictARP's arp_ignore=1 rule for the kernel; a live speaker or
         // datapath responder is the best authority we have, so it passes.
-        Ownership::Unknown => origin == Origin::Kernel && !s.ip_on_egress(),
+        // The kernel's NDP answers only for addresses on the interface it
+        // answers on, or for proxy entries an operator configured (measured:
+        // tests/ndp_kernel.rs, docs/design.md): no kube-ipvs0 flux to stop.
+        Ownership::Unknown => origin == Origin::Kernel && !kind.is_ndp() && !s.ip_on_egress(),
     };
     if !stop {
         return pass(judged, Some(live));
@@ -339,7 +379,14 @@ impl<T: Named> serde::de::Visitor<'_> for ByName<T> {
             .ok_or_else(|| E::custom(format_args!("unknown {} `{v}`", T::WHAT)))
     }
 }
-names!(Kind { Reply => "reply", Gratuitous => "gratuitous", AnnounceLeak => "announce_leak" });
+names!(Kind {
+    Reply => "reply",
+    Gratuitous => "gratuitous",
+    AnnounceLeak => "announce_leak",
+    NaSolicited => "na_solicited",
+    NaUnsolicited => "na_unsolicited",
+    NsLeak => "ns_leak",
+});
 names!(Origin { Kernel => "kernel", Speaker => "speaker", Redirect => "redirect" });
 names!(Ownership { Owned => "owned", Foreign => "foreign", Unknown => "unknown" });
 names!(Mode { Enforce => "enforce", Monitor => "monitor" });
@@ -413,6 +460,24 @@ mod tests {
             (Gratuitous, Redirect, Foreign, false, Dropped),
             (AnnounceLeak, Redirect, Unknown, false, Passed),
             (AnnounceLeak, Redirect, Foreign, false, Rewritten),
+            // IPv6 NDP: the owner passes, foreign is dropped (never
+            // rewritten), unknown passes from every origin (the kernel
+            // answers NDP only for its interface's own addresses).
+            (NaSolicited, Kernel, Owned, false, Passed),
+            (NaUnsolicited, Speaker, Owned, false, Passed),
+            (NsLeak, Kernel, Owned, true, Passed),
+            (NaSolicited, Kernel, Foreign, true, Dropped),
+            (NaSolicited, Speaker, Foreign, false, Dropped),
+            (NaUnsolicited, Speaker, Foreign, false, Dropped),
+            (NaUnsolicited, Redirect, Foreign, false, Dropped),
+            (NsLeak, Kernel, Foreign, true, Dropped),
+            (NsLeak, Speaker, Foreign, false, Dropped),
+            (NaSolicited, Kernel, Unknown, false, Passed),
+            (NaSolicited, Kernel, Unknown, true, Passed),
+            (NaUnsolicited, Kernel, Unknown, false, Passed),
+            (NaUnsolicited, Speaker, Unknown, false, Passed),
+            (NsLeak, Kernel, Unknown, false, Passed),
+            (NsLeak, Redirect, Unknown, false, Passed),
         ];
         for (kind, origin, state, on, want) in table {
             assert_eq!(

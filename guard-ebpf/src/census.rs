@@ -1,9 +1,11 @@
 //! The responder census: an observe-only TC ingress program. Every ARP
-//! claim of an LB IP that arrives (reply, gratuitous ARP, announcement) is
-//! recorded by LB IP and sender MAC in an LRU map; the frame always goes on
-//! unchanged (TCX_NEXT), so a fault here cannot cost a packet.
+//! claim of an LB IP that arrives (reply, gratuitous ARP, announcement), and
+//! every NDP claim of an IPv6 LB IP (advertisement, solicitation with a
+//! source link-layer option), is recorded by LB IP and sender MAC in an LRU
+//! map; the frame always goes on unchanged (TCX_NEXT), so a fault here
+//! cannot cost a packet.
 //!
-//! Non-ARP frames cost the same bounds check and two-byte read as on egress.
+//! Other frames cost the same fast path as on egress.
 
 use aya_ebpf::{
     macros::{classifier, map},
@@ -12,10 +14,14 @@ use aya_ebpf::{
 };
 use guard_common::{
     census::{claim, first, record},
-    parse, CensusStat, Parsed, ResponderKey, ResponderValue, MAX_RESPONDERS,
+    classify_nd,
+    ndp::{has_option, may_be_ndp, ETH_P_IPV6, ND_OPT_SOURCE_LL},
+    parse, v4_key, CensusStat, Kind, Parsed, ResponderKey, ResponderValue, MAX_RESPONDERS,
 };
 
-use crate::program::{may_be_lb, outer_ethertype, Skb, CONFIG, LB_IPS, PASS};
+use crate::program::{
+    ipv6_next_header, may_be_lb, outer_ethertype, Skb, CONFIG, LB_IPS, LB_IPS6, PASS,
+};
 
 #[map(name = "RESPONDERS")]
 static RESPONDERS: LruHashMap<ResponderKey, ResponderValue> =
@@ -29,26 +35,42 @@ pub fn arp_guard_census(ctx: TcContext) -> i32 {
     let Some(ethertype) = outer_ethertype(&ctx) else {
         return PASS;
     };
-    if ethertype != guard_common::frame::ETH_P_ARP && !guard_common::frame::is_vlan(ethertype) {
+    if ethertype == ETH_P_IPV6 {
+        if !ipv6_next_header(&ctx).is_some_and(may_be_ndp) {
+            return PASS;
+        }
+    } else if ethertype != guard_common::frame::ETH_P_ARP
+        && !guard_common::frame::is_vlan(ethertype)
+    {
         return PASS;
     }
-    let Parsed::Arp(arp) = parse(&Skb(&ctx), ethertype) else {
-        return PASS;
-    };
-    bump(CensusStat::Arp);
-    // SAFETY: a plain lookup; LB_IPS values are written whole by userspace.
-    if !may_be_lb(arp.spa) || unsafe { LB_IPS.get(&arp.spa) }.is_none() {
-        return PASS;
-    }
-    let Some(kind) = claim(&arp) else {
-        return PASS;
+    let (ip, mac, kind) = match parse(&Skb(&ctx), ethertype) {
+        Parsed::Arp(arp) => {
+            bump(CensusStat::Arp);
+            // SAFETY: a plain lookup; LB_IPS values are written whole by userspace.
+            if !may_be_lb(arp.spa) || unsafe { LB_IPS.get(&arp.spa) }.is_none() {
+                return PASS;
+            }
+            let Some(kind) = claim(&arp) else {
+                return PASS;
+            };
+            (v4_key(arp.spa), arp.sha, kind)
+        }
+        Parsed::Nd(nd) => {
+            bump(CensusStat::Ndp);
+            match nd_claim(&ctx, &nd) {
+                Some((ip, kind)) => (ip, nd.eth_src, kind),
+                None => return PASS,
+            }
+        }
+        _ => return PASS,
     };
     // SAFETY: bpf_ktime_get_ns has no preconditions.
     let now = unsafe { aya_ebpf::helpers::bpf_ktime_get_ns() };
     let window = CONFIG.get(0).map_or(0, |c| c.census_window_ns);
     // SAFETY: ctx.skb.skb is the kernel's __sk_buff for this invocation.
     let ifindex = unsafe { (*ctx.skb.skb).ifindex };
-    let key = ResponderKey::new(arp.spa, arp.sha);
+    let key = ResponderKey::new(ip, mac);
     match RESPONDERS.get_ptr_mut(&key) {
         // SAFETY: a live element of the map. Two CPUs updating one entry at
         // the same instant may lose one count; the claim itself is never lost.
@@ -65,6 +87,18 @@ pub fn arp_guard_census(ctx: TcContext) -> i32 {
     }
     bump(CensusStat::Claims);
     PASS
+}
+
+/// The IPv6 LB IP an arriving NDP message claims, and how: the same kinds
+/// the egress guard judges (an advertisement; a solicitation with a source
+/// link-layer option).
+#[inline(always)]
+fn nd_claim(ctx: &TcContext, nd: &guard_common::NdFrame) -> Option<(guard_common::IpKey, Kind)> {
+    let ip = nd.claimed()?;
+    // SAFETY: a plain lookup; LB_IPS6 values are written whole by userspace.
+    unsafe { LB_IPS6.get(&ip) }?;
+    let source_ll = !nd.is_advert() && has_option(&Skb(ctx), nd, ND_OPT_SOURCE_LL) == Some(true);
+    classify_nd(nd, source_ll).map(|k| (ip, k))
 }
 
 #[inline(always)]

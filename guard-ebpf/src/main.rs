@@ -1,7 +1,8 @@
 //! arp-guard's TC egress program, and the observe-only TC ingress census
 //! beside it (`census.rs`).
 //!
-//! Non-ARP frames cost one bounds check and a two-byte read. ARP frames are
+//! Frames that are neither ARP, VLAN-tagged nor possibly NDP cost one bounds
+//! check and a two-byte read (IPv6: one more byte). ARP and NDP frames are
 //! parsed and judged by `guard_common` (the same code the host tests run), the
 //! decision is counted per LB IP, interface, kind, origin, state and verdict,
 //! and the frame is passed, dropped or has its SPA rewritten.
@@ -10,6 +11,8 @@
 
 #[cfg(target_arch = "bpf")]
 mod census;
+#[cfg(target_arch = "bpf")]
+mod ndp;
 #[cfg(target_arch = "bpf")]
 mod program;
 

@@ -7,11 +7,13 @@ use aya_ebpf::{
 use aya_log_ebpf::error;
 use guard_common::{
     frame::{ETH_HLEN, VID_MASK},
-    liveness, parse, take_token,
+    liveness,
+    ndp::{may_be_ndp, ETH_P_IPV6},
+    parse, take_token, v4_key,
     verdict::classify,
-    Config, CounterKey, CounterValue, DropEvent, FrameReader, IfAddrKey, LbEntry, LeakAction,
-    Liveness, Mode, Origin, Ownership, Parsed, RateLimit, Stat, Surroundings, Verdict, VlanKey,
-    LB_FILTER_WORDS, MAX_COUNTERS, MAX_IF_ADDRS, MAX_LB_IPS,
+    Config, CounterKey, CounterValue, DropEvent, FrameReader, IfAddrKey, IpKey, Kind, LbEntry,
+    LeakAction, Liveness, Mode, Origin, Ownership, Parsed, RateLimit, Stat, Surroundings, Verdict,
+    VlanKey, LB_FILTER_WORDS, MAX_COUNTERS, MAX_IF_ADDRS, MAX_LB_IPS,
 };
 
 /// Linux's BPF_F_NO_PREALLOC: the counter map grows with use instead of
@@ -19,9 +21,18 @@ use guard_common::{
 const BPF_F_NO_PREALLOC: u32 = 1;
 /// AF_PACKET: the family of the socket a userspace speaker writes through.
 const AF_PACKET: u32 = 17;
+/// AF_INET6: the kernel's own NDP goes out with its per-namespace ndisc
+/// socket, bound to nothing; an NDP speaker (mdlayher/ndp, used by MetalLB
+/// and kube-vip) writes through a raw ICMPv6 socket bound to the interface.
+const AF_INET6: u32 = 10;
 
 #[map(name = "LB_IPS")]
 pub(crate) static LB_IPS: HashMap<u32, LbEntry> = HashMap::with_max_entries(MAX_LB_IPS, 0);
+
+/// Allocated on use: most clusters have few IPv6 LB IPs, if any.
+#[map(name = "LB_IPS6")]
+pub(crate) static LB_IPS6: HashMap<IpKey, LbEntry> =
+    HashMap::with_max_entries(MAX_LB_IPS, BPF_F_NO_PREALLOC);
 
 #[map(name = "LB_FILTER")]
 static LB_FILTER: Array<u64> = Array::with_max_entries(LB_FILTER_WORDS, 0);
@@ -84,16 +95,32 @@ pub fn arp_guard_egress(ctx: TcContext) -> i32 {
         Some(t) => t,
         None => return PASS,
     };
-    // Fast path: anything that is neither ARP nor VLAN-tagged leaves now.
-    if ethertype != guard_common::frame::ETH_P_ARP && !guard_common::frame::is_vlan(ethertype) {
+    // Fast path: anything that is neither ARP, VLAN-tagged, nor IPv6 that
+    // may be NDP (ICMPv6 or an extension header first) leaves now.
+    if ethertype == ETH_P_IPV6 {
+        if !ipv6_next_header(&ctx).is_some_and(may_be_ndp) {
+            return PASS;
+        }
+    } else if ethertype != guard_common::frame::ETH_P_ARP
+        && !guard_common::frame::is_vlan(ethertype)
+    {
         return PASS;
     }
     let arp = match parse(&Skb(&ctx), ethertype) {
-        Parsed::NotArp => return PASS,
+        Parsed::Other => return PASS,
         Parsed::Malformed => {
             bump(Stat::Arp);
             bump(Stat::Malformed);
             return PASS;
+        }
+        Parsed::NdMalformed => {
+            bump(Stat::Ndp);
+            bump(Stat::NdpMalformed);
+            return PASS;
+        }
+        Parsed::Nd(nd) => {
+            bump(Stat::Ndp);
+            return crate::ndp::judge(&ctx, &nd);
         }
         Parsed::Arp(arp) => arp,
     };
@@ -107,18 +134,29 @@ pub fn arp_guard_egress(ctx: TcContext) -> i32 {
     judge(&ctx, &arp)
 }
 
+/// The next-header byte of an untagged IPv6 packet, from the linear data.
+#[inline(always)]
+pub(crate) fn ipv6_next_header(ctx: &TcContext) -> Option<u8> {
+    // Next header and hop limit: two bytes, as a one-byte read compiles to
+    // a bounds check the verifier cannot use.
+    Skb(ctx).read::<2>(ETH_HLEN + 6).map(|b| b[0])
+}
+
 /// What `guard_common::judge` may ask, answered from the maps and the clock
 /// on first use only.
-struct Env<'a> {
-    ctx: &'a TcContext,
-    arp: &'a guard_common::ArpFrame,
-    spa: u32,
-    ifindex: u32,
+pub(crate) struct Env<'a> {
+    pub(crate) ctx: &'a TcContext,
+    /// The frame's VLAN tags in its data, and their IDs.
+    pub(crate) vlan_tags: u8,
+    pub(crate) vids: [u16; 2],
+    /// The IPv4 LB IP of an ARP frame (for the egress-address rule); 0 for NDP.
+    pub(crate) spa: u32,
+    pub(crate) ifindex: u32,
     /// The device whose addresses the frame is judged against: the VLAN
     /// device its tags lead to, else `ifindex`. 0 until first asked.
-    device: u32,
-    config: &'a Config,
-    now: u64,
+    pub(crate) device: u32,
+    pub(crate) config: &'a Config,
+    pub(crate) now: u64,
 }
 
 impl Env<'_> {
@@ -135,7 +173,7 @@ impl Env<'_> {
         let skb = self.ctx.skb.skb;
         // SAFETY: ctx.skb.skb is the kernel's __sk_buff for this invocation.
         let (meta, tci) = unsafe { ((*skb).vlan_present != 0, (*skb).vlan_tci) };
-        let (tags, vids) = (self.arp.vlan_tags, self.arp.vids);
+        let (tags, vids) = (self.vlan_tags, self.vids);
         let (first, second) = if meta {
             (Some((tci as u16) & VID_MASK), (tags > 0).then_some(vids[0]))
         } else {
@@ -231,7 +269,41 @@ fn judge(ctx: &TcContext, arp: &guard_common::ArpFrame) -> i32 {
     let Some(kind) = classify(arp) else {
         return PASS;
     };
-    let state = Ownership::from_u8(entry.state).unwrap_or(Ownership::Unknown);
+    let claim = Claim {
+        ip: v4_key(arp.spa),
+        kind,
+        state: entry.state,
+        requester_ip: v4_key(arp.tpa),
+        requester_mac: arp.tha,
+        spa: arp.spa,
+        rewrite_at: arp.spa_offset(),
+        vlan_tags: arp.vlan_tags,
+        vids: arp.vids,
+    };
+    act(ctx, &claim)
+}
+
+/// An announcement of an LB IP, of either family, ready to be judged.
+pub(crate) struct Claim {
+    pub(crate) ip: IpKey,
+    pub(crate) kind: Kind,
+    /// The LB entry's state as stored.
+    pub(crate) state: u8,
+    pub(crate) requester_ip: IpKey,
+    pub(crate) requester_mac: [u8; 6],
+    /// IPv4: the LB IP, host order (0 for NDP, which never asks).
+    pub(crate) spa: u32,
+    /// Where an announce leak's rewrite writes (ARP SPA).
+    pub(crate) rewrite_at: usize,
+    pub(crate) vlan_tags: u8,
+    pub(crate) vids: [u16; 2],
+}
+
+/// Judge `c` with the shared decision, apply it, count it and tell the
+/// operator: the same for ARP and NDP.
+#[inline(always)]
+pub(crate) fn act(ctx: &TcContext, c: &Claim) -> i32 {
+    let state = Ownership::from_u8(c.state).unwrap_or(Ownership::Unknown);
     // By reference: copying the 40-byte value cost more than the lookup.
     let Some(config) = CONFIG.get(0) else {
         return PASS;
@@ -249,19 +321,21 @@ fn judge(ctx: &TcContext, arp: &guard_common::ArpFrame) -> i32 {
     let origin = origin(ctx);
     let mut env = Env {
         ctx,
-        arp,
-        spa: arp.spa,
+        vlan_tags: c.vlan_tags,
+        vids: c.vids,
+        spa: c.spa,
         // SAFETY: ctx.skb.skb is the kernel's __sk_buff for this invocation.
         ifindex: unsafe { (*ctx.skb.skb).ifindex },
         device: 0,
         config,
         now: 0,
     };
+    let kind = c.kind;
     let j = guard_common::judge(kind, origin, state, mode, leak_action, &mut env);
     let mut verdict = j.verdict;
     if verdict == Verdict::Rewritten {
         let addr = j.rewrite_to.unwrap_or(0).to_be_bytes();
-        if env.ctx.store(arp.spa_offset(), &addr, 0).is_err() {
+        if env.ctx.store(c.rewrite_at, &addr, 0).is_err() {
             bump(Stat::RewriteFailed);
             verdict = Verdict::Dropped;
         }
@@ -269,7 +343,7 @@ fn judge(ctx: &TcContext, arp: &guard_common::ArpFrame) -> i32 {
     count(
         ctx,
         CounterKey {
-            ip: arp.spa,
+            ip: c.ip,
             ifindex: env.ifindex,
             kind: kind as u8,
             origin: origin as u8,
@@ -278,16 +352,18 @@ fn judge(ctx: &TcContext, arp: &guard_common::ArpFrame) -> i32 {
         },
     );
     if verdict != Verdict::Passed {
-        emit(
-            arp,
-            env.ifindex,
-            kind as u8,
-            origin as u8,
-            j.state as u8,
-            verdict as u8,
-            env.now,
-            config,
-        );
+        let event = DropEvent {
+            lb_ip: c.ip,
+            requester_ip: c.requester_ip,
+            ifindex: env.ifindex,
+            requester_mac: c.requester_mac,
+            kind: kind as u8,
+            origin: origin as u8,
+            state: j.state as u8,
+            verdict: verdict as u8,
+            _pad: [0; 2],
+        };
+        emit(&event, env.now, config);
     }
     if verdict == Verdict::Dropped {
         DROP
@@ -299,17 +375,7 @@ fn judge(ctx: &TcContext, arp: &guard_common::ArpFrame) -> i32 {
 /// One event for the operator, within the per-CPU rate limit: a storm of
 /// frames cannot flood userspace; what is held back is counted.
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
-fn emit(
-    arp: &guard_common::ArpFrame,
-    ifindex: u32,
-    kind: u8,
-    origin: u8,
-    state: u8,
-    verdict: u8,
-    now: u64,
-    config: &Config,
-) {
+fn emit(event: &DropEvent, now: u64, config: &Config) {
     let Some(bucket) = EVENT_RATE.get_ptr_mut(0) else {
         return;
     };
@@ -324,18 +390,7 @@ fn emit(
         bump(Stat::EventsSuppressed);
         return;
     }
-    let event = DropEvent {
-        lb_ip: arp.spa,
-        requester_ip: arp.tpa,
-        ifindex,
-        requester_mac: arp.tha,
-        kind,
-        origin,
-        state,
-        verdict,
-        _pad: [0; 2],
-    };
-    if EVENTS.output::<DropEvent>(&event, 0).is_ok() {
+    if EVENTS.output::<DropEvent>(event, 0).is_ok() {
         bump(Stat::EventsDelivered);
     } else {
         bump(Stat::EventsSuppressed);
@@ -360,7 +415,10 @@ pub(crate) fn outer_ethertype(ctx: &TcContext) -> Option<u16> {
 /// came in on (Cilium's ARP responder turns the request into a reply at TC
 /// ingress) has no socket of this node and keeps that device as its
 /// `ingress_ifindex`. A frame forwarded from another device (a bridge port)
-/// is not a responder gating itself: it is judged as the kernel's.
+/// is not a responder gating itself: it is judged as the kernel's. NDP: the
+/// kernel's carries its unbound ndisc socket; a raw ICMPv6 socket bound to a
+/// device is a speaker's (an unbound one reads as the kernel's: for NDP the
+/// verdict does not depend on the origin, only its label does).
 #[inline(always)]
 fn origin(ctx: &TcContext) -> Origin {
     // SAFETY: reading skb->sk, ingress_ifindex and ifindex is allowed for TC
@@ -369,7 +427,9 @@ fn origin(ctx: &TcContext) -> Origin {
     unsafe {
         let skb = ctx.skb.skb;
         let sk = (*skb).__bindgen_anon_2.sk;
-        if !sk.is_null() && (*sk).family == AF_PACKET {
+        if !sk.is_null()
+            && ((*sk).family == AF_PACKET || ((*sk).family == AF_INET6 && (*sk).bound_dev_if != 0))
+        {
             Origin::Speaker
         } else if (*skb).ingress_ifindex != 0 && (*skb).ingress_ifindex == (*skb).ifindex {
             Origin::Redirect
@@ -401,7 +461,7 @@ fn count(ctx: &TcContext, key: CounterKey) {
 
 /// Add one to a per-CPU total; returns the new value on this CPU.
 #[inline(always)]
-fn bump(stat: Stat) -> u64 {
+pub(crate) fn bump(stat: Stat) -> u64 {
     match STATS.get_ptr_mut(stat as u32) {
         // SAFETY: this CPU's slot of a per-CPU array; nothing else writes it now.
         Some(v) => unsafe {

@@ -177,7 +177,7 @@ fn one_change(n: u32, samples: usize) {
             state: Ownership::Foreign,
             source: Provenance::Interface("bench".into()),
         };
-        view.lb.insert(lb(i), l);
+        view.lb.insert(lb(i).into(), l);
     }
     let mut dp = guard::testing::load(Mode::Enforce, LeakAction::Rewrite).unwrap();
     let r = dp.apply(&view, false);
@@ -186,7 +186,7 @@ fn one_change(n: u32, samples: usize) {
     for k in 0..samples {
         for (path, out) in [("full", &mut full), ("keys", &mut keys)] {
             let ip = lb((k as u32 * 7919) % n);
-            let l = view.lb.get_mut(&ip).unwrap();
+            let l = view.lb.get_mut(&ip.into()).unwrap();
             l.state = match l.state {
                 Ownership::Owned => Ownership::Foreign,
                 _ => Ownership::Owned,
@@ -194,7 +194,7 @@ fn one_change(n: u32, samples: usize) {
             let t = Instant::now();
             let r = match path {
                 "full" => dp.apply(&view, false),
-                _ => dp.apply_changes(&view, &std::collections::BTreeSet::from([ip]), false),
+                _ => dp.apply_changes(&view, &std::collections::BTreeSet::from([ip.into()]), false),
             };
             out.push(t.elapsed());
             assert_eq!((r.written, r.removed, r.failed.len()), (1, 0, 0));

@@ -24,11 +24,21 @@ fn lb(i: u32) -> Ipv4Addr {
     Ipv4Addr::from(u32::from(Ipv4Addr::new(10, 64, 0, 0)) + i)
 }
 
+/// The IPv6 LB IP of the NDP cases (foreign).
+const LB6_FOREIGN: std::net::Ipv6Addr = std::net::Ipv6Addr::new(0xfd00, 0, 0, 0, 0, 0, 0, 0x102);
+
 fn view(n: u32, state: impl Fn(u32) -> Ownership) -> View {
     let mut v = View::default();
+    v.lb.insert(
+        LB6_FOREIGN.into(),
+        LbIp {
+            state: Ownership::Foreign,
+            source: Provenance::Interface("bench".into()),
+        },
+    );
     for i in 0..n {
         v.lb.insert(
-            lb(i),
+            lb(i).into(),
             LbIp {
                 state: state(i),
                 source: Provenance::Interface("bench".into()),
@@ -62,12 +72,37 @@ fn frame(ethertype: u16, tag: Option<u16>, payload: usize) -> Vec<u8> {
     f
 }
 
+/// An IPv6 packet with next header `nh` (the rest zero).
+fn ipv6(nh: u8) -> Vec<u8> {
+    let mut f = frame(0x86dd, None, 60);
+    f[14] = 0x60;
+    f[14 + 6] = nh;
+    f[14 + 7] = 64;
+    f
+}
+
 /// The frames every program is timed on, named as the tables name them.
 fn cases() -> Vec<(&'static str, Vec<u8>)> {
     let reply = |i| ArpSpec::reply(MAC, lb(i), PEER_MAC, PEER);
+    let nd = |spec: &guard_common::ndp_build::NdSpec| {
+        let mut buf = [0u8; guard_common::ndp_build::ND_FRAME_BUF];
+        let n = guard_common::ndp_build::write_nd(&mut buf, spec);
+        buf[..n].to_vec()
+    };
+    let mut echo = ipv6(58);
+    echo[14 + 40] = 128;
     vec![
         ("ipv4", frame(0x0800, None, 46)),
-        ("ipv6", frame(0x86dd, None, 60)),
+        // TCP: the IPv6 fast path (one more two-byte read).
+        ("ipv6", ipv6(6)),
+        ("ipv6_icmp_echo", echo),
+        (
+            "ndp_na_foreign",
+            nd(&guard_common::ndp_build::NdSpec::unsolicited(
+                MAC,
+                LB6_FOREIGN.octets(),
+            )),
+        ),
         ("ipv4_vlan_tagged", frame(0x0800, Some(7), 46)),
         (
             "arp_not_lb",
@@ -248,7 +283,7 @@ fn map_updates(dp: &mut guard::testing::Datapath, n: u32) {
     let fill = t.elapsed();
     assert!(r.failed.is_empty(), "{:?}", r.failed);
     let mut one = full.clone();
-    one.lb.get_mut(&lb(7)).unwrap().state = Ownership::Owned;
+    one.lb.get_mut(&lb(7).into()).unwrap().state = Ownership::Owned;
     let t = Instant::now();
     let r = dp.apply(&one, false);
     let single = t.elapsed();

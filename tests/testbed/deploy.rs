@@ -95,6 +95,20 @@ pub fn wrapper(caps: &[String], read_only: bool) -> Vec<String> {
     w
 }
 
+/// [`wrapper`] with the DaemonSet's own capabilities and read-only root, as
+/// a container runtime runs it (before 5.11, with the unlimited
+/// RLIMIT_MEMLOCK its `LimitMEMLOCK=infinity` gives: tests/privileges.rs
+/// shows the refusal without it).
+pub fn daemonset_wrapper() -> Vec<String> {
+    let s = security();
+    let mut w = Vec::new();
+    if !crate::kernel::bpf_memcg_accounting() {
+        w.extend(["prlimit", "--memlock=unlimited", "--"].map(str::to_owned));
+    }
+    w.extend(wrapper(&s.caps, s.read_only_root));
+    w
+}
+
 /// The bits of `CapEff` for capability names like "BPF" (or "CAP_BPF").
 pub fn cap_bits(caps: &[String]) -> u64 {
     caps.iter()
@@ -120,7 +134,7 @@ pub fn assert_api_shows_the_foreign_drop(ns: &crate::Netns) {
     assert_eq!(code, 200, "{metrics}");
     let foreign = crate::bed::FOREIGN;
     let series = format!(
-        "arp_guard_arp_frames_total{{lb_ip=\"{foreign}\",interface=\"eth0\",kind=\"reply\",origin=\"kernel\",state=\"foreign\",verdict=\"dropped\"}}"
+        "arp_guard_arp_frames_total{{lb_ip=\"{foreign}\",family=\"ipv4\",interface=\"eth0\",kind=\"reply\",origin=\"kernel\",state=\"foreign\",verdict=\"dropped\"}}"
     );
     assert!(metrics.contains(&series), "{metrics}");
     assert_eq!(get("/readyz"), (200, "ready\n".to_owned()));

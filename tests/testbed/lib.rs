@@ -8,6 +8,7 @@
 //! Nothing is ever created in, or connected to, the root namespace.
 
 pub mod bed;
+pub mod bed6;
 pub mod bench;
 pub mod cluster_bed;
 pub mod container;

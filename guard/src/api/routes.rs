@@ -4,7 +4,7 @@
 use std::{
     collections::BTreeMap,
     convert::Infallible,
-    net::Ipv4Addr,
+    net::IpAddr,
     sync::{atomic::AtomicBool, Arc},
     time::Duration,
 };
@@ -151,10 +151,11 @@ async fn metrics_route(State(shared): State<Arc<Shared>>) -> Response {
 
 async fn status(State(shared): State<Arc<Shared>>) -> Response {
     let snap = shared.snapshot().ok();
-    let mut by_ip: BTreeMap<u32, BTreeMap<Verdict, u64>> = BTreeMap::new();
+    let mut by_ip: BTreeMap<IpAddr, BTreeMap<Verdict, u64>> = BTreeMap::new();
     for r in snap.iter().flat_map(|s| s.rows.iter()) {
         if let Some(v) = Verdict::from_u8(r.key.verdict) {
-            *by_ip.entry(r.key.ip).or_default().entry(v).or_default() += r.value.packets;
+            let ip = guard_common::ip_of_key(r.key.ip);
+            *by_ip.entry(ip).or_default().entry(v).or_default() += r.value.packets;
         }
     }
     let st = shared.read();
@@ -167,8 +168,9 @@ async fn status(State(shared): State<Arc<Shared>>) -> Response {
             .iter()
             .map(|(ip, entry)| IpRow {
                 ip: *ip,
+                family: guard_common::family(ip).into(),
                 entry: entry.clone(),
-                counters: by_ip.remove(&u32::from(*ip)).unwrap_or_default(),
+                counters: by_ip.remove(ip).unwrap_or_default(),
             })
             .collect(),
         conflicts: st.census.as_ref().map(ConflictRow::all).unwrap_or_default(),
@@ -185,15 +187,18 @@ async fn explain_route(
     State(shared): State<Arc<Shared>>,
     Query(p): Query<ExplainParams>,
 ) -> Response {
-    match p.ip.as_deref().and_then(|s| s.parse::<Ipv4Addr>().ok()) {
+    match p.ip.as_deref().and_then(|s| s.parse::<IpAddr>().ok()) {
         Some(ip) => json(&explain(&shared, ip)),
-        None => text(StatusCode::BAD_REQUEST, "use /explain?ip=A.B.C.D\n"),
+        None => text(
+            StatusCode::BAD_REQUEST,
+            "use /explain?ip=A.B.C.D (or an IPv6 address)\n",
+        ),
     }
 }
 
 /// Why this node treats `ip` as it does, and what the program would do with
 /// each kind of frame from each origin on each guarded interface.
-pub fn explain(shared: &Shared, ip: Ipv4Addr) -> Explanation {
+pub fn explain(shared: &Shared, ip: IpAddr) -> Explanation {
     let st = shared.read();
     let entry = st.ips.get(&ip);
     let (mode, leak_action) = (
@@ -203,7 +208,9 @@ pub fn explain(shared: &Shared, ip: Ipv4Addr) -> Explanation {
     let mut would = Vec::new();
     if let Some(e) = entry {
         for (iface, has_v4) in &st.interfaces {
-            for &kind in Kind::ALL {
+            // ARP kinds for an IPv4 address, NDP kinds for an IPv6 one.
+            let kinds = Kind::ALL.iter().filter(|k| k.is_ndp() == ip.is_ipv6());
+            for &kind in kinds {
                 for &origin in Origin::ALL {
                     let verdict = decide(&Facts {
                         kind,
@@ -227,6 +234,7 @@ pub fn explain(shared: &Shared, ip: Ipv4Addr) -> Explanation {
     }
     Explanation {
         ip,
+        family: guard_common::family(&ip).into(),
         lb_ip: entry.is_some(),
         state: entry.map(|e| e.state),
         source: entry.map(|e| e.source.clone()),
@@ -254,7 +262,7 @@ async fn responders(
     State(shared): State<Arc<Shared>>,
     Query(p): Query<RespondersParams>,
 ) -> Response {
-    let ip = match p.ip.as_deref().map(str::parse::<Ipv4Addr>) {
+    let ip = match p.ip.as_deref().map(str::parse::<IpAddr>) {
         None => None,
         Some(Ok(ip)) => Some(ip),
         Some(Err(_)) => return text(StatusCode::BAD_REQUEST, "use /responders?ip=A.B.C.D\n"),

@@ -3,7 +3,7 @@
 
 use std::{
     collections::BTreeMap,
-    net::Ipv4Addr,
+    net::IpAddr,
     sync::{atomic::AtomicU64, Mutex, RwLock},
     time::{Duration, Instant, SystemTime},
 };
@@ -24,7 +24,7 @@ pub struct ApiState {
     pub status: Option<Status>,
     /// Reasons the daemon is not ready (empty: ready).
     pub not_ready: Vec<String>,
-    pub ips: BTreeMap<Ipv4Addr, IpEntry>,
+    pub ips: BTreeMap<IpAddr, IpEntry>,
     pub mode: Option<Mode>,
     pub leak_action: Option<LeakAction>,
     /// Guarded interface -> has a primary IPv4 to rewrite leaks to.
@@ -113,15 +113,15 @@ impl Shared {
 /// The per-IP table for the API, keeping `since` for IPs whose state and
 /// source did not change.
 pub fn ip_entries(
-    old: &BTreeMap<Ipv4Addr, IpEntry>,
+    old: &BTreeMap<IpAddr, IpEntry>,
     view: &View,
     ifnames: &BTreeMap<u32, String>,
-) -> BTreeMap<Ipv4Addr, IpEntry> {
+) -> BTreeMap<IpAddr, IpEntry> {
     let now = unix_now();
-    let mut on: BTreeMap<Ipv4Addr, Vec<String>> = BTreeMap::new();
+    let mut on: BTreeMap<IpAddr, Vec<String>> = BTreeMap::new();
     for (i, a) in &view.if_addrs {
         if let Some(name) = ifnames.get(i) {
-            on.entry(*a).or_default().push(name.clone());
+            on.entry(IpAddr::V4(*a)).or_default().push(name.clone());
         }
     }
     view.lb
@@ -147,9 +147,9 @@ pub fn ip_entries(
 
 /// [`ip_entries`] for the LB IPs `keys` only (the others did not change).
 pub fn update_ip_entries(
-    entries: &mut BTreeMap<Ipv4Addr, IpEntry>,
+    entries: &mut BTreeMap<IpAddr, IpEntry>,
     view: &View,
-    keys: &std::collections::BTreeSet<Ipv4Addr>,
+    keys: &std::collections::BTreeSet<IpAddr>,
     ifnames: &BTreeMap<u32, String>,
 ) {
     let now = unix_now();
@@ -164,7 +164,7 @@ pub fn update_ip_entries(
             _ => now,
         };
         let on_interfaces = (view.if_addrs.iter())
-            .filter(|(_, a)| a == ip)
+            .filter(|(_, a)| IpAddr::V4(*a) == *ip)
             .filter_map(|(i, _)| ifnames.get(i).cloned())
             .collect();
         let e = IpEntry {

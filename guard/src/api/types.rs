@@ -1,6 +1,6 @@
 //! The documents the API serves, shared with the CLI that reads them back.
 
-use std::{collections::BTreeMap, net::Ipv4Addr};
+use std::{collections::BTreeMap, net::IpAddr};
 
 use guard_common::{Kind, LeakAction, Mode, Origin, Ownership, Verdict};
 use serde::{Deserialize, Serialize};
@@ -42,7 +42,7 @@ pub struct StatusDoc {
 /// One LB IP in conflict.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ConflictRow {
-    pub ip: Ipv4Addr,
+    pub ip: IpAddr,
     pub reason: Reason,
     /// The MACs that claimed it within the window, most recent first.
     pub macs: Vec<String>,
@@ -94,7 +94,10 @@ impl ConflictRow {
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct IpRow {
-    pub ip: Ipv4Addr,
+    pub ip: IpAddr,
+    /// "ipv4" (guarded in ARP) or "ipv6" (guarded in Neighbor Discovery).
+    #[serde(default)]
+    pub family: String,
     #[serde(flatten)]
     pub entry: IpEntry,
     /// Decisions counted for this IP, by verdict.
@@ -104,7 +107,9 @@ pub struct IpRow {
 /// `/explain?ip=`: why this node treats an IP as it does.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Explanation {
-    pub ip: Ipv4Addr,
+    pub ip: IpAddr,
+    #[serde(default)]
+    pub family: String,
     /// Whether the IP is in this node's LB set at all.
     pub lb_ip: bool,
     pub state: Option<Ownership>,
@@ -113,8 +118,9 @@ pub struct Explanation {
     pub mode: Option<Mode>,
     pub leak_action: Option<LeakAction>,
     pub heartbeat: String,
-    /// What the program would do with each kind of frame from each origin,
-    /// leaving through each guarded interface.
+    /// What the program would do with each kind of frame of the IP's
+    /// family (ARP or NDP) from each origin, leaving through each guarded
+    /// interface.
     pub would: Vec<Would>,
 }
 

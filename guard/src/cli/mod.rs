@@ -87,8 +87,8 @@ pub struct ClientArgs {
 
 #[derive(Debug, Args)]
 pub struct ExplainArgs {
-    /// The IPv4 address to explain.
-    pub ip: std::net::Ipv4Addr,
+    /// The LB IP (IPv4 or IPv6) to explain.
+    pub ip: std::net::IpAddr,
     #[command(flatten)]
     pub client: ClientArgs,
 }
@@ -96,7 +96,7 @@ pub struct ExplainArgs {
 #[derive(Debug, Args)]
 pub struct RespondersArgs {
     /// Only this LB IP.
-    pub ip: Option<std::net::Ipv4Addr>,
+    pub ip: Option<std::net::IpAddr>,
     #[command(flatten)]
     pub client: ClientArgs,
 }

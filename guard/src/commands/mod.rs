@@ -203,10 +203,7 @@ pub fn validate(args: &ValidateArgs) -> Result<()> {
         parsed.ips.len()
     );
     for (ip, e) in &parsed.ips {
-        let state = match ip {
-            std::net::IpAddr::V4(v4) => v.lb.get(v4).map_or("?", |l| l.state.as_str()),
-            std::net::IpAddr::V6(_) => "not enforced (IPv6)",
-        };
+        let state = v.lb.get(ip).map_or("?", |l| l.state.as_str());
         println!(
             "  line {:<4} {:<40} owner={:<20} {state}",
             e.line,

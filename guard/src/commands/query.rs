@@ -56,14 +56,14 @@ pub async fn status(args: &ClientArgs) -> Result<()> {
     print_census_summary(&v);
     println!();
     println!(
-        "{:<16} {:<8} {:<10} {:<10} {:<10} SOURCE",
+        "{:<24} {:<8} {:<10} {:<10} {:<10} SOURCE",
         "LB IP", "STATE", "PASSED", "DROPPED", "REWRITTEN"
     );
     for row in &v.ips {
         // Monitor mode's would_* count with what enforce would have done.
         let n = |v: Verdict| row.counters.get(&v).copied().unwrap_or(0);
         println!(
-            "{:<16} {:<8} {:<10} {:<10} {:<10} {}",
+            "{:<24} {:<8} {:<10} {:<10} {:<10} {}",
             row.ip,
             row.entry.state.as_str(),
             n(Verdict::Passed),
@@ -152,13 +152,18 @@ pub async fn explain(args: &ExplainArgs) -> Result<()> {
     }
     if !v.lb_ip {
         println!(
-            "{} is not an LB IP for this node: its ARP frames pass untouched.",
+            "{} is not an LB IP for this node: its ARP and NDP frames pass untouched.",
             args.ip
         );
         return Ok(());
     }
+    let guarded_in = if args.ip.is_ipv6() {
+        "Neighbor Discovery"
+    } else {
+        "ARP"
+    };
     println!(
-        "{} is {} on this node",
+        "{} is {} on this node (guarded in {guarded_in})",
         args.ip,
         or_dash(v.state.map(|s| s.as_str()))
     );

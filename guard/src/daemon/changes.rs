@@ -4,10 +4,7 @@
 //! ownership file, the feed syncing or degrading, the first change) derives
 //! the whole view. The periodic full reconcile repairs whatever drifts.
 
-use std::{
-    collections::BTreeSet,
-    net::{IpAddr, Ipv4Addr},
-};
+use std::{collections::BTreeSet, net::IpAddr};
 
 use super::{
     attachments,
@@ -20,17 +17,20 @@ use crate::model::{
 };
 
 /// The addresses that came or went on the LB interfaces between two tables.
-fn addr_changes(old: &AddrTable, new: &AddrTable, lb_ips_from: &[String]) -> BTreeSet<Ipv4Addr> {
+fn addr_changes(old: &AddrTable, new: &AddrTable, lb_ips_from: &[String]) -> BTreeSet<IpAddr> {
     // Sorted vectors, not sets: thousands of addresses cost microseconds.
-    let sorted = |t: &AddrTable, n: &str| -> Vec<Ipv4Addr> {
-        let mut v: Vec<Ipv4Addr> = t.v4_of(n).iter().map(|a| a.addr).collect();
+    let sorted = |t: &AddrTable, n: &str| -> Vec<IpAddr> {
+        let v4 = t.v4_of(n).iter().map(|a| IpAddr::V4(a.addr));
+        let mut v: Vec<IpAddr> = v4
+            .chain(t.v6_of(n).iter().map(|a| IpAddr::V6(*a)))
+            .collect();
         v.sort_unstable();
         v.dedup();
         v
     };
     let mut out = BTreeSet::new();
     for name in lb_ips_from {
-        if old.v4_of(name) == new.v4_of(name) {
+        if old.v4_of(name) == new.v4_of(name) && old.v6_of(name) == new.v6_of(name) {
             continue;
         }
         let (a, b) = (sorted(old, name), sorted(new, name));
@@ -117,12 +117,7 @@ impl Daemon {
                 Changed::All
             }
         } else {
-            let mut ips: BTreeSet<Ipv4Addr> = (taken.iter())
-                .filter_map(|ip| match ip {
-                    IpAddr::V4(v4) => Some(*v4),
-                    IpAddr::V6(_) => None,
-                })
-                .collect();
+            let mut ips: BTreeSet<IpAddr> = taken.iter().copied().collect();
             ips.extend(addr_changes(
                 &self.addrs,
                 &table,
@@ -169,8 +164,8 @@ impl Daemon {
 }
 
 /// Re-derive the LB IPs `ips` of `view`, logging each change.
-fn update(view: &mut View, inputs: &Inputs<'_>, ips: &BTreeSet<Ipv4Addr>) -> Changed {
-    let before: Vec<(Ipv4Addr, Option<LbIp>)> = ips
+fn update(view: &mut View, inputs: &Inputs<'_>, ips: &BTreeSet<IpAddr>) -> Changed {
+    let before: Vec<(IpAddr, Option<LbIp>)> = ips
         .iter()
         .map(|ip| (*ip, view.lb.get(ip).cloned()))
         .collect();
@@ -178,7 +173,6 @@ fn update(view: &mut View, inputs: &Inputs<'_>, ips: &BTreeSet<Ipv4Addr>) -> Cha
         view.if_addrs.clone(),
         view.if_primary.clone(),
         view.vlan_uppers.clone(),
-        view.ignored_v6,
     );
     let keys = view.update(inputs, ips);
     let same_ifs = ifs
@@ -186,7 +180,6 @@ fn update(view: &mut View, inputs: &Inputs<'_>, ips: &BTreeSet<Ipv4Addr>) -> Cha
             view.if_addrs.clone(),
             view.if_primary.clone(),
             view.vlan_uppers.clone(),
-            view.ignored_v6,
         );
     for (ip, old) in before.iter().filter(|(ip, _)| keys.contains(ip)) {
         publish::log_change(*ip, old.as_ref(), view.lb.get(ip));
@@ -204,6 +197,7 @@ fn update(view: &mut View, inputs: &Inputs<'_>, ips: &BTreeSet<Ipv4Addr>) -> Cha
 mod tests {
     use super::*;
     use crate::model::addrs::IfAddr;
+    use std::net::Ipv4Addr;
 
     #[test]
     fn address_changes_are_the_symmetric_difference_on_lb_interfaces() {
@@ -221,7 +215,7 @@ mod tests {
             t
         };
         let lb = ["kube-ipvs0".to_string()];
-        let ip = |i| Ipv4Addr::new(10, 0, 0, i);
+        let ip = |i| IpAddr::V4(Ipv4Addr::new(10, 0, 0, i));
         let old = table(&[3, 1, 2, 1], &[9]);
         assert!(addr_changes(&old, &old, &lb).is_empty());
         let new = table(&[4, 2, 1], &[8]);
@@ -232,6 +226,14 @@ mod tests {
         assert_eq!(
             addr_changes(&old, &AddrTable::default(), &lb),
             BTreeSet::from([ip(1), ip(2), ip(3)])
+        );
+        // IPv6 addresses on an LB interface count as well.
+        let mut v6 = old.clone();
+        let a: std::net::Ipv6Addr = "fd00::5".parse().unwrap();
+        v6.v6.insert(5, vec![a]);
+        assert_eq!(
+            addr_changes(&old, &v6, &lb),
+            BTreeSet::from([IpAddr::V6(a)])
         );
     }
 }

@@ -4,7 +4,7 @@
 
 use std::{
     collections::{BTreeMap, BTreeSet},
-    net::Ipv4Addr,
+    net::IpAddr,
 };
 
 use super::{status_file, Daemon};
@@ -27,7 +27,7 @@ use crate::{
 pub(super) enum Changed {
     Nothing,
     /// These LB IPs, and nothing else.
-    Keys(BTreeSet<Ipv4Addr>),
+    Keys(BTreeSet<IpAddr>),
     /// Derived anew: anything may have changed.
     All,
 }
@@ -88,12 +88,12 @@ impl Daemon {
 /// reported, and retried on the next change or reconcile.
 pub(super) fn apply(dp: &mut Datapath, view: &View, additive: bool) -> bool {
     let r = dp.apply(view, additive);
-    report(view, r)
+    report(r)
 }
 
 /// Log and count what an apply did and could not do; false if some entry
 /// could not be written (other than for a full map).
-fn report(view: &View, r: crate::datapath::maps::ApplyReport) -> bool {
+fn report(r: crate::datapath::maps::ApplyReport) -> bool {
     let full: Vec<String> = r.full().map(|f| f.entry.clone()).collect();
     if !full.is_empty() {
         tracing::warn!(
@@ -113,12 +113,6 @@ fn report(view: &View, r: crate::datapath::maps::ApplyReport) -> bool {
         OPS.error("map_write");
         tracing::error!(error = %e, "map update failed; that entry keeps its previous value");
     }
-    if view.ignored_v6 > 0 {
-        tracing::debug!(
-            count = view.ignored_v6,
-            "IPv6 LB IPs are known but not enforced (ARP is IPv4 only)"
-        );
-    }
     tracing::debug!(written = r.written, removed = r.removed, "maps updated");
     ok
 }
@@ -128,11 +122,11 @@ fn report(view: &View, r: crate::datapath::maps::ApplyReport) -> bool {
 pub(super) fn apply_changes(
     dp: &mut Datapath,
     view: &View,
-    keys: &BTreeSet<std::net::Ipv4Addr>,
+    keys: &BTreeSet<std::net::IpAddr>,
     additive: bool,
 ) -> bool {
     let r = dp.apply_changes(view, keys, additive);
-    report(view, r)
+    report(r)
 }
 
 /// One line per LB IP added, removed or whose state changed.
@@ -146,7 +140,7 @@ pub(super) fn log_changes(old: &View, new: &View) {
 }
 
 /// The line for one LB IP that was added, removed or changed state.
-pub(super) fn log_change(ip: std::net::Ipv4Addr, old: Option<&LbIp>, new: Option<&LbIp>) {
+pub(super) fn log_change(ip: std::net::IpAddr, old: Option<&LbIp>, new: Option<&LbIp>) {
     match (old, new) {
         (Some(o), Some(l)) if o.state == l.state => {}
         (Some(o), Some(l)) => {

@@ -3,8 +3,6 @@
 //! daemon (a restart starts a new table), and anything that goes wrong with
 //! it is logged and leaves the guard itself untouched.
 
-use std::net::Ipv4Addr;
-
 use aya::{
     maps::{HashMap, Map, MapData, PerCpuArray},
     programs::{tc, LinkOrder, SchedClassifier, TcAttachType},
@@ -153,7 +151,7 @@ impl CensusReader {
             // An entry evicted between the key walk and its lookup is skipped.
             let Ok((k, v)) = item else { continue };
             out.push(Claim {
-                ip: Ipv4Addr::from(k.ip),
+                ip: guard_common::ip_of_key(k.ip),
                 mac: k.mac,
                 first_ns: v.first_ns,
                 last_ns: v.last_ns,

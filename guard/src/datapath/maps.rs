@@ -1,29 +1,31 @@
 //! Keeping the maps equal to the view: a generic reconciler that writes
 //! changed entries in place before deleting stale ones (so protection never
-//! has a gap) and records what it could not write; drift repair from what the
-//! kernel really holds; and the reclaiming of counter rows of departed IPs.
+//! has a gap) and records what it could not write, and the tables it keeps;
+//! `apply.rs` drives them from the view.
 
-use std::{collections::BTreeMap, fmt, net::Ipv4Addr};
+use std::{
+    collections::BTreeMap,
+    fmt,
+    net::{Ipv4Addr, Ipv6Addr},
+};
 
 use aya::{
     maps::{HashMap, MapData},
     Ebpf, Pod,
 };
 use guard_common::{
-    IfAddrKey, LbEntry, VlanKey, MAP_IF_ADDRS, MAP_IF_PRIMARY, MAP_LB_FILTER, MAP_LB_IPS,
+    IfAddrKey, IpKey, LbEntry, VlanKey, MAP_IF_ADDRS, MAP_IF_PRIMARY, MAP_LB_IPS, MAP_LB_IPS6,
     MAP_VLAN_UPPERS,
 };
 
 use super::{
     error::{dp_err, errno, DatapathError},
     filter::LbFilter,
-    Datapath,
 };
-use crate::model::view::View;
 
 type Result<T, E = DatapathError> = std::result::Result<T, E>;
 
-/// What one [`Datapath::apply`] changed, and what it could not.
+/// What one [`super::Datapath::apply`] changed, and what it could not.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct ApplyReport {
     pub written: usize,
@@ -228,7 +230,7 @@ impl<K: Pod + Ord, V: Pod + PartialEq> Table<K, V> {
     /// Bring only the entries `keys` to `desired` (None: absent), leaving
     /// every other entry as it is: the cost of one change, whatever the size
     /// of the map. Same order and second chance as [`Table::reconcile`].
-    fn apply_keys(
+    pub(super) fn apply_keys(
         &mut self,
         map: Option<&mut aya::maps::Map>,
         keys: impl Iterator<Item = (K, Option<V>)>,
@@ -314,7 +316,7 @@ impl<K: Pod + Ord, V: Pod + PartialEq> Table<K, V> {
 
     /// Re-read what the kernel map holds; returns how many entries differed
     /// from our record (drift: changed or deleted behind our back).
-    fn reload(&mut self, ebpf: &Ebpf) -> Result<usize> {
+    pub(super) fn reload(&mut self, ebpf: &Ebpf) -> Result<usize> {
         let map = ebpf
             .map(self.name)
             .ok_or_else(|| dp_err!("map {} missing", self.name))?;
@@ -330,6 +332,8 @@ impl<K: Pod + Ord, V: Pod + PartialEq> Table<K, V> {
 #[derive(Debug)]
 pub(super) struct Tables {
     pub(super) lb: Table<u32, LbEntry>,
+    /// The IPv6 LB set (no filter in front: only NDP frames look it up).
+    pub(super) lb6: Table<IpKey, LbEntry>,
     pub(super) filter: LbFilter,
     pub(super) if_addrs: Table<IfAddrKey, u8>,
     pub(super) if_primary: Table<u32, u32>,
@@ -341,6 +345,7 @@ impl Tables {
     pub(super) fn new(filter: Option<aya::maps::Map>) -> Self {
         Tables {
             lb: Table::new(MAP_LB_IPS, |k| format!("LB IP {}", Ipv4Addr::from(*k))),
+            lb6: Table::new(MAP_LB_IPS6, |k| format!("LB IP {}", Ipv6Addr::from(*k))),
             filter: LbFilter::new(filter),
             if_addrs: Table::new(MAP_IF_ADDRS, |k| {
                 format!(
@@ -356,109 +361,6 @@ impl Tables {
                 format!("VLAN {} on ifindex {}", k.vid, k.lower)
             }),
         }
-    }
-}
-
-impl Datapath {
-    /// Make the maps hold `view`, touching only what differs. `additive`:
-    /// write new and changed entries, delete nothing (while a source has not
-    /// synced, pinned entries from the previous daemon stay).
-    pub fn apply(&mut self, view: &View, additive: bool) -> ApplyReport {
-        let lb: BTreeMap<u32, LbEntry> = view
-            .lb
-            .iter()
-            .map(|(ip, l)| (u32::from(*ip), LbEntry::new(l.state)))
-            .collect();
-        let mut report = ApplyReport::default();
-        // Addresses first: an LB IP that just appeared on the egress interface
-        // must be known as such before its LB entry can make a frame drop.
-        self.write_addresses(view, additive, &mut report);
-        let Self { ebpf, tables, .. } = self;
-        let t = tables;
-        t.lb.reconcile(
-            ebpf.map_mut(MAP_LB_IPS),
-            &lb,
-            additive,
-            &mut report,
-            &mut t.filter,
-        );
-        report
-    }
-
-    /// Make the maps hold `view` where it may differ from what was written:
-    /// the LB entries of `changed` only (written, or deleted when no longer
-    /// in the view), and the guarded interfaces' few addresses in full. The
-    /// periodic [`Datapath::apply`] after [`Datapath::reload_from_kernel`]
-    /// stays the safety net that repairs anything else.
-    pub fn apply_changes(
-        &mut self,
-        view: &View,
-        changed: &std::collections::BTreeSet<Ipv4Addr>,
-        additive: bool,
-    ) -> ApplyReport {
-        let mut report = ApplyReport::default();
-        self.write_addresses(view, additive, &mut report);
-        let Self { ebpf, tables, .. } = self;
-        let t = tables;
-        let lb = changed.iter().map(|ip| {
-            let entry = view.lb.get(ip).map(|l| LbEntry::new(l.state));
-            (u32::from(*ip), entry)
-        });
-        t.lb.apply_keys(
-            ebpf.map_mut(MAP_LB_IPS),
-            lb,
-            additive,
-            &mut report,
-            &mut t.filter,
-        );
-        report
-    }
-
-    /// Entries that did not fit in a full map at the last apply; shown in
-    /// the status as not enforced.
-    pub fn not_enforced(&self) -> usize {
-        let t = &self.tables;
-        [
-            t.lb.failing()
-                .filter(|(_, e)| **e == EntryError::Full)
-                .count(),
-            t.if_addrs
-                .failing()
-                .filter(|(_, e)| **e == EntryError::Full)
-                .count(),
-            t.if_primary
-                .failing()
-                .filter(|(_, e)| **e == EntryError::Full)
-                .count(),
-            t.vlan_uppers
-                .failing()
-                .filter(|(_, e)| **e == EntryError::Full)
-                .count(),
-        ]
-        .iter()
-        .sum()
-    }
-
-    /// Re-read what the maps really hold, so that the next [`Datapath::apply`]
-    /// repairs any drift (an entry changed or deleted behind our back, e.g.
-    /// with bpftool). Returns how many entries differed from our record.
-    pub fn reload_from_kernel(&mut self) -> Result<usize> {
-        let Self { ebpf, tables, .. } = self;
-        let lb = tables.lb.reload(ebpf)?;
-        // The filter must stand for what LB_IPS now holds (a pinned map from
-        // the previous daemon, or entries changed behind our back), whatever
-        // happens to the other reloads.
-        if let Err(e) = tables.filter.rebuild(tables.lb.applied.keys().copied()) {
-            // Some bits may be missing for entries we hold: forget that we
-            // hold them, so that the next apply writes every entry again and
-            // sets each one's bit first (in place, no gap).
-            tables.lb.applied.clear();
-            return Err(dp_err!("writing {MAP_LB_FILTER}: {e}"));
-        }
-        Ok(lb
-            + tables.if_addrs.reload(ebpf)?
-            + tables.if_primary.reload(ebpf)?
-            + tables.vlan_uppers.reload(ebpf)?)
     }
 }
 

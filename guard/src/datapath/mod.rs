@@ -3,6 +3,7 @@
 //! pinning it for a no-gap restart (`pins`). It knows nothing of the command
 //! line or the sources: it is given a config and a view.
 
+mod apply;
 pub mod attach;
 pub mod census;
 pub mod error;
@@ -297,12 +298,12 @@ impl Datapath {
     }
 
     /// The state an LB IP has in the map as last read or written.
-    pub fn map_state(&self, ip: std::net::Ipv4Addr) -> Option<guard_common::Ownership> {
-        self.tables
-            .lb
-            .applied
-            .get(&u32::from(ip))
-            .and_then(|e| guard_common::Ownership::from_u8(e.state))
+    pub fn map_state(&self, ip: std::net::IpAddr) -> Option<guard_common::Ownership> {
+        let entry = match ip {
+            std::net::IpAddr::V4(v4) => self.tables.lb.applied.get(&u32::from(v4)),
+            std::net::IpAddr::V6(v6) => self.tables.lb6.applied.get(&v6.octets()),
+        };
+        entry.and_then(|e| guard_common::Ownership::from_u8(e.state))
     }
 
     /// Our COUNTERS and STATS maps on duplicated file descriptors, for
@@ -314,9 +315,11 @@ impl Datapath {
         ))
     }
 
-    /// The IPs the LB map holds (as last written or read).
-    pub fn lb_set(&self) -> std::collections::HashSet<u32> {
-        self.tables.lb.applied.keys().copied().collect()
+    /// The IPs the LB maps hold (as last written or read), as counter keys.
+    pub fn lb_set(&self) -> std::collections::HashSet<guard_common::IpKey> {
+        let t = &self.tables;
+        let v4 = t.lb.applied.keys().map(|ip| guard_common::v4_key(*ip));
+        v4.chain(t.lb6.applied.keys().copied()).collect()
     }
 
     /// A reclaimer of counter rows on its own (duplicated) fd of COUNTERS,

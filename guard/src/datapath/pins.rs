@@ -20,8 +20,8 @@ use std::{
 use aya::{maps::MapData, programs::links::PinnedLink};
 use guard_common::{
     Config, CounterKey, CounterValue, IfAddrKey, LbEntry, VlanKey, MAP_CONFIG, MAP_COUNTERS,
-    MAP_HEARTBEAT, MAP_IF_ADDRS, MAP_IF_PRIMARY, MAP_LB_IPS, MAP_STATS, MAP_VLAN_UPPERS,
-    MAX_IF_ADDRS,
+    MAP_HEARTBEAT, MAP_IF_ADDRS, MAP_IF_PRIMARY, MAP_LB_IPS, MAP_LB_IPS6, MAP_STATS,
+    MAP_VLAN_UPPERS, MAX_IF_ADDRS,
 };
 
 /// statfs(2) magic of bpffs.
@@ -32,12 +32,18 @@ pub const DEFAULT_BPFFS: &str = "/sys/fs/bpf";
 /// The maps that are pinned, with the key size, value size and capacity the
 /// current program expects. A pinned map with another layout (an older
 /// arp-guard) is not reused.
-pub fn pinned_maps(lb_capacity: u32) -> [(&'static str, u32, u32, u32); 8] {
+pub fn pinned_maps(lb_capacity: u32) -> [(&'static str, u32, u32, u32); 9] {
     use std::mem::size_of;
     [
         (
             MAP_LB_IPS,
             size_of::<u32>() as u32,
+            size_of::<LbEntry>() as u32,
+            lb_capacity,
+        ),
+        (
+            MAP_LB_IPS6,
+            size_of::<guard_common::IpKey>() as u32,
             size_of::<LbEntry>() as u32,
             lb_capacity,
         ),

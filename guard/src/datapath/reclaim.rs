@@ -22,7 +22,7 @@ pub fn counter_capacity(lb_ips: u32) -> u32 {
 pub struct CounterReclaimer {
     map: aya::maps::Map,
     /// LB IPs with counter rows that are no longer in the LB set, and since when.
-    gone: std::collections::HashMap<u32, std::time::Instant>,
+    gone: std::collections::HashMap<guard_common::IpKey, std::time::Instant>,
 }
 
 impl CounterReclaimer {
@@ -36,7 +36,7 @@ impl CounterReclaimer {
     /// Returns how many rows went.
     pub fn reclaim(
         &mut self,
-        lb: &std::collections::HashSet<u32>,
+        lb: &std::collections::HashSet<guard_common::IpKey>,
         now: std::time::Instant,
         grace: std::time::Duration,
     ) -> Result<usize> {

@@ -1,7 +1,10 @@
 //! Interfaces and their IPv4 addresses, as the kernel reports them (the
 //! interface source keeps this table current; the view reads it).
 
-use std::{collections::BTreeMap, net::Ipv4Addr};
+use std::{
+    collections::BTreeMap,
+    net::{IpAddr, Ipv4Addr, Ipv6Addr},
+};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct IfAddr {
@@ -20,6 +23,9 @@ pub struct AddrTable {
     pub v4: BTreeMap<u32, Vec<IfAddr>>,
     /// VLAN device's ifindex -> (its lower device's ifindex, VLAN ID).
     pub vlans: BTreeMap<u32, (u32, u16)>,
+    /// ifindex -> global IPv6 addresses (link-local ones are nobody's LB IP),
+    /// for `--lb-ips-from`.
+    pub v6: BTreeMap<u32, Vec<Ipv6Addr>>,
 }
 
 impl AddrTable {
@@ -37,6 +43,21 @@ impl AddrTable {
             .iter()
             .filter(move |(_, (l, _))| *l == lower)
             .map(|(dev, (_, vid))| (*vid, *dev))
+    }
+
+    pub fn v6_of(&self, name: &str) -> &[Ipv6Addr] {
+        self.ifindex(name)
+            .and_then(|i| self.v6.get(&i))
+            .map(Vec::as_slice)
+            .unwrap_or(&[])
+    }
+
+    /// Whether `ip` is on the interface `name`.
+    pub fn has(&self, name: &str, ip: IpAddr) -> bool {
+        match ip {
+            IpAddr::V4(v4) => self.v4_of(name).iter().any(|a| a.addr == v4),
+            IpAddr::V6(v6) => self.v6_of(name).contains(&v6),
+        }
     }
 
     pub fn v4_of(&self, name: &str) -> &[IfAddr] {

@@ -14,7 +14,7 @@
 
 use std::{
     collections::{BTreeMap, BTreeSet},
-    net::Ipv4Addr,
+    net::IpAddr,
     time::Duration,
 };
 
@@ -30,7 +30,7 @@ pub const MAX_LISTED: usize = 16;
 /// One entry of the census map.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Claim {
-    pub ip: Ipv4Addr,
+    pub ip: IpAddr,
     pub mac: [u8; 6],
     /// Start of the current run of claims, and the latest (CLOCK_MONOTONIC ns).
     pub first_ns: u64,
@@ -49,7 +49,7 @@ pub struct Context {
     /// Claims older than this are history, not responders.
     pub window: Duration,
     /// LB IPs this node owns, with when it became the owner (same clock).
-    pub owned_since: BTreeMap<Ipv4Addr, u64>,
+    pub owned_since: BTreeMap<IpAddr, u64>,
     /// This node's own MACs (a claim from one is this node's).
     pub local_macs: BTreeSet<[u8; 6]>,
     /// Interface names by index (a claim names the one it arrived on).
@@ -110,11 +110,11 @@ fn is_zero(n: &usize) -> bool {
 }
 
 /// Every LB IP with a claim in the table.
-pub type Census = BTreeMap<Ipv4Addr, IpCensus>;
+pub type Census = BTreeMap<IpAddr, IpCensus>;
 
 /// The census from the claims (any order), judged in `cx`.
 pub fn assess(claims: &[Claim], cx: &Context) -> Census {
-    let mut by_ip: BTreeMap<Ipv4Addr, Vec<&Claim>> = BTreeMap::new();
+    let mut by_ip: BTreeMap<IpAddr, Vec<&Claim>> = BTreeMap::new();
     for c in claims {
         by_ip.entry(c.ip).or_default().push(c);
     }
@@ -128,7 +128,7 @@ pub fn assess(claims: &[Claim], cx: &Context) -> Census {
 }
 
 /// `cs` sorted most recent first.
-fn one_ip(ip: Ipv4Addr, cs: &[&Claim], cx: &Context) -> IpCensus {
+fn one_ip(ip: IpAddr, cs: &[&Claim], cx: &Context) -> IpCensus {
     let window = u64::try_from(cx.window.as_nanos()).unwrap_or(u64::MAX);
     let is_active = |c: &Claim| cx.now_ns.saturating_sub(c.last_ns) <= window;
     let active: Vec<&Claim> = cs.iter().copied().filter(|c| is_active(c)).collect();
@@ -186,7 +186,7 @@ fn contested(active: &[&Claim]) -> bool {
 }
 
 /// The IPs in conflict, for logs and metrics.
-pub fn conflicts(c: &Census) -> BTreeMap<Ipv4Addr, Reason> {
+pub fn conflicts(c: &Census) -> BTreeMap<IpAddr, Reason> {
     c.iter()
         .filter_map(|(ip, e)| e.conflict.map(|r| (*ip, r)))
         .collect()
@@ -197,7 +197,7 @@ mod tests {
     use super::*;
 
     const S: u64 = 1_000_000_000;
-    const IP: Ipv4Addr = Ipv4Addr::new(203, 0, 113, 10);
+    const IP: IpAddr = IpAddr::V4(std::net::Ipv4Addr::new(203, 0, 113, 10));
     const A: [u8; 6] = [2, 0, 0, 0, 0, 0xa];
     const B: [u8; 6] = [2, 0, 0, 0, 0, 0xb];
 

@@ -53,8 +53,9 @@ pub struct LbIp {
 
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct View {
-    /// LB IPs (IPv4) and this node's state for each.
-    pub lb: BTreeMap<Ipv4Addr, LbIp>,
+    /// LB IPs (IPv4 for ARP, IPv6 for Neighbor Discovery) and this node's
+    /// state for each.
+    pub lb: BTreeMap<IpAddr, LbIp>,
     /// (ifindex, address) for every IPv4 address on a guarded interface.
     pub if_addrs: BTreeSet<(u32, Ipv4Addr)>,
     /// Guarded ifindex -> the IPv4 an announce leak is rewritten to.
@@ -63,8 +64,6 @@ pub struct View {
     /// guarded interface (two levels): a tagged frame is judged against its
     /// VLAN device's addresses, which `if_addrs`/`if_primary` hold as well.
     pub vlan_uppers: BTreeMap<(u32, u16), u32>,
-    /// IPv6 LB IPs seen in the sources: known, not enforced by the ARP program.
-    pub ignored_v6: usize,
 }
 
 pub struct Inputs<'a> {
@@ -103,8 +102,8 @@ fn state_of(owner: Option<&str>, node: &str, stale: bool) -> Ownership {
 /// address on an LB interface (`on_iface`: which one), with no owner known.
 /// The one decision per IP: the full derivation folds it over every IP, an
 /// incremental update calls it for the IPs that changed.
-pub fn derive_ip(i: &Inputs<'_>, ip: Ipv4Addr, on_iface: Option<&str>) -> Option<LbIp> {
-    if let Some(entry) = i.file.and_then(|f| f.ips.get(&IpAddr::V4(ip))) {
+pub fn derive_ip(i: &Inputs<'_>, ip: IpAddr, on_iface: Option<&str>) -> Option<LbIp> {
+    if let Some(entry) = i.file.and_then(|f| f.ips.get(&ip)) {
         return Some(LbIp {
             state: state_of(entry.owner.as_deref(), i.node, false),
             source: Provenance::File {
@@ -114,7 +113,7 @@ pub fn derive_ip(i: &Inputs<'_>, ip: Ipv4Addr, on_iface: Option<&str>) -> Option
         });
     }
     if let Some(c) = &i.cluster {
-        if let Some(claim) = c.claims.get(&IpAddr::V4(ip)) {
+        if let Some(claim) = c.claims.get(&ip) {
             let stale = c.degraded || !claim.certain;
             return Some(LbIp {
                 state: state_of(claim.owner.as_deref(), i.node, stale),
@@ -132,47 +131,34 @@ pub fn derive_ip(i: &Inputs<'_>, ip: Ipv4Addr, on_iface: Option<&str>) -> Option
 }
 
 /// The LB interface `ip` is on (the last of `--lb-ips-from` that has it).
-fn lb_iface<'a>(i: &Inputs<'a>, ip: Ipv4Addr) -> Option<&'a str> {
+fn lb_iface<'a>(i: &Inputs<'a>, ip: IpAddr) -> Option<&'a str> {
     i.lb_ips_from
         .iter()
         .rev()
-        .find(|n| i.addrs.v4_of(n).iter().any(|a| a.addr == ip))
+        .find(|n| i.addrs.has(n, ip))
         .map(String::as_str)
-}
-
-/// IPv6 LB IPs the sources name (known, not enforced).
-fn count_v6(i: &Inputs<'_>) -> usize {
-    // IpAddr orders every V4 before every V6: only the V6 tails are walked.
-    let first_v6 = IpAddr::V6(std::net::Ipv6Addr::UNSPECIFIED);
-    let file = i.file.map_or(0, |f| f.ips.range(first_v6..).count());
-    let cluster = i
-        .cluster
-        .as_ref()
-        .map_or(0, |c| c.claims.range(first_v6..).count());
-    file + cluster
 }
 
 pub fn compute(i: &Inputs<'_>) -> View {
     let mut view = View::default();
-    // Every IPv4 some source names, with the LB interface it is on.
-    let mut ips: BTreeMap<Ipv4Addr, Option<&str>> = BTreeMap::new();
+    // Every IP some source names, with the LB interface it is on.
+    let mut ips: BTreeMap<IpAddr, Option<&str>> = BTreeMap::new();
     for name in i.lb_ips_from {
         for a in i.addrs.v4_of(name) {
-            ips.insert(a.addr, Some(name.as_str()));
+            ips.insert(IpAddr::V4(a.addr), Some(name.as_str()));
+        }
+        for a in i.addrs.v6_of(name) {
+            ips.insert(IpAddr::V6(*a), Some(name.as_str()));
         }
     }
-    let v4 = |ip: &IpAddr| match ip {
-        IpAddr::V4(v4) => Some(*v4),
-        IpAddr::V6(_) => None,
-    };
     if let Some(c) = &i.cluster {
-        for ip in c.claims.keys().filter_map(v4) {
-            ips.entry(ip).or_insert(None);
+        for ip in c.claims.keys() {
+            ips.entry(*ip).or_insert(None);
         }
     }
     if let Some(f) = i.file {
-        for ip in f.ips.keys().filter_map(v4) {
-            ips.entry(ip).or_insert(None);
+        for ip in f.ips.keys() {
+            ips.entry(*ip).or_insert(None);
         }
     }
     for (ip, on) in ips {
@@ -180,7 +166,6 @@ pub fn compute(i: &Inputs<'_>) -> View {
             view.lb.insert(ip, l);
         }
     }
-    view.ignored_v6 = count_v6(i);
     view.derive_interfaces(i);
     view
 }
@@ -215,7 +200,7 @@ impl View {
                 self.if_addrs.insert((ifindex, a.addr));
             }
             // arp_announce=2 picks a primary address; never rewrite to an LB IP.
-            let not_lb = |a: &&super::addrs::IfAddr| !self.lb.contains_key(&a.addr);
+            let not_lb = |a: &&super::addrs::IfAddr| !self.lb.contains_key(&IpAddr::V4(a.addr));
             let primary = addrs
                 .iter()
                 .filter(not_lb)
@@ -231,7 +216,7 @@ impl View {
     /// only the LB IPs in `changed` (every IP whose sources may have changed)
     /// with the same per-IP decision. Returns the LB IPs whose entry did
     /// change (added, removed or different), for the map writer.
-    pub fn update(&mut self, i: &Inputs<'_>, changed: &BTreeSet<Ipv4Addr>) -> BTreeSet<Ipv4Addr> {
+    pub fn update(&mut self, i: &Inputs<'_>, changed: &BTreeSet<IpAddr>) -> BTreeSet<IpAddr> {
         let mut out = BTreeSet::new();
         for ip in changed {
             let next = derive_ip(i, *ip, lb_iface(i, *ip));
@@ -244,7 +229,6 @@ impl View {
             };
             out.insert(*ip);
         }
-        self.ignored_v6 = count_v6(i);
         self.derive_interfaces(i);
         out
     }
@@ -252,7 +236,7 @@ impl View {
     /// Until the Kubernetes feed has synced, an IP that only the interface
     /// source knows keeps the state the previous daemon left pinned (`held`):
     /// "unknown" from kube-ipvs0 must not overrule "foreign" from the cluster.
-    pub fn hold_previous(&mut self, held: impl Fn(Ipv4Addr) -> Option<Ownership>) {
+    pub fn hold_previous(&mut self, held: impl Fn(IpAddr) -> Option<Ownership>) {
         for (ip, l) in self.lb.iter_mut() {
             if let (Provenance::Interface(_), Some(state)) = (&l.source, held(*ip)) {
                 *l = LbIp {
@@ -320,13 +304,15 @@ mod tests {
             addrs: &t,
             cluster: None,
         });
-        let st = |s: &str| v.lb[&s.parse::<Ipv4Addr>().unwrap()].state;
+        let st = |s: &str| v.lb[&s.parse::<IpAddr>().unwrap()].state;
         assert_eq!(st("198.51.100.100"), Ownership::Owned);
         assert_eq!(st("198.51.100.101"), Ownership::Foreign);
         assert_eq!(st("198.51.100.102"), Ownership::Unknown);
         assert_eq!(st("10.96.0.1"), Ownership::Unknown);
-        assert_eq!(v.lb.len(), 4);
-        assert_eq!(v.ignored_v6, 1);
+        // Dual-stack: the IPv6 LB IP is judged like the others.
+        assert_eq!(st("fd00::1"), Ownership::Owned);
+        assert_eq!(v.lb.len(), 5);
+        assert_eq!(v.lb.keys().filter(|ip| ip.is_ipv6()).count(), 1);
         assert!(
             matches!(v.lb[&"10.96.0.1".parse().unwrap()].source, Provenance::Interface(ref n) if n == "kube-ipvs0")
         );
@@ -338,6 +324,27 @@ mod tests {
             "198.51.100.11".parse::<Ipv4Addr>().unwrap()
         );
         assert_eq!(v.count(Ownership::Unknown), 2);
+    }
+
+    #[test]
+    fn ipv6_addresses_of_an_lb_interface_are_lb_ips() {
+        let mut t = table();
+        t.v6.insert(5, vec!["fd00::10".parse().unwrap()]);
+        t.v6.insert(2, vec!["fd00::99".parse().unwrap()]);
+        let lb_from = ["kube-ipvs0".to_string()];
+        let v = compute(&Inputs {
+            node: "node-a",
+            file: None,
+            lb_ips_from: &lb_from,
+            guarded: &["eth0".to_string()],
+            addrs: &t,
+            cluster: None,
+        });
+        let v6: IpAddr = "fd00::10".parse().unwrap();
+        assert_eq!(v.lb[&v6].state, Ownership::Unknown);
+        assert!(matches!(v.lb[&v6].source, Provenance::Interface(ref n) if n == "kube-ipvs0"));
+        // An address on the uplink is not an LB IP.
+        assert!(!v.lb.contains_key(&"fd00::99".parse::<IpAddr>().unwrap()));
     }
 
     #[test]
@@ -418,7 +425,12 @@ mod tests {
     #[test]
     fn incremental_view_equals_the_full_derivation() {
         use crate::model::{cluster::Claim, ownership::Entry};
-        let pool: Vec<Ipv4Addr> = (1..=12).map(|i| Ipv4Addr::new(198, 51, 100, i)).collect();
+        let pool: Vec<IpAddr> = (1..=12)
+            .map(|i| IpAddr::V4(Ipv4Addr::new(198, 51, 100, i)))
+            .chain(
+                (1..=4).map(|i| IpAddr::V6(std::net::Ipv6Addr::new(0xfd00, 0, 0, 0, 0, 0, 0, i))),
+            )
+            .collect();
         let owners = [None, Some("node-a"), Some("node-b")];
         let guarded = ["eth0".to_string()];
         let lb_from = ["kube-ipvs0".to_string(), "lb1".to_string()];
@@ -439,16 +451,29 @@ mod tests {
                 match r.below(7) {
                     0 | 1 => {
                         let ifindex = [2, 5, 6][r.below(3)];
-                        let v = t.v4.entry(ifindex).or_default();
-                        match v.iter().position(|a| a.addr == ip) {
-                            Some(p) => {
-                                v.remove(p);
+                        match ip {
+                            IpAddr::V4(ip) => {
+                                let v = t.v4.entry(ifindex).or_default();
+                                match v.iter().position(|a| a.addr == ip) {
+                                    Some(p) => {
+                                        v.remove(p);
+                                    }
+                                    None => v.push(IfAddr {
+                                        addr: ip,
+                                        prefix: 24,
+                                        secondary: r.below(3) == 0,
+                                    }),
+                                }
                             }
-                            None => v.push(IfAddr {
-                                addr: ip,
-                                prefix: 24,
-                                secondary: r.below(3) == 0,
-                            }),
+                            IpAddr::V6(ip) => {
+                                let v = t.v6.entry(ifindex).or_default();
+                                match v.iter().position(|a| *a == ip) {
+                                    Some(p) => {
+                                        v.remove(p);
+                                    }
+                                    None => v.push(ip),
+                                }
+                            }
                         }
                         if ifindex == 2 {
                             changed.clear();
@@ -456,7 +481,7 @@ mod tests {
                     }
                     2 | 3 => match owners[r.below(3)] {
                         _ if r.below(4) == 0 => {
-                            claims.remove(&IpAddr::V4(ip));
+                            claims.remove(&ip);
                         }
                         o => {
                             let c = Claim {
@@ -464,16 +489,13 @@ mod tests {
                                 why: format!("seed {seed}"),
                                 certain: r.below(4) > 0,
                             };
-                            claims.insert(IpAddr::V4(ip), c);
+                            claims.insert(ip, c);
                         }
                     },
                     4 => {
                         // The feed degrades or recovers: every claimed IP.
                         degraded = !degraded;
-                        changed.extend(claims.keys().filter_map(|ip| match ip {
-                            IpAddr::V4(v4) => Some(*v4),
-                            IpAddr::V6(_) => None,
-                        }));
+                        changed.extend(claims.keys().copied());
                     }
                     5 => {
                         let mut f = OwnershipFile::default();
@@ -487,35 +509,15 @@ mod tests {
                                 service: None,
                                 line,
                             };
-                            f.ips.insert(IpAddr::V4(*ip), e);
-                        }
-                        if r.below(3) == 0 {
-                            let e = Entry {
-                                owner: None,
-                                service: None,
-                                line: 99,
-                            };
-                            f.ips.insert("fd00::1".parse().unwrap(), e);
+                            f.ips.insert(*ip, e);
                         }
                         // A reload: every IP the old or the new file names.
                         for f in file.iter().chain([&f]) {
-                            changed.extend(f.ips.keys().filter_map(|ip| match ip {
-                                IpAddr::V4(v4) => Some(*v4),
-                                IpAddr::V6(_) => None,
-                            }));
+                            changed.extend(f.ips.keys().copied());
                         }
                         file = (r.below(4) > 0).then_some(f);
                     }
-                    _ => {
-                        claims.insert(
-                            "fd00::2".parse().unwrap(),
-                            Claim {
-                                owner: None,
-                                why: "v6".into(),
-                                certain: true,
-                            },
-                        );
-                    }
+                    _ => {}
                 }
                 let inputs = Inputs {
                     node: "node-a",
@@ -532,7 +534,7 @@ mod tests {
                 let keys = view.update(&inputs, &changed);
                 let full = compute(&inputs);
                 assert_eq!(view, full, "seed {seed}");
-                let differ: BTreeSet<Ipv4Addr> = (before.lb.keys().chain(full.lb.keys()))
+                let differ: BTreeSet<IpAddr> = (before.lb.keys().chain(full.lb.keys()))
                     .filter(|ip| before.lb.get(ip) != full.lb.get(ip))
                     .copied()
                     .collect();

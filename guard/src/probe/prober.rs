@@ -297,7 +297,7 @@ impl Prober {
                 self.malformed += 1;
                 return None;
             }
-            Parsed::NotArp => return None,
+            Parsed::Other | Parsed::Nd(_) | Parsed::NdMalformed => return None,
         };
         let kind = classify(&arp)?;
         if arp.sha == self.mac {
@@ -316,6 +316,8 @@ impl Prober {
             Kind::Reply => t.replies += 1,
             Kind::Gratuitous => t.gratuitous += 1,
             Kind::AnnounceLeak => t.leaks += 1,
+            // classify() names ARP kinds only.
+            Kind::NaSolicited | Kind::NaUnsolicited | Kind::NsLeak => {}
         }
         if kind == Kind::Reply && !t.round_answered && round > 0 {
             t.round_answered = true;
@@ -331,6 +333,7 @@ impl Prober {
             Kind::Reply => m.replies += 1,
             Kind::Gratuitous => m.gratuitous += 1,
             Kind::AnnounceLeak => m.leaks += 1,
+            Kind::NaSolicited | Kind::NaUnsolicited | Kind::NsLeak => {}
         }
         m.first.get_or_insert(at);
         m.last = Some(at);

@@ -85,10 +85,48 @@ fn v4_addr(msg: &AddressMessage) -> Option<(u32, IfAddr)> {
     ))
 }
 
+/// (ifindex, address) of a global IPv6 address message (IFA_ADDRESS is the
+/// local address for IPv6); link-local and multicast are left out.
+fn v6_addr(msg: &AddressMessage) -> Option<(u32, std::net::Ipv6Addr)> {
+    if msg.header.family != AddressFamily::Inet6 {
+        return None;
+    }
+    let addr = msg.attributes.iter().find_map(|a| match a {
+        AddressAttribute::Address(std::net::IpAddr::V6(v6)) => Some(*v6),
+        _ => None,
+    })?;
+    (!addr.is_unicast_link_local() && !addr.is_multicast() && !addr.is_loopback())
+        .then_some((msg.header.index, addr))
+}
+
 impl AddrTable {
+    /// Apply an IPv6 address notification. Returns whether the table changed.
+    fn apply_v6(&mut self, msg: &AddressMessage, add: bool) -> bool {
+        let Some((index, addr)) = v6_addr(msg) else {
+            return false;
+        };
+        let list = self.v6.entry(index).or_default();
+        let had = list.contains(&addr);
+        if add && !had {
+            list.push(addr);
+        } else if !add {
+            list.retain(|a| *a != addr);
+        }
+        if list.is_empty() {
+            self.v6.remove(&index);
+        }
+        add != had
+    }
+
     /// Apply one notification. Returns whether the table changed.
     pub fn apply(&mut self, msg: &RouteNetlinkMessage) -> bool {
         match msg {
+            RouteNetlinkMessage::NewAddress(m) if m.header.family == AddressFamily::Inet6 => {
+                self.apply_v6(m, true)
+            }
+            RouteNetlinkMessage::DelAddress(m) if m.header.family == AddressFamily::Inet6 => {
+                self.apply_v6(m, false)
+            }
             RouteNetlinkMessage::NewAddress(m) => match v4_addr(m) {
                 Some((index, a)) => {
                     let list = self.v4.entry(index).or_default();
@@ -144,7 +182,7 @@ impl AddrTable {
                 let index = m.header.index;
                 let before = self.links.len();
                 self.links.retain(|_, i| *i != index);
-                let gone = self.v4.remove(&index).is_some();
+                let gone = self.v4.remove(&index).is_some() | self.v6.remove(&index).is_some();
                 let vlan_gone = self.vlans.remove(&index).is_some();
                 gone || vlan_gone || self.links.len() != before
             }
@@ -153,7 +191,7 @@ impl AddrTable {
     }
 }
 
-/// Read all links and IPv4 addresses once.
+/// Read all links and their IPv4 and global IPv6 addresses once.
 pub async fn dump(handle: &Handle) -> Result<AddrTable> {
     let mut table = AddrTable::default();
     let mut links = handle.link().get().execute();
@@ -170,21 +208,27 @@ pub async fn dump(handle: &Handle) -> Result<AddrTable> {
         if let Some((index, a)) = v4_addr(&msg) {
             table.v4.entry(index).or_default().push(a);
         }
+        if let Some((index, a)) = v6_addr(&msg) {
+            table.v6.entry(index).or_default().push(a);
+        }
     }
     Ok(table)
 }
 
-/// Netlink notifications of link and IPv4 address changes.
+/// Netlink notifications of link and address changes.
 pub type Notifications = futures::channel::mpsc::UnboundedReceiver<(
     rtnetlink::packet_core::NetlinkMessage<rtnetlink::packet_route::RouteNetlinkMessage>,
     rtnetlink::sys::SocketAddr,
 )>;
 
-/// Open a netlink connection subscribed to link and IPv4 address changes.
+/// Open a netlink connection subscribed to link and address changes.
 pub fn connect() -> Result<(Handle, Notifications)> {
-    let (conn, handle, messages) =
-        rtnetlink::new_multicast_connection(&[MulticastGroup::Link, MulticastGroup::Ipv4Ifaddr])
-            .context("cannot open an rtnetlink socket")?;
+    let (conn, handle, messages) = rtnetlink::new_multicast_connection(&[
+        MulticastGroup::Link,
+        MulticastGroup::Ipv4Ifaddr,
+        MulticastGroup::Ipv6Ifaddr,
+    ])
+    .context("cannot open an rtnetlink socket")?;
     tokio::spawn(conn);
     Ok((handle, messages))
 }

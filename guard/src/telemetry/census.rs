@@ -6,7 +6,7 @@
 
 use std::{
     collections::{BTreeMap, BTreeSet},
-    net::Ipv4Addr,
+    net::IpAddr,
     time::Duration,
 };
 
@@ -28,7 +28,7 @@ pub struct CensusDoc {
     /// claimed make room).
     pub entries: usize,
     pub capacity: u32,
-    /// Census totals from the kernel (arp, claims, insert_failed).
+    /// Census totals from the kernel (arp, ndp, claims, insert_failed).
     pub totals: BTreeMap<String, u64>,
     /// The table could not be read (the last good census is kept).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -44,7 +44,7 @@ pub struct ConflictEvent {
     /// `responder_conflict` when it begins, `responder_conflict_ended` when
     /// it is no longer seen (quiet for a window: not proof that it is fixed).
     pub event: String,
-    pub lb_ip: Ipv4Addr,
+    pub lb_ip: IpAddr,
     pub reason: Reason,
     /// The MACs that claimed it within the window.
     pub macs: Vec<String>,
@@ -52,7 +52,7 @@ pub struct ConflictEvent {
 
 /// What the task needs from the daemon: which IPs this node owns and since
 /// when (Unix seconds), read from the state the main loop publishes.
-pub type OwnedSince = Box<dyn Fn() -> BTreeMap<Ipv4Addr, u64> + Send + Sync>;
+pub type OwnedSince = Box<dyn Fn() -> BTreeMap<IpAddr, u64> + Send + Sync>;
 
 pub struct CensusTask {
     pub reader: CensusReader,
@@ -82,8 +82,8 @@ struct Memory {
     /// The claim totals at the last walk of the table.
     walked_at: Option<Vec<u64>>,
     /// Conflicts seen, since when (unbroken), and those reported.
-    seen: BTreeMap<Ipv4Addr, (Reason, std::time::Instant)>,
-    reported: BTreeMap<Ipv4Addr, Reason>,
+    seen: BTreeMap<IpAddr, (Reason, std::time::Instant)>,
+    reported: BTreeMap<IpAddr, Reason>,
     read_failing: bool,
 }
 
@@ -162,7 +162,11 @@ fn run(task: CensusTask) {
 fn claim_totals(stats: &[(&'static str, u64)]) -> Vec<u64> {
     stats
         .iter()
-        .filter(|(k, _)| *k != guard_common::CensusStat::Arp.as_str())
+        // Frames parsed are not claims: only claims say the table moved.
+        .filter(|(k, _)| {
+            *k != guard_common::CensusStat::Arp.as_str()
+                && *k != guard_common::CensusStat::Ndp.as_str()
+        })
         .map(|(_, v)| *v)
         .collect()
 }
@@ -178,7 +182,7 @@ fn context(
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());
     let grace = OWNER_GRACE.as_nanos() as u64;
-    let owned_since: BTreeMap<Ipv4Addr, u64> = owned()
+    let owned_since: BTreeMap<IpAddr, u64> = owned()
         .into_iter()
         .map(|(ip, since)| {
             // Unix seconds to the claims' monotonic clock, then the grace.
@@ -210,9 +214,9 @@ fn context(
 /// Keep in `census` only the conflicts seen for [`CONFIRM_AFTER`] without a
 /// break; returns them.
 fn confirm(
-    seen: &mut BTreeMap<Ipv4Addr, (Reason, std::time::Instant)>,
+    seen: &mut BTreeMap<IpAddr, (Reason, std::time::Instant)>,
     census: &mut Census,
-) -> BTreeMap<Ipv4Addr, Reason> {
+) -> BTreeMap<IpAddr, Reason> {
     let now = std::time::Instant::now();
     let current = conflicts(census);
     seen.retain(|ip, (r, _)| current.get(ip) == Some(r));
@@ -233,12 +237,12 @@ fn confirm(
 
 /// A log line and an event for each conflict that began or ended.
 fn report_changes(
-    before: &BTreeMap<Ipv4Addr, Reason>,
-    now: &BTreeMap<Ipv4Addr, Reason>,
+    before: &BTreeMap<IpAddr, Reason>,
+    now: &BTreeMap<IpAddr, Reason>,
     census: &Census,
     events: &broadcast::Sender<String>,
 ) {
-    let macs = |ip: &Ipv4Addr| -> Vec<String> {
+    let macs = |ip: &IpAddr| -> Vec<String> {
         census.get(ip).map_or_else(Vec::new, |c| {
             c.responders
                 .iter()
@@ -247,7 +251,7 @@ fn report_changes(
                 .collect()
         })
     };
-    let send = |event: &str, ip: Ipv4Addr, reason: Reason, macs: Vec<String>| {
+    let send = |event: &str, ip: IpAddr, reason: Reason, macs: Vec<String>| {
         let e = ConflictEvent {
             time: crate::telemetry::events::unix_time_millis(),
             event: event.into(),
@@ -306,8 +310,8 @@ fn local_macs() -> BTreeSet<[u8; 6]> {
 
 /// The owned IPs of an IP table, with since when (for [`CensusTask::owned`]).
 pub fn owned_since<'a>(
-    ips: impl Iterator<Item = (&'a Ipv4Addr, Ownership, u64)>,
-) -> BTreeMap<Ipv4Addr, u64> {
+    ips: impl Iterator<Item = (&'a IpAddr, Ownership, u64)>,
+) -> BTreeMap<IpAddr, u64> {
     ips.filter(|(_, s, _)| *s == Ownership::Owned)
         .map(|(ip, _, since)| (*ip, since))
         .collect()
@@ -319,7 +323,7 @@ mod tests {
     use crate::model::census::IpCensus;
 
     fn census(conflict: Option<Reason>) -> Census {
-        let ip = Ipv4Addr::new(203, 0, 113, 7);
+        let ip = IpAddr::V4(std::net::Ipv4Addr::new(203, 0, 113, 7));
         BTreeMap::from([(
             ip,
             IpCensus {
@@ -333,7 +337,7 @@ mod tests {
 
     #[test]
     fn a_conflict_counts_once_it_has_lasted() {
-        let ip = Ipv4Addr::new(203, 0, 113, 7);
+        let ip = IpAddr::V4(std::net::Ipv4Addr::new(203, 0, 113, 7));
         let mut seen = BTreeMap::new();
         // First seen now: not reported yet, and hidden from the document.
         let mut c = census(Some(Reason::Contested));

@@ -4,7 +4,7 @@
 //! attached to an interface through the kernel (TCX query, then the program's
 //! map ids), so it needs nothing from the daemon but the attachment itself.
 
-use std::{collections::BTreeMap, fmt::Write as _, net::Ipv4Addr};
+use std::{collections::BTreeMap, fmt::Write as _};
 
 use anyhow::{anyhow, bail, Context as _, Result};
 use aya::{
@@ -51,6 +51,9 @@ pub struct CountersDoc {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Labels {
     pub lb_ip: String,
+    /// "ipv4" (ARP) or "ipv6" (NDP).
+    #[serde(default)]
+    pub family: String,
     pub interface: String,
     pub kind: String,
     pub origin: String,
@@ -64,7 +67,8 @@ impl Row {
         let [kind, origin, state, verdict] =
             super::decision_names(k.kind, k.origin, k.state, k.verdict);
         Labels {
-            lb_ip: Ipv4Addr::from(k.ip).to_string(),
+            lb_ip: guard_common::ip_of_key(k.ip).to_string(),
+            family: guard_common::family(&guard_common::ip_of_key(k.ip)).into(),
             interface: super::interface_name(k.ifindex),
             kind,
             origin,
@@ -189,15 +193,16 @@ impl Snapshot {
     /// Packets counted for this (ip, kind, origin, verdict), over all interfaces and states.
     pub fn packets(
         &self,
-        ip: Ipv4Addr,
+        ip: impl Into<std::net::IpAddr>,
         kind: guard_common::Kind,
         origin: guard_common::Origin,
         verdict: Verdict,
     ) -> u64 {
+        let key = guard_common::key_of_ip(ip.into());
         self.rows
             .iter()
             .filter(|r| {
-                r.key.ip == u32::from(ip)
+                r.key.ip == key
                     && r.key.kind == kind as u8
                     && r.key.origin == origin as u8
                     && r.key.verdict == verdict as u8

@@ -2,7 +2,7 @@
 //! JSON, per --log-format), bursts summarised, and fanned out to `/events`
 //! subscribers (`arp-guard events`).
 
-use std::{collections::BTreeMap, net::Ipv4Addr, time::Duration};
+use std::{collections::BTreeMap, time::Duration};
 
 use aya::maps::{MapData, RingBuf};
 use guard_common::DropEvent;
@@ -20,6 +20,9 @@ pub struct EventJson {
     pub time: String,
     pub interface: String,
     pub lb_ip: String,
+    /// "ipv4" (ARP) or "ipv6" (NDP).
+    #[serde(default)]
+    pub family: String,
     pub requester_ip: String,
     pub requester_mac: String,
     pub kind: String,
@@ -37,11 +40,13 @@ pub fn decode(bytes: &[u8]) -> Option<EventJson> {
     let e: DropEvent = unsafe { std::ptr::read_unaligned(bytes.as_ptr() as *const DropEvent) };
     let [kind, origin, state, verdict] =
         super::decision_names(e.kind, e.origin, e.state, e.verdict);
+    let lb_ip = guard_common::ip_of_key(e.lb_ip);
     Some(EventJson {
         time: unix_time_millis(),
         interface: super::interface_name(e.ifindex),
-        lb_ip: Ipv4Addr::from(e.lb_ip).to_string(),
-        requester_ip: Ipv4Addr::from(e.requester_ip).to_string(),
+        lb_ip: lb_ip.to_string(),
+        family: guard_common::family(&lb_ip).into(),
+        requester_ip: guard_common::ip_of_key(e.requester_ip).to_string(),
         requester_mac: fmt_mac(&e.requester_mac),
         kind,
         origin,
@@ -87,7 +92,7 @@ pub async fn run(ring: RingBuf<MapData>, tx: broadcast::Sender<String>) {
                             target: "arp_guard::events",
                             interface = %ev.interface, lb_ip = %ev.lb_ip, requester_ip = %ev.requester_ip,
                             requester_mac = %ev.requester_mac, kind = %ev.kind, origin = %ev.origin, state = %ev.state,
-                            verdict = %ev.verdict, "ARP announcement stopped"
+                            verdict = %ev.verdict, family = %ev.family, "announcement stopped"
                         );
                     }
                     if let Ok(line) = serde_json::to_string(&ev) {

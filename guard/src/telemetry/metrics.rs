@@ -3,10 +3,10 @@
 //!
 //! | metric | type | labels |
 //! |---|---|---|
-//! | `arp_guard_arp_frames_total` | counter | lb_ip, interface, kind, origin, state, verdict |
+//! | `arp_guard_arp_frames_total` | counter | lb_ip, family, interface, kind, origin, state, verdict (ARP and NDP) |
 //! | `arp_guard_datapath_frames_total` | counter | class (frames, arp, malformed, not_lb, ...) |
 //! | `arp_guard_drop_events_total` | counter | outcome (delivered, suppressed) |
-//! | `arp_guard_lb_ips` | gauge | state |
+//! | `arp_guard_lb_ips` | gauge | state, family |
 //! | `arp_guard_lb_ips_not_enforced` | gauge | |
 //! | `arp_guard_feed_unhealthy_seconds` | gauge | |
 //! | `arp_guard_feed_degraded` | gauge | |
@@ -103,6 +103,7 @@ impl Fold {
             let l = r.labels();
             vec![
                 ("lb_ip", ip.unwrap_or(l.lb_ip)),
+                ("family", l.family),
                 ("interface", l.interface),
                 ("kind", l.kind),
                 ("origin", l.origin),
@@ -218,7 +219,7 @@ fn kernel(v: &mut Values, snap: &Snapshot, fold: &mut Fold, max_ip_series: usize
     ));
     v.counters.push((
         "arp_guard_arp_frames",
-        "ARP announcements of LB IPs judged by the egress program, by decision.",
+        "Announcements of LB IPs (ARP, and IPv6 Neighbor Discovery: family=\"ipv6\") judged by the egress program, by decision.",
         frames,
     ));
     let (events, totals): (Vec<_>, Vec<_>) = snap
@@ -245,12 +246,20 @@ fn daemon(v: &mut Values, status: &Status) {
     let c = &status.lb_ips;
     v.gauges.push((
         "arp_guard_lb_ips",
-        "LB IPs known to this node, by this node's state for them.",
-        vec![
-            (vec![("state", "owned".into())], c.owned as f64),
-            (vec![("state", "foreign".into())], c.foreign as f64),
-            (vec![("state", "unknown".into())], c.unknown as f64),
-        ],
+        "LB IPs known to this node, by this node's state for them and address family.",
+        [
+            ("owned", c.owned, c.ipv6.owned),
+            ("foreign", c.foreign, c.ipv6.foreign),
+            ("unknown", c.unknown, c.ipv6.unknown),
+        ]
+        .into_iter()
+        .flat_map(|(state, all, v6)| {
+            [("ipv4", all.saturating_sub(v6)), ("ipv6", v6)].map(|(family, n)| {
+                let labels = vec![("state", state.to_owned()), ("family", family.to_owned())];
+                (labels, n as f64)
+            })
+        })
+        .collect(),
     ));
     v.gauges.push((
         "arp_guard_lb_ips_not_enforced",
@@ -288,7 +297,7 @@ fn daemon(v: &mut Values, status: &Status) {
 /// most `max_ip_series` of them, IPs in conflict first: the cardinality is
 /// bounded by the LB set and the flag, never by what arrives on the wire.
 fn census(v: &mut Values, c: &CensusDoc, max_ip_series: usize) {
-    let mut claimed: Vec<(&std::net::Ipv4Addr, &crate::model::census::IpCensus)> =
+    let mut claimed: Vec<(&std::net::IpAddr, &crate::model::census::IpCensus)> =
         c.ips.iter().filter(|(_, e)| e.active > 0).collect();
     claimed.sort_by_key(|(ip, e)| (e.conflict.is_none(), **ip));
     v.gauges.push((
@@ -297,7 +306,13 @@ fn census(v: &mut Values, c: &CensusDoc, max_ip_series: usize) {
         claimed
             .iter()
             .take(max_ip_series)
-            .map(|(ip, e)| (vec![("lb_ip", ip.to_string())], e.active as f64))
+            .map(|(ip, e)| {
+                let family = guard_common::family(ip).to_owned();
+                (
+                    vec![("lb_ip", ip.to_string()), ("family", family)],
+                    e.active as f64,
+                )
+            })
             .collect(),
     ));
     v.gauges.push((
@@ -411,7 +426,7 @@ mod tests {
     fn row(ip: u32, verdict: u8, packets: u64) -> Row {
         Row {
             key: CounterKey {
-                ip,
+                ip: guard_common::v4_key(ip),
                 ifindex: 0,
                 kind: 0,
                 origin: 0,

@@ -62,6 +62,18 @@ pub struct Counts {
     pub owned: usize,
     pub foreign: usize,
     pub unknown: usize,
+    /// Of these, the IPv6 LB IPs (guarded in Neighbor Discovery).
+    #[serde(default)]
+    pub ipv6: FamilyCounts,
+}
+
+/// The LB IPs of one family, by state.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FamilyCounts {
+    pub total: usize,
+    pub owned: usize,
+    pub foreign: usize,
+    pub unknown: usize,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -92,7 +104,28 @@ impl Counts {
             owned: view.count(Ownership::Owned),
             foreign: view.count(Ownership::Foreign),
             unknown: view.count(Ownership::Unknown),
+            ipv6: FamilyCounts::of(
+                view.lb
+                    .iter()
+                    .filter(|(ip, _)| ip.is_ipv6())
+                    .map(|(_, l)| l.state),
+            ),
         }
+    }
+}
+
+impl FamilyCounts {
+    fn of(states: impl Iterator<Item = Ownership>) -> Self {
+        let mut c = FamilyCounts::default();
+        for s in states {
+            c.total += 1;
+            match s {
+                Ownership::Owned => c.owned += 1,
+                Ownership::Foreign => c.foreign += 1,
+                Ownership::Unknown => c.unknown += 1,
+            }
+        }
+        c
     }
 }
 

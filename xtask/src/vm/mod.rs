@@ -28,6 +28,8 @@ pub const DEFAULT_TESTS: &[&str] = &[
     "verdicts",
     "lifecycle",
     "prog_test_run",
+    "ndp_test_run",
+    "ndp",
     "lb_filter",
     "fuzz_differential",
     "census",

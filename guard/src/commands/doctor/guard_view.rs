@@ -122,10 +122,15 @@ impl GuardView {
                 .is_some_and(|p| p.config.is_some() || p.lb.is_some() || !p.links.is_empty())
     }
 
-    /// The LB IPs the guard enforces, with their state.
+    /// The IPv4 LB IPs the guard enforces (the ARP checks' subject), with
+    /// their state.
     pub fn lb(&self) -> Option<BTreeMap<Ipv4Addr, Ownership>> {
         if let Some(doc) = &self.status {
-            return Some(doc.ips.iter().map(|r| (r.ip, r.entry.state)).collect());
+            let v4 = doc.ips.iter().filter_map(|r| match r.ip {
+                std::net::IpAddr::V4(v4) => Some((v4, r.entry.state)),
+                std::net::IpAddr::V6(_) => None,
+            });
+            return Some(v4.collect());
         }
         self.pinned.as_ref()?.lb.clone()
     }

@@ -1,0 +1,54 @@
+//! IPv6 Neighbor Discovery on egress: the claimed address is looked up in
+//! the IPv6 LB set, then judged and acted on exactly as ARP is
+//! ([`crate::program::act`]). Only a solicitation from an LB IP has its
+//! options read (for the source link-layer address); nothing else is
+//! computed that the verdict does not need.
+
+use aya_ebpf::programs::TcContext;
+use guard_common::{
+    classify_nd,
+    ndp::{has_option, ND_OPT_SOURCE_LL},
+    NdFrame, Stat,
+};
+
+use crate::program::{act, bump, Claim, Skb, LB_IPS6, PASS};
+
+#[inline(always)]
+pub(crate) fn judge(ctx: &TcContext, nd: &NdFrame) -> i32 {
+    let Some(ip) = nd.claimed() else {
+        bump(Stat::NdpNotLb);
+        return PASS;
+    };
+    // SAFETY: LB_IPS6 values are written only by userspace with whole-value
+    // updates; the reference does not outlive this call.
+    let Some(entry) = (unsafe { LB_IPS6.get(&ip) }) else {
+        bump(Stat::NdpNotLb);
+        return PASS;
+    };
+    let source_ll = if nd.is_advert() {
+        false
+    } else {
+        match has_option(&Skb(ctx), nd, ND_OPT_SOURCE_LL) {
+            Some(b) => b,
+            None => {
+                bump(Stat::NdpMalformed);
+                return PASS;
+            }
+        }
+    };
+    let Some(kind) = classify_nd(nd, source_ll) else {
+        return PASS;
+    };
+    let claim = Claim {
+        ip,
+        kind,
+        state: entry.state,
+        requester_ip: nd.dst,
+        requester_mac: nd.eth_dst,
+        spa: 0,
+        rewrite_at: 0,
+        vlan_tags: nd.vlan_tags,
+        vids: nd.vids,
+    };
+    act(ctx, &claim)
+}

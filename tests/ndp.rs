@@ -172,6 +172,42 @@ fn monitor_mode_changes_nothing_and_counts() {
         .packets(FOREIGN6, "na_unsolicited", "speaker", "would_drop")
         .unwrap();
     assert!(would >= 1);
+    // An IPv6 address kube-proxy adds to kube-ipvs0 (--lb-ips-from) becomes
+    // an LB IP with no owner known, in the map within moments.
+    let added = "fd00:1::106";
+    let dev = [
+        "-6",
+        "addr",
+        "add",
+        &format!("{added}/128"),
+        "dev",
+        "kube-ipvs0",
+        "nodad",
+    ];
+    bed.node.ip(&dev).unwrap();
+    let bin = testbed::guard_binary();
+    let row = testbed::wait_for(ARRIVE, || {
+        let out = bed
+            .node
+            .exec(&[bin.to_str().unwrap(), "status", "-o", "json"])
+            .ok()?;
+        let v: serde_json::Value = serde_json::from_str(&out).ok()?;
+        v["ips"]
+            .as_array()?
+            .iter()
+            .find(|r| r["ip"] == added)
+            .cloned()
+    })
+    .expect("the address on kube-ipvs0 is an LB IP");
+    assert_eq!(
+        (&row["family"], &row["state"]),
+        (&"ipv6".into(), &"unknown".into()),
+        "{row}"
+    );
+    assert!(
+        row["source"].as_str().unwrap().contains("kube-ipvs0"),
+        "{row}"
+    );
 }
 
 #[test]

@@ -352,18 +352,7 @@ pub(crate) fn act(ctx: &TcContext, c: &Claim) -> i32 {
         },
     );
     if verdict != Verdict::Passed {
-        let event = DropEvent {
-            lb_ip: c.ip,
-            requester_ip: c.requester_ip,
-            ifindex: env.ifindex,
-            requester_mac: c.requester_mac,
-            kind: kind as u8,
-            origin: origin as u8,
-            state: j.state as u8,
-            verdict: verdict as u8,
-            _pad: [0; 2],
-        };
-        emit(&event, env.now, config);
+        emit(c, env.ifindex, origin, j.state, verdict, env.now, config);
     }
     if verdict == Verdict::Dropped {
         DROP
@@ -373,9 +362,18 @@ pub(crate) fn act(ctx: &TcContext, c: &Claim) -> i32 {
 }
 
 /// One event for the operator, within the per-CPU rate limit: a storm of
-/// frames cannot flood userspace; what is held back is counted.
+/// frames cannot flood userspace; what is held back is counted. The event
+/// is built only once a token allows it.
 #[inline(always)]
-fn emit(event: &DropEvent, now: u64, config: &Config) {
+fn emit(
+    c: &Claim,
+    ifindex: u32,
+    origin: Origin,
+    state: Ownership,
+    verdict: Verdict,
+    now: u64,
+    config: &Config,
+) {
     let Some(bucket) = EVENT_RATE.get_ptr_mut(0) else {
         return;
     };
@@ -390,7 +388,18 @@ fn emit(event: &DropEvent, now: u64, config: &Config) {
         bump(Stat::EventsSuppressed);
         return;
     }
-    if EVENTS.output::<DropEvent>(event, 0).is_ok() {
+    let event = DropEvent {
+        lb_ip: c.ip,
+        requester_ip: c.requester_ip,
+        ifindex,
+        requester_mac: c.requester_mac,
+        kind: c.kind as u8,
+        origin: origin as u8,
+        state: state as u8,
+        verdict: verdict as u8,
+        _pad: [0; 2],
+    };
+    if EVENTS.output::<DropEvent>(&event, 0).is_ok() {
         bump(Stat::EventsDelivered);
     } else {
         bump(Stat::EventsSuppressed);

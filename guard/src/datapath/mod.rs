@@ -144,6 +144,8 @@ impl Datapath {
         let load = |census: bool| {
             let mut loader = aya::EbpfLoader::new();
             loader.map_max_entries(MAP_LB_IPS, lb_ips);
+            // Allocated on use: its capacity costs nothing until IPv6 LB IPs come.
+            loader.map_max_entries(guard_common::MAP_LB_IPS6, lb_ips);
             loader.map_max_entries(MAP_COUNTERS, counter_capacity(lb_ips));
             if !census {
                 // The object always has the census table; unused, it holds nothing.

@@ -336,6 +336,38 @@ mod tests {
         m
     }
 
+    fn v6_msg(index: u32, addr: &str) -> AddressMessage {
+        let mut m = AddressMessage::default();
+        m.header.family = AddressFamily::Inet6;
+        m.header.index = index;
+        m.header.prefix_len = 128;
+        m.attributes
+            .push(AddressAttribute::Address(addr.parse().unwrap()));
+        m
+    }
+
+    #[test]
+    fn global_ipv6_addresses_come_and_go_link_local_ones_never_come() {
+        let mut t = AddrTable::default();
+        t.apply(&RouteNetlinkMessage::NewLink(link_msg(5, "kube-ipvs0")));
+        let new = |a| RouteNetlinkMessage::NewAddress(v6_msg(5, a));
+        let del = |a| RouteNetlinkMessage::DelAddress(v6_msg(5, a));
+        assert!(t.apply(&new("fd00::10")));
+        assert!(
+            !t.apply(&new("fd00::10")),
+            "the same address again changes nothing"
+        );
+        assert!(!t.apply(&new("fe80::1")), "link-local");
+        assert_eq!(
+            t.v6_of("kube-ipvs0"),
+            ["fd00::10".parse::<std::net::Ipv6Addr>().unwrap()]
+        );
+        assert!(t.has("kube-ipvs0", "fd00::10".parse().unwrap()));
+        assert!(t.apply(&del("fd00::10")));
+        assert!(!t.apply(&del("fd00::10")));
+        assert!(t.v6_of("kube-ipvs0").is_empty());
+    }
+
     #[test]
     fn notifications_apply_one_change_each() {
         let mut t = AddrTable::default();

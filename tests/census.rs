@@ -227,7 +227,10 @@ fn a_rogue_mac_claiming_the_owners_ip_is_raised_on_the_owner() {
 #[test]
 fn ipv6_advertisements_are_claims_with_their_family() {
     use guard_common::ndp_build::NdSpec;
-    use testbed::bed6::{nd_bytes, Bed6, OWNED6};
+    use testbed::{
+        bed6::{Bed6, OWNED6},
+        nd_bytes,
+    };
     testbed::require_root();
     if !census_kernel() {
         return;

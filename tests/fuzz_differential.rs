@@ -14,11 +14,10 @@
 
 use std::collections::BTreeMap;
 
-use guard::testing::{monotonic_ns, Datapath, Snapshot};
+use guard::testing::{Datapath, Snapshot};
 use guard_common::{
-    classify, classify_nd, frame, judge, ndp,
-    ndp_build::{write_nd, NdSpec, ND_FRAME_BUF},
-    v4_key, Facts, IpKey, Kind, LeakAction, Liveness, Mode, Origin, Ownership, Parsed, Verdict,
+    classify, classify_nd, frame, judge, ndp, ndp_build::NdSpec, v4_key, Facts, IpKey, Kind,
+    LeakAction, Liveness, Mode, Origin, Ownership, Parsed, Verdict,
 };
 
 #[path = "test_run_common.rs"]
@@ -152,9 +151,7 @@ fn generate_nd(r: &mut Rng, tag_bytes: usize) -> Vec<u8> {
     if tag_bytes >= 8 {
         spec.tags[1] = Some((0x8100, r.below(4096) as u16));
     }
-    let mut buf = [0u8; ND_FRAME_BUF];
-    let n = write_nd(&mut buf, &spec);
-    let mut f = buf[..n].to_vec();
+    let mut f = testbed::nd_bytes(&spec);
     match r.below(6) {
         // A byte anywhere after the Ethernet header changed.
         0 => {
@@ -427,20 +424,8 @@ impl Harness {
             origin
         };
         self.dp.set_config(mode, leak_action).unwrap();
-        let age = match live {
-            Liveness::Fresh => 0,
-            Liveness::Stale => common::STALE_AGE,
-            Liveness::Dead => common::DEAD_AGE,
-        };
-        // A fresh heartbeat could age into `stale` during a long batch: give it an hour.
-        let now = monotonic_ns();
-        self.dp
-            .heartbeat_at(if live == Liveness::Fresh {
-                now + 3_600_000_000_000
-            } else {
-                now - age
-            })
-            .unwrap();
+        // A fresh heartbeat could age into `stale` during a long batch: dated an hour ahead.
+        common::date_heartbeat(&mut self.dp, live);
         (self.mode, self.leak_action, self.live) = (mode, leak_action, live);
     }
 

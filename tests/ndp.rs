@@ -10,10 +10,10 @@ use std::{net::Ipv6Addr, time::Duration};
 use guard_common::ndp_build::NdSpec;
 use testbed::{
     bed6::{
-        adverts_for, nd_bytes, wait_advert, Bed6, FOREIGN6, FOREIGN6_ON_EGRESS, OWNED6, OWNER_MAC,
-        UNKNOWN6, UNKNOWN6_ON_EGRESS,
+        adverts_for, wait_advert, Bed6, FOREIGN6, FOREIGN6_ON_EGRESS, OWNED6, OWNER_MAC, UNKNOWN6,
+        UNKNOWN6_ON_EGRESS,
     },
-    Netns, RawSocket,
+    nd_bytes, Netns, RawSocket,
 };
 
 const ARRIVE: Duration = Duration::from_secs(2);

@@ -6,16 +6,15 @@
 
 use std::collections::BTreeMap;
 
-use guard::testing::{monotonic_ns, Snapshot};
+use guard::testing::Snapshot;
 use guard_common::{
-    key_of_ip,
-    ndp_build::{write_nd, NdSpec, ND_FRAME_BUF},
-    Kind, Liveness, Mode, Origin, Ownership, Verdict,
+    key_of_ip, ndp_build::NdSpec, Kind, Liveness, Mode, Origin, Ownership, Verdict,
 };
 
 #[path = "test_run_common.rs"]
 mod common;
-use common::{counter_delta, datapath, lb_ips6, DROP, PASS};
+use common::{counter_delta, datapath, date_heartbeat, lb_ips6, DROP, PASS};
+use testbed::nd_bytes;
 
 const MAC: [u8; 6] = [2, 0, 0x5e, 0, 0x53, 9];
 const PEER: [u8; 16] = [0xfd, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1];
@@ -29,12 +28,6 @@ fn frames_for(ip: [u8; 16]) -> Vec<(Kind, NdSpec)> {
         (Kind::NaUnsolicited, NdSpec::unsolicited(MAC, ip)),
         (Kind::NsLeak, NdSpec::solicit(MAC, ip, PEER)),
     ]
-}
-
-fn bytes(spec: &NdSpec) -> Vec<u8> {
-    let mut buf = [0u8; ND_FRAME_BUF];
-    let n = write_nd(&mut buf, spec);
-    buf[..n].to_vec()
 }
 
 /// By hand: what the program must do with an announcement of an IPv6 LB IP
@@ -76,14 +69,8 @@ fn advertisements_and_solicitations_follow_the_table() {
                             if ingress != 0 && !redirect_ok {
                                 continue;
                             }
-                            let now = monotonic_ns();
-                            dp.heartbeat_at(match live {
-                                Liveness::Fresh => now + 3_600_000_000_000,
-                                Liveness::Stale => now - common::STALE_AGE,
-                                Liveness::Dead => now - common::DEAD_AGE,
-                            })
-                            .unwrap();
-                            let frame = bytes(&NdSpec { tags: t, ..spec });
+                            date_heartbeat(&mut dp, live);
+                            let frame = nd_bytes(&NdSpec { tags: t, ..spec });
                             let before = Snapshot::of_datapath(&dp).unwrap();
                             let (ret, out) = dp.test_run_from(&frame, ingress).unwrap();
                             let after = Snapshot::of_datapath(&dp).unwrap();
@@ -140,18 +127,18 @@ fn what_teaches_nothing_or_is_broken_passes_untouched_and_uncounted() {
         ext_headers: 5,
         ..NdSpec::unsolicited(MAC, foreign)
     };
-    let mut zero_opt = bytes(&NdSpec::solicit(MAC, foreign, PEER));
+    let mut zero_opt = nd_bytes(&NdSpec::solicit(MAC, foreign, PEER));
     zero_opt[14 + 40 + 25] = 0;
-    let mut cut = bytes(&NdSpec::unsolicited(MAC, foreign));
+    let mut cut = nd_bytes(&NdSpec::unsolicited(MAC, foreign));
     cut.truncate(14 + 40 + 12);
     // (frame, the total it must bump, or none)
     let cases: Vec<(&str, Vec<u8>, Option<&str>)> = vec![
-        ("NS without a link-layer option", bytes(&no_option), None),
-        ("DAD NS", bytes(&dad), Some("ndp_not_lb")),
-        ("hop limit 64", bytes(&hop_64), Some("ndp_malformed")),
+        ("NS without a link-layer option", nd_bytes(&no_option), None),
+        ("DAD NS", nd_bytes(&dad), Some("ndp_not_lb")),
+        ("hop limit 64", nd_bytes(&hop_64), Some("ndp_malformed")),
         (
             "five extension headers",
-            bytes(&deep),
+            nd_bytes(&deep),
             Some("ndp_malformed"),
         ),
         ("zero-length option", zero_opt, Some("ndp_malformed")),

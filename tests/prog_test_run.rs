@@ -9,7 +9,7 @@
 
 use std::{collections::BTreeMap, net::Ipv4Addr};
 
-use guard::testing::{monotonic_ns, Snapshot};
+use guard::testing::Snapshot;
 use guard_common::{
     decide, effective_state, Facts, Kind, LeakAction, Liveness, Mode, Origin, Verdict,
 };
@@ -62,15 +62,7 @@ fn program_agrees_with_reference_on_the_whole_table() {
                 // The tests' gate: stale after 1 s, dead after 2 s. The
                 // heartbeat is dated again before every run, so that a slow
                 // (loaded) machine cannot age a stale one into dead mid-loop.
-                let beat = |dp: &mut guard::testing::Datapath| {
-                    let now = monotonic_ns();
-                    dp.heartbeat_at(match live {
-                        Liveness::Fresh => now + 3_600_000_000_000,
-                        Liveness::Stale => now - common::STALE_AGE,
-                        Liveness::Dead => now - common::DEAD_AGE,
-                    })
-                    .unwrap();
-                };
+                let beat = |dp: &mut guard::testing::Datapath| common::date_heartbeat(dp, live);
                 for (ip, state, on_egress) in lb_ips() {
                     for (kind, spec) in frames_for(ip) {
                         // The test run's device is lo (ifindex 1): a frame

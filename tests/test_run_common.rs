@@ -88,6 +88,21 @@ pub fn datapath(with_primary: bool) -> Datapath {
     dp
 }
 
+/// Date the heartbeat so that the program sees it `live` now (under the
+/// tests' short gate thresholds): fresh is dated ahead, so that a slow run
+/// cannot age it.
+#[allow(dead_code)] // not every user of this module needs it
+pub fn date_heartbeat(dp: &mut Datapath, live: guard_common::Liveness) {
+    use guard_common::Liveness;
+    let now = guard::testing::monotonic_ns();
+    dp.heartbeat_at(match live {
+        Liveness::Fresh => now + 3_600_000_000_000,
+        Liveness::Stale => now - STALE_AGE,
+        Liveness::Dead => now - DEAD_AGE,
+    })
+    .unwrap();
+}
+
 /// A counter row's key: (ip, kind, origin, state, verdict).
 pub type DeltaKey = (guard_common::IpKey, u8, u8, u8, u8);
 

@@ -84,11 +84,6 @@ fn ipv6(nh: u8) -> Vec<u8> {
 /// The frames every program is timed on, named as the tables name them.
 fn cases() -> Vec<(&'static str, Vec<u8>)> {
     let reply = |i| ArpSpec::reply(MAC, lb(i), PEER_MAC, PEER);
-    let nd = |spec: &guard_common::ndp_build::NdSpec| {
-        let mut buf = [0u8; guard_common::ndp_build::ND_FRAME_BUF];
-        let n = guard_common::ndp_build::write_nd(&mut buf, spec);
-        buf[..n].to_vec()
-    };
     let mut echo = ipv6(58);
     echo[14 + 40] = 128;
     vec![
@@ -98,7 +93,7 @@ fn cases() -> Vec<(&'static str, Vec<u8>)> {
         ("ipv6_icmp_echo", echo),
         (
             "ndp_na_foreign",
-            nd(&guard_common::ndp_build::NdSpec::unsolicited(
+            testbed::nd_bytes(&guard_common::ndp_build::NdSpec::unsolicited(
                 MAC,
                 LB6_FOREIGN.octets(),
             )),

@@ -10,15 +10,13 @@
 use std::{net::Ipv6Addr, time::Duration};
 
 use anyhow::{Context as _, Result};
-use guard_common::{
-    ndp_build::{write_nd, NdSpec, ND_FRAME_BUF},
-    parse, Parsed,
-};
+use guard_common::{ndp_build::NdSpec, parse, Parsed};
 
 use crate::{
     bed::{TempDir, NODE, OTHER},
     daemon::Daemon,
     deploy::daemonset_wrapper,
+    frames::nd_bytes,
     guard_binary,
     netns::{kube_ipvs0, veth},
     Netns, RawSocket,
@@ -161,13 +159,6 @@ impl Bed6 {
         };
         nd_bytes(&spec)
     }
-}
-
-/// `spec` as a frame.
-pub fn nd_bytes(spec: &NdSpec) -> Vec<u8> {
-    let mut buf = [0u8; ND_FRAME_BUF];
-    let n = write_nd(&mut buf, spec);
-    buf[..n].to_vec()
 }
 
 /// The advertisements for `target` that `cap` receives within `window`.

@@ -144,6 +144,13 @@ impl Captured {
     }
 }
 
+/// An NDP message (`guard_common`'s builder, with a real ICMPv6 checksum) as a frame.
+pub fn nd_bytes(spec: &guard_common::ndp_build::NdSpec) -> Vec<u8> {
+    let mut buf = [0u8; guard_common::ndp_build::ND_FRAME_BUF];
+    let n = guard_common::ndp_build::write_nd(&mut buf, spec);
+    buf[..n].to_vec()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

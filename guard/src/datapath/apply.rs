@@ -12,7 +12,7 @@ use guard_common::{LbEntry, MAP_LB_FILTER, MAP_LB_IPS, MAP_LB_IPS6};
 
 use super::{
     error::dp_err,
-    maps::{ApplyReport, EntryError, NoHook},
+    maps::{ApplyReport, NoHook},
     Datapath, DatapathError,
 };
 use crate::model::view::View;
@@ -92,29 +92,7 @@ impl Datapath {
     /// the status as not enforced.
     pub fn not_enforced(&self) -> usize {
         let t = &self.tables;
-        [
-            t.lb.failing()
-                .filter(|(_, e)| **e == EntryError::Full)
-                .count(),
-            t.lb6
-                .failing()
-                .filter(|(_, e)| **e == EntryError::Full)
-                .count(),
-            t.if_addrs
-                .failing()
-                .filter(|(_, e)| **e == EntryError::Full)
-                .count(),
-            t.if_primary
-                .failing()
-                .filter(|(_, e)| **e == EntryError::Full)
-                .count(),
-            t.vlan_uppers
-                .failing()
-                .filter(|(_, e)| **e == EntryError::Full)
-                .count(),
-        ]
-        .iter()
-        .sum()
+        t.lb.full() + t.lb6.full() + t.if_addrs.full() + t.if_primary.full() + t.vlan_uppers.full()
     }
 
     /// Re-read what the maps really hold, so that the next [`Datapath::apply`]

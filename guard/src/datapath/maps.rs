@@ -147,9 +147,12 @@ impl<K: Pod + Ord, V: Pod + PartialEq> Table<K, V> {
         }
     }
 
-    /// Entries of this map that are not as desired since the last reconcile.
-    pub(super) fn failing(&self) -> impl Iterator<Item = (&K, &EntryError)> {
-        self.status.iter()
+    /// Entries that did not fit in the full map at the last reconcile.
+    pub(super) fn full(&self) -> usize {
+        self.status
+            .values()
+            .filter(|e| **e == EntryError::Full)
+            .count()
     }
 
     /// The kernel map as a typed hash map, or a failure in `report` naming it.

@@ -320,6 +320,11 @@ fn reference(
             e.stats = stats;
             return e;
         }
+        Parsed::Ipv6Unfollowed => {
+            stats.insert("ipv6_unfollowed", 1);
+            e.stats = stats;
+            return e;
+        }
         Parsed::Nd(nd) => return reference_nd(f, &nd, e, stats, mode, leak_action, live, origin),
         Parsed::Malformed => {
             stats.insert("arp", 1);
@@ -464,15 +469,13 @@ impl Harness {
         for f in frames {
             let e = reference(f, self.mode, self.leak_action, self.live, self.origin);
             self.run_one(f, &e);
-            let family = if e.stats.contains_key("ndp") {
-                "ndp "
-            } else {
-                ""
-            };
+            let ndp = e.stats.contains_key("ndp") || e.stats.contains_key("ipv6_unfollowed");
+            let family = if ndp { "ndp " } else { "" };
             let outcome = match e.counted {
                 Some((.., v)) => Verdict::from_u8(v).map_or("?", Verdict::as_str).to_owned(),
                 None if e.stats.contains_key("malformed") => "malformed".into(),
                 None if e.stats.contains_key("ndp_malformed") => "malformed".into(),
+                None if e.stats.contains_key("ipv6_unfollowed") => "unfollowed".into(),
                 None if e.stats.contains_key("not_lb") => "not_lb".into(),
                 None if e.stats.contains_key("ndp_not_lb") => "not_lb".into(),
                 None => "not_arp".into(),
@@ -629,6 +632,7 @@ fn generated_frames_agree_with_reference() {
         "ndp would_drop",
         "ndp malformed",
         "ndp not_lb",
+        "ndp unfollowed",
     ] {
         assert!(
             seen.get(outcome).copied().unwrap_or(0) >= 20,

@@ -82,11 +82,15 @@ pub enum Parsed {
     Arp(ArpFrame),
     /// A Neighbor Solicitation or Advertisement (see [`crate::ndp`]).
     Nd(crate::ndp::NdFrame),
-    /// IPv6 that may be NDP but that the parser could not follow (more
-    /// extension headers than it looks through, truncated), or an NDP message
-    /// its receiver would discard (hop limit, code, length). Passed untouched
-    /// and counted.
+    /// An NDP message its receiver would discard (hop limit, code, length)
+    /// or cut short after its ICMPv6 type. Passed untouched and counted.
     NdMalformed,
+    /// IPv6 the parser could not follow to its upper layer: more extension
+    /// headers than it looks through, or cut before the ICMPv6 type. It may
+    /// be NDP (a receiver accepts extension headers before an NDP message):
+    /// a fail-open limit, passed untouched and counted on its own so that it
+    /// can be alerted on.
+    Ipv6Unfollowed,
 }
 
 #[inline(always)]

@@ -242,12 +242,15 @@ pub enum Stat {
     EventsSuppressed = 10,
     /// IPv6 Neighbor Solicitations and Advertisements (valid or not).
     Ndp = 11,
-    /// IPv6 that may be NDP but could not be followed (more extension
-    /// headers than looked through, truncated, malformed options), or an
-    /// NDP message its receiver discards (hop limit, code, length): passed.
+    /// NDP messages its receiver discards (hop limit, code, length,
+    /// malformed options) or cut short: passed.
     NdpMalformed = 12,
     /// Valid NDP whose claimed address is not an LB IP (passed).
     NdpNotLb = 13,
+    /// IPv6 not followed to its upper layer (more extension headers than
+    /// looked through, or cut before it): passed unjudged, though it may be
+    /// NDP. A fail-open limit worth an alert if it ever counts.
+    Ipv6Unfollowed = 14,
 }
 
 impl Stat {
@@ -266,6 +269,7 @@ impl Stat {
         Stat::Ndp,
         Stat::NdpMalformed,
         Stat::NdpNotLb,
+        Stat::Ipv6Unfollowed,
     ];
     pub const COUNT: u32 = Self::ALL.len() as u32;
 
@@ -285,6 +289,7 @@ impl Stat {
             Stat::Ndp => "ndp",
             Stat::NdpMalformed => "ndp_malformed",
             Stat::NdpNotLb => "ndp_not_lb",
+            Stat::Ipv6Unfollowed => "ipv6_unfollowed",
         }
     }
 }

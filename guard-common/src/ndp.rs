@@ -7,11 +7,12 @@
 //! Solicitation about its source when it carries a source link-layer
 //! address option (RFC 4861 7.2.3: the receiver creates or updates the
 //! sender's entry). The parser follows the IPv6 extension-header chain a
-//! bounded number of steps (verifier-friendly) and checks what a receiver
-//! checks before it believes the message (RFC 4861 7.1.1 / 7.1.2: hop limit
-//! 255, code 0, length); a message a receiver would discard announces
-//! nothing, so it passes — counted as malformed, as does anything the parser
-//! could not follow to the end.
+//! bounded number of steps (verifier-friendly) and checks some of what a
+//! receiver checks before it believes the message (RFC 4861 7.1.1 / 7.1.2:
+//! hop limit 255, code 0, length; not the checksum): a message a receiver
+//! would discard announces nothing, so it passes, counted as malformed. A
+//! chain longer than the parser follows passes too, counted apart
+//! ([`Parsed::Ipv6Unfollowed`]): that one is a fail-open limit.
 
 use crate::frame::{FrameReader, Parsed, MAX_VLAN_TAGS};
 
@@ -125,7 +126,7 @@ pub fn parse_ipv6<R: FrameReader + ?Sized>(
             break;
         }
         let Some(e) = r.read::<2>(off) else {
-            return Parsed::NdMalformed;
+            return Parsed::Ipv6Unfollowed;
         };
         nh = e[0];
         off += (e[1] as usize + 1) * 8;
@@ -133,7 +134,7 @@ pub fn parse_ipv6<R: FrameReader + ?Sized>(
     }
     if is_ext(nh) {
         // More headers than we follow: we cannot tell what it carries.
-        return Parsed::NdMalformed;
+        return Parsed::Ipv6Unfollowed;
     }
     if nh != NEXTHDR_ICMPV6 {
         // Includes fragments: a fragmented NDP message is discarded by its
@@ -141,7 +142,7 @@ pub fn parse_ipv6<R: FrameReader + ?Sized>(
         return Parsed::Other;
     }
     let Some(icmp) = r.read::<4>(off) else {
-        return Parsed::NdMalformed;
+        return Parsed::Ipv6Unfollowed;
     };
     let icmp_type = icmp[0];
     if icmp_type != ND_NEIGHBOR_SOLICIT && icmp_type != ND_NEIGHBOR_ADVERT {
@@ -299,7 +300,7 @@ mod tests {
                 ..na(0)
             };
             let n = write_nd(&mut buf, &spec);
-            assert_eq!(run(&buf[..n]), Parsed::NdMalformed, "too many headers");
+            assert_eq!(run(&buf[..n]), Parsed::Ipv6Unfollowed, "too many headers");
         }
     }
 
@@ -319,6 +320,8 @@ mod tests {
             let got = run(&good[..len]);
             if len < 14 + 8 {
                 assert_eq!(got, Parsed::Other, "len {len}");
+            } else if (14 + 8..14 + 40 + 4).contains(&len) {
+                assert_eq!(got, Parsed::Ipv6Unfollowed, "len {len}");
             } else if (14 + 40 + 4..14 + 40 + ND_MIN_LEN).contains(&len) {
                 assert_eq!(got, Parsed::NdMalformed, "len {len}");
             }

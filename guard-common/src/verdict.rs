@@ -255,7 +255,7 @@ pub fn judge<S: Surroundings + ?Sized>(
         // datapath responder is the best authority we have, so it passes.
         // The kernel's NDP answers only for addresses on the interface it
         // answers on, or for proxy entries an operator configured (measured:
-        // tests/ndp_kernel.rs, docs/design.md): no kube-ipvs0 flux to stop.
+        // tests/ndp.rs, docs/design.md): no kube-ipvs0 flux to stop.
         Ownership::Unknown => origin == Origin::Kernel && !kind.is_ndp() && !s.ip_on_egress(),
     };
     if !stop {

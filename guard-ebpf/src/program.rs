@@ -118,6 +118,10 @@ pub fn arp_guard_egress(ctx: TcContext) -> i32 {
             bump(Stat::NdpMalformed);
             return PASS;
         }
+        Parsed::Ipv6Unfollowed => {
+            bump(Stat::Ipv6Unfollowed);
+            return PASS;
+        }
         Parsed::Nd(nd) => {
             bump(Stat::Ndp);
             return crate::ndp::judge(&ctx, &nd);

@@ -9,10 +9,12 @@ use super::error::DatapathError;
 type Result<T, E = DatapathError> = std::result::Result<T, E>;
 
 /// Rows of the per-IP counter map for a given LB IP capacity: room for
-/// several decisions (kinds, origins, verdicts, interfaces) per IP. Rows of
-/// IPs that left the LB set are reclaimed ([`Datapath::reclaim_counters`]).
+/// several decisions (kinds, origins, verdicts, interfaces) per IP, four per
+/// IP of each family (`LB_IPS` and `LB_IPS6` each hold `lb_ips`). Allocated
+/// on use. Rows of IPs that left the LB set are reclaimed
+/// ([`Datapath::reclaim_counters`]).
 pub fn counter_capacity(lb_ips: u32) -> u32 {
-    lb_ips.saturating_mul(4).clamp(1024, 4 * 1024 * 1024)
+    lb_ips.saturating_mul(8).clamp(1024, 8 * 1024 * 1024)
 }
 
 /// Deletes the counter rows of IPs that have been out of the LB map for a

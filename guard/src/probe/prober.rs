@@ -297,7 +297,9 @@ impl Prober {
                 self.malformed += 1;
                 return None;
             }
-            Parsed::Other | Parsed::Nd(_) | Parsed::NdMalformed => return None,
+            Parsed::Other | Parsed::Nd(_) | Parsed::NdMalformed | Parsed::Ipv6Unfollowed => {
+                return None
+            }
         };
         let kind = classify(&arp)?;
         if arp.sha == self.mac {

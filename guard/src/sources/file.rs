@@ -6,8 +6,8 @@
 //! ```yaml
 //! version: 1                 # optional; only 1 exists
 //! ips:
-//!   - ip: 198.51.100.100     # the LB IP (IPv4; IPv6 is accepted and not enforced yet)
-//!     owner: node-a          # node that answers ARP for it; omit or null: no owner known
+//!   - ip: 198.51.100.100     # the LB IP (IPv4: ARP; IPv6: Neighbor Discovery)
+//!     owner: node-a          # node that answers for it; omit or null: no owner known
 //!     service: default/web   # optional, for humans and logs
 //! ```
 //!

@@ -20,7 +20,7 @@
 //! | `arp_guard_feed_stream_healthy` | gauge | stream |
 //! | `arp_guard_feed_unconfirmed_leases` | gauge | |
 //! | `arp_guard_feed_rebuilds_total` | counter | stream, reason |
-//! | `arp_guard_responders` | gauge | lb_ip (current claims only, at most --metrics-max-ip-series) |
+//! | `arp_guard_responders` | gauge | lb_ip, family (current claims only, at most --metrics-max-ip-series) |
 //! | `arp_guard_responder_conflicts` | gauge | reason |
 //! | `arp_guard_census_frames_total` | counter | outcome |
 //! | `arp_guard_census_entries` | gauge | |

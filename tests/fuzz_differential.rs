@@ -254,19 +254,16 @@ fn reference_nd(
         e.stats = stats;
         return e;
     };
-    let source_ll = if nd.is_advert() {
-        false
-    } else {
-        match ndp::has_option(f, nd, ndp::ND_OPT_SOURCE_LL) {
-            Some(b) => b,
-            None => {
-                stats.insert("ndp_malformed", 1);
-                e.stats = stats;
-                return e;
-            }
+    let kind = match classify_nd(f, nd) {
+        guard_common::NdClass::Announces(kind) => Some(kind),
+        guard_common::NdClass::Nothing => None,
+        guard_common::NdClass::Malformed => {
+            stats.insert("ndp_malformed", 1);
+            e.stats = stats;
+            return e;
         }
     };
-    if let Some(kind) = classify_nd(nd, source_ll) {
+    if let Some(kind) = kind {
         let ip = ip.octets();
         // NDP is never rewritten: the output is the input.
         judged(

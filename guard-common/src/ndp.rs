@@ -335,6 +335,40 @@ mod tests {
     }
 
     #[test]
+    fn classes_of_what_a_message_teaches() {
+        use crate::verdict::{classify_nd, Kind, NdClass};
+        let class = |spec: &NdSpec, zero_option: bool| {
+            let mut buf = [0u8; ND_FRAME_BUF];
+            let n = write_nd(&mut buf, spec);
+            let Parsed::Nd(nd) = run(&buf[..n]) else {
+                panic!("not parsed")
+            };
+            if zero_option {
+                buf[nd.opts_offset + 1] = 0;
+            }
+            classify_nd(&buf[..n], &nd)
+        };
+        let solicited = na(NA_FLAG_SOLICITED);
+        assert_eq!(
+            class(&solicited, false),
+            NdClass::Announces(Kind::NaSolicited)
+        );
+        assert_eq!(
+            class(&na(NA_FLAG_OVERRIDE), false),
+            NdClass::Announces(Kind::NaUnsolicited)
+        );
+        let ns = NdSpec::solicit(MAC, LB, PEER);
+        assert_eq!(class(&ns, false), NdClass::Announces(Kind::NsLeak));
+        assert_eq!(class(&NdSpec { sll: false, ..ns }, false), NdClass::Nothing);
+        assert_eq!(class(&ns, true), NdClass::Malformed);
+        // An advertisement's options are not read: they decide nothing.
+        assert_eq!(
+            class(&solicited, true),
+            NdClass::Announces(Kind::NaSolicited)
+        );
+    }
+
+    #[test]
     fn malformed_options() {
         let mut buf = [0u8; ND_FRAME_BUF];
         let n = write_nd(&mut buf, &NdSpec::solicit(MAC, LB, PEER));

@@ -173,22 +173,40 @@ pub fn classify(arp: &ArpFrame) -> Option<Kind> {
     }
 }
 
+/// What an NDP message whose claimed address is an LB IP teaches its
+/// receiver ([`classify_nd`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NdClass {
+    /// An announcement of this kind.
+    Announces(Kind),
+    /// Nothing: a solicitation without a source link-layer address.
+    Nothing,
+    /// Its options are malformed: the receiver discards it.
+    Malformed,
+}
+
 /// Name the kind of an NDP message whose claimed address is an LB IP:
 /// advertisements by their Solicited flag; a solicitation only when it
-/// carries a source link-layer address (`source_ll`), without which its
-/// receiver learns nothing.
+/// carries a source link-layer address option (its receiver learns nothing
+/// otherwise). Only a solicitation's options are read, from `r`, so the
+/// caller asks after its LB lookup. The one place for the egress guard, the
+/// census and the host reference.
 #[inline(always)]
-pub fn classify_nd(nd: &crate::ndp::NdFrame, source_ll: bool) -> Option<Kind> {
+pub fn classify_nd<R: crate::frame::FrameReader + ?Sized>(
+    r: &R,
+    nd: &crate::ndp::NdFrame,
+) -> NdClass {
     if nd.is_advert() {
-        if nd.flags & crate::ndp::NA_FLAG_SOLICITED != 0 {
-            Some(Kind::NaSolicited)
+        return if nd.flags & crate::ndp::NA_FLAG_SOLICITED != 0 {
+            NdClass::Announces(Kind::NaSolicited)
         } else {
-            Some(Kind::NaUnsolicited)
-        }
-    } else if source_ll {
-        Some(Kind::NsLeak)
-    } else {
-        None
+            NdClass::Announces(Kind::NaUnsolicited)
+        };
+    }
+    match crate::ndp::has_option(r, nd, crate::ndp::ND_OPT_SOURCE_LL) {
+        Some(true) => NdClass::Announces(Kind::NsLeak),
+        Some(false) => NdClass::Nothing,
+        None => NdClass::Malformed,
     }
 }
 

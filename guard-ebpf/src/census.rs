@@ -14,13 +14,12 @@ use aya_ebpf::{
 };
 use guard_common::{
     census::{claim, first, record},
-    classify_nd,
-    ndp::{has_option, may_be_ndp, ETH_P_IPV6, ND_OPT_SOURCE_LL},
-    parse, v4_key, CensusStat, Kind, Parsed, ResponderKey, ResponderValue, MAX_RESPONDERS,
+    classify_nd, parse, v4_key, CensusStat, Kind, NdClass, Parsed, ResponderKey, ResponderValue,
+    MAX_RESPONDERS,
 };
 
 use crate::program::{
-    ipv6_next_header, may_be_lb, outer_ethertype, Skb, CONFIG, LB_IPS, LB_IPS6, PASS,
+    may_be_lb, outer_ethertype, worth_parsing, Skb, CONFIG, LB_IPS, LB_IPS6, PASS,
 };
 
 #[map(name = "RESPONDERS")]
@@ -35,13 +34,7 @@ pub fn arp_guard_census(ctx: TcContext) -> i32 {
     let Some(ethertype) = outer_ethertype(&ctx) else {
         return PASS;
     };
-    if ethertype == ETH_P_IPV6 {
-        if !ipv6_next_header(&ctx).is_some_and(may_be_ndp) {
-            return PASS;
-        }
-    } else if ethertype != guard_common::frame::ETH_P_ARP
-        && !guard_common::frame::is_vlan(ethertype)
-    {
+    if !worth_parsing(&ctx, ethertype) {
         return PASS;
     }
     let (ip, mac, kind) = match parse(&Skb(&ctx), ethertype) {
@@ -97,8 +90,10 @@ fn nd_claim(ctx: &TcContext, nd: &guard_common::NdFrame) -> Option<(guard_common
     let ip = nd.claimed()?;
     // SAFETY: a plain lookup; LB_IPS6 values are written whole by userspace.
     unsafe { LB_IPS6.get(&ip) }?;
-    let source_ll = !nd.is_advert() && has_option(&Skb(ctx), nd, ND_OPT_SOURCE_LL) == Some(true);
-    classify_nd(nd, source_ll).map(|k| (ip, k))
+    match classify_nd(&Skb(ctx), nd) {
+        NdClass::Announces(kind) => Some((ip, kind)),
+        NdClass::Nothing | NdClass::Malformed => None,
+    }
 }
 
 #[inline(always)]

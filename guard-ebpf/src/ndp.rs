@@ -5,11 +5,7 @@
 //! computed that the verdict does not need.
 
 use aya_ebpf::programs::TcContext;
-use guard_common::{
-    classify_nd,
-    ndp::{has_option, ND_OPT_SOURCE_LL},
-    NdFrame, Stat,
-};
+use guard_common::{classify_nd, NdClass, NdFrame, Stat};
 
 use crate::program::{act, bump, Claim, Skb, LB_IPS6, PASS};
 
@@ -25,19 +21,13 @@ pub(crate) fn judge(ctx: &TcContext, nd: &NdFrame) -> i32 {
         bump(Stat::NdpNotLb);
         return PASS;
     };
-    let source_ll = if nd.is_advert() {
-        false
-    } else {
-        match has_option(&Skb(ctx), nd, ND_OPT_SOURCE_LL) {
-            Some(b) => b,
-            None => {
-                bump(Stat::NdpMalformed);
-                return PASS;
-            }
+    let kind = match classify_nd(&Skb(ctx), nd) {
+        NdClass::Announces(kind) => kind,
+        NdClass::Nothing => return PASS,
+        NdClass::Malformed => {
+            bump(Stat::NdpMalformed);
+            return PASS;
         }
-    };
-    let Some(kind) = classify_nd(nd, source_ll) else {
-        return PASS;
     };
     let claim = Claim {
         ip,

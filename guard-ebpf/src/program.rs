@@ -95,15 +95,7 @@ pub fn arp_guard_egress(ctx: TcContext) -> i32 {
         Some(t) => t,
         None => return PASS,
     };
-    // Fast path: anything that is neither ARP, VLAN-tagged, nor IPv6 that
-    // may be NDP (ICMPv6 or an extension header first) leaves now.
-    if ethertype == ETH_P_IPV6 {
-        if !ipv6_next_header(&ctx).is_some_and(may_be_ndp) {
-            return PASS;
-        }
-    } else if ethertype != guard_common::frame::ETH_P_ARP
-        && !guard_common::frame::is_vlan(ethertype)
-    {
+    if !worth_parsing(&ctx, ethertype) {
         return PASS;
     }
     let arp = match parse(&Skb(&ctx), ethertype) {
@@ -138,9 +130,21 @@ pub fn arp_guard_egress(ctx: TcContext) -> i32 {
     judge(&ctx, &arp)
 }
 
+/// The fast path of both programs: anything that is neither ARP, VLAN-tagged,
+/// nor IPv6 that may be NDP (ICMPv6 or an extension header first) is not
+/// parsed at all.
+#[inline(always)]
+pub(crate) fn worth_parsing(ctx: &TcContext, ethertype: u16) -> bool {
+    if ethertype == ETH_P_IPV6 {
+        ipv6_next_header(ctx).is_some_and(may_be_ndp)
+    } else {
+        ethertype == guard_common::frame::ETH_P_ARP || guard_common::frame::is_vlan(ethertype)
+    }
+}
+
 /// The next-header byte of an untagged IPv6 packet, from the linear data.
 #[inline(always)]
-pub(crate) fn ipv6_next_header(ctx: &TcContext) -> Option<u8> {
+fn ipv6_next_header(ctx: &TcContext) -> Option<u8> {
     // Next header and hop limit: two bytes, as a one-byte read compiles to
     // a bounds check the verifier cannot use.
     Skb(ctx).read::<2>(ETH_HLEN + 6).map(|b| b[0])

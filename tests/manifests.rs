@@ -243,7 +243,11 @@ fn check_guard(rel: &str, expect: &Expect) {
         "RuntimeDefault"
     );
     let sec = testbed::deploy::security();
-    assert_eq!(sec.caps, ["BPF", "PERFMON", "NET_ADMIN"], "{ctx}");
+    assert_eq!(
+        sec.caps,
+        ["BPF", "PERFMON", "NET_ADMIN", "NET_RAW"],
+        "{ctx}"
+    );
     assert!(sec.read_only_root, "{ctx}");
     assert_eq!(
         ds["spec"]["updateStrategy"]["rollingUpdate"]["maxSurge"], 0,

@@ -25,5 +25,5 @@ pub use maps::*;
 pub use ndp::NdFrame;
 pub use verdict::{
     classify, classify_nd, decide, effective_state, judge, liveness, Facts, Judgement, Kind,
-    LeakAction, Liveness, Mode, NdClass, Origin, Ownership, Surroundings, Verdict,
+    LeakAction, Liveness, Mode, NdClass, Origin, Ownership, Surroundings, Verdict, GUARD_MARK,
 };

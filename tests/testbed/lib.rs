@@ -22,6 +22,7 @@ pub mod lab;
 pub mod netns;
 pub mod packet;
 pub mod segment;
+pub mod takeover;
 pub mod tc;
 
 pub use daemon::{Daemon, EventTail};

@@ -24,7 +24,7 @@ use tokio::sync::broadcast;
 
 use super::{
     state::{unix_now, Shared},
-    types::{CensusSummary, ConflictRow, Explanation, IpRow, StatusDoc, Would},
+    types::{CensusSummary, ConflictRow, Explanation, IpRow, StatusDoc, TakeoverSummary, Would},
     MAX_EVENT_STREAMS,
 };
 use crate::telemetry::{
@@ -133,6 +133,7 @@ async fn metrics_route(State(shared): State<Arc<Shared>>) -> Response {
                     .map_or(0.0, |t| t.elapsed().as_secs_f64())
             }),
             census: st.census.as_ref(),
+            takeover: st.takeover.as_ref(),
         })
     });
     match rendered {
@@ -171,10 +172,12 @@ async fn status(State(shared): State<Arc<Shared>>) -> Response {
                 family: guard_common::family(ip).into(),
                 entry: entry.clone(),
                 counters: by_ip.remove(ip).unwrap_or_default(),
+                takeover: st.takeovers.get(ip).cloned(),
             })
             .collect(),
         conflicts: st.census.as_ref().map(ConflictRow::all).unwrap_or_default(),
         census: st.census.as_ref().map(CensusSummary::of),
+        takeovers: st.takeover.as_ref().map(TakeoverSummary::of),
     })
 }
 
@@ -247,6 +250,7 @@ pub fn explain(shared: &Shared, ip: IpAddr) -> Explanation {
             None => "none yet",
         }
         .into(),
+        takeover: st.takeovers.get(&ip).cloned(),
         would,
     }
 }

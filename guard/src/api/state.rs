@@ -14,8 +14,11 @@ use tokio::sync::broadcast;
 
 use super::types::IpEntry;
 use crate::{
-    model::view::View,
-    telemetry::{census::CensusDoc, counters::Snapshot, metrics::Fold, status::Status},
+    model::{takeover::TakeoverRecord, view::View},
+    telemetry::{
+        census::CensusDoc, counters::Snapshot, metrics::Fold, status::Status,
+        takeover::TakeoverStats,
+    },
 };
 
 /// What the main loop publishes for the API.
@@ -34,6 +37,10 @@ pub struct ApiState {
     pub feed_enabled: bool,
     /// The responder census (None: off or not read yet).
     pub census: Option<CensusDoc>,
+    /// Held announcements and takeover timing (None: not started yet).
+    pub takeover: Option<TakeoverStats>,
+    /// The last takeover of each LB IP by this node.
+    pub takeovers: BTreeMap<IpAddr, TakeoverRecord>,
 }
 
 /// Everything the API serves from, shared with the main loop.

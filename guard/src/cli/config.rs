@@ -7,7 +7,9 @@ use anyhow::{bail, Result};
 
 use super::{AnnouncerArg, AttachArg, KubeVipElection, OnExit, RunArgs};
 use crate::{
-    daemon::{ApiConfig, DaemonConfig, OnExit as ExitAction, RunConfig, SourcesConfig},
+    daemon::{
+        ApiConfig, DaemonConfig, OnExit as ExitAction, RunConfig, SourcesConfig, TakeoverConfig,
+    },
     datapath::{AttachMode, DatapathConfig, Gate},
     sources::{
         cluster::{objects::ServiceFilter, Announcer, ClusterConfig, FeedConfig, Key},
@@ -104,6 +106,14 @@ impl RunArgs {
             status_file: self.status_file.clone(),
             stats_interval: self.stats_interval,
             counter_grace: self.counter_grace,
+            takeover: TakeoverConfig {
+                hold: if self.mode == super::ModeArg::Enforce {
+                    self.announce_hold
+                } else {
+                    Duration::ZERO
+                },
+                silent_after: self.silent_takeover_after,
+            },
         }
     }
 
@@ -133,6 +143,8 @@ impl RunArgs {
             event_burst: self.event_burst,
             census: !self.no_census,
             census_window: self.census_window,
+            // Monitor mode drops nothing, so holds nothing.
+            defer: !self.announce_hold.is_zero() && self.mode == super::ModeArg::Enforce,
         })
     }
 

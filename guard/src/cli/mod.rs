@@ -315,6 +315,21 @@ pub struct RunArgs {
     #[arg(long, value_name = "DURATION", default_value = "60s", value_parser = parse_duration)]
     pub census_window: Duration,
 
+    /// Takeovers: an announcement (gratuitous ARP, unsolicited NA) this node
+    /// sends for an LB IP foreign here is dropped, but held this long; if
+    /// the IP becomes owned here within it (the ownership feed lags the
+    /// announcer at a takeover), the same bytes are re-sent on the same
+    /// interface at once. 0: dropped for good. Needs CAP_NET_RAW (an
+    /// AF_PACKET socket to re-send).
+    #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = parse_duration)]
+    pub announce_hold: Duration,
+
+    /// A takeover (an LB IP becomes owned here) with no announcement leaving
+    /// this node within this long is a silent takeover: logged, counted,
+    /// alerted on (clients with a stale cache keep the old owner's MAC).
+    #[arg(long, value_name = "DURATION", default_value = "3s", value_parser = parse_duration)]
+    pub silent_takeover_after: Duration,
+
     /// How often a summary of the counters is logged (0 to disable).
     #[arg(long, value_name = "DURATION", default_value = "60s", value_parser = parse_duration)]
     pub stats_interval: Duration,

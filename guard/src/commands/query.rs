@@ -54,21 +54,35 @@ pub async fn status(args: &ClientArgs) -> Result<()> {
         print_state(st, v.census.is_some());
     }
     print_census_summary(&v);
+    if let Some(t) = &v.takeovers {
+        let n = |k: &str| t.announcements.get(k).copied().unwrap_or(0);
+        println!(
+            "  takeovers {} (silent {}); announcements held now {}, replayed {}, expired {}",
+            t.takeovers,
+            t.silent,
+            t.held_now,
+            n("replayed"),
+            n("expired")
+        );
+    }
     println!();
     println!(
-        "{:<24} {:<8} {:<10} {:<10} {:<10} SOURCE",
-        "LB IP", "STATE", "PASSED", "DROPPED", "REWRITTEN"
+        "{:<24} {:<8} {:<10} {:<10} {:<10} {:<16} SOURCE",
+        "LB IP", "STATE", "PASSED", "DROPPED", "REWRITTEN", "TAKEOVER"
     );
     for row in &v.ips {
         // Monitor mode's would_* count with what enforce would have done.
         let n = |v: Verdict| row.counters.get(&v).copied().unwrap_or(0);
         println!(
-            "{:<24} {:<8} {:<10} {:<10} {:<10} {}",
+            "{:<24} {:<8} {:<10} {:<10} {:<10} {:<16} {}",
             row.ip,
             row.entry.state.as_str(),
             n(Verdict::Passed),
             n(Verdict::Dropped) + n(Verdict::WouldDrop),
             n(Verdict::Rewritten) + n(Verdict::WouldRewrite),
+            row.takeover
+                .as_ref()
+                .map_or_else(|| "-".into(), takeover_cell),
             row.entry.source
         );
     }
@@ -85,6 +99,16 @@ pub async fn status(args: &ClientArgs) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// A takeover in a few characters: "12ms guard", "silent", "silent 9s".
+fn takeover_cell(t: &crate::model::takeover::TakeoverRecord) -> String {
+    match (t.first_announcement_ms, t.silent) {
+        (Some(ms), false) => format!("{ms}ms {}", or_dash(t.via.map(|v| v.as_str()))),
+        (Some(ms), true) => format!("silent {}s", ms / 1000),
+        (None, true) => "silent".into(),
+        (None, false) => "waiting".into(),
+    }
 }
 
 /// Attachments, feed and LB IP counts of `status`.
@@ -174,6 +198,22 @@ pub async fn explain(args: &ExplainArgs) -> Result<()> {
         or_dash(v.mode.map(|m| m.as_str())),
         or_dash(v.leak_action.map(|l| l.as_str()))
     );
+    if let Some(t) = &v.takeover {
+        println!(
+            "  last taken over by this node {} s ago: {}",
+            crate::api::state::unix_now().saturating_sub(t.at_unix),
+            match (t.first_announcement_ms, t.silent) {
+                (Some(ms), false) => format!(
+                    "first announcement after {ms} ms (via {})",
+                    or_dash(t.via.map(|v| v.as_str()))
+                ),
+                (Some(ms), true) =>
+                    format!("SILENT for --silent-takeover-after; announced after {ms} ms"),
+                (None, true) => "SILENT: no announcement left this node".into(),
+                (None, false) => "no announcement yet".into(),
+            }
+        );
+    }
     println!("  what the program does with it:");
     println!(
         "    {:<12} {:<14} {:<8} VERDICT",

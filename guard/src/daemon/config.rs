@@ -54,6 +54,17 @@ pub struct DaemonConfig {
     pub stats_interval: Duration,
     /// Counter rows of a departed IP go this long after it left.
     pub counter_grace: Duration,
+    pub takeover: TakeoverConfig,
+}
+
+/// Takeovers: held announcements and the timing of the first one.
+#[derive(Debug, Clone, Copy)]
+pub struct TakeoverConfig {
+    /// How long a dropped announcement of a foreign IP is held for a
+    /// takeover (zero: not held; always zero in monitor mode).
+    pub hold: Duration,
+    /// No announcement within this long after a takeover: a silent takeover.
+    pub silent_after: Duration,
 }
 
 #[derive(Debug, Clone)]

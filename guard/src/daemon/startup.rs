@@ -66,9 +66,11 @@ pub(super) async fn start(cfg: RunConfig) -> Result<(Daemon, Inputs)> {
         Some(job) => Some(job.await.context("reading the ownership file")??),
         None => None,
     };
-    let mut daemon = Daemon::new(cfg, node, dp, &table, announcers);
+    let takeover = super::takeover::Takeover::new(&cfg.daemon.takeover)?;
+    let mut daemon = Daemon::new(cfg, node, dp, &table, announcers, takeover);
     daemon.enforce(file.as_ref().map(|(f, _)| f), &table, cluster_rx.is_some())?;
-    daemon.start_telemetry(listeners);
+    let held = daemon.start_held_reader();
+    let heard = daemon.start_telemetry(listeners);
     let cluster_now = cluster_rx.as_ref().map(|c| c.borrow().clone());
     daemon.publish(cluster_now.as_ref(), &super::publish::Changed::All);
     daemon.announce();
@@ -90,7 +92,8 @@ pub(super) async fn start(cfg: RunConfig) -> Result<(Daemon, Inputs)> {
         file: file_rx,
         cluster: cluster_rx,
     };
-    let inputs = inputs(&daemon.cfg, sources, signals).await;
+    let mut inputs = inputs(&daemon.cfg, sources, signals).await;
+    (inputs.held, inputs.heard) = (held, heard);
     Ok((daemon, inputs))
 }
 
@@ -130,6 +133,8 @@ async fn inputs(cfg: &RunConfig, sources: Sources, signals: (Signal, Signal, Sig
     let (sigterm, sigint, sighup) = signals;
     Inputs {
         sources,
+        held: None,
+        heard: None,
         sigterm,
         sigint,
         sighup,
@@ -158,6 +163,7 @@ impl Daemon {
         mut dp: Datapath,
         table: &AddrTable,
         announcers: Vec<&'static str>,
+        takeover: super::takeover::Takeover,
     ) -> Daemon {
         if cfg.datapath.pin_dir.is_some() {
             // Pinned maps carry what the previous daemon wrote: start the diff from there.
@@ -199,6 +205,7 @@ impl Daemon {
             last_status: None,
             announcers,
             reclaimer,
+            takeover,
             cfg,
         }
     }
@@ -235,15 +242,24 @@ impl Daemon {
         Ok(())
     }
 
-    /// The drop-event reader and the API.
-    fn start_telemetry(&mut self, listeners: Listeners) {
-        match self.dp.take_events() {
+    /// The drop-event reader and the API; the queue of announcements heard
+    /// (takeover timing) when the events can be read.
+    fn start_telemetry(
+        &mut self,
+        listeners: Listeners,
+    ) -> Option<tokio::sync::mpsc::Receiver<crate::model::takeover::Heard>> {
+        let heard = match self.dp.take_events() {
             Ok(ring) => {
                 let events = self.shared.events.clone();
-                tokio::spawn(crate::telemetry::events::run(ring, events));
+                let (tx, rx) = tokio::sync::mpsc::channel(super::takeover::QUEUE);
+                tokio::spawn(crate::telemetry::events::run(ring, events, tx));
+                Some(rx)
             }
-            Err(e) => tracing::warn!(error = %format!("{e:#}"), "drop events unavailable"),
-        }
+            Err(e) => {
+                tracing::warn!(error = %format!("{e:#}"), "drop events unavailable");
+                None
+            }
+        };
         self.start_census();
         if let Some(listener) = listeners.api {
             let router = api::routes::router(self.shared.clone());
@@ -253,6 +269,7 @@ impl Daemon {
             let router = api::routes::metrics_router(self.shared.clone());
             tokio::spawn(api::serve(listener, router, "/metrics"));
         }
+        heard
     }
 
     /// The census reader: judged against the ownership the main loop

@@ -6,6 +6,7 @@ pub mod addrs;
 pub mod census;
 pub mod cluster;
 pub mod ownership;
+pub mod takeover;
 pub mod view;
 
 /// A MAC address as every output of arp-guard writes it: `aa:bb:cc:dd:ee:ff`.

@@ -5,9 +5,12 @@
 pub mod census;
 pub mod counters;
 pub mod events;
+mod fold;
+pub mod histogram;
 pub mod metrics;
 pub mod ops;
 pub mod status;
+pub mod takeover;
 
 use guard_common::{Kind, Origin, Ownership, Verdict};
 

@@ -306,6 +306,25 @@ fn print_census(v: &CensusDoc) {
     }
 }
 
+/// Any other event line (`takeover_announced`, `silent_takeover`, ...):
+/// its time, its name, then its other fields as key=value.
+fn other_event(line: &str) -> Option<String> {
+    let v: serde_json::Value = serde_json::from_str(line).ok()?;
+    let o = v.as_object()?;
+    let event = o.get("event")?.as_str()?;
+    let mut out = format!(
+        "{} {event}",
+        o.get("time").and_then(|t| t.as_str()).unwrap_or("-")
+    );
+    for (k, v) in o.iter().filter(|(k, _)| *k != "event" && *k != "time") {
+        match v.as_str() {
+            Some(s) => out.push_str(&format!(" {k}={s}")),
+            None => out.push_str(&format!(" {k}={v}")),
+        }
+    }
+    Some(out)
+}
+
 pub async fn events(args: &ClientArgs) -> Result<()> {
     let json = args.output == Output::Json;
     let print = |line: &str| {
@@ -335,6 +354,8 @@ pub async fn events(args: &ClientArgs) -> Result<()> {
                 c.reason.as_str(),
                 c.macs.join(",")
             );
+        } else if let Some(e) = other_event(line) {
+            println!("{e}");
         } else if let Ok(l) = serde_json::from_str::<Lagged>(line) {
             println!("(the stream fell behind: {} events skipped)", l.lagged);
         } else {

@@ -6,6 +6,7 @@ pub mod addrs;
 pub mod census;
 pub mod cluster;
 pub mod ownership;
+pub mod refresh;
 pub mod takeover;
 pub mod view;
 

@@ -421,8 +421,16 @@ fn report_announcement(c: &Claim, ifindex: u32, origin: Origin, state: Ownership
 #[inline(always)]
 fn defer(ctx: &TcContext, c: &Claim, origin: Origin, now: u64, ifindex: u32) {
     let len = ctx.len();
-    if len == 0 || len > HELD_FRAME_MAX as u32 {
+    if len > HELD_FRAME_MAX as u32 {
         bump(Stat::AnnounceDeferFailed);
+        return;
+    }
+    // Two checks with different outcomes, so that the compiler keeps them
+    // apart: a kernel before 6.8 learns the size's lower bound only from
+    // a comparison on the size's own register (it may not be 0), not from
+    // one range check on `len - 42`. Nothing this short was parsed as an
+    // announcement (ARP needs 42 bytes).
+    if len < guard_common::frame::ETH_HLEN as u32 + 28 {
         return;
     }
     let Some(mut held) = HELD.reserve::<HeldFrame>(0) else {
@@ -432,7 +440,7 @@ fn defer(ctx: &TcContext, c: &Claim, origin: Origin, now: u64, ifindex: u32) {
     let p = held.as_mut_ptr();
     // SAFETY: `p` points at a reserved ring buffer record of HeldFrame's
     // size, ours until submitted or discarded; ctx.skb.skb is the kernel's
-    // __sk_buff for this invocation; `len` is within 1..=HELD_FRAME_MAX,
+    // __sk_buff for this invocation; `len` is within 42..=HELD_FRAME_MAX,
     // the size of `data`.
     let copied = unsafe {
         let skb = ctx.skb.skb;

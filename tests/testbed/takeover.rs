@@ -51,19 +51,24 @@ pub struct TakeoverBed {
     pub bed: ClusterBed,
     pub style: Style,
     pub speakers: Vec<RawSocket>,
+    /// What reaches the client's interface.
+    pub capture: RawSocket,
     pub guards: Vec<Daemon>,
     /// The node that owns the IP now.
     pub owner: usize,
     rng: u64,
 }
 
-/// One takeover: when it began (the API write, or the first announcement
-/// when it came first) and when the client's entry held the new MAC.
+/// One takeover, timed from its start (the API write, or the first
+/// announcement when it comes first).
 #[derive(Debug, Clone, Copy)]
 pub struct Round {
     pub to: usize,
-    /// From the takeover to the client's entry moving (None: it did not
-    /// within the poll's limit).
+    /// Until the first announcement of the new owner's MAC reached the
+    /// client's interface (None: none within the limit).
+    pub arrived_after: Option<Duration>,
+    /// Until the client's entry held the new MAC, as `ip neigh` shows it
+    /// (polled every 20 ms; None: not within the limit).
     pub moved_after: Option<Duration>,
 }
 
@@ -77,7 +82,9 @@ impl TakeoverBed {
             Resource::Services,
             objects::service("default", "web", &[&LB.to_string()]),
         );
+        let capture = RawSocket::open(&bed.peer, "eth0")?;
         let mut t = TakeoverBed {
+            capture,
             speakers: Vec::new(),
             guards: Vec::new(),
             owner: 0,
@@ -174,6 +181,8 @@ impl TakeoverBed {
     /// holds its MAC (polled up to `limit`).
     pub fn round(&mut self, limit: Duration) -> Result<Round> {
         let to = 1 - self.owner;
+        let want = self.bed.nodes[to].mac;
+        self.capture.drain();
         let mut writer = None;
         let started = match self.style {
             Style::Cilium => {
@@ -204,7 +213,10 @@ impl TakeoverBed {
             }
         };
         self.owner = to;
-        let want = self.bed.nodes[to].mac;
+        let arrived = self
+            .capture
+            .wait_arp(limit, |c| c.spa == LB && c.sha == want)?
+            .map(|_| started.elapsed());
         let moved_after = crate::wait_for(limit, || {
             let mac = self.bed.peer.cached_mac("eth0", &LB.to_string()).ok()??;
             (mac == want).then(|| started.elapsed())
@@ -215,7 +227,11 @@ impl TakeoverBed {
         }
         // The next update must come after the client's locktime (1 s).
         std::thread::sleep(Duration::from_millis(1100));
-        Ok(Round { to, moved_after })
+        Ok(Round {
+            to,
+            arrived_after: arrived,
+            moved_after,
+        })
     }
 }
 

@@ -11,6 +11,7 @@ mod query;
 use std::time::Duration;
 
 use anyhow::{Context as _, Result};
+use aya::programs::TcAttachType;
 
 pub use doctor::doctor;
 pub use probe::probe;
@@ -155,10 +156,16 @@ pub async fn uninstall(args: &UninstallArgs) -> Result<()> {
     // One interface failing (gone meanwhile) does not stop the others.
     let mut failed = Vec::new();
     for iface in names {
-        match remove_netlink_filter(&iface) {
+        match remove_netlink_filter(&iface, TcAttachType::Egress) {
             Ok(true) => println!("removed the netlink filter from {iface}"),
             Ok(false) => {}
             Err(e) => failed.push(format!("{iface}: {e:#}")),
+        }
+        // The census's filter only observes, but it is ours to take away.
+        match remove_netlink_filter(&iface, TcAttachType::Ingress) {
+            Ok(true) => println!("removed the census filter from {iface} ingress"),
+            Ok(false) => {}
+            Err(e) => failed.push(format!("{iface} ingress: {e:#}")),
         }
     }
     if !failed.is_empty() {

@@ -36,6 +36,7 @@ impl Datapath {
         // Addresses first: an LB IP that just appeared on the egress interface
         // must be known as such before its LB entry can make a frame drop.
         self.write_addresses(view, additive, &mut report);
+        self.foreign_before(view, view.lb.keys());
         let Self { ebpf, tables, .. } = self;
         let t = tables;
         t.lb.reconcile(
@@ -48,7 +49,20 @@ impl Datapath {
         let lb6_map = ebpf.map_mut(MAP_LB_IPS6);
         t.lb6
             .reconcile(lb6_map, &lb6, additive, &mut report, &mut NoHook);
+        let foreign: std::collections::HashSet<_> = t.foreign_ips().collect();
+        t.foreign.sync(&foreign);
         report
+    }
+
+    /// The census's foreign filter, before the LB maps are written: the bit
+    /// of each IP that is to become foreign is set first, so that its first
+    /// misdirected packet is seen.
+    fn foreign_before<'a>(&mut self, view: &View, ips: impl Iterator<Item = &'a IpAddr>) {
+        for ip in ips {
+            if view.lb.get(ip).map(|l| l.state) == Some(guard_common::Ownership::Foreign) {
+                self.tables.foreign.set(guard_common::key_of_ip(*ip), true);
+            }
+        }
     }
 
     /// Make the maps hold `view` where it may differ from what was written:
@@ -64,6 +78,7 @@ impl Datapath {
     ) -> ApplyReport {
         let mut report = ApplyReport::default();
         self.write_addresses(view, additive, &mut report);
+        self.foreign_before(view, changed.iter());
         let Self { ebpf, tables, .. } = self;
         let t = tables;
         let entry = |ip: &IpAddr| view.lb.get(ip).map(|l| LbEntry::new(l.state));
@@ -85,6 +100,12 @@ impl Datapath {
         let lb6_map = ebpf.map_mut(MAP_LB_IPS6);
         t.lb6
             .apply_keys(lb6_map, lb6, additive, &mut report, &mut NoHook);
+        // After the writes: bits of IPs that are no longer foreign go.
+        for ip in changed {
+            let key = guard_common::key_of_ip(*ip);
+            let foreign = t.is_foreign(&key);
+            t.foreign.set(key, foreign);
+        }
         report
     }
 
@@ -111,8 +132,17 @@ impl Datapath {
             tables.lb.applied.clear();
             return Err(dp_err!("writing {MAP_LB_FILTER}: {e}"));
         }
+        let lb6 = tables.lb6.reload(ebpf)?;
+        // Observe-only: a failed rebuild costs uncounted packets, retried at
+        // the next reload.
+        if let Err(e) = tables
+            .foreign
+            .rebuild(tables.foreign_ips().collect::<Vec<_>>().into_iter())
+        {
+            tracing::debug!(error = %e, "writing the census's foreign filter");
+        }
         Ok(lb
-            + tables.lb6.reload(ebpf)?
+            + lb6
             + tables.if_addrs.reload(ebpf)?
             + tables.if_primary.reload(ebpf)?
             + tables.vlan_uppers.reload(ebpf)?)

@@ -20,7 +20,7 @@ use guard_common::{
 
 use super::{
     error::{dp_err, errno, DatapathError},
-    filter::LbFilter,
+    filter::{ForeignFilter, LbFilter},
 };
 
 type Result<T, E = DatapathError> = std::result::Result<T, E>;
@@ -338,18 +338,23 @@ pub(super) struct Tables {
     /// The IPv6 LB set (no filter in front: only NDP frames look it up).
     pub(super) lb6: Table<IpKey, LbEntry>,
     pub(super) filter: LbFilter,
+    /// The census's foreign filter, kept equal to the foreign entries of
+    /// both LB maps.
+    pub(super) foreign: ForeignFilter,
     pub(super) if_addrs: Table<IfAddrKey, u8>,
     pub(super) if_primary: Table<u32, u32>,
     pub(super) vlan_uppers: Table<VlanKey, u32>,
 }
 
 impl Tables {
-    /// `filter`: the program's LB_FILTER map, taken out of the object.
-    pub(super) fn new(filter: Option<aya::maps::Map>) -> Self {
+    /// `filter`, `foreign`: the program's LB_FILTER and FOREIGN_FILTER
+    /// maps, taken out of the object.
+    pub(super) fn new(filter: Option<aya::maps::Map>, foreign: Option<aya::maps::Map>) -> Self {
         Tables {
             lb: Table::new(MAP_LB_IPS, |k| format!("LB IP {}", Ipv4Addr::from(*k))),
             lb6: Table::new(MAP_LB_IPS6, |k| format!("LB IP {}", Ipv6Addr::from(*k))),
             filter: LbFilter::new(filter),
+            foreign: ForeignFilter::new(foreign),
             if_addrs: Table::new(MAP_IF_ADDRS, |k| {
                 format!(
                     "address {} on ifindex {}",
@@ -364,6 +369,29 @@ impl Tables {
                 format!("VLAN {} on ifindex {}", k.vid, k.lower)
             }),
         }
+    }
+}
+
+impl Tables {
+    /// The LB IPs of both maps whose entry says `foreign`, as keys.
+    pub(super) fn foreign_ips(&self) -> impl Iterator<Item = IpKey> + '_ {
+        let foreign = guard_common::Ownership::Foreign as u8;
+        let v4 = (self.lb.applied.iter())
+            .filter(move |(_, e)| e.state == foreign)
+            .map(|(ip, _)| guard_common::v4_key(*ip));
+        let v6 = (self.lb6.applied.iter())
+            .filter(move |(_, e)| e.state == foreign)
+            .map(|(ip, _)| *ip);
+        v4.chain(v6)
+    }
+
+    /// Whether the entry of `ip` says `foreign` now.
+    pub(super) fn is_foreign(&self, ip: &IpKey) -> bool {
+        let entry = match guard_common::ip_of_key(*ip) {
+            std::net::IpAddr::V4(v4) => self.lb.applied.get(&u32::from(v4)),
+            std::net::IpAddr::V6(_) => self.lb6.applied.get(ip),
+        };
+        entry.is_some_and(|e| e.state == guard_common::Ownership::Foreign as u8)
     }
 }
 

@@ -6,6 +6,7 @@
 mod apply;
 pub mod attach;
 pub mod census;
+pub mod clients;
 pub mod error;
 mod filter;
 mod if_tables;
@@ -148,8 +149,10 @@ impl Datapath {
             loader.map_max_entries(guard_common::MAP_LB_IPS6, lb_ips);
             loader.map_max_entries(MAP_COUNTERS, counter_capacity(lb_ips));
             if !census {
-                // The object always has the census table; unused, it holds nothing.
+                // The object always has the census tables; unused, they hold nothing.
                 loader.map_max_entries(guard_common::MAP_RESPONDERS, 1);
+                loader.map_max_entries(guard_common::MAP_CLIENTS, 1);
+                loader.map_max_entries(guard_common::MAP_FOREIGN_FILTER, 1);
             }
             if let Some(dir) = pin_dir {
                 for (name, ..) in pins::pinned_maps(lb_ips) {
@@ -158,7 +161,7 @@ impl Datapath {
             }
             loader.load(object).map_err(error::load_error)
         };
-        // The census table (1.6 MiB, preallocated) must never be what keeps
+        // The census tables (2.7 MiB, preallocated) must never be what keeps
         // the guard from loading (a tight memlock limit or memory cgroup).
         let (mut ebpf, census_on) = match load(cfg.census) {
             Ok(ebpf) => (ebpf, cfg.census),
@@ -189,6 +192,9 @@ impl Datapath {
         // Held by the reconciler (written next to LB_IPS); the programs keep
         // their own reference to it.
         let filter = ebpf.take_map(guard_common::MAP_LB_FILTER);
+        // The census's foreign filter, written only while the census runs.
+        let foreign = ebpf.take_map(guard_common::MAP_FOREIGN_FILTER);
+        let foreign = foreign.filter(|_| census.is_some());
         let mut dp = Datapath {
             census,
             census_window: cfg.census_window,
@@ -199,7 +205,7 @@ impl Datapath {
             leak_action: cfg.leak_action,
             ebpf,
             attached: Vec::new(),
-            tables: Tables::new(filter),
+            tables: Tables::new(filter, foreign),
             logger,
             _pin_lock: lock,
         };
@@ -274,6 +280,7 @@ impl Datapath {
             .filter_map(|(_, m)| map_data(m)?.info().ok())
             .map(|i| i.id())
             .chain(self.tables.filter.map_id())
+            .chain(self.tables.foreign.map_id())
             .collect();
         let Ok(dir) = std::fs::read_dir("/proc/self/fdinfo") else {
             return 0;

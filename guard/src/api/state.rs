@@ -15,7 +15,9 @@ use tokio::sync::broadcast;
 use super::types::IpEntry;
 use crate::{
     model::view::View,
-    telemetry::{census::CensusDoc, counters::Snapshot, metrics::Fold, status::Status},
+    telemetry::{
+        census::CensusDoc, clients::ClientsDoc, counters::Snapshot, metrics::Fold, status::Status,
+    },
 };
 
 /// What the main loop publishes for the API.
@@ -34,6 +36,13 @@ pub struct ApiState {
     pub feed_enabled: bool,
     /// The responder census (None: off or not read yet).
     pub census: Option<CensusDoc>,
+    /// When this node last lost each LB IP (it stopped being `owned` here;
+    /// CLOCK_MONOTONIC ns, as the census's timestamps), while the IP is not
+    /// owned here again: the moment of the move misdirected clients are
+    /// measured from. One entry per LB IP at most.
+    pub lost: BTreeMap<IpAddr, u64>,
+    /// Misdirected and stale clients (None: the census is off or not read yet).
+    pub clients: Option<ClientsDoc>,
 }
 
 /// Everything the API serves from, shared with the main loop.
@@ -174,6 +183,30 @@ pub fn update_ip_entries(
             on_interfaces,
         };
         entries.insert(*ip, e);
+    }
+}
+
+/// Note the moments this node loses LB IPs: for each IP of `keys` whose
+/// state goes from `owned` (as `old` published it) to anything else in
+/// `view`, now; an IP owned again, or gone from the view, loses its moment.
+pub fn note_losses<'a>(
+    lost: &mut BTreeMap<IpAddr, u64>,
+    old: &BTreeMap<IpAddr, IpEntry>,
+    view: &View,
+    keys: impl Iterator<Item = &'a IpAddr>,
+    now_ns: u64,
+) {
+    use guard_common::Ownership::Owned;
+    for ip in keys {
+        match view.lb.get(ip).map(|l| l.state) {
+            None | Some(Owned) => {
+                lost.remove(ip);
+            }
+            Some(_) if old.get(ip).is_some_and(|e| e.state == Owned) => {
+                lost.insert(*ip, now_ns);
+            }
+            Some(_) => {}
+        }
     }
 }
 

@@ -1,9 +1,11 @@
 //! The subcommands, each a thin function over the parts: `run` starts the
 //! daemon; `counters`, `validate` and `uninstall` work on the node; `status`,
-//! `explain`, `events` and `responders` ask the running daemon (`query`);
+//! `explain`, `events` and `responders` ask the running daemon (`query`),
+//! and `clients` (`clients`);
 //! `doctor` checks the node (`doctor`); `probe` asks the segment, from any
 //! host on it.
 
+mod clients;
 mod doctor;
 mod probe;
 mod query;
@@ -13,6 +15,7 @@ use std::time::Duration;
 use anyhow::{Context as _, Result};
 use aya::programs::TcAttachType;
 
+pub use clients::clients;
 pub use doctor::doctor;
 pub use probe::probe;
 pub use query::{events, explain, responders, status};

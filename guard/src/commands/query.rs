@@ -10,7 +10,7 @@ use crate::{
         client,
         types::{Explanation, Lagged, StatusDoc},
     },
-    cli::{ClientArgs, ExplainArgs, Output, RespondersArgs},
+    cli::{ClientArgs, ExplainArgs, LbIpArgs, Output},
     telemetry::{
         census::{CensusDoc, ConflictEvent},
         events::EventJson,
@@ -19,7 +19,10 @@ use crate::{
 };
 
 /// GET `path` and read the answer as `T` (the raw JSON too, for `-o json`).
-async fn fetch<T: DeserializeOwned>(args: &ClientArgs, path: &str) -> Result<(T, String)> {
+pub(super) async fn fetch<T: DeserializeOwned>(
+    args: &ClientArgs,
+    path: &str,
+) -> Result<(T, String)> {
     let (code, body) = client::get(args.api, path).await?;
     if code != 200 {
         bail!("the daemon answered {code} for {path}: {}", body.trim());
@@ -193,7 +196,7 @@ pub async fn explain(args: &ExplainArgs) -> Result<()> {
 
 /// `arp-guard responders [IP]`: who claims each LB IP on the segment, as
 /// this node's census saw it. Exit 1 when an IP shown is in conflict.
-pub async fn responders(args: &RespondersArgs) -> Result<()> {
+pub async fn responders(args: &LbIpArgs) -> Result<()> {
     let path = match args.ip {
         Some(ip) => format!("/responders?ip={ip}"),
         None => "/responders".into(),

@@ -44,6 +44,28 @@ fn attach_tcx(prog: &mut SchedClassifier, iface: &str) -> Result<tc::SchedClassi
     })
 }
 
+/// The census's tables as the object declares them, or, without the census
+/// (the object always has them), one entry each: unused, they hold nothing.
+pub(super) fn size_tables(loader: &mut aya::EbpfLoader, census: bool) {
+    if census {
+        return;
+    }
+    for map in [
+        guard_common::MAP_RESPONDERS,
+        guard_common::MAP_CLIENTS,
+        guard_common::MAP_FOREIGN_FILTER,
+    ] {
+        loader.map_max_entries(map, 1);
+    }
+}
+
+/// The census's foreign filter, taken out of the object for the writer
+/// (the program keeps its own reference); None when the census is off.
+pub(super) fn foreign_filter(ebpf: &mut aya::Ebpf, census: bool) -> Option<Map> {
+    let map = ebpf.take_map(guard_common::MAP_FOREIGN_FILTER);
+    map.filter(|_| census)
+}
+
 /// Load the census program beside the guard; its maps are the object's own
 /// (LB_IPS and CONFIG shared with the guard).
 pub(super) fn load(ebpf: &mut aya::Ebpf) -> Result<()> {

@@ -95,10 +95,10 @@ impl Bits {
             want[slot.0 as usize] |= slot.1;
         }
         let mut result = Ok(());
-        for word in 0..want.len() {
-            if want[word] != self.words[word] {
-                let old = self.words[word];
-                self.words[word] = want[word];
+        for (word, want) in want.into_iter().enumerate() {
+            let old = self.words[word];
+            if want != old {
+                self.words[word] = want;
                 if let Err(e) = self.write_word(word as u32) {
                     // The kernel keeps the old word: our record says so, and
                     // the failure is reported.

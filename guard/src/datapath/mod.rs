@@ -148,12 +148,7 @@ impl Datapath {
             // Allocated on use: its capacity costs nothing until IPv6 LB IPs come.
             loader.map_max_entries(guard_common::MAP_LB_IPS6, lb_ips);
             loader.map_max_entries(MAP_COUNTERS, counter_capacity(lb_ips));
-            if !census {
-                // The object always has the census tables; unused, they hold nothing.
-                loader.map_max_entries(guard_common::MAP_RESPONDERS, 1);
-                loader.map_max_entries(guard_common::MAP_CLIENTS, 1);
-                loader.map_max_entries(guard_common::MAP_FOREIGN_FILTER, 1);
-            }
+            census::size_tables(&mut loader, census);
             if let Some(dir) = pin_dir {
                 for (name, ..) in pins::pinned_maps(lb_ips) {
                     loader.map_pin_path(name, pins::map_path(dir, name));
@@ -192,9 +187,7 @@ impl Datapath {
         // Held by the reconciler (written next to LB_IPS); the programs keep
         // their own reference to it.
         let filter = ebpf.take_map(guard_common::MAP_LB_FILTER);
-        // The census's foreign filter, written only while the census runs.
-        let foreign = ebpf.take_map(guard_common::MAP_FOREIGN_FILTER);
-        let foreign = foreign.filter(|_| census.is_some());
+        let foreign = census::foreign_filter(&mut ebpf, census.is_some());
         let mut dp = Datapath {
             census,
             census_window: cfg.census_window,

@@ -221,13 +221,10 @@ pub struct Memory {
 }
 
 impl Memory {
-    /// Clients remembered (bounded by the kernel table's capacity).
-    pub fn len(&self) -> usize {
-        self.seen.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.seen.is_empty()
+    /// The LB IPs it keeps totals or a move for: their state is needed at
+    /// the next read, whether or not the table still holds a client of them.
+    pub fn ips(&self) -> impl Iterator<Item = IpAddr> + '_ {
+        self.totals.keys().chain(self.moves.keys()).copied()
     }
 }
 
@@ -616,6 +613,6 @@ mod tests {
             (e.clients.len(), e.more, e.sending),
             (MAX_LISTED, 1000 - MAX_LISTED, 1000)
         );
-        assert_eq!(m.len(), 1000, "A is forgotten with its entry");
+        assert_eq!(m.seen.len(), 1000, "A is forgotten with its entry");
     }
 }

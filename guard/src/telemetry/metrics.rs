@@ -24,6 +24,13 @@
 //! | `arp_guard_responder_conflicts` | gauge | reason |
 //! | `arp_guard_census_frames_total` | counter | outcome |
 //! | `arp_guard_census_entries` | gauge | |
+//! | `arp_guard_misdirected_packets_total` | counter | lb_ip, family (packets here for a foreign LB IP; at most --metrics-max-ip-series) |
+//! | `arp_guard_misdirected_clients` | gauge | lb_ip, family (clients still sending here; same bound) |
+//! | `arp_guard_stale_clients` | gauge | cause (after_move, not_owned_here) |
+//! | `arp_guard_stale_client_oldest_seconds` | gauge | |
+//! | `arp_guard_client_failover_seconds` | histogram | (client-visible failover times after this node lost an IP) |
+//! | `arp_guard_misdirected_frames_total` | counter | outcome (recorded, new_client, insert_failed, other_host) |
+//! | `arp_guard_client_table_entries` | gauge | |
 
 use std::sync::atomic::Ordering;
 
@@ -40,7 +47,10 @@ use super::{
     ops::OPS,
     status::{Feed, InterfaceState, Status},
 };
-use crate::{model::census::Reason, telemetry::census::CensusDoc};
+use crate::{
+    model::census::Reason,
+    telemetry::{census::CensusDoc, clients::ClientsDoc},
+};
 
 type Labels = Vec<(&'static str, String)>;
 /// (name, help, series).
@@ -164,6 +174,16 @@ pub const NAMES: &[&str] = &[
     "arp_guard_responder_conflicts",
     "arp_guard_census_frames_total",
     "arp_guard_census_entries",
+    "arp_guard_misdirected_packets_total",
+    "arp_guard_misdirected_clients",
+    "arp_guard_stale_clients",
+    "arp_guard_stale_client_oldest_seconds",
+    "arp_guard_client_failover_seconds",
+    "arp_guard_client_failover_seconds_bucket",
+    "arp_guard_client_failover_seconds_count",
+    "arp_guard_client_failover_seconds_sum",
+    "arp_guard_misdirected_frames_total",
+    "arp_guard_client_table_entries",
 ];
 
 /// What one scrape is made of.
@@ -179,6 +199,8 @@ pub struct Scrape<'a> {
     pub feed_unhealthy_seconds: Option<f64>,
     /// The responder census, when it runs.
     pub census: Option<&'a CensusDoc>,
+    /// Misdirected and stale clients, when the census runs.
+    pub clients: Option<&'a ClientsDoc>,
 }
 
 /// The Prometheus text of one scrape.
@@ -201,9 +223,18 @@ pub fn render(scrape: Scrape<'_>) -> Result<String> {
     if let Some(c) = scrape.census {
         census(&mut v, c, scrape.max_ip_series);
     }
+    if let Some(c) = scrape.clients {
+        let f = super::clients_metrics::families(c.parts());
+        v.counters.extend(f.counters);
+        v.gauges.extend(f.gauges);
+    }
     operations(&mut v);
     let mut registry = Registry::default();
     registry.register_collector(Box::new(v));
+    if let Some(c) = scrape.clients {
+        let h = super::clients_metrics::FailoverCollector(c.failover.clone());
+        registry.register_collector(Box::new(h));
+    }
     let mut out = String::new();
     prometheus_client::encoding::prometheus_text::encode(&mut out, &registry)?;
     Ok(out)

@@ -3,6 +3,8 @@
 //! rendering of all of it.
 
 pub mod census;
+pub mod clients;
+mod clients_metrics;
 pub mod counters;
 pub mod events;
 pub mod metrics;

@@ -39,33 +39,43 @@ pub const FOREIGN_FILTER_WORDS: u32 = LB_FILTER_WORDS;
 
 /// Offsets in an untagged Ethernet frame.
 const IPV4_SRC: usize = ETH_HLEN + 12;
-const IPV4_DST: usize = ETH_HLEN + 16;
+pub const IPV4_DST: usize = ETH_HLEN + 16;
 const IPV6_SRC: usize = ETH_HLEN + 8;
 const IPV6_DST: usize = ETH_HLEN + 24;
+/// The last four bytes of the IPv6 destination (what [`foreign_slot`] hashes).
+pub const IPV6_DST_LOW: usize = IPV6_DST + 12;
 /// Linux's PACKET_HOST: the frame was addressed to this host's MAC.
 pub const PACKET_HOST: u32 = 0;
 
-/// The bit of [`MAP_FOREIGN_FILTER`] that stands for `ip`: the four
-/// big-endian words of the 16-byte key folded into one, then the LB
-/// filter's hash (the addresses of a pool differ in their low bits, and
-/// keep differing after the fold).
+/// The bit of [`MAP_FOREIGN_FILTER`] that stands for `ip`: the LB
+/// filter's hash of its last four bytes (the IPv4 address of an
+/// IPv4-mapped key, so an IPv4 LB IP has the same bit in both filters).
+/// The addresses of a pool differ in their low bits; two addresses that
+/// share them (one per prefix) share a bit, which costs a hash lookup,
+/// never a packet. Four bytes read, not sixteen: the program reads them on
+/// every IPv6 packet.
 #[inline(always)]
 pub fn foreign_slot(ip: &IpKey) -> (u32, u64) {
-    let w = |i: usize| u32::from_be_bytes([ip[i], ip[i + 1], ip[i + 2], ip[i + 3]]);
-    lb_filter_slot(w(0) ^ w(4) ^ w(8) ^ w(12))
+    lb_filter_slot(u32::from_be_bytes([ip[12], ip[13], ip[14], ip[15]]))
 }
 
-/// [`foreign_slot`] of an IPv4 address (host order), without building its
-/// IPv4-mapped key: the fold of `::ffff:a.b.c.d` is `0xffff ^ ip`.
+/// [`foreign_slot`] of an IPv4 address (host order).
 #[inline(always)]
 pub fn foreign_slot_v4(ip: u32) -> (u32, u64) {
-    lb_filter_slot(ip ^ 0xffff)
+    lb_filter_slot(ip)
 }
 
 /// The IPv4 destination (host order) of an untagged IPv4 frame.
 #[inline(always)]
 pub fn v4_destination<R: FrameReader + ?Sized>(r: &R) -> Option<u32> {
     r.read::<4>(IPV4_DST).map(u32::from_be_bytes)
+}
+
+/// The last four bytes of the IPv6 destination of an untagged IPv6 frame
+/// (what [`foreign_slot`] hashes), as a host-order u32.
+#[inline(always)]
+pub fn v6_destination_low<R: FrameReader + ?Sized>(r: &R) -> Option<u32> {
+    r.read::<4>(IPV6_DST_LOW).map(u32::from_be_bytes)
 }
 
 /// The IPv6 destination of an untagged IPv6 frame.
@@ -274,6 +284,8 @@ mod tests {
         v6[53] = 0x02;
         let dst = v6_destination(&v6[..]).unwrap();
         assert_eq!((dst[0], dst[15]), (0xfd, 2));
+        assert_eq!(v6_destination_low(&v6[..]), Some(2));
+        assert_eq!(foreign_slot(&dst), lb_filter_slot(2));
         let (mac, src) = client_v6(&v6[..]).unwrap();
         assert_eq!((mac[5], src[0]), (8, 0xfd));
         assert_eq!(client_v4(&v6[..]), None);

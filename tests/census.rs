@@ -367,6 +367,9 @@ fn without_the_census_the_guard_runs_and_says_so() {
     let (code, body) = api(&bed.node, "/responders");
     assert_eq!(code, 404, "{body}");
     assert!(body.contains("census is off"), "{body}");
+    let (code, body) = api(&bed.node, "/clients");
+    assert_eq!(code, 404, "{body}");
+    assert!(body.contains("census is off"), "{body}");
     let out = bed
         .node
         .exec(&[guard_binary().to_str().unwrap(), "status"])
@@ -383,16 +386,11 @@ fn without_the_census_the_guard_runs_and_says_so() {
 #[test]
 fn the_census_runs_with_the_daemonsets_privileges() {
     testbed::require_root();
-    let s = testbed::deploy::security();
     let bed = Bed::new("cenp").unwrap();
     let args = bed.args(&[]);
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let guard = Daemon::start_wrapped(
-        &bed.node,
-        &testbed::deploy::wrapper(&s.caps, s.read_only_root),
-        &args,
-    )
-    .unwrap();
+    let guard =
+        Daemon::start_wrapped(&bed.node, &testbed::deploy::daemonset_wrapper(), &args).unwrap();
     guard.expect_log("census attached to ingress", Duration::from_secs(3));
     let wire = RawSocket::open(&bed.peer, "eth0").unwrap();
     gratuitous(&wire, SPEAKER_A, FOREIGN);

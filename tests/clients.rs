@@ -159,15 +159,10 @@ fn forged(wire: &RawSocket, bed: &Bed, mac: [u8; 6], src: Ipv4Addr, dst: Ipv4Add
 fn a_client_pinned_to_the_wrong_node_is_listed_and_its_packets_arrive() {
     testbed::require_root();
     let bed = Bed::new("cli4").unwrap();
-    let s = testbed::deploy::security();
     let args = bed.args(&[]);
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let guard = Daemon::start_wrapped(
-        &bed.node,
-        &testbed::deploy::wrapper(&s.caps, s.read_only_root),
-        &args,
-    )
-    .unwrap();
+    let guard =
+        Daemon::start_wrapped(&bed.node, &testbed::deploy::daemonset_wrapper(), &args).unwrap();
     guard.expect_log("census attached to ingress", Duration::from_secs(5));
     for ip in [FOREIGN, OWNED, UNKNOWN] {
         pin_to_node(&bed, ip);
@@ -379,6 +374,9 @@ fn after_a_move_clients_get_a_failover_time_or_go_stale() {
         ev.contains("02:00:5e:00:53:c2") && ev.contains("after_move"),
         "{ev}"
     );
+    let line = guard.expect_log("stale client:", Duration::from_secs(3));
+    assert!(line.contains("02:00:5e:00:53:c2"), "{line}");
+    eprintln!("{ev}\n{line}");
 
     // B follows at last: no stale client, its failover time is observed.
     std::thread::sleep(Duration::from_secs(1));

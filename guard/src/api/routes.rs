@@ -176,7 +176,7 @@ async fn status(State(shared): State<Arc<Shared>>) -> Response {
             })
             .collect(),
         conflicts: st.census.as_ref().map(ConflictRow::all).unwrap_or_default(),
-        census: st.census.as_ref().map(CensusSummary::of),
+        census: (st.census.as_ref()).map(|c| CensusSummary::of(c, st.clients.as_ref())),
     })
 }
 

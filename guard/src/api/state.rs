@@ -215,3 +215,55 @@ pub fn unix_now() -> u64 {
         .duration_since(SystemTime::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::view::{LbIp, Provenance};
+    use guard_common::Ownership::{self, *};
+
+    fn view(state: Option<Ownership>) -> View {
+        let mut v = View::default();
+        if let Some(state) = state {
+            let source = Provenance::Interface("test".into());
+            v.lb.insert(IP, LbIp { state, source });
+        }
+        v
+    }
+
+    const IP: IpAddr = IpAddr::V4(std::net::Ipv4Addr::new(198, 51, 100, 7));
+
+    /// The moment of a move is kept from owned to anything else, through
+    /// unknown to foreign (a graceful hand-over), and goes once the IP is
+    /// owned again or gone.
+    #[test]
+    fn a_move_is_dated_when_this_node_stops_owning_the_ip() {
+        let mut lost = BTreeMap::new();
+        let mut entries = ip_entries(&BTreeMap::new(), &view(Some(Owned)), &BTreeMap::new());
+        let step =
+            |lost: &mut BTreeMap<IpAddr, u64>, entries: &mut BTreeMap<IpAddr, IpEntry>, s, now| {
+                let v = view(s);
+                note_losses(lost, entries, &v, [IP].iter(), now);
+                *entries = ip_entries(entries, &v, &BTreeMap::new());
+            };
+        step(&mut lost, &mut entries, Some(Owned), 5);
+        assert!(lost.is_empty(), "owned: no move");
+        step(&mut lost, &mut entries, Some(Unknown), 10);
+        assert_eq!(lost.get(&IP), Some(&10));
+        step(&mut lost, &mut entries, Some(Foreign), 20);
+        assert_eq!(
+            lost.get(&IP),
+            Some(&10),
+            "the move began when it left owned"
+        );
+        step(&mut lost, &mut entries, Some(Owned), 30);
+        assert!(lost.is_empty());
+        step(&mut lost, &mut entries, Some(Foreign), 40);
+        assert_eq!(lost.get(&IP), Some(&40));
+        step(&mut lost, &mut entries, None, 50);
+        assert!(lost.is_empty(), "gone from the LB set");
+        // Foreign from the start: never owned here, no move.
+        step(&mut lost, &mut entries, Some(Foreign), 60);
+        assert!(lost.is_empty());
+    }
+}

@@ -132,7 +132,7 @@ fn print_state(st: &Status, census_on: bool) {
 fn print_census_summary(v: &StatusDoc) {
     match &v.census {
         Some(c) => println!(
-            "  responder census: {} LB IPs claimed in the last {} s, table {}/{}{}",
+            "  responder census: {} LB IPs claimed in the last {} s, table {}/{}{}; misdirected clients sending here: {} ({} stale{})",
             c.ips_claimed,
             c.window_seconds,
             c.entries,
@@ -140,7 +140,10 @@ fn print_census_summary(v: &StatusDoc) {
             c.error
                 .as_deref()
                 .map(|e| format!(", unreadable: {e}"))
-                .unwrap_or_default()
+                .unwrap_or_default(),
+            c.misdirected_clients,
+            c.stale_clients,
+            if c.stale_clients > 0 { ": arp-guard clients" } else { "" }
         ),
         None => println!("  responder census: off"),
     }

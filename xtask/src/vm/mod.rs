@@ -33,6 +33,7 @@ pub const DEFAULT_TESTS: &[&str] = &[
     "lb_filter",
     "fuzz_differential",
     "census",
+    "clients",
     "privileges",
     "observability",
     "cli",

@@ -21,8 +21,9 @@
 //! next in [`Memory`]: each client's packet count at the last read (so
 //! that packets are counted once, and "since the move" starts from the
 //! count at the move) and whether its failover time was observed and its
-//! staleness reported. Everything in it is bounded by the kernel table's
-//! capacity or the LB set.
+//! staleness reported. Everything in it is bounded by what one walk of the
+//! kernel table returns (at most twice its capacity, under churn) or the LB
+//! set.
 
 use std::{
     collections::{BTreeMap, HashMap},

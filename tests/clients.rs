@@ -532,20 +532,35 @@ fn the_census_on_netlink_is_replaced_in_place_and_uninstalled() {
     udp_and_syns(&bed.peer, FOREIGN.into(), 2);
     clients_of(&bed.node, FOREIGN, |e| e["sending"] == 1);
     guard.stop(libc::SIGKILL, Duration::from_secs(5)).unwrap();
-    let out = bed
-        .node
-        .exec(&[
-            guard_binary().to_str().unwrap(),
-            "uninstall",
-            "--pin-dir",
-            d,
-            "-i",
-            "eth0",
-        ])
-        .unwrap();
+    let uninstall = || {
+        bed.node
+            .exec(&[
+                guard_binary().to_str().unwrap(),
+                "uninstall",
+                "--pin-dir",
+                d,
+                "-i",
+                "eth0",
+            ])
+            .unwrap()
+    };
+    let out = uninstall();
     assert!(
         out.contains("removed the census filter from eth0 ingress"),
         "{out}"
     );
+    assert_eq!(census_filters(&bed.node), 0);
+
+    // Left again; the next start attaches as the kernel allows: with TCX the
+    // census is a TCX link and the filter left in the slot goes, without it
+    // is replaced in place. Never two.
+    let mut guard = bed.start(&args).unwrap();
+    guard.stop(libc::SIGKILL, Duration::from_secs(5)).unwrap();
+    let mut guard = bed.start(&["--pin-dir", d]).unwrap();
+    guard.expect_log("census attached to ingress", Duration::from_secs(5));
+    let left = usize::from(!testbed::kernel::has_tcx());
+    assert_eq!(census_filters(&bed.node), left, "never two");
+    guard.stop(libc::SIGTERM, Duration::from_secs(10)).unwrap();
+    uninstall();
     assert_eq!(census_filters(&bed.node), 0);
 }

@@ -37,7 +37,9 @@ pub const MAP_FOREIGN_FILTER: &str = "FOREIGN_FILTER";
 /// 2^20 bits (128 KiB), as the LB filter.
 pub const FOREIGN_FILTER_WORDS: u32 = LB_FILTER_WORDS;
 
-/// Offsets in an untagged Ethernet frame.
+/// Offsets in an untagged Ethernet frame. The program reads a destination
+/// (IPv4) or its last four bytes (IPv6) at these on every packet, as a
+/// big-endian u32.
 const IPV4_SRC: usize = ETH_HLEN + 12;
 pub const IPV4_DST: usize = ETH_HLEN + 16;
 const IPV6_SRC: usize = ETH_HLEN + 8;
@@ -63,19 +65,6 @@ pub fn foreign_slot(ip: &IpKey) -> (u32, u64) {
 #[inline(always)]
 pub fn foreign_slot_v4(ip: u32) -> (u32, u64) {
     lb_filter_slot(ip)
-}
-
-/// The IPv4 destination (host order) of an untagged IPv4 frame.
-#[inline(always)]
-pub fn v4_destination<R: FrameReader + ?Sized>(r: &R) -> Option<u32> {
-    r.read::<4>(IPV4_DST).map(u32::from_be_bytes)
-}
-
-/// The last four bytes of the IPv6 destination of an untagged IPv6 frame
-/// (what [`foreign_slot`] hashes), as a host-order u32.
-#[inline(always)]
-pub fn v6_destination_low<R: FrameReader + ?Sized>(r: &R) -> Option<u32> {
-    r.read::<4>(IPV6_DST_LOW).map(u32::from_be_bytes)
 }
 
 /// The IPv6 destination of an untagged IPv6 frame.
@@ -265,8 +254,9 @@ mod tests {
 
     #[test]
     fn packets_name_their_client_and_destination() {
+        let be32 = |f: &[u8], at| f.read::<4>(at).map(u32::from_be_bytes);
         let f = v4_frame([198, 51, 100, 1], [198, 51, 100, 102]);
-        assert_eq!(v4_destination(&f[..]), Some(0xc633_6466));
+        assert_eq!(be32(&f[..], IPV4_DST), Some(0xc633_6466));
         let (mac, ip) = client_v4(&f[..]).unwrap();
         assert_eq!(mac, [2, 0, 0, 0, 0, 7]);
         assert_eq!(ip, v4_key(0xc633_6401));
@@ -275,7 +265,7 @@ mod tests {
         bad[14] = 0x65;
         assert_eq!(client_v4(&bad[..]), None);
         // Cut short: no destination.
-        assert_eq!(v4_destination(&f[..33]), None);
+        assert_eq!(be32(&f[..33], IPV4_DST), None);
         let mut v6 = [0u8; 54];
         v6[6..12].copy_from_slice(&[2, 0, 0, 0, 0, 8]);
         v6[14] = 0x60;
@@ -284,7 +274,7 @@ mod tests {
         v6[53] = 0x02;
         let dst = v6_destination(&v6[..]).unwrap();
         assert_eq!((dst[0], dst[15]), (0xfd, 2));
-        assert_eq!(v6_destination_low(&v6[..]), Some(2));
+        assert_eq!(be32(&v6[..], IPV6_DST_LOW), Some(2));
         assert_eq!(foreign_slot(&dst), lb_filter_slot(2));
         let (mac, src) = client_v6(&v6[..]).unwrap();
         assert_eq!((mac[5], src[0]), (8, 0xfd));

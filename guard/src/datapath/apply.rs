@@ -12,7 +12,7 @@ use guard_common::{LbEntry, MAP_LB_FILTER, MAP_LB_IPS, MAP_LB_IPS6};
 
 use super::{
     error::dp_err,
-    maps::{ApplyReport, NoHook},
+    maps::{ApplyReport, Lb6Hooks, LbHooks},
     Datapath, DatapathError,
 };
 use crate::model::view::View;
@@ -36,33 +36,19 @@ impl Datapath {
         // Addresses first: an LB IP that just appeared on the egress interface
         // must be known as such before its LB entry can make a frame drop.
         self.write_addresses(view, additive, &mut report);
-        self.foreign_before(view, view.lb.keys());
         let Self { ebpf, tables, .. } = self;
         let t = tables;
-        t.lb.reconcile(
-            ebpf.map_mut(MAP_LB_IPS),
-            &lb,
-            additive,
-            &mut report,
-            &mut t.filter,
-        );
+        let mut hooks = LbHooks {
+            filter: &mut t.filter,
+            foreign: &mut t.foreign,
+        };
+        let lb_map = ebpf.map_mut(MAP_LB_IPS);
+        t.lb.reconcile(lb_map, &lb, additive, &mut report, &mut hooks);
+        let mut hooks6 = Lb6Hooks(&mut t.foreign);
         let lb6_map = ebpf.map_mut(MAP_LB_IPS6);
         t.lb6
-            .reconcile(lb6_map, &lb6, additive, &mut report, &mut NoHook);
-        let foreign: std::collections::HashSet<_> = t.foreign_ips().collect();
-        t.foreign.sync(&foreign);
+            .reconcile(lb6_map, &lb6, additive, &mut report, &mut hooks6);
         report
-    }
-
-    /// The census's foreign filter, before the LB maps are written: the bit
-    /// of each IP that is to become foreign is set first, so that its first
-    /// misdirected packet is seen.
-    fn foreign_before<'a>(&mut self, view: &View, ips: impl Iterator<Item = &'a IpAddr>) {
-        for ip in ips {
-            if view.lb.get(ip).map(|l| l.state) == Some(guard_common::Ownership::Foreign) {
-                self.tables.foreign.set(guard_common::key_of_ip(*ip), true);
-            }
-        }
     }
 
     /// Make the maps hold `view` where it may differ from what was written:
@@ -78,7 +64,6 @@ impl Datapath {
     ) -> ApplyReport {
         let mut report = ApplyReport::default();
         self.write_addresses(view, additive, &mut report);
-        self.foreign_before(view, changed.iter());
         let Self { ebpf, tables, .. } = self;
         let t = tables;
         let entry = |ip: &IpAddr| view.lb.get(ip).map(|l| LbEntry::new(l.state));
@@ -86,26 +71,20 @@ impl Datapath {
             IpAddr::V4(v4) => Some((u32::from(*v4), entry(ip))),
             IpAddr::V6(_) => None,
         });
-        t.lb.apply_keys(
-            ebpf.map_mut(MAP_LB_IPS),
-            lb,
-            additive,
-            &mut report,
-            &mut t.filter,
-        );
+        let mut hooks = LbHooks {
+            filter: &mut t.filter,
+            foreign: &mut t.foreign,
+        };
+        let lb_map = ebpf.map_mut(MAP_LB_IPS);
+        t.lb.apply_keys(lb_map, lb, additive, &mut report, &mut hooks);
         let lb6 = changed.iter().filter_map(|ip| match ip {
             IpAddr::V6(v6) => Some((v6.octets(), entry(ip))),
             IpAddr::V4(_) => None,
         });
         let lb6_map = ebpf.map_mut(MAP_LB_IPS6);
+        let mut hooks6 = Lb6Hooks(&mut t.foreign);
         t.lb6
-            .apply_keys(lb6_map, lb6, additive, &mut report, &mut NoHook);
-        // After the writes: bits of IPs that are no longer foreign go.
-        for ip in changed {
-            let key = guard_common::key_of_ip(*ip);
-            let foreign = t.is_foreign(&key);
-            t.foreign.set(key, foreign);
-        }
+            .apply_keys(lb6_map, lb6, additive, &mut report, &mut hooks6);
         report
     }
 

@@ -114,6 +114,16 @@ impl Datapath {
         if let Some(links) = self.census.as_mut() {
             links.push(CensusLink { ifindex, id });
         }
+        // A census filter a killed daemon left in our netlink slot (an
+        // earlier `--attach netlink`) would observe on beside the TCX link.
+        if how == AttachHow::Tcx
+            && super::attach::remove_netlink_filter(iface, TcAttachType::Ingress).unwrap_or(false)
+        {
+            tracing::info!(
+                interface = iface,
+                "removed a census filter an earlier run left on ingress"
+            );
+        }
         Ok(how)
     }
 

@@ -212,17 +212,6 @@ impl ForeignFilter {
         }
     }
 
-    /// Bring the bits to `want`, the foreign LB IPs of both maps as written.
-    pub(super) fn sync(&mut self, want: &HashSet<IpKey>) {
-        let gone: Vec<IpKey> = self.foreign.difference(want).copied().collect();
-        for ip in gone {
-            self.set(ip, false);
-        }
-        for ip in want {
-            self.set(*ip, true);
-        }
-    }
-
     /// Start again from `ips`, every foreign LB IP.
     pub(super) fn rebuild(&mut self, ips: impl Iterator<Item = IpKey>) -> Result<(), MapError> {
         self.foreign = ips.collect();

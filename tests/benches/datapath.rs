@@ -192,6 +192,7 @@ fn main() {
         per_frame(&mut dp, before.as_mut(), &floor, n, &plan);
     }
     map_updates(&mut dp, *plan.sizes.last().unwrap());
+    client_walk(&mut dp);
 }
 
 /// Instructions after the verifier and bytes of JIT code, per program.
@@ -333,5 +334,43 @@ fn map_updates(dp: &mut guard::testing::Datapath, n: u32) {
         fill.as_secs_f64() * 1e3,
         single.as_secs_f64() * 1e3,
         all.as_secs_f64() * 1e3
+    );
+}
+
+/// The daemon's read of the census's client table: the totals alone (what
+/// a read with nothing new costs), and a walk of a full table (a flood of
+/// forged MACs), filled by the program itself.
+fn client_walk(dp: &mut guard::testing::Datapath) {
+    dp.apply(&view(300, fixed_states), false);
+    let reader = dp.clients_reader().unwrap();
+    let n = guard_common::MAX_CLIENTS;
+    for i in 0..n {
+        let b = i.to_be_bytes();
+        let mac = [2, 0x66, b[0], b[1], b[2], b[3]];
+        let f = testbed::ip_bytes(mac, [0; 6], PEER.into(), lb(FOREIGN).into(), Some(80));
+        dp.census_test_run(&f).unwrap();
+    }
+    let (mut totals, mut walk, mut held) = (Samples::new(), Samples::new(), 0);
+    for _ in 0..5 {
+        let t = Instant::now();
+        reader.stats().unwrap();
+        totals.push(t.elapsed().as_secs_f64() * 1e6);
+        let t = Instant::now();
+        let entries = reader.entries().unwrap();
+        walk.push(t.elapsed().as_secs_f64() * 1e3);
+        held = entries.len();
+    }
+    // The LRU makes room in batches: a table filled with as many keys as
+    // its capacity holds somewhat fewer.
+    assert!(held > n as usize / 2, "{held} entries");
+    println!(
+        "\nclient table ({held} of {n} entries): totals read {:.0} us, walk {:.1} ms",
+        totals.median(),
+        walk.median()
+    );
+    println!(
+        "RESULT clients_reader totals us={}\nRESULT clients_reader walk_full ms={} entries={held}",
+        totals.spread(),
+        walk.spread_with(1)
     );
 }

@@ -48,6 +48,7 @@ impl Datapath {
         let lb6_map = ebpf.map_mut(MAP_LB_IPS6);
         t.lb6
             .reconcile(lb6_map, &lb6, additive, &mut report, &mut hooks6);
+        t.foreign.flush();
         report
     }
 
@@ -85,6 +86,7 @@ impl Datapath {
         let mut hooks6 = Lb6Hooks(&mut t.foreign);
         t.lb6
             .apply_keys(lb6_map, lb6, additive, &mut report, &mut hooks6);
+        t.foreign.flush();
         report
     }
 

@@ -12,7 +12,7 @@
 //! attached; if that rebuild fails, the writer forgets what `LB_IPS` holds so
 //! that its next write sets every entry's bit again.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
 
 use aya::maps::{Array, Map, MapData, MapError};
 use guard_common::{
@@ -25,20 +25,34 @@ use guard_common::{
 struct Bits {
     map: Option<Map>,
     counts: HashMap<(u32, u64), u32>,
-    /// The words as last written to the kernel.
+    /// The words as last written to the kernel (as wanted, for those in
+    /// `deferred`).
     words: Vec<u64>,
+    /// Words changed but not written yet: Some for a filter written once
+    /// per batch of changes ([`Bits::flush`]), None for one written at
+    /// every change.
+    deferred: Option<BTreeSet<u32>>,
 }
 
 impl Bits {
-    fn new(map: Option<Map>, words: u32) -> Self {
+    fn new(map: Option<Map>, words: u32, deferred: bool) -> Self {
         Bits {
             map,
             counts: HashMap::new(),
             words: vec![0; words as usize],
+            deferred: deferred.then(BTreeSet::new),
         }
     }
 
     fn write_word(&mut self, word: u32) -> Result<(), MapError> {
+        if let Some(d) = self.deferred.as_mut() {
+            d.insert(word);
+            return Ok(());
+        }
+        self.write_now(word)
+    }
+
+    fn write_now(&mut self, word: u32) -> Result<(), MapError> {
         let Some(map) = self.map.as_mut() else {
             return Ok(());
         };
@@ -85,9 +99,28 @@ impl Bits {
         }
     }
 
+    /// Write the words changed since the last flush, once each; a word that
+    /// fails stays to be written at the next.
+    fn flush(&mut self) -> Result<(), MapError> {
+        let Some(dirty) = self.deferred.take() else {
+            return Ok(());
+        };
+        let mut left = BTreeSet::new();
+        let mut result = Ok(());
+        for word in dirty {
+            if let Err(e) = self.write_now(word) {
+                left.insert(word);
+                result = Err(e);
+            }
+        }
+        self.deferred = Some(left);
+        result
+    }
+
     /// Start again from `slots`: rewrite the words that differ from what
     /// was written last.
     fn rebuild(&mut self, slots: impl Iterator<Item = (u32, u64)>) -> Result<(), MapError> {
+        self.flush()?;
         self.counts.clear();
         let mut want = vec![0u64; self.words.len()];
         for slot in slots {
@@ -99,7 +132,7 @@ impl Bits {
             let old = self.words[word];
             if want != old {
                 self.words[word] = want;
-                if let Err(e) = self.write_word(word as u32) {
+                if let Err(e) = self.write_now(word as u32) {
                     // The kernel keeps the old word: our record says so, and
                     // the failure is reported.
                     self.words[word] = old;
@@ -134,7 +167,7 @@ impl LbFilter {
     /// the hash lookup).
     pub(super) fn new(map: Option<Map>) -> Self {
         LbFilter {
-            bits: Bits::new(map, LB_FILTER_WORDS),
+            bits: Bits::new(map, LB_FILTER_WORDS, false),
         }
     }
 
@@ -165,8 +198,9 @@ impl LbFilter {
 /// of every LB IP, of either family, that is `foreign` in the LB maps.
 /// Safe direction: the census only observes, so a bit missing costs a few
 /// packets not recorded and a bit too many a hash lookup; neither can stop
-/// a frame. It is set for an IP before its entry says `foreign` and cleared
-/// after it no longer does, so that a move is seen from its first packet.
+/// a frame. Its words are written once per batch of LB map writes
+/// ([`ForeignFilter::flush`], right after them: microseconds), not once per
+/// IP: filling 65,536 foreign IPs writes each word once.
 pub(super) struct ForeignFilter {
     bits: Bits,
     /// The IPs whose bit is counted.
@@ -186,7 +220,7 @@ impl ForeignFilter {
     /// the census is off; nothing is written).
     pub(super) fn new(map: Option<Map>) -> Self {
         ForeignFilter {
-            bits: Bits::new(map, FOREIGN_FILTER_WORDS),
+            bits: Bits::new(map, FOREIGN_FILTER_WORDS, true),
             foreign: HashSet::new(),
         }
     }
@@ -209,6 +243,14 @@ impl ForeignFilter {
         } else {
             self.foreign.remove(&ip);
             self.bits.remove(foreign_slot(&ip));
+        }
+    }
+
+    /// Write what changed since the last flush (after a batch of writes).
+    pub(super) fn flush(&mut self) {
+        if let Err(e) = self.bits.flush() {
+            // Observe-only: retried at the next flush.
+            tracing::debug!(error = %e, "writing the census's foreign filter");
         }
     }
 

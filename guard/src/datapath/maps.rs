@@ -125,8 +125,8 @@ impl<K, V> KeyHook<K, V> for NoHook {}
 
 /// The hooks of `LB_IPS`: the LB filter's bit is set before a new IP
 /// enters and cleared after it left; the census's foreign bit is set
-/// before an entry says `foreign` and cleared after it no longer does (so
-/// that the first misdirected packet after a move is seen).
+/// when an entry comes to say `foreign` and cleared when it no longer does
+/// (written to the kernel by the foreign filter's flush after the batch).
 pub(super) struct LbHooks<'a> {
     pub(super) filter: &'a mut LbFilter,
     pub(super) foreign: &'a mut ForeignFilter,

@@ -188,6 +188,19 @@ pub struct StaleClient {
     pub packets: u64,
 }
 
+/// A client seen sending here for the first time in its episode (after
+/// the move; not owned here: in its current run), still sending: what
+/// must be acted on at once, without waiting for it to become stale.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NewClient {
+    pub lb_ip: IpAddr,
+    pub cause: Cause,
+    pub mac: [u8; 6],
+    pub client_ip: IpAddr,
+    /// Its latest packet (on the entries' clock).
+    pub last_ns: u64,
+}
+
 /// What one read brought.
 #[derive(Debug, Clone, Default)]
 pub struct Outcome {
@@ -196,6 +209,8 @@ pub struct Outcome {
     /// read, each client once per move.
     pub failovers: Vec<f64>,
     pub newly_stale: Vec<StaleClient>,
+    /// Each client once per episode, at the first read that sees it.
+    pub newly_misdirected: Vec<NewClient>,
 }
 
 /// What is remembered of one client from one read to the next.
@@ -209,6 +224,7 @@ struct Seen {
     run: u64,
     observed: bool,
     stale_reported: bool,
+    announced: bool,
 }
 
 /// What [`assess`] keeps from one read to the next.
@@ -340,7 +356,17 @@ fn judge(
     }
     if cause == Cause::NotOwnedHere && seen.run != e.first_ns {
         // A new run of packets: a new episode to report.
-        (seen.run, seen.stale_reported) = (e.first_ns, false);
+        (seen.run, seen.stale_reported, seen.announced) = (e.first_ns, false, false);
+    }
+    if status != Status::Gone && !seen.announced {
+        seen.announced = true;
+        out.newly_misdirected.push(NewClient {
+            lb_ip: e.ip,
+            cause,
+            mac: e.mac,
+            client_ip: e.client_ip,
+            last_ns: e.last_ns,
+        });
     }
     if status == Status::Stale && !seen.stale_reported {
         seen.stale_reported = true;
@@ -477,6 +503,11 @@ mod tests {
         assert_eq!((c.first_seen_ago_s, c.last_seen_ago_s), (11, 1));
         assert_eq!(c.interface, "eth0");
         assert!(o.newly_stale.is_empty() && o.failovers.is_empty());
+        assert_eq!(o.newly_misdirected.len(), 1, "seen at once, not when stale");
+        assert_eq!(
+            (o.newly_misdirected[0].mac, o.newly_misdirected[0].cause),
+            (A, Cause::NotOwnedHere)
+        );
         // Still sending 40 s after its first packet: stale, reported once.
         let o = assess(
             &[entry(A, 100, 140, 50)],
@@ -493,6 +524,7 @@ mod tests {
             &mut m,
         );
         assert!(o.newly_stale.is_empty(), "reported once");
+        assert!(o.newly_misdirected.is_empty(), "new once");
         assert_eq!(o.clients[&IP].packets_total, 51, "each packet counted once");
         // Quiet for the threshold: gone; no failover time without a move.
         let o = assess(
@@ -518,6 +550,16 @@ mod tests {
         // Lost at 100: A sends until 102 then stops, B keeps sending.
         let early = [entry(A, 100, 102, 9), entry(B, 100, 108, 10)];
         let o = assess(&early, &cx(110, Ownership::Foreign, Some(100)), &mut m);
+        let new: Vec<_> = o
+            .newly_misdirected
+            .iter()
+            .map(|n| (n.mac, n.cause))
+            .collect();
+        assert_eq!(
+            new,
+            [(A, Cause::AfterMove), (B, Cause::AfterMove)],
+            "a move: new again"
+        );
         let e = &o.clients[&IP];
         assert_eq!(e.cause, Some(Cause::AfterMove));
         assert_eq!(e.moved_ago_s, Some(10));

@@ -212,6 +212,15 @@ fn judge(task: &ClientsTask, l: &mut Loop, stats: Totals) {
     if !out.failovers.is_empty() {
         tracing::debug!(target: "arp_guard::clients", failover_s = ?out.failovers, "clients followed a move");
     }
+    // Where a reaction to a client that just came (a refresh) belongs:
+    // each client once per episode, within a read period of its arrival.
+    for n in out.newly_misdirected.iter().take(LOG_PER_READ) {
+        tracing::debug!(
+            target: "arp_guard::clients",
+            lb_ip = %n.lb_ip, cause = n.cause.as_str(), mac = %crate::model::fmt_mac(&n.mac),
+            client_ip = %n.client_ip, "misdirected client"
+        );
+    }
     report_stale(&out.newly_stale, &task.events);
     l.series.update(&out.clients, task.max_ip_series);
     l.last = ClientsDoc {

@@ -11,6 +11,7 @@
 
 pub mod build;
 pub mod census;
+pub mod clients;
 pub mod frame;
 pub mod maps;
 pub mod ndp;
@@ -19,6 +20,10 @@ pub mod verdict;
 
 pub use census::{
     CensusStat, ResponderKey, ResponderValue, MAP_CENSUS_STATS, MAP_RESPONDERS, MAX_RESPONDERS,
+};
+pub use clients::{
+    ClientKey, ClientStat, ClientValue, MAP_CLIENTS, MAP_CLIENT_STATS, MAP_FOREIGN_FILTER,
+    MAX_CLIENTS,
 };
 pub use frame::{parse, ArpFrame, FrameReader, Parsed};
 pub use maps::*;

@@ -26,7 +26,7 @@ pub mod takeover;
 pub mod tc;
 
 pub use daemon::{Daemon, EventTail};
-pub use frames::{nd_bytes, ArpSpec, Captured};
+pub use frames::{ip_bytes, nd_bytes, ArpSpec, Captured};
 pub use http::get as http_get;
 pub use netns::Netns;
 pub use packet::RawSocket;

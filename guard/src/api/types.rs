@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::{
     model::{census::Reason, takeover::TakeoverRecord},
-    telemetry::{census::CensusDoc, status::Status, takeover::TakeoverStats},
+    telemetry::{census::CensusDoc, clients::ClientsDoc, status::Status, takeover::TakeoverStats},
 };
 
 /// One LB IP as the daemon currently treats it.
@@ -84,16 +84,25 @@ pub struct CensusSummary {
     pub ips_claimed: usize,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// Clients still sending here for LB IPs that are foreign here, and
+    /// the stale ones among them (`arp-guard clients`).
+    #[serde(default)]
+    pub misdirected_clients: usize,
+    #[serde(default)]
+    pub stale_clients: usize,
 }
 
 impl CensusSummary {
-    pub fn of(d: &CensusDoc) -> Self {
+    pub fn of(d: &CensusDoc, clients: Option<&ClientsDoc>) -> Self {
+        let ips = clients.map(|c| c.ips.values());
         CensusSummary {
             window_seconds: d.window_seconds,
             entries: d.entries,
             capacity: d.capacity,
             ips_claimed: d.ips.values().filter(|c| c.active > 0).count(),
             error: d.error.clone(),
+            misdirected_clients: ips.clone().map_or(0, |i| i.map(|c| c.sending).sum()),
+            stale_clients: ips.map_or(0, |i| i.map(|c| c.stale).sum()),
         }
     }
 }

@@ -8,7 +8,8 @@ use anyhow::{bail, Result};
 use super::{AnnouncerArg, AttachArg, KubeVipElection, OnExit, RunArgs};
 use crate::{
     daemon::{
-        ApiConfig, DaemonConfig, OnExit as ExitAction, RunConfig, SourcesConfig, TakeoverConfig,
+        ApiConfig, ClientsConfig, DaemonConfig, OnExit as ExitAction, RunConfig, SourcesConfig,
+        TakeoverConfig,
     },
     datapath::{AttachMode, DatapathConfig, Gate},
     sources::{
@@ -30,6 +31,10 @@ impl RunArgs {
                 listen: self.listen.addr(),
                 metrics_listen: self.metrics_listen.addr(),
                 metrics_max_ip_series: self.metrics_max_ip_series,
+            },
+            clients: ClientsConfig {
+                stale_after: self.stale_client_after,
+                read_period: self.clients_read_period,
             },
         })
     }
@@ -56,6 +61,9 @@ impl RunArgs {
                 "nothing to enforce: give --announcer cilium|kube-vip|metallb, --ownership-file, and/or --lb-ips-from \
                  (e.g. --lb-ips-from kube-ipvs0)"
             );
+        }
+        if self.stale_client_after.is_zero() || self.clients_read_period.is_zero() {
+            bail!("--stale-client-after and --clients-read-period must be longer than 0");
         }
         for i in &self.lb_ips_from {
             if self.interfaces.contains(i) {

@@ -10,7 +10,7 @@ use crate::{
         client,
         types::{Explanation, Lagged, StatusDoc},
     },
-    cli::{ClientArgs, ExplainArgs, Output, RespondersArgs},
+    cli::{ClientArgs, ExplainArgs, LbIpArgs, Output},
     telemetry::{
         census::{CensusDoc, ConflictEvent},
         events::EventJson,
@@ -19,7 +19,10 @@ use crate::{
 };
 
 /// GET `path` and read the answer as `T` (the raw JSON too, for `-o json`).
-async fn fetch<T: DeserializeOwned>(args: &ClientArgs, path: &str) -> Result<(T, String)> {
+pub(super) async fn fetch<T: DeserializeOwned>(
+    args: &ClientArgs,
+    path: &str,
+) -> Result<(T, String)> {
     let (code, body) = client::get(args.api, path).await?;
     if code != 200 {
         bail!("the daemon answered {code} for {path}: {}", body.trim());
@@ -153,7 +156,7 @@ fn print_state(st: &Status, census_on: bool) {
 fn print_census_summary(v: &StatusDoc) {
     match &v.census {
         Some(c) => println!(
-            "  responder census: {} LB IPs claimed in the last {} s, table {}/{}{}",
+            "  responder census: {} LB IPs claimed in the last {} s, table {}/{}{}; misdirected clients sending here: {} ({} stale{})",
             c.ips_claimed,
             c.window_seconds,
             c.entries,
@@ -161,7 +164,10 @@ fn print_census_summary(v: &StatusDoc) {
             c.error
                 .as_deref()
                 .map(|e| format!(", unreadable: {e}"))
-                .unwrap_or_default()
+                .unwrap_or_default(),
+            c.misdirected_clients,
+            c.stale_clients,
+            if c.stale_clients > 0 { ": arp-guard clients" } else { "" }
         ),
         None => println!("  responder census: off"),
     }
@@ -233,7 +239,7 @@ pub async fn explain(args: &ExplainArgs) -> Result<()> {
 
 /// `arp-guard responders [IP]`: who claims each LB IP on the segment, as
 /// this node's census saw it. Exit 1 when an IP shown is in conflict.
-pub async fn responders(args: &RespondersArgs) -> Result<()> {
+pub async fn responders(args: &LbIpArgs) -> Result<()> {
     let path = match args.ip {
         Some(ip) => format!("/responders?ip={ip}"),
         None => "/responders".into(),

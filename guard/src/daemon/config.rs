@@ -73,4 +73,17 @@ pub struct RunConfig {
     pub datapath: DatapathConfig,
     pub sources: SourcesConfig,
     pub api: ApiConfig,
+    pub clients: ClientsConfig,
+}
+
+/// Misdirected clients (the census's client table).
+#[derive(Debug, Clone)]
+pub struct ClientsConfig {
+    /// A client still sending here this long after the move (or its first
+    /// packet, to an IP never owned here) is stale; one quiet this long has
+    /// gone.
+    pub stale_after: Duration,
+    /// How often the table's totals are read (and the table walked when a
+    /// packet was recorded since the last walk).
+    pub read_period: Duration,
 }

@@ -26,7 +26,9 @@ use crate::{
     model::{addrs::AddrTable, cluster::ClusterView, ownership::OwnershipFile, view::View},
     telemetry::{ops::OPS, status::Status},
 };
-pub use config::{ApiConfig, DaemonConfig, OnExit, RunConfig, SourcesConfig, TakeoverConfig};
+pub use config::{
+    ApiConfig, ClientsConfig, DaemonConfig, OnExit, RunConfig, SourcesConfig, TakeoverConfig,
+};
 pub use preflight::{check_capabilities, effective_caps, node_name};
 
 /// Run the daemon until SIGTERM/SIGINT.

@@ -20,13 +20,14 @@ use super::{
 use crate::{
     api::{self, Shared},
     datapath::{sys::ifindex, Datapath},
+    model::clients::IpState,
     model::{addrs::AddrTable, cluster::ClusterView, ownership::OwnershipFile},
     sources::{
         addrs,
         cluster::{task, ClusterConfig},
         file, file_watch,
     },
-    telemetry::census,
+    telemetry::{census, clients},
 };
 
 /// The ownership file as parsed at start, with the text it was parsed from.
@@ -261,6 +262,7 @@ impl Daemon {
             }
         };
         self.start_census();
+        self.start_clients();
         if let Some(listener) = listeners.api {
             let router = api::routes::router(self.shared.clone());
             tokio::spawn(api::serve(listener, router, api::routes::ALL_PATHS));
@@ -310,6 +312,51 @@ impl Daemon {
         });
         if let Err(e) = spawned {
             tracing::warn!(error = %e, "the responder census cannot start its thread; guarding without it");
+        }
+    }
+
+    /// The reader of misdirected clients: judged against the ownership and
+    /// the moves the main loop publishes, its result published for the API.
+    fn start_clients(&self) {
+        if !self.dp.census_loaded() {
+            return;
+        }
+        let reader = match self.dp.clients_reader() {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::warn!(error = %format!("{e:#}"), "the census's client table cannot be read; guarding without it");
+                return;
+            }
+        };
+        let c = &self.cfg.clients;
+        self.shared.write().clients = Some(clients::ClientsDoc::empty(c.stale_after));
+        let (states, publish) = (self.shared.clone(), self.shared.clone());
+        let spawned = clients::spawn(clients::ClientsTask {
+            reader,
+            period: c.read_period,
+            stale_after: c.stale_after,
+            max_ip_series: self.cfg.api.metrics_max_ip_series,
+            states: Box::new(move |asked| {
+                let st = states.read();
+                (asked.iter().chain(st.lost.keys()))
+                    .filter_map(|ip| {
+                        let e = st.ips.get(ip)?;
+                        let lost_ns = st.lost.get(ip).copied();
+                        Some((
+                            *ip,
+                            IpState {
+                                state: e.state,
+                                lost_ns,
+                            },
+                        ))
+                    })
+                    .collect()
+            }),
+            publish: Box::new(move |doc| publish.write().clients = Some(doc)),
+            events: self.shared.events.clone(),
+        });
+        if let Err(e) = spawned {
+            tracing::warn!(error = %e, "the client reader cannot start its thread; guarding without it");
         }
     }
 

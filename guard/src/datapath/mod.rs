@@ -6,6 +6,7 @@
 mod apply;
 pub mod attach;
 pub mod census;
+pub mod clients;
 pub mod error;
 mod filter;
 mod if_tables;
@@ -157,10 +158,7 @@ impl Datapath {
             // Allocated on use: its capacity costs nothing until IPv6 LB IPs come.
             loader.map_max_entries(guard_common::MAP_LB_IPS6, lb_ips);
             loader.map_max_entries(MAP_COUNTERS, counter_capacity(lb_ips));
-            if !census {
-                // The object always has the census table; unused, it holds nothing.
-                loader.map_max_entries(guard_common::MAP_RESPONDERS, 1);
-            }
+            census::size_tables(&mut loader, census);
             if let Some(dir) = pin_dir {
                 for (name, ..) in pins::pinned_maps(lb_ips) {
                     loader.map_pin_path(name, pins::map_path(dir, name));
@@ -168,7 +166,7 @@ impl Datapath {
             }
             loader.load(object).map_err(error::load_error)
         };
-        // The census table (1.6 MiB, preallocated) must never be what keeps
+        // The census tables (2.7 MiB, preallocated) must never be what keeps
         // the guard from loading (a tight memlock limit or memory cgroup).
         let (mut ebpf, census_on) = match load(cfg.census) {
             Ok(ebpf) => (ebpf, cfg.census),
@@ -199,6 +197,7 @@ impl Datapath {
         // Held by the reconciler (written next to LB_IPS); the programs keep
         // their own reference to it.
         let filter = ebpf.take_map(guard_common::MAP_LB_FILTER);
+        let foreign = census::foreign_filter(&mut ebpf, census.is_some());
         let mut dp = Datapath {
             census,
             census_window: cfg.census_window,
@@ -210,7 +209,7 @@ impl Datapath {
             leak_action: cfg.leak_action,
             ebpf,
             attached: Vec::new(),
-            tables: Tables::new(filter),
+            tables: Tables::new(filter, foreign),
             logger,
             _pin_lock: lock,
         };
@@ -295,6 +294,7 @@ impl Datapath {
             .filter_map(|(_, m)| map_data(m)?.info().ok())
             .map(|i| i.id())
             .chain(self.tables.filter.map_id())
+            .chain(self.tables.foreign.map_id())
             .collect();
         let Ok(dir) = std::fs::read_dir("/proc/self/fdinfo") else {
             return 0;

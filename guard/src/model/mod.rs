@@ -4,6 +4,7 @@
 
 pub mod addrs;
 pub mod census;
+pub mod clients;
 pub mod cluster;
 pub mod ownership;
 pub mod refresh;

@@ -334,10 +334,30 @@ mod tests {
             panic!("not NDP")
         };
         assert!(nd.is_advert());
-        assert_eq!(nd.target, c6.ip.to_string().parse::<std::net::Ipv6Addr>().unwrap().octets());
-        assert!(f.windows(6).any(|w| w == OWNER), "the option carries the owner's MAC");
+        assert_eq!(
+            nd.target,
+            c6.ip
+                .to_string()
+                .parse::<std::net::Ipv6Addr>()
+                .unwrap()
+                .octets()
+        );
+        assert!(
+            f.windows(6).any(|w| w == OWNER),
+            "the option carries the owner's MAC"
+        );
         // Mixed families: nothing.
-        assert_eq!(refresh_frame(&Client { client_ip: c6.client_ip, ..c }, OWNER, OURS), None);
+        assert_eq!(
+            refresh_frame(
+                &Client {
+                    client_ip: c6.client_ip,
+                    ..c
+                },
+                OWNER,
+                OURS
+            ),
+            None
+        );
     }
 
     #[test]

@@ -1,10 +1,10 @@
 //! Which kernel counter rows keep their own `lb_ip` label in /metrics
 //! (`--metrics-max-ip-series`), and what the folded rest adds up to.
 
-use super::counters::{Row, Snapshot};
-
-/// A series' labels.
-pub(super) type Labels = Vec<(&'static str, String)>;
+use super::{
+    counters::{Row, Snapshot},
+    family::Labels,
+};
 
 /// Which counter rows keep their own `lb_ip` in /metrics, and what the
 /// folded rest has added up to. Chosen first come, first labelled, and

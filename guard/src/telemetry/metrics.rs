@@ -30,6 +30,13 @@
 //! | `arp_guard_takeovers_total` | counter | |
 //! | `arp_guard_silent_takeovers_total` | counter | |
 //! | `arp_guard_takeover_first_announcement_seconds` | histogram | |
+//! | `arp_guard_misdirected_packets_total` | counter | lb_ip, family (packets here for a foreign LB IP; at most --metrics-max-ip-series) |
+//! | `arp_guard_misdirected_clients` | gauge | lb_ip, family (clients still sending here; same bound) |
+//! | `arp_guard_stale_clients` | gauge | cause (after_move, not_owned_here) |
+//! | `arp_guard_stale_client_oldest_seconds` | gauge | |
+//! | `arp_guard_client_failover_seconds` | histogram | (client-visible failover times after this node lost an IP) |
+//! | `arp_guard_misdirected_frames_total` | counter | outcome (recorded, new_client, insert_failed, other_host) |
+//! | `arp_guard_client_table_entries` | gauge | |
 
 use std::sync::atomic::Ordering;
 
@@ -48,12 +55,13 @@ use super::{
     status::{Feed, InterfaceState, Status},
     takeover::{TakeoverStats, OUTCOMES},
 };
-use crate::{model::census::Reason, telemetry::census::CensusDoc};
+use crate::{
+    model::census::Reason,
+    telemetry::{census::CensusDoc, clients::ClientsDoc},
+};
 
+use super::family::Family;
 pub use super::fold::Fold;
-use super::fold::Labels;
-/// (name, help, series).
-type Family<V> = (&'static str, &'static str, Vec<(Labels, V)>);
 
 /// One scrape's worth of values.
 #[derive(Debug, Default)]
@@ -74,8 +82,8 @@ impl prometheus_client::encoding::EncodeMetric for ConstHistogram<'_> {
     ) -> Result<(), std::fmt::Error> {
         let h = self.0;
         encoder.encode_histogram::<prometheus_client::encoding::NoLabelSet>(
-            h.sum(),
-            h.count(),
+            h.sum,
+            h.count,
             &h.buckets(),
             None,
         )
@@ -139,6 +147,13 @@ pub const NAMES: &[&str] = &[
     "arp_guard_takeovers_total",
     "arp_guard_silent_takeovers_total",
     "arp_guard_takeover_first_announcement_seconds",
+    "arp_guard_misdirected_packets_total",
+    "arp_guard_misdirected_clients",
+    "arp_guard_stale_clients",
+    "arp_guard_stale_client_oldest_seconds",
+    "arp_guard_client_failover_seconds",
+    "arp_guard_misdirected_frames_total",
+    "arp_guard_client_table_entries",
 ];
 
 /// What one scrape is made of.
@@ -156,6 +171,8 @@ pub struct Scrape<'a> {
     pub census: Option<&'a CensusDoc>,
     /// Held announcements and takeovers, once the daemon has started.
     pub takeover: Option<&'a TakeoverStats>,
+    /// Misdirected and stale clients, when the census runs.
+    pub clients: Option<&'a ClientsDoc>,
 }
 
 /// The Prometheus text of one scrape.
@@ -180,6 +197,16 @@ pub fn render(scrape: Scrape<'_>) -> Result<String> {
     }
     if let Some(t) = scrape.takeover {
         takeovers(&mut v, t);
+    }
+    if let Some(c) = scrape.clients {
+        let f = super::clients_metrics::families(c.parts());
+        v.counters.extend(f.counters);
+        v.gauges.extend(f.gauges);
+        v.histograms.push((
+            "arp_guard_client_failover_seconds",
+            "Client-visible failover time: a client's last packet here after this node lost the LB IP, minus the moment of the move (observed once the client has gone quiet).",
+            vec![(vec![], c.failover.clone())],
+        ));
     }
     operations(&mut v);
     let mut registry = Registry::default();
@@ -498,12 +525,12 @@ mod tests {
             assert!(!names.is_empty(), "no arp-guard metric in {e}");
             for n in names {
                 // A histogram's series: NAME_bucket, NAME_sum, NAME_count.
-                let n = ["_bucket", "_sum", "_count"]
+                let base = ["_bucket", "_sum", "_count"]
                     .iter()
-                    .find_map(|sfx| n.strip_suffix(sfx).filter(|b| NAMES.contains(b)))
-                    .map_or(n.clone(), str::to_owned);
+                    .find_map(|s| n.strip_suffix(s))
+                    .filter(|b| NAMES.contains(b));
                 assert!(
-                    NAMES.contains(&n.as_str()),
+                    NAMES.contains(&n.as_str()) || base.is_some(),
                     "{n} (in `{e}`) is not exported"
                 );
             }

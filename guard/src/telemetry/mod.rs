@@ -3,8 +3,11 @@
 //! rendering of all of it.
 
 pub mod census;
+pub mod clients;
+mod clients_metrics;
 pub mod counters;
 pub mod events;
+mod family;
 mod fold;
 pub mod histogram;
 pub mod metrics;

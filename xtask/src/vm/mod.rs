@@ -34,6 +34,7 @@ pub const DEFAULT_TESTS: &[&str] = &[
     "fuzz_differential",
     "census",
     "takeover",
+    "clients",
     "privileges",
     "observability",
     "cli",

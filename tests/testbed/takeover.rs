@@ -77,6 +77,18 @@ impl TakeoverBed {
     /// node-a; with `guard`, arp-guard in enforce mode on both nodes
     /// (`extra` flags after the common ones).
     pub fn new(tag: &str, style: Style, guard: bool, extra: &[&str]) -> Result<Self> {
+        Self::new_wrapped(tag, style, guard, extra, &[])
+    }
+
+    /// [`Self::new`] with the guards run under `wrapper` (e.g. the
+    /// DaemonSet's privileges, `deploy::daemonset_wrapper`).
+    pub fn new_wrapped(
+        tag: &str,
+        style: Style,
+        guard: bool,
+        extra: &[&str],
+        wrapper: &[String],
+    ) -> Result<Self> {
         let bed = ClusterBed::new(tag, &[LB])?;
         bed.api.apply(
             Resource::Services,
@@ -99,7 +111,7 @@ impl TakeoverBed {
         if guard {
             let mut args = vec!["--announcer", style.announcer()];
             args.extend_from_slice(extra);
-            t.guards = t.bed.start(&args)?;
+            t.guards = t.bed.start_wrapped(wrapper, &args)?;
             // Both guards know the owner before the first takeover.
             let ok = crate::wait_until(Duration::from_secs(10), || {
                 (0..2).all(|i| t.state_on(i).as_deref() == Some(["owned", "foreign"][i]))
@@ -180,9 +192,37 @@ impl TakeoverBed {
     /// The other node takes the IP over; how long until the client's entry
     /// holds its MAC (polled up to `limit`).
     pub fn round(&mut self, limit: Duration) -> Result<Round> {
-        let to = 1 - self.owner;
-        let want = self.bed.nodes[to].mac;
         self.capture.drain();
+        let (to, started, writer) = self.take_over()?;
+        let want = self.bed.nodes[to].mac;
+        let arrived = self
+            .capture
+            .wait_arp(limit, |c| c.spa == LB && c.sha == want)?
+            .map(|_| started.elapsed());
+        let moved_after = crate::wait_for(limit, || {
+            let mac = self.bed.peer.cached_mac("eth0", &LB.to_string()).ok()??;
+            (mac == want).then(|| started.elapsed())
+        });
+        if let Some(w) = writer {
+            w.join()
+                .map_err(|_| anyhow::anyhow!("the status writer panicked"))?;
+        }
+        // The next update must come after the client's locktime (1 s).
+        std::thread::sleep(Duration::from_millis(1100));
+        Ok(Round {
+            to,
+            arrived_after: arrived,
+            moved_after,
+        })
+    }
+
+    /// The other node takes the IP over, the way the announcer does it:
+    /// the new owner, when the takeover started (the API write, or the
+    /// first announcement when it comes first), and MetalLB's status
+    /// writer still to join.
+    #[allow(clippy::type_complexity)]
+    pub fn take_over(&mut self) -> Result<(usize, Instant, Option<std::thread::JoinHandle<()>>)> {
+        let to = 1 - self.owner;
         let mut writer = None;
         let started = match self.style {
             Style::Cilium => {
@@ -213,25 +253,7 @@ impl TakeoverBed {
             }
         };
         self.owner = to;
-        let arrived = self
-            .capture
-            .wait_arp(limit, |c| c.spa == LB && c.sha == want)?
-            .map(|_| started.elapsed());
-        let moved_after = crate::wait_for(limit, || {
-            let mac = self.bed.peer.cached_mac("eth0", &LB.to_string()).ok()??;
-            (mac == want).then(|| started.elapsed())
-        });
-        if let Some(w) = writer {
-            w.join()
-                .map_err(|_| anyhow::anyhow!("the status writer panicked"))?;
-        }
-        // The next update must come after the client's locktime (1 s).
-        std::thread::sleep(Duration::from_millis(1100));
-        Ok(Round {
-            to,
-            arrived_after: arrived,
-            moved_after,
-        })
+        Ok((to, started, writer))
     }
 }
 

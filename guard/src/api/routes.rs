@@ -289,6 +289,7 @@ async fn responders(
             capacity: doc.capacity,
             totals: doc.totals.clone(),
             error: doc.error.clone(),
+            claims: Default::default(),
             ips: doc
                 .ips
                 .get(&ip)

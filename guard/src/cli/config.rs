@@ -35,6 +35,7 @@ impl RunArgs {
             clients: ClientsConfig {
                 stale_after: self.stale_client_after,
                 read_period: self.clients_read_period,
+                refresh_per_minute: self.refresh(),
             },
         })
     }
@@ -101,6 +102,19 @@ impl RunArgs {
             cluster,
             resync: self.resync,
         }
+    }
+
+    /// `--refresh-stale-clients` takes effect in enforce mode only: a guard
+    /// in monitor mode sends nothing of its own.
+    fn refresh(&self) -> Option<u32> {
+        if !self.refresh_stale_clients {
+            return None;
+        }
+        if self.mode != super::ModeArg::Enforce {
+            tracing::warn!("--refresh-stale-clients is ignored in monitor mode (it sends nothing)");
+            return None;
+        }
+        Some(self.refresh_per_minute)
     }
 
     fn daemon(&self) -> DaemonConfig {

@@ -349,6 +349,15 @@ pub struct RunArgs {
     #[arg(long, value_name = "DURATION", default_value = "250ms", value_parser = parse_duration)]
     pub clients_read_period: Duration,
 
+    /// Heal stale clients (enforce mode only): a unicast ARP reply / NA teaches a client
+    /// sending here the owner's MAC, when certain (README: Failover). CAP_NET_RAW.
+    #[arg(long)]
+    pub refresh_stale_clients: bool,
+
+    /// With --refresh-stale-clients: at most this many per client and IP a minute.
+    #[arg(long, value_name = "N", default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=60))]
+    pub refresh_per_minute: u32,
+
     /// How often a summary of the counters is logged (0 to disable).
     #[arg(long, value_name = "DURATION", default_value = "60s", value_parser = parse_duration)]
     pub stats_interval: Duration,

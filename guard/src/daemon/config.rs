@@ -86,4 +86,7 @@ pub struct ClientsConfig {
     /// How often the table's totals are read (and the table walked when a
     /// packet was recorded since the last walk).
     pub read_period: Duration,
+    /// `--refresh-stale-clients` (enforce mode only): refreshes per client
+    /// and LB IP per minute; None: off.
+    pub refresh_per_minute: Option<u32>,
 }

@@ -19,15 +19,15 @@ use super::{
 };
 use crate::{
     api::{self, Shared},
-    datapath::{sys::ifindex, Datapath},
-    model::clients::IpState,
+    datapath::{sys::ifindex, wire::Wire, Datapath},
     model::{addrs::AddrTable, cluster::ClusterView, ownership::OwnershipFile},
+    model::{clients::IpState, refresh::Refresher},
     sources::{
         addrs,
         cluster::{task, ClusterConfig},
         file, file_watch,
     },
-    telemetry::{census, clients},
+    telemetry::{census, clients, refresh},
 };
 
 /// The ownership file as parsed at start, with the text it was parsed from.
@@ -354,10 +354,51 @@ impl Daemon {
             }),
             publish: Box::new(move |doc| publish.write().clients = Some(doc)),
             events: self.shared.events.clone(),
+            healer: self.healer(),
         });
         if let Err(e) = spawned {
             tracing::warn!(error = %e, "the client reader cannot start its thread; guarding without it");
         }
+    }
+
+    /// With `--refresh-stale-clients`: the healer, reading what it needs
+    /// from the state the main loop and the census publish. None when off,
+    /// or when its socket cannot be opened (said once, guarding goes on).
+    fn healer(&self) -> Option<refresh::Healer> {
+        let per_minute = self.cfg.clients.refresh_per_minute?;
+        let wire = match Wire::open() {
+            Ok(w) => w,
+            Err(e) => {
+                tracing::warn!(error = %format!("{e:#}"), "--refresh-stale-clients: cannot open the socket to send refreshes; stale clients are not refreshed");
+                return None;
+            }
+        };
+        let shared = self.shared.clone();
+        let window = self.cfg.datapath.census_window;
+        Some(refresh::Healer {
+            wire,
+            refresher: Refresher::new(per_minute),
+            hold: self.cfg.daemon.takeover.hold,
+            knowledge: Box::new(move || {
+                let st = shared.read();
+                let feed = st.status.as_ref().and_then(|s| s.feed.as_ref());
+                refresh::Knowledge {
+                    // A feed that has not listed everything, or cannot
+                    // see now, may call an IP foreign that is not.
+                    blind: st.feed_failing_since.is_some()
+                        || feed.is_some_and(|f| !f.synced || f.blind || f.degraded)
+                        || (st.feed_enabled && feed.is_none()),
+                    claims: st.census.as_ref().map(|c| c.claims.clone()),
+                    conflicts: (st.census.iter())
+                        .flat_map(|c| c.ips.iter())
+                        .filter(|(_, c)| c.conflict.is_some())
+                        .map(|(ip, _)| *ip)
+                        .collect(),
+                    window,
+                }
+            }),
+            outcomes: Default::default(),
+        })
     }
 
     fn announce(&self) {

@@ -7,7 +7,9 @@
 //! - only when the owner's MAC is known with certainty ([`OwnerMac`]): the
 //!   census saw exactly one MAC, not this node's, announce the IP since the
 //!   move (and no conflict), while the ownership source says another node
-//!   owns it; or the owner's own guard published it;
+//!   owns it (a silent owner beside a lone rogue announcer is the one case
+//!   the census cannot tell; a record each guard publishes of its own MACs
+//!   would close it);
 //! - never for an IP that is not `foreign` here, and never while the guard
 //!   is blind (its `foreign` may be old news);
 //! - never with one of this node's MACs (that is exactly what the guard
@@ -52,15 +54,12 @@ pub enum OwnerMac {
 pub enum Evidence {
     /// The census saw the owner announce it since the move, alone.
     Census,
-    /// The owner's guard published its MAC.
-    Presence,
 }
 
 impl Evidence {
     pub fn as_str(self) -> &'static str {
         match self {
             Evidence::Census => "census",
-            Evidence::Presence => "presence",
         }
     }
 }
@@ -254,6 +253,7 @@ impl Refresher {
     }
 
     /// Clients with a refresh in the last minute.
+    #[cfg(test)]
     pub fn tracked(&self) -> usize {
         self.sent.len()
     }

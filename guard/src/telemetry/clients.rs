@@ -48,6 +48,11 @@ pub struct ClientsDoc {
     pub stale: usize,
     /// Failover times of the clients that followed a move (seconds).
     pub failover: Histogram,
+    /// With `--refresh-stale-clients`: refreshes by outcome (`sent`,
+    /// `send_failed`, or why not: `not_foreign`, `blind`,
+    /// `owner_uncertain`, `own_mac`, `rate_limited`, `over_limit`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub refreshes: Option<BTreeMap<String, u64>>,
     /// Every LB IP with misdirected packets.
     pub ips: Clients,
     /// The per-LB-IP metric series (bounded by --metrics-max-ip-series).
@@ -72,6 +77,7 @@ impl ClientsDoc {
             ips: &self.ips,
             totals: &self.totals,
             entries: self.entries,
+            refreshes: self.refreshes.as_ref(),
         }
     }
 
@@ -105,6 +111,8 @@ pub struct ClientsTask {
     pub states: IpStates,
     pub publish: Box<dyn Fn(ClientsDoc) + Send + Sync>,
     pub events: broadcast::Sender<String>,
+    /// `--refresh-stale-clients`: the healer (None: off).
+    pub healer: Option<super::refresh::Healer>,
 }
 
 /// After a walk the reader pauses at least this many times the walk's own
@@ -132,9 +140,11 @@ struct Loop {
     series: IpSeries,
     last: ClientsDoc,
     read_failing: bool,
+    /// When the entries were last judged (packets after it are new).
+    judged_ns: u64,
 }
 
-fn run(task: ClientsTask) {
+fn run(mut task: ClientsTask) {
     let mut l = Loop {
         memory: Memory::default(),
         entries: Vec::new(),
@@ -143,6 +153,7 @@ fn run(task: ClientsTask) {
         series: IpSeries::default(),
         last: ClientsDoc::empty(task.stale_after),
         read_failing: false,
+        judged_ns: monotonic_ns(),
     };
     let mut pause = task.period;
     loop {
@@ -154,7 +165,7 @@ fn run(task: ClientsTask) {
                 if let Some(took) = walk {
                     pause = pause.max(took * MAX_DUTY);
                 }
-                judge(&task, &mut l, stats);
+                judge(&mut task, &mut l, stats);
             }
             Err(e) => {
                 if !l.read_failing {
@@ -193,7 +204,7 @@ fn read(
 
 /// Judge the entries read last, fold what happened into the histogram,
 /// the series and the log, and make the document.
-fn judge(task: &ClientsTask, l: &mut Loop, stats: Totals) {
+fn judge(task: &mut ClientsTask, l: &mut Loop, stats: Totals) {
     let mut asked: BTreeSet<IpAddr> = l.entries.iter().map(|e| e.ip).collect();
     asked.extend(l.memory.ips());
     let cx = Context {
@@ -207,14 +218,16 @@ fn judge(task: &ClientsTask, l: &mut Loop, stats: Totals) {
             .collect(),
     };
     let out = assess(&l.entries, &cx, &mut l.memory);
+    if let Some(h) = &mut task.healer {
+        h.heal(&l.entries, &cx.ips, l.judged_ns, cx.now_ns);
+    }
+    l.judged_ns = cx.now_ns;
     for f in &out.failovers {
         l.failover.observe(*f);
     }
     if !out.failovers.is_empty() {
         tracing::debug!(target: "arp_guard::clients", failover_s = ?out.failovers, "clients followed a move");
     }
-    // Where a reaction to a client that just came (a refresh) belongs:
-    // each client once per episode, within a read period of its arrival.
     for n in out.newly_misdirected.iter().take(LOG_PER_READ) {
         tracing::debug!(
             target: "arp_guard::clients",
@@ -234,6 +247,11 @@ fn judge(task: &ClientsTask, l: &mut Loop, stats: Totals) {
         error: None,
         stale: out.clients.values().map(|c| c.stale).sum(),
         failover: l.failover.clone(),
+        refreshes: task.healer.as_ref().map(|h| {
+            (h.outcomes.iter())
+                .map(|(k, v)| ((*k).to_owned(), *v))
+                .collect()
+        }),
         ips: out.clients,
         series: l.series.clone(),
     };

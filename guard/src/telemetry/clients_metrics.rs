@@ -24,6 +24,7 @@ pub(super) struct Parts<'a> {
     pub(super) ips: &'a Clients,
     pub(super) totals: &'a BTreeMap<String, u64>,
     pub(super) entries: usize,
+    pub(super) refreshes: Option<&'a BTreeMap<String, u64>>,
 }
 
 /// Which LB IPs have their own series: first come, first labelled, and
@@ -132,6 +133,15 @@ pub(super) fn families(doc: Parts<'_>) -> Families {
             .map(|(k, n)| (vec![("outcome", k.clone())], *n))
             .collect(),
     ));
+    if let Some(r) = doc.refreshes {
+        v.counters.push((
+            "arp_guard_client_refreshes",
+            "--refresh-stale-clients: unicast refreshes teaching a misdirected client the owner's MAC, by outcome (sent, send_failed, or why not: not_foreign, blind, owner_uncertain, own_mac, rate_limited, over_limit).",
+            (r.iter())
+                .map(|(k, n)| (vec![("outcome", k.clone())], *n))
+                .collect(),
+        ));
+    }
     v.gauges.push((
         "arp_guard_client_table_entries",
         "Entries in the census's client table (LRU; capacity in /clients).",

@@ -37,6 +37,7 @@
 //! | `arp_guard_client_failover_seconds` | histogram | (client-visible failover times after this node lost an IP) |
 //! | `arp_guard_misdirected_frames_total` | counter | outcome (recorded, new_client, insert_failed, other_host) |
 //! | `arp_guard_client_table_entries` | gauge | |
+//! | `arp_guard_client_refreshes_total` | counter | outcome (sent, send_failed, not_foreign, blind, owner_uncertain, own_mac, rate_limited, over_limit; with --refresh-stale-clients) |
 
 use std::sync::atomic::Ordering;
 
@@ -154,6 +155,7 @@ pub const NAMES: &[&str] = &[
     "arp_guard_client_failover_seconds",
     "arp_guard_misdirected_frames_total",
     "arp_guard_client_table_entries",
+    "arp_guard_client_refreshes_total",
 ];
 
 /// What one scrape is made of.

@@ -12,6 +12,7 @@ mod fold;
 pub mod histogram;
 pub mod metrics;
 pub mod ops;
+pub mod refresh;
 pub mod status;
 pub mod takeover;
 

@@ -123,6 +123,17 @@ impl ClusterBed {
 
     /// Start the guard on node `i` and wait up to `sync` for its first sync.
     pub fn start_on(&self, i: usize, args: &[&str], sync: Duration) -> Result<Daemon> {
+        self.start_build_on(i, &crate::guard_binary(), args, sync)
+    }
+
+    /// The same with another build of the daemon (a bench's baseline).
+    pub fn start_build_on(
+        &self,
+        i: usize,
+        binary: &std::path::Path,
+        args: &[&str],
+        sync: Duration,
+    ) -> Result<Daemon> {
         let n = &self.nodes[i];
         let kc = self.kubeconfig.to_string_lossy().into_owned();
         let mut a = vec![
@@ -136,7 +147,7 @@ impl ClusterBed {
             "kube-ipvs0",
         ];
         a.extend_from_slice(args);
-        let d = Daemon::start(&n.ns, &a)?;
+        let d = Daemon::start_with(&n.ns, binary, &a)?;
         if d.wait_log("initial sync from the Kubernetes API done", sync)
             .is_none()
         {

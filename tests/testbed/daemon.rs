@@ -117,13 +117,40 @@ impl Daemon {
 
     /// The daemon's resident set (VmRSS) in KiB; panics if it is gone.
     pub fn rss_kib(&self) -> u64 {
+        self.proc_status_kib("VmRSS:")
+    }
+
+    /// The daemon's peak resident set so far (VmHWM) in KiB.
+    pub fn peak_rss_kib(&self) -> u64 {
+        self.proc_status_kib("VmHWM:")
+    }
+
+    fn proc_status_kib(&self, field: &str) -> u64 {
         let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid()))
             .expect("the daemon's /proc status");
         status
             .lines()
-            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .find_map(|l| l.strip_prefix(field))
             .and_then(|v| v.split_whitespace().next()?.parse().ok())
-            .expect("VmRSS in /proc/PID/status")
+            .unwrap_or_else(|| panic!("{field} in /proc/PID/status"))
+    }
+
+    /// CPU time the daemon has used so far (user + system, all its threads,
+    /// from /proc/PID/stat): robust to other load on the machine.
+    pub fn cpu_time(&self) -> Duration {
+        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.pid()))
+            .expect("the daemon's /proc stat");
+        // After "pid (comm) ": state is field 3, utime 14, stime 15.
+        let rest = &stat[stat.rfind(')').expect("comm in /proc/PID/stat") + 2..];
+        let f: Vec<u64> = rest
+            .split_whitespace()
+            .skip(11)
+            .take(2)
+            .map(|v| v.parse().expect("utime, stime"))
+            .collect();
+        // SAFETY: sysconf has no preconditions.
+        let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
+        Duration::from_nanos((f[0] + f[1]) * 1_000_000_000 / hz)
     }
 
     pub fn log_text(&self) -> String {

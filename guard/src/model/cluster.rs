@@ -32,6 +32,14 @@ pub struct StreamStatus {
     /// The last error, while failing.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// Objects whose latest version cannot be decoded (skipped; the rest of
+    /// the stream is read).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub undecodable: usize,
+}
+
+fn is_zero(n: &usize) -> bool {
+    *n == 0
 }
 
 /// The claims as the feed hands them to the daemon: every LB IP's current

@@ -13,7 +13,7 @@ use std::{
     time::Instant,
 };
 
-use super::model::{Announcer, Claim, Key, L2Status, LeaseInfo, Model, ServiceInfo};
+use super::model::{Announcer, Claim, Key, L2Status, LeaseInfo, LeaseState, Model, ServiceInfo};
 
 fn count<K: Ord>(m: &mut BTreeMap<K, usize>, k: K, add: bool) {
     match m.entry(k) {
@@ -59,9 +59,20 @@ impl Model {
         let Some(l) = self.leases.get(lease) else {
             return;
         };
-        count(&mut self.idx.durations, l.duration, add);
+        if !l.unreadable {
+            count(&mut self.idx.durations, l.duration, add);
+        }
         if let Some(h) = named(l.holder.as_deref()) {
-            count(&mut self.idx.holders, h, add);
+            self.count_holder(h, add);
+        }
+    }
+
+    /// One more (or one fewer) Lease held by, or status naming, `h`.
+    fn count_holder(&mut self, h: String, add: bool) {
+        let before = self.idx.holders.len();
+        count(&mut self.idx.holders, h, add);
+        if self.idx.holders.len() != before {
+            self.idx.holders_version += 1;
         }
     }
 
@@ -112,8 +123,9 @@ impl Model {
         self.services.insert(key, info);
     }
 
-    /// Replace every Service (the end of a relist): only those that differ
-    /// are re-derived.
+    /// Replace every Service (a relist, as the feed's `apply` does it): only
+    /// those that differ are re-derived.
+    #[cfg(test)]
     pub fn replace_services(&mut self, listed: BTreeMap<Key, ServiceInfo>) {
         let gone: Vec<Key> = (self.services.keys())
             .filter(|k| !listed.contains_key(*k))
@@ -130,7 +142,7 @@ impl Model {
     /// Insert, replace (Some) or remove (None) a Lease as recorded.
     pub(super) fn set_lease(&mut self, key: Key, info: Option<LeaseInfo>) {
         self.account(&key, false);
-        if let Some(old) = self.leases.remove(&key) {
+        if let Some(old) = self.leases.remove(&key).filter(|l| !l.unreadable) {
             if let Entry::Occupied(mut o) = self.idx.deadlines.entry(old.deadline()) {
                 o.get_mut().remove(&key);
                 if o.get().is_empty() {
@@ -139,12 +151,50 @@ impl Model {
             }
         }
         if let Some(info) = info {
-            let at = info.deadline();
-            (self.idx.deadlines.entry(at).or_default()).insert(key.clone());
+            // An unreadable Lease has no deadline the guard could know.
+            if !info.unreadable {
+                let at = info.deadline();
+                (self.idx.deadlines.entry(at).or_default()).insert(key.clone());
+            }
             self.leases.insert(key.clone(), info);
         }
         self.account(&key, true);
         self.lease_touched(&key);
+    }
+
+    /// A renewal (or a resync) that changes no claim: the same readable
+    /// holder and duration, live before and after. Only its times and its
+    /// place among the deadlines move; nothing is marked to re-derive. The
+    /// Lease back when it is not such a renewal.
+    pub(super) fn renew_in_place(
+        &mut self,
+        key: &Key,
+        info: LeaseInfo,
+        now: Instant,
+    ) -> Option<LeaseInfo> {
+        let Some(old) = self.leases.get_mut(key) else {
+            return Some(info);
+        };
+        let live = |l: &LeaseInfo| matches!(l.state(now), LeaseState::Live(_));
+        let same = !old.unreadable
+            && !info.unreadable
+            && old.holder == info.holder
+            && old.duration == info.duration;
+        if !same || !live(old) || !live(&info) {
+            return Some(info);
+        }
+        let (from, to) = (old.deadline(), info.deadline());
+        *old = info;
+        if from != to {
+            if let Entry::Occupied(mut o) = self.idx.deadlines.entry(from) {
+                o.get_mut().remove(key);
+                if o.get().is_empty() {
+                    o.remove();
+                }
+            }
+            (self.idx.deadlines.entry(to).or_default()).insert(key.clone());
+        }
+        None
     }
 
     pub fn remove_lease(&mut self, key: &Key) {
@@ -172,14 +222,14 @@ impl Model {
                 }
             }
             if let Some(n) = named(old.node.as_deref()) {
-                count(&mut self.idx.holders, n, false);
+                self.count_holder(n, false);
             }
             self.idx.dirty_services.insert(old.service);
         }
         let Some(s) = s else { return };
         (self.idx.l2_of_service.entry(s.service.clone()).or_default()).insert(key.clone());
         if let Some(n) = named(s.node.as_deref()) {
-            count(&mut self.idx.holders, n, true);
+            self.count_holder(n, true);
         }
         self.idx.dirty_services.insert(s.service.clone());
         self.l2.insert(key, s);
@@ -244,7 +294,6 @@ impl Model {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sources::cluster::model::LeaseState;
     use std::time::Duration;
 
     /// xorshift64*: deterministic, no dependency.
@@ -295,6 +344,7 @@ mod tests {
         let max = used
             .iter()
             .filter_map(|k| m.leases.get(k))
+            .filter(|l| !l.unreadable)
             .map(|l| l.duration)
             .max();
         assert_eq!(m.max_lease_duration(), max);
@@ -342,6 +392,7 @@ mod tests {
                         let info = ServiceInfo {
                             ips,
                             kube_vip_lease: r.pick(&vip).map(Into::into),
+                            unreadable: r.below(8) == 0,
                         };
                         m.set_service(svc_key(&mut r), Some(info));
                     }
@@ -361,6 +412,8 @@ mod tests {
                         };
                         if r.below(5) == 0 {
                             m.remove_lease(&key);
+                        } else if r.below(8) == 0 {
+                            m.lease_unreadable(key, r.pick(&NODES).map(Into::into), now);
                         } else {
                             let holder = r.pick(&NODES).map(Into::into);
                             let d = Duration::from_secs(*r.pick(&[5, 10, 15]));
@@ -376,6 +429,7 @@ mod tests {
                         let s = (r.below(4) > 0).then(|| L2Status {
                             node: r.pick(&NODES).map(Into::into),
                             service: svc_key(&mut r),
+                            unreadable: r.below(6) == 0,
                         });
                         m.set_l2(key, s);
                     }

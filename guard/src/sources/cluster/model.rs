@@ -13,6 +13,12 @@ use std::{
 
 pub use crate::model::cluster::Claim;
 
+/// Lease durations the guard believes: client-go's default when unset or
+/// not positive; at most an hour (a holder that claims more cannot make a
+/// guard wait that long to notice it is gone).
+pub const DEFAULT_LEASE: Duration = Duration::from_secs(15);
+pub const MAX_LEASE: Duration = Duration::from_secs(3600);
+
 /// namespace/name of a namespaced object.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Key {
@@ -42,6 +48,10 @@ pub struct ServiceInfo {
     pub ips: Vec<IpAddr>,
     /// The `kube-vip.io/leaseName` annotation: `name` or `ns/name`.
     pub kube_vip_lease: Option<String>,
+    /// Its latest version could not be decoded: this is the last good one,
+    /// and its IPs' claims are not trusted (owned stays owned, foreign is
+    /// judged unknown) until a readable version comes.
+    pub unreadable: bool,
 }
 
 /// A Lease as this guard observed it.
@@ -59,6 +69,11 @@ pub struct LeaseInfo {
     /// GET), changed or not. An expiry counts only once the API has been
     /// asked after the deadline: until then the guard may simply be blind.
     pub checked: Instant,
+    /// Its latest version could not be decoded: `holder` is what could
+    /// still be read of it (or the last good holder). Neither live nor
+    /// expired as far as the guard can tell: its claims are not trusted
+    /// (the holder keeps an uncertain claim) and it has no deadline.
+    pub unreadable: bool,
 }
 
 /// What a Lease says at a moment, as far as this guard can tell.
@@ -74,6 +89,8 @@ pub enum LeaseState<'a> {
     Expired,
     /// No holder.
     Vacant,
+    /// Its latest version could not be read; the holder as far as known.
+    Unreadable(Option<&'a str>),
 }
 
 impl LeaseInfo {
@@ -82,6 +99,9 @@ impl LeaseInfo {
     }
 
     pub fn state(&self, now: Instant) -> LeaseState<'_> {
+        if self.unreadable {
+            return LeaseState::Unreadable(self.holder.as_deref().filter(|h| !h.is_empty()));
+        }
         let Some(holder) = self.holder.as_deref().filter(|h| !h.is_empty()) else {
             return LeaseState::Vacant;
         };
@@ -100,6 +120,9 @@ impl LeaseInfo {
 pub struct L2Status {
     pub node: Option<String>,
     pub service: Key,
+    /// Its latest version could not be decoded: this is the last good one,
+    /// not trusted (the node keeps an uncertain claim).
+    pub unreadable: bool,
 }
 
 /// Which announcer's records say who owns a Service's IPs.
@@ -141,6 +164,8 @@ pub struct Index {
     pub(super) deadlines: BTreeMap<Instant, BTreeSet<Key>>,
     /// Holders of Leases in use and announcing nodes, counted.
     pub(super) holders: BTreeMap<String, usize>,
+    /// Bumped whenever the set of `holders` changes.
+    pub(super) holders_version: u64,
     /// Durations of the Leases in use, counted.
     pub(super) durations: BTreeMap<Duration, usize>,
     pub(super) dirty_services: BTreeSet<Key>,
@@ -185,9 +210,34 @@ impl Model {
             renew,
             observed,
             checked: now,
+            unreadable: false,
+        };
+        if let Some(info) = self.renew_in_place(&key, info, now) {
+            self.set_lease(key, Some(info));
+        }
+        renewed
+    }
+
+    /// A Lease whose latest version could not be decoded: `holder` is what
+    /// could be read of it (else the last good holder stays).
+    pub fn lease_unreadable(&mut self, key: Key, holder: Option<String>, now: Instant) {
+        let info = match self.leases.get(&key) {
+            Some(old) => LeaseInfo {
+                holder: holder.or_else(|| old.holder.clone()),
+                unreadable: true,
+                checked: now,
+                ..old.clone()
+            },
+            None => LeaseInfo {
+                holder,
+                duration: DEFAULT_LEASE,
+                renew: None,
+                observed: now,
+                checked: now,
+                unreadable: true,
+            },
         };
         self.set_lease(key, Some(info));
-        renewed
     }
 
     /// The longest duration of the Leases in use (the feed's default
@@ -280,39 +330,60 @@ impl Model {
                     why: format!("Lease {key} has no holder"),
                     certain: true,
                 },
+                LeaseState::Unreadable(h) => Claim {
+                    owner: h.map(str::to_owned),
+                    why: format!(
+                        "Lease {key} cannot be decoded (holder as last read: {}); not trusted",
+                        h.unwrap_or("none")
+                    ),
+                    certain: false,
+                },
             })
         };
         match a {
             Announcer::Cilium { .. }
             | Announcer::KubeVipPerService
             | Announcer::KubeVipGlobal { .. } => lease_claim(Self::lease_key(svc, info, a)?),
-            Announcer::MetalLb { namespace } => {
-                let nodes: BTreeSet<&str> = (self.idx.l2_of_service.get(svc))
-                    .into_iter()
-                    .flatten()
-                    .filter(|k| &k.ns == namespace)
-                    .filter_map(|k| self.l2.get(k)?.node.as_deref())
-                    .collect();
-                match nodes.len() {
-                    0 => None,
-                    1 => {
-                        let n = nodes.iter().next().copied().unwrap_or_default();
-                        Some(Claim {
-                            owner: Some(n.to_owned()),
-                            why: format!("ServiceL2Status for {svc}: node {n}"),
-                            certain: true,
-                        })
-                    }
-                    _ => Some(Claim {
-                        owner: None,
-                        why: format!(
-                            "ServiceL2Status for {svc} names several nodes ({}): owner unknown",
-                            nodes.into_iter().collect::<Vec<_>>().join(", ")
-                        ),
-                        certain: true,
-                    }),
-                }
+            Announcer::MetalLb { namespace } => self.metallb_claim(svc, namespace),
+        }
+    }
+
+    /// MetalLB's claim on one Service: the node its ServiceL2Status objects
+    /// (in `namespace`) name, if they agree.
+    fn metallb_claim(&self, svc: &Key, namespace: &str) -> Option<Claim> {
+        let statuses = (self.idx.l2_of_service.get(svc))
+            .into_iter()
+            .flatten()
+            .filter(|k| k.ns == namespace)
+            .filter_map(|k| self.l2.get(k));
+        let (mut nodes, mut readable) = (BTreeSet::new(), true);
+        for s in statuses {
+            readable &= !s.unreadable;
+            nodes.extend(s.node.as_deref());
+        }
+        match nodes.len() {
+            0 => None,
+            1 => {
+                let n = nodes.iter().next().copied().unwrap_or_default();
+                let why = if readable {
+                    format!("ServiceL2Status for {svc}: node {n}")
+                } else {
+                    format!("ServiceL2Status for {svc}: node {n} as last read; it cannot be decoded now, not trusted")
+                };
+                Some(Claim {
+                    owner: Some(n.to_owned()),
+                    why,
+                    certain: readable,
+                })
             }
+            _ => Some(Claim {
+                owner: None,
+                why: format!(
+                    "ServiceL2Status for {svc} names several nodes ({}): owner unknown",
+                    nodes.into_iter().collect::<Vec<_>>().join(", ")
+                ),
+                certain: readable,
+            }),
         }
     }
 
@@ -325,14 +396,22 @@ impl Model {
         announcers: &[Announcer],
         now: Instant,
     ) -> Claim {
-        announcers
+        let mut claim = announcers
             .iter()
             .find_map(|a| self.service_claim(svc, info, a, now))
             .unwrap_or_else(|| Claim {
                 owner: None,
                 why: format!("Service {svc}: no announcer record"),
                 certain: true,
-            })
+            });
+        if info.unreadable {
+            claim.certain = false;
+            claim.why = format!(
+                "{}; Service {svc} cannot be decoded now (its last good version is used), not trusted",
+                claim.why
+            );
+        }
+        claim
     }
 
     /// Fold the claim of one more Service carrying an IP into the IP's
@@ -374,6 +453,11 @@ impl Model {
         out
     }
 
+    /// Changes whenever [`Model::named_nodes`] does.
+    pub fn holders_version(&self) -> u64 {
+        self.idx.holders_version
+    }
+
     /// Every holder of a Lease in use and every announcing node (to spot a
     /// node name that matches none of them).
     pub fn named_nodes(&self) -> BTreeSet<&str> {
@@ -395,6 +479,7 @@ mod tests {
             Some(ServiceInfo {
                 ips: ips.iter().map(|s| ip(s)).collect(),
                 kube_vip_lease: None,
+                unreadable: false,
             }),
         );
     }
@@ -508,6 +593,7 @@ mod tests {
             Some(ServiceInfo {
                 ips: vec![ip("198.51.100.21")],
                 kube_vip_lease: Some("custom".into()),
+                unreadable: false,
             }),
         );
         m.set_service(
@@ -515,6 +601,7 @@ mod tests {
             Some(ServiceInfo {
                 ips: vec![ip("198.51.100.22")],
                 kube_vip_lease: Some("infra/pay-lock".into()),
+                unreadable: false,
             }),
         );
         m.upsert_lease(
@@ -577,6 +664,7 @@ mod tests {
             Some(L2Status {
                 node: Some("n1".into()),
                 service: Key::new("default", "web"),
+                unreadable: false,
             }),
         );
         assert_eq!(
@@ -589,6 +677,7 @@ mod tests {
             Some(L2Status {
                 node: Some("n7".into()),
                 service: Key::new("default", "web"),
+                unreadable: false,
             }),
         );
         assert_eq!(
@@ -601,6 +690,7 @@ mod tests {
             Some(L2Status {
                 node: Some("n2".into()),
                 service: Key::new("default", "web"),
+                unreadable: false,
             }),
         );
         let c = &m.ownership(&mlb, t0)[&ip("198.51.100.30")];
@@ -622,6 +712,7 @@ mod tests {
             Some(L2Status {
                 node: Some("n1".into()),
                 service: Key::new("a", "tcp"),
+                unreadable: false,
             }),
         );
         m.set_l2(
@@ -629,6 +720,7 @@ mod tests {
             Some(L2Status {
                 node: Some("n1".into()),
                 service: Key::new("a", "udp"),
+                unreadable: false,
             }),
         );
         assert_eq!(
@@ -640,6 +732,7 @@ mod tests {
             Some(L2Status {
                 node: Some("n2".into()),
                 service: Key::new("a", "udp"),
+                unreadable: false,
             }),
         );
         assert_eq!(m.ownership(&mlb, t0)[&ip("198.51.100.40")].owner, None);
@@ -663,6 +756,7 @@ mod tests {
             Some(L2Status {
                 node: Some("n2".into()),
                 service: Key::new("default", "web"),
+                unreadable: false,
             }),
         );
         assert_eq!(

@@ -3,13 +3,13 @@
 //! every change and at every deadline.
 
 use std::{
-    sync::Arc,
+    sync::{atomic::AtomicBool, Arc},
     time::{Duration, Instant},
 };
 
 use anyhow::{Context as _, Result};
 use k8s_openapi::api::{coordination::v1::Lease, core::v1::Service};
-use kube::{api::ListParams, Api, Client};
+use kube::{api::ListParams, Api, Client, Resource as _};
 use tokio::{
     sync::{mpsc, watch},
     task::JoinHandle,
@@ -18,10 +18,11 @@ use tokio::{
 use super::{
     cause::Failure,
     confirm::{Confirmation, CONFIRM_TIMEOUT},
+    driver,
     feed::Feed,
     model::Key,
-    stream::{self, Msg, StreamCtl, StreamMsg, IDLE_MARGIN},
-    FeedConfig,
+    stream::{Msg, StreamCtl, StreamMsg, IDLE_MARGIN},
+    wire, FeedConfig,
 };
 use crate::{model::cluster::ClusterView, telemetry::ops::OPS};
 
@@ -60,10 +61,12 @@ pub async fn client(
     Client::try_from(config).context("building the Kubernetes client")
 }
 
-/// GET one Lease, bounded in time.
+/// GET one Lease, bounded in time (decoded like the stream's: an
+/// undecodable answer is an answer, not a failure).
 async fn confirm(client: Client, key: Key) -> (Key, Confirmation) {
-    let api = Api::<Lease>::namespaced(client, &key.ns);
-    let r = match tokio::time::timeout(CONFIRM_TIMEOUT, api.get_opt(&key.name)).await {
+    let path = Lease::url_path(&(), Some(&key.ns));
+    let get = wire::get(&client, &path, &key.name);
+    let r = match tokio::time::timeout(CONFIRM_TIMEOUT, get).await {
         Ok(Ok(l)) => Ok(l),
         Ok(Err(e)) => Err(Failure::of("get", &e)),
         Err(_) => Err(Failure::timeout("get", CONFIRM_TIMEOUT)),
@@ -92,6 +95,8 @@ struct Task {
     next_probe: Instant,
     was_degraded: bool,
     announced_sync: bool,
+    /// The API server filters Services by type (cleared when it cannot).
+    lb_filter: Arc<AtomicBool>,
 }
 
 /// Run the feed for the life of the daemon, publishing into `tx`.
@@ -109,6 +114,7 @@ pub async fn run(client: Client, cfg: FeedConfig, tx: watch::Sender<ClusterView>
         next_probe: Instant::now() + PROBE_EVERY,
         was_degraded: false,
         announced_sync: false,
+        lb_filter: Arc::new(AtomicBool::new(true)),
     };
     t.running = (0..t.feed.streams.len()).map(|i| t.spawn(i, 0)).collect();
     loop {
@@ -147,7 +153,7 @@ impl Task {
     fn spawn(&self, i: usize, generation: u64) -> Running {
         let ctl = Arc::new(StreamCtl::default());
         let stream = &self.feed.streams[i];
-        let task = stream::spawn(
+        let task = driver::spawn(
             &self.client,
             &self.cfg,
             stream,
@@ -155,6 +161,7 @@ impl Task {
             generation,
             ctl.clone(),
             self.msg_tx.clone(),
+            self.lb_filter.clone(),
         );
         Running {
             task,
@@ -250,7 +257,7 @@ impl Task {
             if why == "api_back" {
                 tracing::info!(stream = %name, "Kubernetes API answers again, this stream's request hangs; relisting");
             }
-            OPS.feed_rebuild(&name, why);
+            OPS.feed_rebuild(name, why);
             self.running[i].task.abort();
             let generation = self.running[i].generation + 1;
             self.running[i] = self.spawn(i, generation);
@@ -260,7 +267,9 @@ impl Task {
     /// Publish the view if it changed; log entering and leaving degradation
     /// and the first sync.
     fn publish(&mut self, tx: &watch::Sender<ClusterView>, event_at: Option<Instant>) {
-        let view = self.feed.view(Instant::now(), event_at);
+        let Some(view) = self.feed.changed_view(Instant::now(), event_at) else {
+            return;
+        };
         let f = &self.feed;
         if view.degraded != self.was_degraded {
             self.was_degraded = view.degraded;

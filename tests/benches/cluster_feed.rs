@@ -18,11 +18,16 @@
 //! for that older build of the daemon too, in the same run (the "before"
 //! rows). `BENCH_SHORT=1`: small sizes (well under two minutes). `-- 10000`:
 //! that scale size alone; `BENCH_MOVES=n`: n Lease moves per size;
-//! `BENCH_ONLY=scale,mixed,cpu`: some tables only. Besides the text, one
+//! `BENCH_ONLY=scale,mixed,cpu,in-process`: some parts only. Besides the text, one
 //! machine-readable line per row: `RESULT <table> <row> key=value ...`.
 
 use std::{
+    io::{Read as _, Write as _},
     path::PathBuf,
+    sync::{
+        atomic::{AtomicBool, AtomicI32, Ordering},
+        Arc,
+    },
     time::{Duration, Instant},
 };
 
@@ -87,8 +92,10 @@ fn lease(i: usize, holder: &str, renew: &str) -> serde_json::Value {
 }
 
 /// `n` LB Services with a Lease each (half held by node-a) and `others`
-/// ClusterIP Services, loaded before the guard starts.
+/// ClusterIP Services, loaded before the guard starts; bookmarks every
+/// minute, as a real API server sends them.
 fn load(api: &FakeApi, n: usize, others: usize) {
+    api.set_bookmark_every(Duration::from_secs(60));
     api.preload(
         Resource::Services,
         (0..n).map(|i| objects::service("default", &format!("svc-{i}"), &[&ip(i)])),
@@ -106,15 +113,32 @@ fn load(api: &FakeApi, n: usize, others: usize) {
     );
 }
 
-/// Start `build` on node-a and wait until its maps hold every IP.
+/// Start `build` on node-a as the DaemonSet runs it (an ownership file,
+/// a status file, /metrics on a port of its own) and wait until its maps
+/// hold every IP.
 fn start(bed: &ClusterBed, build: &Build, n: usize) -> (Daemon, Duration) {
     let max = (n + 1024).max(65_536).to_string();
+    let owners = bed.dir.path().join("owners.yaml");
+    std::fs::write(&owners, "ips: []\n").unwrap();
+    let status = bed.dir.path().join("status.json");
+    let (owners, status) = (owners.to_string_lossy(), status.to_string_lossy());
     let t = Instant::now();
     let guard = bed
         .start_build_on(
             0,
             &build.path,
-            &["--announcer", "cilium", "--max-lb-ips", &max],
+            &[
+                "--announcer",
+                "cilium",
+                "--max-lb-ips",
+                &max,
+                "--ownership-file",
+                &owners,
+                "--status-file",
+                &status,
+                "--metrics-listen",
+                "127.0.0.1:9478",
+            ],
             Duration::from_secs(900),
         )
         .unwrap();
@@ -238,6 +262,85 @@ fn mixed(lb: usize, others: usize, filtering: bool, build: &Build, alone: Option
     rss
 }
 
+/// The floor: a bare reader of the same Lease watch (one blocking read per
+/// event, nothing decoded) on a thread of this process, in node-a's
+/// namespace. What receiving an event costs any watcher in this bed (the
+/// kernel's TCP receive and ACK, across a bridge with br_netfilter).
+struct Floor {
+    tid: Arc<AtomicI32>,
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<u64>>,
+}
+
+impl Floor {
+    fn start(bed: &ClusterBed) -> Floor {
+        let addr = bed.api.addr;
+        let rv = bed.api.resource_version();
+        let sock = bed.nodes[0]
+            .ns
+            .enter(move || Ok(std::net::TcpStream::connect(addr)?))
+            .unwrap();
+        let (tid, stop) = (
+            Arc::new(AtomicI32::new(0)),
+            Arc::new(AtomicBool::new(false)),
+        );
+        let (t, s) = (tid.clone(), stop.clone());
+        let thread = std::thread::spawn(move || {
+            // SAFETY: gettid has no preconditions.
+            t.store(unsafe { libc::gettid() }, Ordering::SeqCst);
+            let mut sock = sock;
+            let path = format!(
+                "/apis/coordination.k8s.io/v1/namespaces/kube-system/leases?watch=true&resourceVersion={rv}&timeoutSeconds=290"
+            );
+            write!(sock, "GET {path} HTTP/1.1\r\nHost: api\r\n\r\n").unwrap();
+            sock.set_read_timeout(Some(Duration::from_millis(200)))
+                .unwrap();
+            let (mut buf, mut n) = (vec![0u8; 65536], 0u64);
+            while !s.load(Ordering::SeqCst) {
+                match sock.read(&mut buf) {
+                    Ok(0) => break,
+                    Ok(k) => n += k as u64,
+                    Err(_) => {}
+                }
+            }
+            n
+        });
+        while tid.load(Ordering::SeqCst) == 0 {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        Floor {
+            tid,
+            stop,
+            thread: Some(thread),
+        }
+    }
+
+    /// The reader thread's CPU time so far.
+    fn cpu(&self) -> Duration {
+        let tid = self.tid.load(Ordering::SeqCst);
+        let stat = std::fs::read_to_string(format!("/proc/self/task/{tid}/stat")).unwrap();
+        let rest = &stat[stat.rfind(')').unwrap() + 2..];
+        let f: Vec<u64> = rest
+            .split_whitespace()
+            .skip(11)
+            .take(2)
+            .map(|v| v.parse().unwrap())
+            .collect();
+        // SAFETY: sysconf has no preconditions.
+        let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
+        Duration::from_nanos((f[0] + f[1]) * 1_000_000_000 / hz)
+    }
+}
+
+impl Drop for Floor {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
 /// The daemon's CPU with `lb` LB IPs: at rest over `rest`, and per no-op
 /// Lease renewal over `renewals` paced at `rate` a second.
 fn cpu(lb: usize, rest: Duration, renewals: usize, rate: f64, build: &Build) {
@@ -250,7 +353,10 @@ fn cpu(lb: usize, rest: Duration, renewals: usize, rate: f64, build: &Build) {
     std::thread::sleep(rest);
     let (idle_cpu, idle_wall) = (guard.cpu_time() - c0, t0.elapsed());
     let idle_rate = idle_cpu.as_secs_f64() / idle_wall.as_secs_f64();
+    let floor = Floor::start(&bed);
+    let f1 = floor.cpu();
     let c1 = guard.cpu_time();
+    let (u1, s1) = guard.cpu_times();
     let t1 = Instant::now();
     for k in 0..renewals {
         let i = k % lb;
@@ -267,18 +373,47 @@ fn cpu(lb: usize, rest: Duration, renewals: usize, rate: f64, build: &Build) {
     let (busy_cpu, busy_wall) = (guard.cpu_time() - c1, t1.elapsed());
     let net = busy_cpu.as_secs_f64() - idle_rate * busy_wall.as_secs_f64();
     let per_us = net / renewals as f64 * 1e6;
+    // The kernel's share (system time): receiving each event and sending
+    // its TCP ACK, which in this bed crosses a bridge with br_netfilter.
+    let (u2, s2) = guard.cpu_times();
+    let per = |d: Duration| d.as_secs_f64() / renewals as f64 * 1e6;
+    let (user_us, kernel_us) = (per(u2 - u1), per(s2 - s1));
+    let floor_us = per(floor.cpu() - f1);
+    drop(floor);
     let idle_pct = idle_rate * 100.0;
     let busy_pct = busy_cpu.as_secs_f64() / busy_wall.as_secs_f64() * 100.0;
     println!(
         "[{}] {lb} LB IPs at rest: {idle_pct:.3} % of a core over {:.0} s; {renewals} no-op renewals at {rate}/s: \
-         {busy_pct:.2} % of a core, {per_us:.1} µs of CPU each (net of the rest)",
+         {busy_pct:.2} % of a core, {per_us:.1} µs of CPU each (net of the rest; gross {user_us:.1} µs user + {kernel_us:.1} µs kernel); \
+         a bare reader of the same watch: {floor_us:.1} µs each, so {:.1} µs above that floor",
         build.name,
-        idle_wall.as_secs_f64()
+        idle_wall.as_secs_f64(),
+        per_us - floor_us
     );
     println!(
-        "RESULT cluster_feed_cpu {} rest_cpu_pct={idle_pct:.3} rest_s={:.0} renewal_us={per_us:.1} renewals={renewals} renewing_cpu_pct={busy_pct:.2}",
+        "RESULT cluster_feed_cpu {} rest_cpu_pct={idle_pct:.3} rest_s={:.0} renewal_us={per_us:.1} floor_us={floor_us:.1} above_floor_us={:.1} renewals={renewals} renewing_cpu_pct={busy_pct:.2}",
         build.row(&format!("{lb}_LB_IPs")),
-        idle_wall.as_secs_f64()
+        idle_wall.as_secs_f64(),
+        per_us - floor_us
+    );
+}
+
+/// The feed's own work per event, in this process (no I/O): a watch line
+/// decoded, applied, the view compared. Today's build only.
+fn in_process(n: usize, events: usize) {
+    // Warm up (allocator, caches), then measure.
+    let _ = guard::testing::feed_costs(n, events.min(1000));
+    let c = guard::testing::feed_costs(n, events);
+    let us = |d: Duration| d.as_secs_f64() * 1e6;
+    println!(
+        "[now] in-process, {n} LB Services: a no-op renewal {:.2} µs, a holder move {:.2} µs (decode, model, view)",
+        us(c.renewal),
+        us(c.holder_move)
+    );
+    println!(
+        "RESULT cluster_feed_cpu {n}_LB_IPs,_in-process renewal_us={:.2} move_us={:.2} renewals={events}",
+        us(c.renewal),
+        us(c.holder_move)
     );
 }
 
@@ -334,6 +469,15 @@ fn main() {
         };
         for b in &builds {
             cpu(lb, rest, renewals, 150.0, b);
+        }
+    }
+    if runs("cpu") || runs("in-process") {
+        in_process(
+            if short { 50 } else { 300 },
+            if short { 1_000 } else { 20_000 },
+        );
+        if !short {
+            in_process(10_000, 20_000);
         }
     }
 }

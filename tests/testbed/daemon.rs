@@ -138,6 +138,12 @@ impl Daemon {
     /// CPU time the daemon has used so far (user + system, all its threads,
     /// from /proc/PID/stat): robust to other load on the machine.
     pub fn cpu_time(&self) -> Duration {
+        let (user, system) = self.cpu_times();
+        user + system
+    }
+
+    /// The same, as (user, system).
+    pub fn cpu_times(&self) -> (Duration, Duration) {
         let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.pid()))
             .expect("the daemon's /proc stat");
         // After "pid (comm) ": state is field 3, utime 14, stime 15.
@@ -150,7 +156,8 @@ impl Daemon {
             .collect();
         // SAFETY: sysconf has no preconditions.
         let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
-        Duration::from_nanos((f[0] + f[1]) * 1_000_000_000 / hz)
+        let d = |ticks: u64| Duration::from_nanos(ticks * 1_000_000_000 / hz);
+        (d(f[0]), d(f[1]))
     }
 
     pub fn log_text(&self) -> String {

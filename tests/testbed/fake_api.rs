@@ -162,7 +162,8 @@ struct Inner {
     state: Mutex<State>,
     changed: Condvar,
     stop: AtomicBool,
-    bookmark_every: Duration,
+    /// Milliseconds between bookmarks on a watch that asked for them.
+    bookmark_every_ms: AtomicU64,
     /// HTTPS with this configuration (None: plain HTTP).
     tls: Mutex<Option<Arc<rustls::ServerConfig>>>,
     /// Open connections, to close them all when the certificate changes.
@@ -202,7 +203,7 @@ impl FakeApi {
             }),
             changed: Condvar::new(),
             stop: AtomicBool::new(false),
-            bookmark_every: Duration::from_secs(1),
+            bookmark_every_ms: AtomicU64::new(1000),
             tls: Mutex::new(tls),
             conns: Mutex::new(BTreeMap::new()),
             next_conn: AtomicU64::new(0),
@@ -347,6 +348,17 @@ impl FakeApi {
         };
         st.generation += 1;
         self.inner.changed.notify_all();
+    }
+
+    /// The current resourceVersion (a watch from it sees what comes next).
+    pub fn resource_version(&self) -> u64 {
+        self.inner.state.lock().unwrap().rv
+    }
+
+    /// Send bookmarks this often (1 s by default, for tests that want
+    /// progress soon; a real server sends one about every minute).
+    pub fn set_bookmark_every(&self, every: Duration) {
+        (self.inner.bookmark_every_ms).store(every.as_millis() as u64, Ordering::Relaxed);
     }
 
     /// Single-object GETs served so far.
@@ -708,10 +720,12 @@ fn status(code: u16, reason: &str, message: &str) -> Value {
 
 fn respond(out: &mut impl Write, code: u16, body: &Value) -> Result<()> {
     let body = body.to_string();
-    write!(
-        out,
-        "HTTP/1.1 {code} OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
+    out.write_all(
+        format!(
+            "HTTP/1.1 {code} OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        )
+        .as_bytes(),
     )?;
     out.flush()?;
     Ok(())
@@ -875,9 +889,12 @@ fn list(inner: &Inner, f: &Filter<'_>, limit: Option<usize>, cont: Option<usize>
     json!({"apiVersion": res.api_version(), "kind": format!("{}List", res.kind()), "metadata": metadata, "items": all[start..end]})
 }
 
+/// One chunk of a watch, written at once: one TCP segment per event, as a
+/// real server's buffered writer sends it (not one for the size line and
+/// another for the data).
 fn chunk(out: &mut impl Write, line: &Value) -> std::io::Result<()> {
     let data = format!("{line}\n");
-    write!(out, "{:x}\r\n{data}\r\n", data.len())?;
+    out.write_all(format!("{:x}\r\n{data}\r\n", data.len()).as_bytes())?;
     out.flush()
 }
 
@@ -938,7 +955,8 @@ fn watch_stream(
             .collect();
         sent_up_to = st.rv;
         let res = f.res;
-        let bookmark = (bookmarks && last_bookmark.elapsed() >= inner.bookmark_every).then(|| {
+        let every = Duration::from_millis(inner.bookmark_every_ms.load(Ordering::Relaxed));
+        let bookmark = (bookmarks && last_bookmark.elapsed() >= every).then(|| {
             json!({"type": "BOOKMARK", "object": {"kind": res.kind(), "apiVersion": res.api_version(), "metadata": {"resourceVersion": st.rv.to_string()}}})
         });
         drop(st);

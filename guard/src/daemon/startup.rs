@@ -116,11 +116,9 @@ fn read_file(cfg: &RunConfig) -> Option<JoinHandle<Result<FileAtStart>>> {
 async fn start_cluster(
     c: &ClusterConfig,
 ) -> Result<(Vec<&'static str>, Option<watch::Receiver<ClusterView>>)> {
-    let client = task::client(c.kubeconfig.as_deref(), c.feed.watch_timeout).await?;
     let names: Vec<&'static str> = c.feed.announcers.iter().map(|a| a.name()).collect();
     tracing::info!(announcers = ?names, "reading ownership from the Kubernetes API");
-    let (tx, rx) = watch::channel(ClusterView::default());
-    tokio::spawn(task::run(client, c.feed.clone(), tx));
+    let rx = task::start(c.clone()).await?;
     Ok((names, Some(rx)))
 }
 

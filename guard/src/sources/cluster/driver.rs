@@ -219,12 +219,11 @@ impl Driver {
         }
     }
 
-    /// One watch from `rv` (kept up to date) until the server ends it or it fails.
-    async fn watch<T: Object>(
+    /// Open a watch from `rv`: the watch, or how the attempt ended.
+    async fn open(
         &mut self,
-        rv: &mut String,
-        wrap: fn(Event<T>) -> Update,
-    ) -> Result<WatchEnd, Closed> {
+        rv: &str,
+    ) -> Result<Result<wire::Watch<impl futures::AsyncBufRead>, WatchEnd>, Closed> {
         // Bookmarks are on by default: they are the progress of a quiet stream.
         let mut wp =
             WatchParams::default().timeout(self.watch_timeout.as_secs().clamp(1, 290) as u32);
@@ -236,26 +235,50 @@ impl Driver {
                 wire::watch(&self.client, &self.path, &wp, rv),
             ))
             .await;
-        let mut w = match opened {
-            Ok(Ok(w)) => w,
-            Ok(Err(kube::Error::Api(s))) if s.code == 410 => return Ok(WatchEnd::Relist),
-            Ok(Err(e)) if self.filter_unsupported(&e) => return Ok(WatchEnd::Relist),
+        let end = match opened {
+            Ok(Ok(w)) => return Ok(Ok(w)),
+            Ok(Err(kube::Error::Api(s))) if s.code == 410 => WatchEnd::Relist,
+            Ok(Err(e)) if self.filter_unsupported(&e) => WatchEnd::Relist,
             Ok(Err(e)) => {
-                return self
-                    .failed(Failure::of("watch", &e))
-                    .await
-                    .map(|()| WatchEnd::Resume)
+                self.failed(Failure::of("watch", &e)).await?;
+                WatchEnd::Resume
             }
             Err(_) => {
-                let f = Failure::timeout("watch", self.idle);
-                return self.failed(f).await.map(|()| WatchEnd::Resume);
+                self.failed(Failure::timeout("watch", self.idle)).await?;
+                WatchEnd::Resume
             }
+        };
+        Ok(Err(end))
+    }
+
+    /// One watch from `rv` (kept up to date) until the server ends it or it fails.
+    async fn watch<T: Object>(
+        &mut self,
+        rv: &mut String,
+        wrap: fn(Event<T>) -> Update,
+    ) -> Result<WatchEnd, Closed> {
+        let mut w = match self.open(rv).await? {
+            Ok(w) => w,
+            Err(end) => return Ok(end),
         };
         let opened_at = Instant::now();
         let mut delivered = false;
+        // The idle deadline follows the last thing the watch delivered; its
+        // timer is moved only when it fires early (not for every event).
+        let mut seen = opened_at;
+        let idle = tokio::time::sleep(self.idle);
+        tokio::pin!(idle);
         loop {
-            let msg = match tokio::time::timeout(self.idle, w.next::<T>()).await {
-                Err(_) => {
+            let read = tokio::select! {
+                r = w.next::<T>() => Some(r),
+                () = &mut idle => None,
+            };
+            let msg = match read {
+                None if seen.elapsed() < self.idle => {
+                    idle.as_mut().reset((seen + self.idle).into());
+                    continue;
+                }
+                None => {
                     self.send(Msg::Idle(self.idle)).await?;
                     return Ok(WatchEnd::Relist);
                 }
@@ -263,25 +286,28 @@ impl Driver {
                 // delivering: progress, resume. At once, with nothing (a
                 // proxy closing watches): a failure, with back-off, not a
                 // hot loop that looks healthy.
-                Ok(Read::End) if delivered || opened_at.elapsed() >= Duration::from_secs(1) => {
+                Some(Read::End) if delivered || opened_at.elapsed() >= Duration::from_secs(1) => {
                     self.attempt = 0;
                     self.send(Msg::Progress).await?;
                     return Ok(WatchEnd::Resume);
                 }
-                Ok(Read::End) => Msg::Failed(Failure::new(
+                Some(Read::End) => Msg::Failed(Failure::new(
                     Cause::Other,
                     "watch: the server ended it at once",
                 )),
-                Ok(Read::Failed(e)) => {
+                Some(Read::Failed(e)) => {
                     Msg::Failed(Failure::new(Cause::of_io(&e), format!("watch: {e}")))
                 }
-                Ok(Read::Garbled(e)) => Msg::Failed(Failure::new(Cause::Other, e)),
-                Ok(Read::Line(WatchLine::Error(410, m))) => {
+                Some(Read::Garbled(e)) => Msg::Failed(Failure::new(Cause::Other, e)),
+                Some(Read::Line(WatchLine::Error(410, m))) => {
                     let f = Failure::new(Cause::Other, format!("watch: {m} (relisting)"));
                     self.send(Msg::Failed(f)).await?;
                     return Ok(WatchEnd::Relist);
                 }
-                Ok(Read::Line(l)) => event(l, rv, wrap),
+                Some(Read::Line(l)) => {
+                    seen = Instant::now();
+                    event(l, rv, wrap)
+                }
             };
             if let Msg::Failed(e) = msg {
                 self.failed(e).await?;

@@ -99,8 +99,9 @@ pub(crate) struct Feed {
     pub(super) relists: Vec<Option<Relist>>,
     pub(super) model: Model,
     pub(super) health: Vec<Health>,
-    /// The probe (a one-item list): failing since.
+    /// The probe: failing since, and when it last answered.
     pub(super) probe_failing: Option<Instant>,
+    probe_ok: Instant,
     /// Leases whose absurd duration was logged (once each).
     pub(super) clamp_warned: BTreeSet<Key>,
     /// Confirming GETs: when the last one for a Lease was sent, and how many
@@ -162,6 +163,7 @@ impl Feed {
             model,
             health,
             probe_failing: None,
+            probe_ok: now,
             clamp_warned: BTreeSet::new(),
             confirm_sent: BTreeMap::new(),
             confirm_failing: None,
@@ -321,7 +323,13 @@ impl Feed {
         Some(self.view(now, event_at))
     }
 
-    pub(super) fn all_healthy(&self) -> bool {
+    /// The last sign that the API answers: a stream's progress or the
+    /// probe's answer.
+    pub(crate) fn last_alive(&self) -> Instant {
+        (self.health.iter().map(|h| h.last_progress)).fold(self.probe_ok, Instant::max)
+    }
+
+    pub(crate) fn all_healthy(&self) -> bool {
         self.probe_failing.is_none()
             && self.confirm_failing.is_none()
             && self.health.iter().all(|h| h.failing_since.is_none())
@@ -337,7 +345,10 @@ impl Feed {
                     Who::Stream(i),
                 )
             }
-            None => (self.probe_failing.take().is_some(), Who::Probe),
+            None => {
+                self.probe_ok = now;
+                (self.probe_failing.take().is_some(), Who::Probe)
+            }
         };
         if self.answered(who) && was {
             tracing::info!("Kubernetes API feed healthy again");

@@ -13,6 +13,8 @@
 mod apply;
 pub mod cause;
 pub mod confirm;
+#[cfg(feature = "testing")]
+pub mod cost;
 pub mod decode;
 mod driver;
 pub mod feed;

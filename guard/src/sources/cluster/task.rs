@@ -9,7 +9,7 @@ use std::{
 
 use anyhow::{Context as _, Result};
 use k8s_openapi::api::{coordination::v1::Lease, core::v1::Service};
-use kube::{api::ListParams, Api, Client, Resource as _};
+use kube::{Client, Resource as _};
 use tokio::{
     sync::{mpsc, watch},
     task::JoinHandle,
@@ -18,15 +18,22 @@ use tokio::{
 use super::{
     cause::Failure,
     confirm::{Confirmation, CONFIRM_TIMEOUT},
-    driver,
+    decode, driver,
     feed::Feed,
     model::Key,
-    stream::{Msg, StreamCtl, StreamMsg, IDLE_MARGIN},
-    wire, FeedConfig,
+    stream::{Msg, StreamCtl, StreamMsg},
+    wire, ClusterConfig, FeedConfig,
 };
 use crate::{model::cluster::ClusterView, telemetry::ops::OPS};
 
+/// The probe (is the API there at all?): at most this often...
 const PROBE_EVERY: Duration = Duration::from_secs(2);
+/// ...and, while the feed is healthy, only once nothing has shown the API
+/// alive for this long (a stream's event, bookmark or end of watch does):
+/// with Leases renewed every few seconds it never runs. Its failure makes
+/// the guard blind since that last sign of life, so a quieter probe never
+/// delays degradation.
+const PROBE_QUIET: Duration = Duration::from_secs(5);
 const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
 /// A stream failing this long while the API answers has its back-off cut
 /// short; one whose request has hung this long while the probe answers
@@ -34,12 +41,46 @@ const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
 const REBUILD_AFTER: Duration = Duration::from_secs(5);
 const HUNG_REQUEST: Duration = Duration::from_secs(30);
 
+/// Start the feed on a thread of its own, with a single-threaded runtime:
+/// the client (its connection tasks), the streams, the confirmations and the
+/// model all live there, so that a watch event wakes one thread and nothing
+/// else (the daemon's loop is woken only when the view changes). A client
+/// that cannot be configured is a start-up error.
+pub async fn start(cfg: ClusterConfig) -> Result<watch::Receiver<ClusterView>> {
+    let (tx, rx) = watch::channel(ClusterView::default());
+    let (ready_tx, ready_rx) = tokio::sync::oneshot::channel::<Result<()>>();
+    std::thread::Builder::new()
+        .name("kube-feed".into())
+        .spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build();
+            let rt = match rt {
+                Ok(rt) => rt,
+                Err(e) => {
+                    let _ = ready_tx.send(Err(e).context("the Kubernetes feed's runtime"));
+                    return;
+                }
+            };
+            rt.block_on(async move {
+                let c = client(cfg.kubeconfig.as_deref()).await;
+                let ok = c.is_ok();
+                let _ = ready_tx.send(c.as_ref().map(drop).map_err(|e| anyhow::anyhow!("{e:#}")));
+                if let (true, Ok(client)) = (ok, c) {
+                    run(client, cfg.feed, tx).await;
+                }
+            });
+        })
+        .context("starting the Kubernetes feed's thread")?;
+    ready_rx
+        .await
+        .context("the Kubernetes feed's thread ended at start")??;
+    Ok(rx)
+}
+
 /// Build a client from `kubeconfig`, else the usual inference (in-cluster
 /// service account, then $KUBECONFIG / ~/.kube/config).
-pub async fn client(
-    kubeconfig: Option<&std::path::Path>,
-    watch_timeout: Duration,
-) -> Result<Client> {
+pub async fn client(kubeconfig: Option<&std::path::Path>) -> Result<Client> {
     // Several rustls providers could be compiled in; name ours. An error only
     // means one is installed already.
     let _ = rustls::crypto::ring::default_provider().install_default();
@@ -55,9 +96,11 @@ pub async fn client(
             .await
             .context("no Kubernetes API configuration (in-cluster or kubeconfig)")?,
     };
-    // A silently dead connection must surface as an error: the server ends
-    // watches after watch_timeout on its own, so a longer read gap means trouble.
-    config.read_timeout = Some(watch_timeout + IDLE_MARGIN + Duration::from_secs(5));
+    // No read timer in the client: every request the feed makes is bounded
+    // by its own (a list page and a watch's silence by the idle deadline,
+    // a probe and a confirming GET by theirs), and a read timer re-armed for
+    // every chunk of every watch is a cost per event.
+    config.read_timeout = None;
     Client::try_from(config).context("building the Kubernetes client")
 }
 
@@ -65,7 +108,7 @@ pub async fn client(
 /// undecodable answer is an answer, not a failure).
 async fn confirm(client: Client, key: Key) -> (Key, Confirmation) {
     let path = Lease::url_path(&(), Some(&key.ns));
-    let get = wire::get(&client, &path, &key.name);
+    let get = wire::get(&client, &path, &key.name, false);
     let r = match tokio::time::timeout(CONFIRM_TIMEOUT, get).await {
         Ok(Ok(l)) => Ok(l),
         Ok(Err(e)) => Err(Failure::of("get", &e)),
@@ -117,8 +160,16 @@ pub async fn run(client: Client, cfg: FeedConfig, tx: watch::Sender<ClusterView>
         lb_filter: Arc::new(AtomicBool::new(true)),
     };
     t.running = (0..t.feed.streams.len()).map(|i| t.spawn(i, 0)).collect();
+    // One timer for the loop's deadlines, moved only when the next one
+    // changes (not re-armed for every event).
+    let deadline = tokio::time::sleep_until(t.wake().into());
+    tokio::pin!(deadline);
     loop {
         let mut event_at = None;
+        let wake = tokio::time::Instant::from_std(t.wake());
+        if deadline.deadline() != wake {
+            deadline.as_mut().reset(wake);
+        }
         tokio::select! {
             m = msg_rx.recv() => {
                 let Some(m) = m else { return };
@@ -138,10 +189,10 @@ pub async fn run(client: Client, cfg: FeedConfig, tx: watch::Sender<ClusterView>
                 t.in_flight -= 1;
                 t.feed.on_confirm(key, sent, answer, Instant::now());
             }
-            _ = tokio::time::sleep_until(t.wake().into()) => {}
+            _ = &mut deadline => {}
         }
         t.send_confirmations();
-        if Instant::now() >= t.next_probe {
+        if t.probe_due(Instant::now()) {
             t.probe().await;
         }
         t.rebuild();
@@ -206,19 +257,29 @@ impl Task {
         }
     }
 
-    /// A one-item list: is the API there at all?
+    /// The probe is due: spaced by [`PROBE_EVERY`], and, while all is
+    /// well, only after [`PROBE_QUIET`] without a sign of life.
+    fn probe_due(&self, now: Instant) -> bool {
+        now >= self.next_probe
+            && (!self.feed.all_healthy() || now >= self.feed.last_alive() + PROBE_QUIET)
+    }
+
+    /// Is the API there at all? The `kubernetes` Service, from the API
+    /// server's cache (`resourceVersion=0`: no etcd read): any answer,
+    /// 404 included, is one.
     async fn probe(&mut self) {
-        let api = Api::<Service>::all(self.client.clone());
-        let lp = ListParams::default().limit(1);
-        let probe = tokio::time::timeout(PROBE_TIMEOUT, api.list_metadata(&lp)).await;
+        let since = self.feed.last_alive();
+        let path = Service::url_path(&(), Some("default"));
+        let get = wire::get::<decode::Service>(&self.client, &path, "kubernetes", true);
+        let probe = tokio::time::timeout(PROBE_TIMEOUT, get).await;
         let now = Instant::now();
         match probe {
             Ok(Ok(_)) => {
                 self.feed.ok(None, now);
                 self.unstick(now);
             }
-            Ok(Err(e)) => self.feed.failed(None, &Failure::of("list", &e), now),
-            Err(_) => (self.feed).failed(None, &Failure::timeout("list", PROBE_TIMEOUT), now),
+            Ok(Err(e)) => self.feed.failed(None, &Failure::of("get", &e), since),
+            Err(_) => (self.feed).failed(None, &Failure::timeout("get", PROBE_TIMEOUT), since),
         }
         self.next_probe = now + PROBE_EVERY;
     }

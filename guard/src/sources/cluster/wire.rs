@@ -5,7 +5,7 @@
 
 use futures::{AsyncBufRead, AsyncBufReadExt as _};
 use kube::{
-    api::{ListParams, WatchParams},
+    api::{GetParams, ListParams, WatchParams},
     core::Request,
     Client,
 };
@@ -35,13 +35,20 @@ pub async fn list<T: Object>(
     decode::page(&text, T::wanted).map_err(kube::Error::SerdeError)
 }
 
-/// One object of the collection at `path` by name (None: 404).
+/// One object of the collection at `path` by name (None: 404); `cached`:
+/// as the API server's cache has it (`resourceVersion=0`), else current.
 pub async fn get<T: Object>(
     client: &Client,
     path: &str,
     name: &str,
+    cached: bool,
 ) -> kube::Result<Option<Obj<T>>> {
-    let req = build(Request::new(path).get(name, &Default::default()))?;
+    let gp = if cached {
+        GetParams::any()
+    } else {
+        GetParams::default()
+    };
+    let req = build(Request::new(path).get(name, &gp))?;
     match client.request_text(req).await {
         Ok(text) => Ok(Some(decode::decode(&text))),
         Err(kube::Error::Api(s)) if s.code == 404 => Ok(None),

@@ -11,7 +11,7 @@ pub use crate::{
     datapath::{maps::ApplyReport, monotonic_ns, Datapath, DatapathConfig, Gate},
     model::view::{LbIp, Provenance, View},
     sources::{
-        cluster::cost::{costs as feed_costs, Costs as FeedCosts},
+        cluster::cost::{costs as feed_costs, feed_bytes, Costs as FeedCosts},
         file::parse as parse_ownership_file,
     },
     telemetry::{counters::Snapshot, metrics::NAMES as METRIC_NAMES},

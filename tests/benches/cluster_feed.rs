@@ -401,6 +401,12 @@ fn cpu(lb: usize, rest: Duration, renewals: usize, rate: f64, build: &Build) {
 /// The feed's own work per event, in this process (no I/O): a watch line
 /// decoded, applied, the view compared. Today's build only.
 fn in_process(n: usize, events: usize) {
+    let bytes = guard::testing::feed_bytes(n);
+    println!(
+        "[now] in-process, {n} LB Services: the feed holds {:.1} MiB ({} B per Service with its Lease)",
+        bytes as f64 / (1 << 20) as f64,
+        bytes / n.max(1)
+    );
     // Warm up (allocator, caches), then measure.
     let _ = guard::testing::feed_costs(n, events.min(1000));
     let c = guard::testing::feed_costs(n, events);
@@ -437,6 +443,16 @@ fn main() {
         .ok()
         .and_then(|m| m.parse().ok())
         .unwrap_or(moves);
+    // First: the allocator's statistics are the process's, quiet now.
+    if runs("cpu") || runs("in-process") {
+        in_process(
+            if short { 50 } else { 300 },
+            if short { 1_000 } else { 20_000 },
+        );
+        if !short {
+            in_process(10_000, 20_000);
+        }
+    }
     if runs("scale") {
         for n in &sizes {
             for b in &builds {
@@ -469,15 +485,6 @@ fn main() {
         };
         for b in &builds {
             cpu(lb, rest, renewals, 150.0, b);
-        }
-    }
-    if runs("cpu") || runs("in-process") {
-        in_process(
-            if short { 50 } else { 300 },
-            if short { 1_000 } else { 20_000 },
-        );
-        if !short {
-            in_process(10_000, 20_000);
         }
     }
 }

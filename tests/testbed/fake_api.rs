@@ -665,7 +665,7 @@ fn serve(stream: TcpStream, inner: &Inner) -> Result<()> {
         };
         if !matches!(param("watch"), Some("true") | Some("1")) {
             let limit = param("limit").and_then(|v| v.parse().ok());
-            let cont = param("continue").and_then(|v| v.parse().ok());
+            let cont = param("continue");
             respond(out, 200, &list(inner, &filter, limit, cont))?;
             continue;
         }
@@ -868,25 +868,39 @@ fn matches_selector(obj: &Value, selector: Option<&str>) -> bool {
 }
 
 /// One page of a list; `cont` is the offset the previous page handed out.
-fn list(inner: &Inner, f: &Filter<'_>, limit: Option<usize>, cont: Option<usize>) -> Value {
+/// One page of a list; `cont` is the token the previous page handed out
+/// (the key of its last object: a page costs its own size, not the
+/// collection's, as on a real server).
+fn list(inner: &Inner, f: &Filter<'_>, limit: Option<usize>, cont: Option<&str>) -> Value {
     let mut st = inner.state.lock().unwrap();
     if cont.is_none() {
         st.lists += 1;
     }
-    let all: Vec<&Value> = st
+    let start = match cont.and_then(|c| c.split_once('/')) {
+        Some((ns, name)) => std::ops::Bound::Excluded((f.res, ns.to_owned(), name.to_owned())),
+        None => std::ops::Bound::Included((f.res, String::new(), String::new())),
+    };
+    let mut matching = st
         .objects
-        .iter()
-        .filter(|((r, n, _), o)| f.covers(*r, n, o))
-        .map(|(_, o)| o)
-        .collect();
-    let start = cont.unwrap_or(0).min(all.len());
-    let end = limit.map_or(all.len(), |l| (start + l).min(all.len()));
+        .range((start, std::ops::Bound::Unbounded))
+        .take_while(|((r, _, _), _)| *r == f.res)
+        .filter(|((r, n, _), o)| f.covers(*r, n, o));
+    let limit = limit.unwrap_or(usize::MAX);
+    let mut items = Vec::new();
+    let mut last = None;
+    for ((_, ns, name), o) in matching.by_ref() {
+        items.push(o);
+        last = Some(format!("{ns}/{name}"));
+        if items.len() == limit {
+            break;
+        }
+    }
     let mut metadata = json!({"resourceVersion": st.rv.to_string()});
-    if end < all.len() {
-        metadata["continue"] = json!(end.to_string());
+    if items.len() == limit && matching.next().is_some() {
+        metadata["continue"] = json!(last);
     }
     let res = f.res;
-    json!({"apiVersion": res.api_version(), "kind": format!("{}List", res.kind()), "metadata": metadata, "items": all[start..end]})
+    json!({"apiVersion": res.api_version(), "kind": format!("{}List", res.kind()), "metadata": metadata, "items": items})
 }
 
 /// One chunk of a watch, written at once: one TCP segment per event, as a

@@ -104,6 +104,7 @@ impl RunArgs {
             status_file: self.status_file.clone(),
             stats_interval: self.stats_interval,
             counter_grace: self.counter_grace,
+            cgroup_root: self.cgroup_root.clone(),
         }
     }
 

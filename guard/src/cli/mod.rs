@@ -318,6 +318,12 @@ pub struct RunArgs {
     /// How often a summary of the counters is logged (0 to disable).
     #[arg(long, value_name = "DURATION", default_value = "60s", value_parser = parse_duration)]
     pub stats_interval: Duration,
+
+    /// Where the cgroup file system is mounted: the daemon's memory limit
+    /// (cgroup v2 `memory.max`, else v1 `memory.limit_in_bytes`) is read
+    /// under it, to warn and degrade before the limit is reached.
+    #[arg(long, value_name = "PATH", default_value = "/sys/fs/cgroup")]
+    pub cgroup_root: PathBuf,
 }
 
 /// Where `--pin-dir` defaults for commands that read or remove pins.

@@ -26,7 +26,7 @@ use crate::{
         cluster::{task, ClusterConfig},
         file, file_watch,
     },
-    telemetry::census,
+    telemetry::{census, memory},
 };
 
 /// The ownership file as parsed at start, with the text it was parsed from.
@@ -243,6 +243,7 @@ impl Daemon {
             Err(e) => tracing::warn!(error = %format!("{e:#}"), "drop events unavailable"),
         }
         self.start_census();
+        self.start_memory_watch();
         if let Some(listener) = listeners.api {
             let router = api::routes::router(self.shared.clone());
             tokio::spawn(api::serve(listener, router, api::routes::ALL_PATHS));
@@ -292,6 +293,27 @@ impl Daemon {
         if let Err(e) = spawned {
             tracing::warn!(error = %e, "the responder census cannot start its thread; guarding without it");
         }
+    }
+
+    /// The memory watch: every few seconds, the daemon's memory against
+    /// its cgroup's limit (`telemetry::memory`), shown live by the API.
+    fn start_memory_watch(&self) {
+        let (root, maps, shared) = (
+            self.cfg.daemon.cgroup_root.clone(),
+            self.memlock,
+            self.shared.clone(),
+        );
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(memory::PERIOD);
+            loop {
+                tick.tick().await;
+                let s = memory::sample(&root, maps);
+                memory::record(s.clone());
+                if let Some(st) = shared.write().status.as_mut() {
+                    st.memory = Some(s);
+                }
+            }
+        });
     }
 
     fn announce(&self) {

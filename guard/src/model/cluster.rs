@@ -8,13 +8,15 @@ use std::{
     time::{Duration, Instant},
 };
 
-/// What the cluster says about one LB IP.
+/// What the cluster says about one LB IP. Its text is shared (`Arc`) by
+/// the feed, the table it hands the daemon and the daemon's view: one copy
+/// per IP, however many hold it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Claim {
     /// The node that may announce it; None: nobody (known) does.
-    pub owner: Option<String>,
+    pub owner: Option<Arc<str>>,
     /// Which object said so, in words an operator can look up.
-    pub why: String,
+    pub why: Arc<str>,
     /// False while the record may be outdated for want of an answer from
     /// the API (a Lease past its deadline, not yet confirmed). The owner
     /// keeps its permission; "another node owns it" is not trusted.
@@ -47,7 +49,7 @@ fn is_zero(n: &usize) -> bool {
 /// (so that one event costs the daemon the IPs it touched, not all of them).
 #[derive(Debug, Default)]
 pub struct ClaimTable {
-    pub claims: BTreeMap<IpAddr, Claim>,
+    pub claims: BTreeMap<IpAddr, Arc<Claim>>,
     pub changed: BTreeSet<IpAddr>,
 }
 
@@ -67,7 +69,9 @@ impl SharedClaims {
     /// A copy of every claim (tests).
     #[cfg(test)]
     pub fn snapshot(&self) -> BTreeMap<IpAddr, Claim> {
-        self.lock().claims.clone()
+        (self.lock().claims.iter())
+            .map(|(ip, c)| (*ip, Claim::clone(c)))
+            .collect()
     }
 }
 

@@ -20,6 +20,12 @@
 //! | `arp_guard_feed_stream_healthy` | gauge | stream |
 //! | `arp_guard_feed_unconfirmed_leases` | gauge | |
 //! | `arp_guard_feed_rebuilds_total` | counter | stream, reason |
+//! | `arp_guard_feed_undecodable_objects_total` | counter | stream |
+//! | `arp_guard_feed_unreadable_objects` | gauge | stream |
+//! | `arp_guard_feed_not_admitted_total` | counter | stream |
+//! | `arp_guard_memory_bytes` | gauge | kind (resident, maps) |
+//! | `arp_guard_memory_limit_bytes` | gauge | |
+//! | `arp_guard_memory_pressure` | gauge | |
 //! | `arp_guard_responders` | gauge | lb_ip, family (current claims only, at most --metrics-max-ip-series) |
 //! | `arp_guard_responder_conflicts` | gauge | reason |
 //! | `arp_guard_census_frames_total` | counter | outcome |
@@ -160,6 +166,12 @@ pub const NAMES: &[&str] = &[
     "arp_guard_feed_stream_healthy",
     "arp_guard_feed_unconfirmed_leases",
     "arp_guard_feed_rebuilds_total",
+    "arp_guard_feed_undecodable_objects_total",
+    "arp_guard_feed_unreadable_objects",
+    "arp_guard_feed_not_admitted_total",
+    "arp_guard_memory_bytes",
+    "arp_guard_memory_limit_bytes",
+    "arp_guard_memory_pressure",
     "arp_guard_responders",
     "arp_guard_responder_conflicts",
     "arp_guard_census_frames_total",
@@ -200,6 +212,9 @@ pub fn render(scrape: Scrape<'_>) -> Result<String> {
     }
     if let Some(c) = scrape.census {
         census(&mut v, c, scrape.max_ip_series);
+    }
+    if let Some(m) = super::memory::latest() {
+        memory(&mut v, &m);
     }
     operations(&mut v);
     let mut registry = Registry::default();
@@ -362,15 +377,64 @@ fn cluster(v: &mut Values, feed: &Feed) {
             .collect(),
     ));
     v.gauges.push((
+        "arp_guard_feed_unreadable_objects",
+        "Objects whose latest version cannot be decoded, by stream (skipped; their IPs are not trusted).",
+        (feed.streams.iter())
+            .map(|s| (vec![("stream", s.name.clone())], s.undecodable as f64))
+            .collect(),
+    ));
+    v.gauges.push((
         "arp_guard_feed_unconfirmed_leases",
         "Leases in use past their deadline that the API has not confirmed (their holders keep their claims).",
         vec![(vec![], feed.unconfirmed_leases as f64)],
     ));
 }
 
+/// The daemon's memory against its cgroup's limit.
+fn memory(v: &mut Values, m: &super::memory::MemoryStatus) {
+    v.gauges.push((
+        "arp_guard_memory_bytes",
+        "What the memory cgroup counts of the daemon: resident memory and BPF maps.",
+        vec![
+            (vec![("kind", "resident".into())], m.rss_bytes as f64),
+            (vec![("kind", "maps".into())], m.maps_bytes as f64),
+        ],
+    ));
+    if let Some(l) = m.limit_bytes {
+        v.gauges.push((
+            "arp_guard_memory_limit_bytes",
+            "The memory limit of the daemon's cgroup.",
+            vec![(vec![], l as f64)],
+        ));
+    }
+    let pressure = m.level == super::memory::Level::Pressure;
+    v.gauges.push((
+        "arp_guard_memory_pressure",
+        "1 while memory is so near the limit that no new Kubernetes object is taken in.",
+        vec![(vec![], f64::from(u8::from(pressure)))],
+    ));
+}
+
+/// One counter family by stream, from an operation counter.
+fn by_stream(m: &std::sync::Mutex<std::collections::BTreeMap<String, u64>>) -> Vec<(Labels, u64)> {
+    (m.lock().unwrap_or_else(|p| p.into_inner()).iter())
+        .map(|(k, n)| (vec![("stream", k.clone())], *n))
+        .collect()
+}
+
 /// What the daemon did: feed events, rebuilds, map updates, errors.
 fn operations(v: &mut Values) {
     let ops = &*OPS;
+    v.counters.push((
+        "arp_guard_feed_undecodable_objects",
+        "Objects from the Kubernetes API that could not be decoded (skipped), by stream.",
+        by_stream(&ops.feed_undecodable),
+    ));
+    v.counters.push((
+        "arp_guard_feed_not_admitted",
+        "New Kubernetes objects not taken in under memory pressure, by stream.",
+        by_stream(&ops.feed_not_admitted),
+    ));
     v.counters.push((
         "arp_guard_feed_events",
         "Watch events received from the Kubernetes API, by stream.",

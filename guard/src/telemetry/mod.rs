@@ -5,6 +5,7 @@
 pub mod census;
 pub mod counters;
 pub mod events;
+pub mod memory;
 pub mod metrics;
 pub mod ops;
 pub mod status;

@@ -17,6 +17,8 @@ pub struct Ops {
     pub feed_rebuilds: Mutex<BTreeMap<(String, &'static str), u64>>,
     /// Objects from the Kubernetes API that could not be decoded, by stream.
     pub feed_undecodable: Mutex<BTreeMap<String, u64>>,
+    /// New objects not taken in under memory pressure, by stream.
+    pub feed_not_admitted: Mutex<BTreeMap<String, u64>>,
 }
 
 /// Count one more for `key` (allocating its name only the first time).
@@ -52,6 +54,9 @@ impl Ops {
     }
     pub fn feed_undecodable(&self, stream: &str) {
         bump(&self.feed_undecodable, stream);
+    }
+    pub fn feed_not_admitted(&self, stream: &str) {
+        bump(&self.feed_not_admitted, stream);
     }
 }
 

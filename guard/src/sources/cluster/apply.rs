@@ -21,6 +21,7 @@ use super::{
     objects,
     stream::{Event, Stream, Update},
 };
+use crate::telemetry::{memory, ops::OPS};
 
 fn key_of_bad(b: &Bad) -> Option<Key> {
     Some(objects::key(
@@ -40,7 +41,28 @@ impl Feed {
         };
         if done {
             self.health[stream].synced = true;
+            // The relist's pages, decoded and dropped, would stay resident.
+            memory::release_free();
         }
+    }
+
+    /// Whether to take in an object (`known`: the model has it, or needs
+    /// it for what it has). Under memory pressure, after the first sync, a
+    /// new one is not: counted, logged once per stream, and the stream is
+    /// relisted once the pressure is gone. Nothing known is ever dropped.
+    fn admit(&mut self, stream: usize, known: bool) -> bool {
+        if known || !self.health[stream].synced || !memory::under_pressure() {
+            return true;
+        }
+        OPS.feed_not_admitted(&self.names[stream]);
+        if self.not_admitted.insert(stream) {
+            tracing::warn!(
+                stream = %self.names[stream],
+                "memory pressure: a new object is not taken in (what is guarded stays guarded); \
+                 the stream is relisted once memory is back under the limit"
+            );
+        }
+        false
     }
 
     /// An object that cannot be decoded, seen by `stream`: counted, logged
@@ -63,6 +85,10 @@ impl Feed {
                         .map(|(info, k)| (k, Read::Good(info))),
                     Obj::Bad(b) => self.bad(stream, &b).map(|k| (k, Read::Bad(b))),
                 };
+                let item = item.filter(|(k, _)| {
+                    let known = self.model.services.contains_key(k);
+                    self.admit(stream, known)
+                });
                 if let (Some((k, r)), Some(Relist::Services(m))) = (item, &mut self.relists[stream])
                 {
                     m.insert(k, r);
@@ -94,8 +120,11 @@ impl Feed {
             Event::Apply(Obj::Good(s)) => {
                 let info = objects::service(&s, filter);
                 if let Some(k) = objects::key_of(&Obj::Good(s)) {
-                    self.readable(stream, &k);
-                    self.model.set_service(k, info);
+                    let known = self.model.services.contains_key(&k) || info.is_none();
+                    if self.admit(stream, known) {
+                        self.readable(stream, &k);
+                        self.model.set_service(k, info);
+                    }
                 }
             }
             Event::Apply(Obj::Bad(b)) => {
@@ -142,6 +171,10 @@ impl Feed {
                     }
                     Obj::Bad(b) => self.bad(stream, &b).map(|k| (k, Read::Bad(b))),
                 };
+                let item = item.filter(|(k, _)| {
+                    let known = self.lease_needed(k);
+                    self.admit(stream, known)
+                });
                 if let (Some((k, r)), Some(Relist::Leases(m))) = (item, &mut self.relists[stream]) {
                     m.insert(k, r);
                 }
@@ -179,8 +212,11 @@ impl Feed {
             Event::Apply(Obj::Good(l)) => {
                 let f = objects::lease(&l);
                 if let Some(k) = objects::key_of(&Obj::Good(l)) {
-                    self.readable(stream, &k);
-                    self.upsert_lease(k, f, now);
+                    let known = self.lease_needed(&k);
+                    if self.admit(stream, known) {
+                        self.readable(stream, &k);
+                        self.upsert_lease(k, f, now);
+                    }
                 }
             }
             Event::Apply(Obj::Bad(b)) => {
@@ -217,6 +253,10 @@ impl Feed {
                     }
                     Obj::Bad(b) => self.bad(stream, &b).map(|k| (k, Read::Bad(b))),
                 };
+                let item = item.filter(|(k, r)| {
+                    let known = self.status_needed(k, r);
+                    self.admit(stream, known)
+                });
                 if let (Some((k, r)), Some(Relist::L2(m))) = (item, &mut self.relists[stream]) {
                     m.insert(k, r);
                 }
@@ -230,7 +270,7 @@ impl Feed {
                 };
                 // This stream owns its namespace's entries only.
                 let gone: Vec<Key> = (self.model.l2.keys())
-                    .filter(|k| k.ns == namespace && !listed.contains_key(*k))
+                    .filter(|k| *k.ns == *namespace && !listed.contains_key(*k))
                     .cloned()
                     .collect();
                 for k in gone {
@@ -251,8 +291,11 @@ impl Feed {
             Event::Apply(Obj::Good(s)) => {
                 let status = objects::l2status(&s);
                 if let Some(k) = objects::key_of(&Obj::Good(s)) {
-                    self.readable(stream, &k);
-                    self.model.set_l2(k, status);
+                    let known = self.status_needed(&k, &Read::Good(status.clone()));
+                    if self.admit(stream, known) {
+                        self.readable(stream, &k);
+                        self.model.set_l2(k, status);
+                    }
                 }
             }
             Event::Apply(Obj::Bad(b)) => {
@@ -273,6 +316,18 @@ impl Feed {
             },
         }
         false
+    }
+
+    /// A Lease the model has, or that a Service it has depends on.
+    fn lease_needed(&self, k: &Key) -> bool {
+        self.model.leases.contains_key(k) || self.model.idx.lease_services.contains_key(k)
+    }
+
+    /// A ServiceL2Status the model has, or that names a Service it has.
+    fn status_needed(&self, k: &Key, r: &Read<Option<L2Status>>) -> bool {
+        let names_known =
+            matches!(r, Read::Good(Some(s)) if self.model.services.contains_key(&s.service));
+        self.model.l2.contains_key(k) || names_known
     }
 
     /// A ServiceL2Status's latest version cannot be read: its last good

@@ -141,3 +141,21 @@ pub fn costs(n: usize, events: usize) -> Costs {
         holder_move,
     }
 }
+
+/// Bytes the allocator hands out, now (glibc).
+fn heap_in_use() -> usize {
+    // SAFETY: mallinfo2 only reads the allocator's statistics.
+    let m = unsafe { libc::mallinfo2() };
+    m.uordblks + m.hblkhd
+}
+
+/// Heap bytes a feed holds once it has listed `n` LB Services and their
+/// Leases and published its claims (the model, its indexes, the claims
+/// table shared with the daemon).
+pub fn feed_bytes(n: usize) -> usize {
+    let before = heap_in_use();
+    let f = listed(n, Instant::now());
+    let after = heap_in_use();
+    drop(f);
+    after.saturating_sub(before)
+}

@@ -121,6 +121,9 @@ pub(crate) struct Feed {
     pub(super) logged: BTreeSet<Cause>,
     /// Objects the streams could not decode.
     pub(super) bad: Undecodable,
+    /// Streams that did not take in a new object under memory pressure:
+    /// relisted once it is gone.
+    pub(super) not_admitted: BTreeSet<usize>,
     /// What the last published view showed.
     shown: Option<Shown>,
 }
@@ -158,6 +161,7 @@ impl Feed {
             names: streams.iter().map(Stream::name).collect(),
             relists: streams.iter().map(|_| None).collect(),
             bad: Undecodable::new(streams.len()),
+            not_admitted: BTreeSet::new(),
             shown: None,
             streams,
             model,
@@ -404,6 +408,12 @@ impl Feed {
     }
 
     pub(crate) fn take_rebuilds(&mut self) -> BTreeMap<usize, &'static str> {
+        if !self.not_admitted.is_empty() && !crate::telemetry::memory::under_pressure() {
+            tracing::info!("memory back under the limit: relisting the streams that did not take in new objects");
+            for s in std::mem::take(&mut self.not_admitted) {
+                self.rebuild.entry(s).or_insert("memory");
+            }
+        }
         std::mem::take(&mut self.rebuild)
     }
 }
@@ -496,7 +506,7 @@ mod tests {
 
     fn owner(f: &mut Feed, t: Instant) -> (Option<String>, bool) {
         let c = &f.view(t, None).claims.snapshot()[&IP.parse::<IpAddr>().unwrap()];
-        (c.owner.clone(), c.certain)
+        (c.owner.as_deref().map(str::to_owned), c.certain)
     }
 
     #[test]

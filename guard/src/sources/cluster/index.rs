@@ -10,6 +10,7 @@ use std::{
     collections::{btree_map::Entry, BTreeMap, BTreeSet},
     net::IpAddr,
     ops::Bound::{Excluded, Included},
+    sync::Arc,
     time::Instant,
 };
 
@@ -33,8 +34,8 @@ fn count<K: Ord>(m: &mut BTreeMap<K, usize>, k: K, add: bool) {
     }
 }
 
-fn named(n: Option<&str>) -> Option<String> {
-    n.filter(|n| !n.is_empty()).map(str::to_owned)
+fn named(n: Option<&Arc<str>>) -> Option<Arc<str>> {
+    n.filter(|n| !n.is_empty()).cloned()
 }
 
 impl Model {
@@ -46,7 +47,7 @@ impl Model {
     }
 
     /// The claims as of the last [`Model::refresh`].
-    pub fn claims(&self) -> &BTreeMap<IpAddr, Claim> {
+    pub fn claims(&self) -> &BTreeMap<IpAddr, Arc<Claim>> {
         &self.idx.claims
     }
 
@@ -62,13 +63,27 @@ impl Model {
         if !l.unreadable {
             count(&mut self.idx.durations, l.duration, add);
         }
-        if let Some(h) = named(l.holder.as_deref()) {
+        if let Some(h) = named(l.holder.as_ref()) {
             self.count_holder(h, add);
         }
     }
 
+    /// The one copy of a node name (names no one uses any more are dropped
+    /// once as many have gathered as are in use).
+    pub(super) fn intern(&mut self, name: impl AsRef<str> + Into<Arc<str>>) -> Arc<str> {
+        if let Some(a) = self.names.get(name.as_ref()) {
+            return a.clone();
+        }
+        if self.names.len() >= 2 * self.idx.holders.len() + 64 {
+            self.names.retain(|a| Arc::strong_count(a) > 1);
+        }
+        let a: Arc<str> = name.into();
+        self.names.insert(a.clone());
+        a
+    }
+
     /// One more (or one fewer) Lease held by, or status naming, `h`.
-    fn count_holder(&mut self, h: String, add: bool) {
+    fn count_holder(&mut self, h: Arc<str>, add: bool) {
         let before = self.idx.holders.len();
         count(&mut self.idx.holders, h, add);
         if self.idx.holders.len() != before {
@@ -211,6 +226,10 @@ impl Model {
 
     /// Insert, replace (Some) or remove (None) a ServiceL2Status.
     pub fn set_l2(&mut self, key: Key, s: Option<L2Status>) {
+        let s = s.map(|s| L2Status {
+            node: s.node.map(|n| self.intern(n)),
+            ..s
+        });
         if self.l2.get(&key) == s.as_ref() {
             return;
         }
@@ -221,14 +240,14 @@ impl Model {
                     o.remove();
                 }
             }
-            if let Some(n) = named(old.node.as_deref()) {
+            if let Some(n) = named(old.node.as_ref()) {
                 self.count_holder(n, false);
             }
             self.idx.dirty_services.insert(old.service);
         }
         let Some(s) = s else { return };
         (self.idx.l2_of_service.entry(s.service.clone()).or_default()).insert(key.clone());
-        if let Some(n) = named(s.node.as_deref()) {
+        if let Some(n) = named(s.node.as_ref()) {
             self.count_holder(n, true);
         }
         self.idx.dirty_services.insert(s.service.clone());
@@ -263,11 +282,11 @@ impl Model {
         let mut changed = BTreeSet::new();
         for ip in ips {
             let claim = self.claim_of(&ip, now);
-            if self.idx.claims.get(&ip) == claim.as_ref() {
+            if self.idx.claims.get(&ip).map(|c| &**c) == claim.as_ref() {
                 continue;
             }
             match claim {
-                Some(c) => self.idx.claims.insert(ip, c),
+                Some(c) => self.idx.claims.insert(ip, Arc::new(c)),
                 None => self.idx.claims.remove(&ip),
             };
             changed.insert(ip);
@@ -333,7 +352,10 @@ mod tests {
     }
 
     fn check(m: &Model, a: &[Announcer], now: Instant) {
-        assert_eq!(m.claims(), &m.ownership(a, now));
+        let claims: BTreeMap<IpAddr, Claim> = (m.claims().iter())
+            .map(|(ip, c)| (*ip, Claim::clone(c)))
+            .collect();
+        assert_eq!(claims, m.ownership(a, now));
         let used = referenced(m, a);
         let holders: BTreeSet<&str> = (used.iter())
             .filter_map(|k| m.leases.get(k)?.holder.as_deref())

@@ -19,6 +19,7 @@ pub mod decode;
 mod driver;
 pub mod feed;
 pub mod index;
+mod keys;
 pub mod model;
 pub mod objects;
 pub mod problems;

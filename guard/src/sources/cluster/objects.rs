@@ -131,7 +131,7 @@ pub fn l2status(o: &decode::L2Status) -> Option<L2Status> {
         .or_else(|| label("metallb.io/service-namespace"))?;
     let node = nonempty(status.and_then(|s| s.node.as_ref())).or_else(|| label("metallb.io/node"));
     Some(L2Status {
-        node,
+        node: node.map(Into::into),
         service: Key::new(ns, name),
         unreadable: false,
     })

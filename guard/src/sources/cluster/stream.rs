@@ -124,7 +124,7 @@ pub fn lease_scope(announcers: &[Announcer]) -> (String, Option<String>) {
         .iter()
         .filter_map(|a| match a {
             Announcer::Cilium { namespace } => Some(Some(namespace.as_str())),
-            Announcer::KubeVipGlobal { lease } => Some(Some(lease.ns.as_str())),
+            Announcer::KubeVipGlobal { lease } => Some(Some(&*lease.ns)),
             Announcer::KubeVipPerService => Some(None),
             Announcer::MetalLb { .. } => None,
         })

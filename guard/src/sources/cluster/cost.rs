@@ -55,7 +55,7 @@ pub struct Costs {
 }
 
 fn holder(i: usize) -> &'static str {
-    if i % 2 == 0 {
+    if i.is_multiple_of(2) {
         "node-a"
     } else {
         "node-b"

@@ -103,7 +103,11 @@ fn load(api: &FakeApi, n: usize, others: usize) {
     api.preload(
         Resource::Leases,
         (0..n).map(|i| {
-            let holder = if i.is_multiple_of(2) { "node-a" } else { "node-b" };
+            let holder = if i.is_multiple_of(2) {
+                "node-a"
+            } else {
+                "node-b"
+            };
             lease(i, holder, "2026-11-30T10:00:00.000000Z")
         }),
     );
@@ -360,7 +364,11 @@ fn cpu(lb: usize, rest: Duration, renewals: usize, rate: f64, build: &Build) {
     let t1 = Instant::now();
     for k in 0..renewals {
         let i = k % lb;
-        let holder = if i.is_multiple_of(2) { "node-a" } else { "node-b" };
+        let holder = if i.is_multiple_of(2) {
+            "node-a"
+        } else {
+            "node-b"
+        };
         let renew = format!("2026-11-30T10:{:02}:{:02}.{:06}Z", (k / 60) % 60, k % 60, k);
         bed.api.apply(Resource::Leases, lease(i, holder, &renew));
         let due = t1 + Duration::from_secs_f64((k + 1) as f64 / rate);

@@ -104,6 +104,16 @@ pub async fn client(kubeconfig: Option<&std::path::Path>) -> Result<Client> {
     Client::try_from(config).context("building the Kubernetes client")
 }
 
+/// When the probe is due: not before `next` (spacing); while the feed is
+/// `healthy`, not before [`PROBE_QUIET`] after its last sign of life.
+fn probe_at(next: Instant, healthy: bool, last_alive: Instant) -> Instant {
+    if healthy {
+        next.max(last_alive + PROBE_QUIET)
+    } else {
+        next
+    }
+}
+
 /// GET one Lease, bounded in time (decoded like the stream's: an
 /// undecodable answer is an answer, not a failure).
 async fn confirm(client: Client, key: Key) -> (Key, Confirmation) {
@@ -233,7 +243,7 @@ impl Task {
         .into_iter()
         .flatten()
         .filter(|t| *t > now)
-        .fold(self.next_probe, Instant::min)
+        .fold(self.probe_at(), Instant::min)
     }
 
     /// A message of a stream's current task (a replaced task's are ignored).
@@ -260,8 +270,16 @@ impl Task {
     /// The probe is due: spaced by [`PROBE_EVERY`], and, while all is
     /// well, only after [`PROBE_QUIET`] without a sign of life.
     fn probe_due(&self, now: Instant) -> bool {
-        now >= self.next_probe
-            && (!self.feed.all_healthy() || now >= self.feed.last_alive() + PROBE_QUIET)
+        now >= self.probe_at()
+    }
+
+    /// When the probe is next due (the loop wakes then: one rule for both).
+    fn probe_at(&self) -> Instant {
+        probe_at(
+            self.next_probe,
+            self.feed.all_healthy(),
+            self.feed.last_alive(),
+        )
     }
 
     /// Is the API there at all? The `kubernetes` Service, from the API
@@ -361,5 +379,27 @@ impl Task {
             *cur = view;
             true
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The loop sleeps until the probe is due, and the probe runs then: a
+    /// time in the past that the probe's rule does not call due would be a
+    /// busy loop.
+    #[test]
+    fn the_probe_runs_when_the_loop_wakes_for_it() {
+        let t0 = Instant::now();
+        let s = Duration::from_secs;
+        // Quiet and healthy: 5 s after the last sign of life, not before.
+        assert_eq!(probe_at(t0, true, t0), t0 + PROBE_QUIET);
+        // A stream delivered a moment ago: later still.
+        assert_eq!(probe_at(t0, true, t0 + s(3)), t0 + s(3) + PROBE_QUIET);
+        // Failing: every PROBE_EVERY, whatever the last sign of life.
+        assert_eq!(probe_at(t0 + s(2), false, t0 + s(9)), t0 + s(2));
+        // Spacing is kept either way.
+        assert_eq!(probe_at(t0 + s(9), true, t0), t0 + s(9));
     }
 }

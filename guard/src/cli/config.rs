@@ -136,6 +136,7 @@ impl RunArgs {
                 },
                 silent_after: self.silent_takeover_after,
             },
+            cgroup_root: self.cgroup_root.clone(),
         }
     }
 

@@ -4,8 +4,10 @@
 mod config;
 mod doctor;
 mod probe;
+mod tool_args;
 
 pub use doctor::DoctorArgs;
+pub use tool_args::{CountersArgs, UninstallArgs, ValidateArgs};
 
 use std::{path::PathBuf, time::Duration};
 
@@ -103,27 +105,6 @@ pub struct LbIpArgs {
     pub ip: Option<std::net::IpAddr>,
     #[command(flatten)]
     pub client: ClientArgs,
-}
-
-#[derive(Debug, Args)]
-pub struct UninstallArgs {
-    /// The --pin-dir the guard ran with.
-    #[arg(long, value_name = "PATH", default_value = DEFAULT_PIN_DIR)]
-    pub pin_dir: PathBuf,
-    /// Also remove arp-guard's netlink filter from these interfaces (default: every interface).
-    #[arg(short, long = "interface", value_name = "IFACE")]
-    pub interfaces: Vec<String>,
-    /// Remove the pins even while a daemon holds the pin directory.
-    #[arg(long)]
-    pub force: bool,
-    /// While a daemon holds the pin directory, wait this long for it to exit
-    /// (a terminating pod) before giving up (or, with --force, going ahead).
-    #[arg(long, value_name = "DURATION", default_value = "0s", value_parser = parse_duration)]
-    pub wait: Duration,
-    /// After uninstalling, keep running until SIGTERM/SIGINT: the clean-up
-    /// DaemonSet's pod then shows Ready once its node is clean.
-    #[arg(long)]
-    pub stay: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -361,39 +342,16 @@ pub struct RunArgs {
     /// How often a summary of the counters is logged (0 to disable).
     #[arg(long, value_name = "DURATION", default_value = "60s", value_parser = parse_duration)]
     pub stats_interval: Duration,
+
+    /// Where the cgroup file system is mounted: the daemon's memory limit
+    /// (cgroup v2 `memory.max`, else v1 `memory.limit_in_bytes`) is read
+    /// under it, to warn and degrade before the limit is reached.
+    #[arg(long, value_name = "PATH", default_value = "/sys/fs/cgroup")]
+    pub cgroup_root: PathBuf,
 }
 
 /// Where `--pin-dir` defaults for commands that read or remove pins.
 pub const DEFAULT_PIN_DIR: &str = "/sys/fs/bpf/arp-guard";
-
-#[derive(Debug, Args)]
-pub struct CountersArgs {
-    /// Interface whose guard is read (in the current network namespace).
-    #[arg(short, long = "interface", value_name = "IFACE", required = true)]
-    pub interfaces: Vec<String>,
-    /// Output format.
-    #[arg(short, long, value_enum, default_value_t = Output::Table)]
-    pub output: Output,
-    /// The daemon's --listen address, asked first.
-    #[arg(long, value_name = "ADDR", default_value = DEFAULT_API, env = "ARP_GUARD_API")]
-    pub api: std::net::SocketAddr,
-    /// The daemon's --pin-dir, read next when no daemon answers (needs only
-    /// read permission on the pins).
-    #[arg(long, value_name = "PATH", default_value = DEFAULT_PIN_DIR)]
-    pub pin_dir: PathBuf,
-}
-
-#[derive(Debug, Args)]
-pub struct ValidateArgs {
-    /// The ownership file to check.
-    pub file: PathBuf,
-    /// Largest file accepted, in bytes (as `run --ownership-file-max-bytes`).
-    #[arg(long, value_name = "BYTES", default_value_t = DEFAULT_MAX_BYTES)]
-    pub max_bytes: u64,
-    /// Print the view of this node (default: $NODE_NAME, then the hostname).
-    #[arg(long, env = "NODE_NAME")]
-    pub node_name: Option<String>,
-}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum AnnouncerArg {

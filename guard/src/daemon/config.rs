@@ -52,6 +52,8 @@ pub struct DaemonConfig {
     pub status_file: Option<PathBuf>,
     /// How often the counters are logged (zero: never).
     pub stats_interval: Duration,
+    /// Where the memory limit is read (`--cgroup-root`).
+    pub cgroup_root: PathBuf,
     /// Counter rows of a departed IP go this long after it left.
     pub counter_grace: Duration,
     pub takeover: TakeoverConfig,

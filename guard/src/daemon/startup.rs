@@ -27,7 +27,7 @@ use crate::{
         cluster::{task, ClusterConfig},
         file, file_watch,
     },
-    telemetry::{census, clients, refresh},
+    telemetry::{census, clients, memory, refresh},
 };
 
 /// The ownership file as parsed at start, with the text it was parsed from.
@@ -120,11 +120,9 @@ fn read_file(cfg: &RunConfig) -> Option<JoinHandle<Result<FileAtStart>>> {
 async fn start_cluster(
     c: &ClusterConfig,
 ) -> Result<(Vec<&'static str>, Option<watch::Receiver<ClusterView>>)> {
-    let client = task::client(c.kubeconfig.as_deref(), c.feed.watch_timeout).await?;
     let names: Vec<&'static str> = c.feed.announcers.iter().map(|a| a.name()).collect();
     tracing::info!(announcers = ?names, "reading ownership from the Kubernetes API");
-    let (tx, rx) = watch::channel(ClusterView::default());
-    tokio::spawn(task::run(client, c.feed.clone(), tx));
+    let rx = task::start(c.clone()).await?;
     Ok((names, Some(rx)))
 }
 
@@ -263,6 +261,7 @@ impl Daemon {
         };
         self.start_census();
         self.start_clients();
+        self.start_memory_watch();
         if let Some(listener) = listeners.api {
             let router = api::routes::router(self.shared.clone());
             tokio::spawn(api::serve(listener, router, api::routes::ALL_PATHS));
@@ -399,6 +398,27 @@ impl Daemon {
             }),
             outcomes: Default::default(),
         })
+    }
+
+    /// The memory watch: every few seconds, the daemon's memory against
+    /// its cgroup's limit (`telemetry::memory`), shown live by the API.
+    fn start_memory_watch(&self) {
+        let (root, maps, shared) = (
+            self.cfg.daemon.cgroup_root.clone(),
+            self.memlock,
+            self.shared.clone(),
+        );
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(memory::PERIOD);
+            loop {
+                tick.tick().await;
+                let s = memory::sample(&root, maps);
+                memory::record(s.clone());
+                if let Some(st) = shared.write().status.as_mut() {
+                    st.memory = Some(s);
+                }
+            }
+        });
     }
 
     fn announce(&self) {

@@ -6,6 +6,7 @@
 use std::{
     collections::{BTreeMap, BTreeSet},
     net::{IpAddr, Ipv4Addr},
+    sync::Arc,
 };
 
 use guard_common::Ownership;
@@ -19,8 +20,11 @@ pub enum Provenance {
     File { line: usize, owner: Option<String> },
     /// An address on this interface; no owner known.
     Interface(String),
-    /// The Kubernetes API: which object said so.
-    Cluster { owner: Option<String>, why: String },
+    /// The Kubernetes API: which object said so (shared with the claim).
+    Cluster {
+        owner: Option<Arc<str>>,
+        why: Arc<str>,
+    },
     /// What the previous daemon left in the pinned maps, kept until the
     /// Kubernetes feed has synced.
     Pinned,
@@ -79,7 +83,7 @@ pub struct Inputs<'a> {
 /// them, under its lock) and whether it is stale.
 #[derive(Clone, Copy)]
 pub struct ClusterIn<'a> {
-    pub claims: &'a BTreeMap<IpAddr, Claim>,
+    pub claims: &'a BTreeMap<IpAddr, Arc<Claim>>,
     pub degraded: bool,
 }
 
@@ -440,7 +444,7 @@ mod tests {
             t.links.insert("eth0".into(), 2);
             t.links.insert("kube-ipvs0".into(), 5);
             t.links.insert("lb1".into(), 6);
-            let mut claims: BTreeMap<IpAddr, Claim> = BTreeMap::new();
+            let mut claims: BTreeMap<IpAddr, Arc<Claim>> = BTreeMap::new();
             let mut file: Option<OwnershipFile> = None;
             let mut degraded = false;
             let mut view = View::default();
@@ -486,10 +490,10 @@ mod tests {
                         o => {
                             let c = Claim {
                                 owner: o.map(Into::into),
-                                why: format!("seed {seed}"),
+                                why: format!("seed {seed}").into(),
                                 certain: r.below(4) > 0,
                             };
-                            claims.insert(ip, c);
+                            claims.insert(ip, Arc::new(c));
                         }
                     },
                     4 => {

@@ -38,6 +38,7 @@ pub const DEFAULT_TESTS: &[&str] = &[
     "cli",
     "cleanup",
     "probe",
+    "probe6",
     "doctor",
 ];
 

@@ -40,6 +40,7 @@ pub const DEFAULT_TESTS: &[&str] = &[
     "probe",
     "probe6",
     "doctor",
+    "doctor6",
 ];
 
 #[derive(Debug, clap::Args)]

@@ -161,7 +161,7 @@ fn a_vip_added_while_another_node_holds_it_ends_dadfailed() {
     bed.node
         .ip(&["-6", "addr", "add", &vip, "dev", "eth0"])
         .unwrap();
-    let failed = wait_for(Duration::from_secs(5), || {
+    let failed = wait_for(Duration::from_secs(10), || {
         let a = bed.node.ip(&["-6", "addr", "show", "dev", "eth0"]).unwrap();
         a.contains("dadfailed").then_some(a)
     });
@@ -193,7 +193,7 @@ fn a_vip_added_while_another_node_holds_it_ends_dadfailed() {
     bed.node
         .ip(&["-6", "addr", "add", &vip, "dev", "eth0"])
         .unwrap();
-    let settled = wait_for(Duration::from_secs(5), || {
+    let settled = wait_for(Duration::from_secs(10), || {
         let a = bed.node.ip(&["-6", "addr", "show", "dev", "eth0"]).unwrap();
         (!a.contains("tentative")).then_some(())
     });

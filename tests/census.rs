@@ -85,9 +85,6 @@ fn metric(ns: &Netns, series: &str) -> Option<f64> {
 #[test]
 fn two_speakers_claiming_one_ip_are_a_conflict_on_a_third_node() {
     testbed::require_root();
-    if !census_kernel() {
-        return;
-    }
     let bed = Bed::new("cen2").unwrap();
     // The node owns neither IP: it only watches the segment.
     let guard = bed.start(&["--mode", "monitor"]).unwrap();
@@ -183,17 +180,12 @@ fn two_speakers_claiming_one_ip_are_a_conflict_on_a_third_node() {
     );
     // Observe-only: in monitor mode nothing was dropped, and nothing is
     // counted as judged on egress for these frames.
-    assert!(guard
-        .log_text()
-        .contains("responder census attached to ingress"));
+    assert!(guard.log_text().contains("census attached to ingress"));
 }
 
 #[test]
 fn a_rogue_mac_claiming_the_owners_ip_is_raised_on_the_owner() {
     testbed::require_root();
-    if !census_kernel() {
-        return;
-    }
     let bed = Bed::new("cenr").unwrap();
     let guard = bed.start(&[]).unwrap();
     let wire = RawSocket::open(&bed.peer, "eth0").unwrap();
@@ -232,9 +224,6 @@ fn ipv6_advertisements_are_claims_with_their_family() {
         nd_bytes,
     };
     testbed::require_root();
-    if !census_kernel() {
-        return;
-    }
     let bed = Bed6::new("cen6").unwrap();
     let _guard = bed.start(&[]).unwrap();
     let wire = RawSocket::open(&bed.peer, "eth0").unwrap();
@@ -254,9 +243,6 @@ fn ipv6_advertisements_are_claims_with_their_family() {
 #[test]
 fn one_responder_and_a_clean_failover_are_no_conflict() {
     testbed::require_root();
-    if !census_kernel() {
-        return;
-    }
     let bed = Bed::new("cen1").unwrap();
     let guard = bed.start(&["--census-window", "6s"]).unwrap();
     let wire = RawSocket::open(&bed.peer, "eth0").unwrap();
@@ -296,9 +282,6 @@ fn one_responder_and_a_clean_failover_are_no_conflict() {
 #[test]
 fn a_flood_of_forged_macs_is_bounded_and_the_owner_still_answers() {
     testbed::require_root();
-    if !census_kernel() {
-        return;
-    }
     let bed = Bed::new("cenf").unwrap();
     let guard = bed.start(&[]).unwrap();
     let wire = RawSocket::open(&bed.peer, "eth0").unwrap();
@@ -346,35 +329,33 @@ fn a_flood_of_forged_macs_is_bounded_and_the_owner_still_answers() {
     assert_eq!(bed.peer_learns(&[OWNED]).unwrap(), [Some(bed.node_mac)]);
 }
 
-/// The census attaches through TCX only (Linux 6.6): elsewhere (the VM
-/// lane's 5.10 and 6.1) the tests of what it records do not apply, and
-/// [`on_a_kernel_without_tcx_the_guard_runs_without_the_census`] checks
-/// what the daemon does instead.
-fn census_kernel() -> bool {
-    if testbed::kernel::has_tcx() {
-        return true;
-    }
-    eprintln!("SKIPPED: the census needs TCX (Linux 6.6); this kernel has none");
-    false
-}
-
+/// The census attaches as the guard does: a TCX link where the kernel has
+/// TCX (Linux 6.6), else a netlink clsact filter in arp-guard's ingress
+/// slot (the VM lane's 5.10 and 6.1); `status` says which.
 #[test]
-fn on_a_kernel_without_tcx_the_guard_runs_without_the_census() {
+fn the_census_attaches_as_the_guard_does() {
     testbed::require_root();
-    if testbed::kernel::has_tcx() {
-        eprintln!("SKIPPED: this kernel has TCX; the test runs in the VM lane's 5.10 and 6.1");
-        return;
-    }
-    let bed = Bed::new("cen-notcx").unwrap();
+    let bed = Bed::new("cen-how").unwrap();
     let guard = bed.start(&[]).unwrap();
-    guard.expect_log(
-        "the responder census cannot attach here (it needs TCX, Linux >= 6.6); guarding without it",
-        Duration::from_secs(5),
-    );
+    let how = if testbed::kernel::has_tcx() {
+        "tcx"
+    } else {
+        "netlink-clsact"
+    };
+    let line = guard.expect_log("census attached to ingress", Duration::from_secs(5));
+    assert!(line.contains(how), "{line}");
+    let out = bed
+        .node
+        .exec(&[guard_binary().to_str().unwrap(), "status"])
+        .unwrap();
+    assert!(out.contains(&format!("census {how}")), "{out}");
+    let wire = RawSocket::open(&bed.peer, "eth0").unwrap();
+    gratuitous(&wire, SPEAKER_A, FOREIGN);
+    census_of(&bed.node, FOREIGN, |e| e["active"] == 1);
     assert_eq!(
         bed.peer_learns(&[OWNED, FOREIGN]).unwrap(),
         [Some(bed.node_mac), None],
-        "the guard enforces without the census"
+        "the guard enforces beside the census"
     );
 }
 
@@ -384,6 +365,9 @@ fn without_the_census_the_guard_runs_and_says_so() {
     let bed = Bed::new("cen0").unwrap();
     let guard = bed.start(&["--no-census"]).unwrap();
     let (code, body) = api(&bed.node, "/responders");
+    assert_eq!(code, 404, "{body}");
+    assert!(body.contains("census is off"), "{body}");
+    let (code, body) = api(&bed.node, "/clients");
     assert_eq!(code, 404, "{body}");
     assert!(body.contains("census is off"), "{body}");
     let out = bed
@@ -402,23 +386,12 @@ fn without_the_census_the_guard_runs_and_says_so() {
 #[test]
 fn the_census_runs_with_the_daemonsets_privileges() {
     testbed::require_root();
-    if !census_kernel() {
-        return;
-    }
-    let s = testbed::deploy::security();
     let bed = Bed::new("cenp").unwrap();
     let args = bed.args(&[]);
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let guard = Daemon::start_wrapped(
-        &bed.node,
-        &testbed::deploy::wrapper(&s.caps, s.read_only_root),
-        &args,
-    )
-    .unwrap();
-    guard.expect_log(
-        "responder census attached to ingress",
-        Duration::from_secs(3),
-    );
+    let guard =
+        Daemon::start_wrapped(&bed.node, &testbed::deploy::daemonset_wrapper(), &args).unwrap();
+    guard.expect_log("census attached to ingress", Duration::from_secs(3));
     let wire = RawSocket::open(&bed.peer, "eth0").unwrap();
     gratuitous(&wire, SPEAKER_A, FOREIGN);
     let e = census_of(&bed.node, FOREIGN, |e| e["active"] == 1);
@@ -431,15 +404,9 @@ fn the_census_runs_with_the_daemonsets_privileges() {
 #[test]
 fn a_program_after_the_census_still_sees_every_frame() {
     testbed::require_root();
-    if !census_kernel() {
-        return;
-    }
     let bed = Bed::new("cenc").unwrap();
     let guard = bed.start(&[]).unwrap();
-    guard.expect_log(
-        "responder census attached to ingress",
-        Duration::from_secs(3),
-    );
+    guard.expect_log("census attached to ingress", Duration::from_secs(3));
     const RESPONDER_MAC: [u8; 6] = [0x02, 0, 0x5e, 0, 0x53, 0xaa];
     let _responder =
         fixture_responder::attach(&bed.node, "eth0", vec![OWNED], RESPONDER_MAC, false);

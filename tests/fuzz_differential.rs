@@ -226,11 +226,22 @@ fn judged(
     }
     e.counted = Some((ip, kind as u8, origin as u8, j.state as u8, verdict as u8));
     // Every decision that stops (or would stop) a frame makes an event,
-    // delivered or suppressed by the rate limit.
-    if verdict != Verdict::Passed {
+    // delivered or suppressed by the rate limit; so does the first
+    // announcement that passes for an entry the daemon asked to watch.
+    if verdict != Verdict::Passed
+        || (kind.is_announcement() && WATCHED.with(|w| w.borrow_mut().remove(&ip)))
+    {
         stats.insert("events", 1);
     }
     verdict
+}
+
+thread_local! {
+    /// The LB entries whose next passing announcement the program reports
+    /// (`LbEntry.watch`: every entry written in a state other than foreign,
+    /// cleared by the program when it reports). Per test thread, as each
+    /// test loads its own program.
+    static WATCHED: std::cell::RefCell<std::collections::BTreeSet<IpKey>> = Default::default();
 }
 
 /// The reference for an NDP frame.
@@ -402,6 +413,17 @@ struct Harness {
 impl Harness {
     fn new() -> Self {
         let dp = common::datapath(true);
+        WATCHED.with(|w| {
+            let v4 = lb_ips()
+                .into_iter()
+                .filter(|(_, s, _)| *s != Ownership::Foreign)
+                .map(|(ip, ..)| v4_key(u32::from(ip)));
+            let v6 = lb_ips6()
+                .into_iter()
+                .filter(|(_, s)| *s != Ownership::Foreign)
+                .map(|(ip, _)| ip.octets());
+            *w.borrow_mut() = v4.chain(v6).collect();
+        });
         let redirect_ok = dp.test_run_sets_ingress();
         if !redirect_ok {
             eprintln!("NOTE: this kernel's BPF_PROG_TEST_RUN cannot set ingress_ifindex: no redirect-origin batches");

@@ -185,3 +185,51 @@ fn guard_on_the_parent_judges_a_tag_in_the_data_by_its_vlan_device() {
         "the tag is in the frame, not in metadata"
     );
 }
+
+/// A takeover announcement sent on the VLAN device leaves the parent with
+/// its tag in skb metadata; the guard on the parent drops it (the IP is
+/// foreign there yet) and holds it; once the IP is owned here it re-sends
+/// the copy with the tag put back into the bytes, and the peer's VLAN
+/// device hears it (its entry moves to the node).
+#[test]
+fn a_held_announcement_keeps_its_vlan_tag() {
+    testbed::require_root();
+    if !kernel::require("VLAN devices", kernel::has_link_kind("vlan")) {
+        return;
+    }
+    let bed = vlan_bed("vlan-held", false);
+    let guard = bed.start(&[]).unwrap();
+    let other = [2, 0, 0, 0, 0, 0xbb];
+    bed.peer
+        .sysctl("net.ipv4.neigh.eth0/100.base_reachable_time_ms", "600000")
+        .unwrap();
+    #[rustfmt::skip]
+    bed.peer
+        .ip(&["neigh", "replace", &FOREIGN.to_string(), "lladdr", &testbed::netns::fmt_mac(&other),
+              "dev", "eth0.100", "nud", "reachable"])
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(1100));
+    let speaker = RawSocket::open(&bed.node, "eth0.100").unwrap();
+    let garp = testbed::ArpSpec::gratuitous(2, bed.node_mac, FOREIGN).to_bytes();
+    assert!(!speaker.send(&garp).unwrap(), "dropped on the parent");
+    let owners = std::fs::read_to_string(&bed.owners).unwrap();
+    let owners = owners.replace(
+        &format!("- ip: {FOREIGN}\n    owner: node-b"),
+        &format!("- ip: {FOREIGN}\n    owner: node-a"),
+    );
+    let tmp = bed.owners.with_extension("tmp");
+    std::fs::write(&tmp, owners).unwrap();
+    std::fs::rename(&tmp, &bed.owners).unwrap();
+    let moved = testbed::wait_until(Duration::from_secs(5), || {
+        bed.peer
+            .cached_mac("eth0.100", &FOREIGN.to_string())
+            .unwrap()
+            == Some(bed.node_mac)
+    });
+    assert!(
+        moved,
+        "the re-sent copy did not reach the peer's VLAN device:\n{}",
+        guard.log_text()
+    );
+    guard.expect_log("held announcements re-sent", Duration::from_secs(1));
+}

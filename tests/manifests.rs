@@ -243,7 +243,11 @@ fn check_guard(rel: &str, expect: &Expect) {
         "RuntimeDefault"
     );
     let sec = testbed::deploy::security();
-    assert_eq!(sec.caps, ["BPF", "PERFMON", "NET_ADMIN"], "{ctx}");
+    assert_eq!(
+        sec.caps,
+        ["BPF", "PERFMON", "NET_ADMIN", "NET_RAW"],
+        "{ctx}"
+    );
     assert!(sec.read_only_root, "{ctx}");
     assert_eq!(
         ds["spec"]["updateStrategy"]["rollingUpdate"]["maxSurge"], 0,
@@ -397,7 +401,7 @@ fn every_overlay_renders_what_it_promises() {
 
 /// The clean-up DaemonSet runs `arp-guard uninstall` on the guard's pin
 /// directory, waits for a terminating guard, stays until deleted, with the
-/// guard's privileges, and in a namespace of its own.
+/// guard's privileges but NET_RAW, and in a namespace of its own.
 #[test]
 fn the_cleanup_uninstalls_what_the_guard_left() {
     let objs = render("cleanup");
@@ -425,9 +429,22 @@ fn the_cleanup_uninstalls_what_the_guard_left() {
     };
     assert_eq!(Some(&u.pin_dir), run.pin_dir.as_ref());
     assert!(u.stay && !u.force && !u.wait.is_zero());
+    // The guard's privileges, less NET_RAW (the guard re-sends held
+    // announcements; removing it sends nothing).
+    let caps = |c: &serde_json::Value| -> Vec<String> {
+        c["securityContext"]["capabilities"]["add"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_str().unwrap().to_owned())
+            .collect()
+    };
+    let mut want = caps(&gds["spec"]["template"]["spec"]["containers"][0]);
+    want.retain(|c| c != "NET_RAW");
+    assert_eq!(caps(c), want);
     assert_eq!(
-        c["securityContext"]["capabilities"],
-        gds["spec"]["template"]["spec"]["containers"][0]["securityContext"]["capabilities"]
+        c["securityContext"]["capabilities"]["drop"],
+        serde_json::json!(["ALL"])
     );
     assert_ne!(ds["metadata"]["namespace"], gds["metadata"]["namespace"]);
     assert!(Path::new(&testbed::deploy::dir().join("cleanup/namespace.yaml")).exists());

@@ -11,6 +11,7 @@
 
 pub mod build;
 pub mod census;
+pub mod clients;
 pub mod frame;
 pub mod maps;
 pub mod ndp;
@@ -20,10 +21,14 @@ pub mod verdict;
 pub use census::{
     CensusStat, ResponderKey, ResponderValue, MAP_CENSUS_STATS, MAP_RESPONDERS, MAX_RESPONDERS,
 };
+pub use clients::{
+    ClientKey, ClientStat, ClientValue, MAP_CLIENTS, MAP_CLIENT_STATS, MAP_FOREIGN_FILTER,
+    MAX_CLIENTS,
+};
 pub use frame::{parse, ArpFrame, FrameReader, Parsed};
 pub use maps::*;
 pub use ndp::NdFrame;
 pub use verdict::{
     classify, classify_nd, decide, effective_state, judge, liveness, Facts, Judgement, Kind,
-    LeakAction, Liveness, Mode, NdClass, Origin, Ownership, Surroundings, Verdict,
+    LeakAction, Liveness, Mode, NdClass, Origin, Ownership, Surroundings, Verdict, GUARD_MARK,
 };

@@ -50,6 +50,17 @@ pub const MAP_HEARTBEAT: &str = "HEARTBEAT";
 pub const MAP_EVENTS: &str = "EVENTS";
 /// Per-CPU [`RateLimit`] state of the event token bucket.
 pub const MAP_EVENT_RATE: &str = "EVENT_RATE";
+/// Ring buffer of [`HeldFrame`]s: announcements of LB IPs foreign here that
+/// the program dropped, copied whole for the daemon, which re-sends them if
+/// this node becomes the owner within its window (`--announce-hold`).
+pub const MAP_HELD: &str = "HELD";
+/// Its size: about 880 frames, a node taking over hundreds of IPs at once
+/// (two gratuitous ARPs each) before the daemon has read one.
+pub const HELD_RING_BYTES: u32 = 256 * 1024;
+/// The longest frame held (an ARP frame is 42 bytes with no tag, 50 with
+/// two; an NA with a link-layer option 86, more with extension headers).
+/// A longer announcement is dropped and counted ([`Stat::AnnounceDeferFailed`]).
+pub const HELD_FRAME_MAX: usize = 256;
 
 /// An IP address as the counters and events carry it: 16 bytes in network
 /// order, an IPv4 address as IPv4-mapped IPv6 (`::ffff:a.b.c.d`, RFC 4291
@@ -91,7 +102,9 @@ pub fn family(ip: &core::net::IpAddr) -> &'static str {
     }
 }
 
-/// One drop / would-drop / rewrite decision, for the operator's event stream.
+/// One drop / would-drop / rewrite decision, for the operator's event
+/// stream; with [`crate::Verdict::Passed`], the first announcement that left
+/// for an LB IP whose entry asked for it ([`LbEntry::watch`]).
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct DropEvent {
@@ -109,6 +122,8 @@ pub struct DropEvent {
     pub state: u8,
     pub verdict: u8,
     pub _pad: [u8; 2],
+    /// When the program decided (CLOCK_MONOTONIC ns).
+    pub at_ns: u64,
 }
 
 /// Token bucket for [`DropEvent`]s, per CPU.
@@ -149,20 +164,62 @@ pub const MAX_IF_ADDRS: u32 = 4_096;
 pub const MAX_COUNTERS: u32 = 65_536;
 
 #[repr(C)]
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, Default)]
 pub struct LbEntry {
     /// [`crate::Ownership`] as u8.
     pub state: u8,
-    pub _pad: [u8; 3],
+    /// 1: report the next announcement of this IP that passes (an event
+    /// with verdict `passed`), then clear this. The daemon sets it with
+    /// every write of an entry that is not `foreign` (writes happen when
+    /// the state changes), so that it learns when a new owner's first
+    /// announcement left (or a moving IP's, while it is unknown); the
+    /// program clears it. Not part of the entry's value: equality ignores
+    /// it, so the program's clearing is no drift to repair.
+    pub watch: u8,
+    pub _pad: [u8; 2],
 }
 
 impl LbEntry {
     pub const fn new(state: crate::Ownership) -> Self {
         LbEntry {
             state: state as u8,
-            _pad: [0; 3],
+            watch: !matches!(state, crate::Ownership::Foreign) as u8,
+            _pad: [0; 2],
         }
     }
+}
+
+impl PartialEq for LbEntry {
+    fn eq(&self, other: &Self) -> bool {
+        self.state == other.state
+    }
+}
+impl Eq for LbEntry {}
+
+/// An announcement the program dropped for an IP foreign here, whole, for
+/// the daemon to re-send if this node becomes its owner soon
+/// ([`MAP_HELD`]).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct HeldFrame {
+    /// The LB IP announced ([`IpKey`]).
+    pub ip: IpKey,
+    /// When it was dropped (CLOCK_MONOTONIC ns).
+    pub at_ns: u64,
+    /// The interface it was leaving by.
+    pub ifindex: u32,
+    /// The VLAN tag the frame carried in skb metadata (a VLAN device above
+    /// an interface that offloads tagging), to be put back into the bytes.
+    pub vlan_tci: u16,
+    /// Its protocol (0x8100 or 0x88a8, big-endian as read), 0: none.
+    pub vlan_proto: u16,
+    /// Bytes of `data` that are the frame.
+    pub len: u16,
+    /// [`crate::Kind`] and [`crate::Origin`] as u8.
+    pub kind: u8,
+    pub origin: u8,
+    pub _pad: [u8; 4],
+    pub data: [u8; HELD_FRAME_MAX],
 }
 
 #[repr(C)]
@@ -251,6 +308,12 @@ pub enum Stat {
     /// looked through, or cut before it): passed unjudged, though it may be
     /// NDP. A fail-open limit worth an alert if it ever counts.
     Ipv6Unfollowed = 14,
+    /// Dropped announcements of foreign IPs copied to the daemon, which
+    /// re-sends them if this node becomes the owner within its window.
+    AnnounceDeferred = 15,
+    /// Dropped announcements that could not be copied (ring buffer full,
+    /// frame longer than [`HELD_FRAME_MAX`]): lost if a takeover follows.
+    AnnounceDeferFailed = 16,
 }
 
 impl Stat {
@@ -270,6 +333,8 @@ impl Stat {
         Stat::NdpMalformed,
         Stat::NdpNotLb,
         Stat::Ipv6Unfollowed,
+        Stat::AnnounceDeferred,
+        Stat::AnnounceDeferFailed,
     ];
     pub const COUNT: u32 = Self::ALL.len() as u32;
 
@@ -290,6 +355,8 @@ impl Stat {
             Stat::NdpMalformed => "ndp_malformed",
             Stat::NdpNotLb => "ndp_not_lb",
             Stat::Ipv6Unfollowed => "ipv6_unfollowed",
+            Stat::AnnounceDeferred => "announce_deferred",
+            Stat::AnnounceDeferFailed => "announce_defer_failed",
         }
     }
 }
@@ -301,7 +368,10 @@ pub struct Config {
     pub mode: u8,
     /// [`crate::LeakAction`] as u8.
     pub leak_action: u8,
-    pub _pad: [u8; 6],
+    /// 1: copy dropped announcements of foreign IPs to the daemon
+    /// ([`MAP_HELD`]; `--announce-hold` is not 0).
+    pub defer: u8,
+    pub _pad: [u8; 5],
     /// Heartbeat age from which foreign is judged as unknown (ns).
     pub stale_after_ns: u64,
     /// Heartbeat age from which everything passes (ns).
@@ -350,8 +420,16 @@ mod tests {
         assert_eq!(passed, 5);
         // Clock going backwards refills nothing.
         assert!(!take_token(&mut b, 50 * s, 10, 5));
-        assert_eq!(core::mem::size_of::<DropEvent>(), 48);
+        assert_eq!(core::mem::size_of::<DropEvent>(), 56);
         assert_eq!(core::mem::size_of::<CounterKey>(), 24);
+        assert_eq!(core::mem::size_of::<LbEntry>(), 4);
+        assert_eq!(core::mem::size_of::<HeldFrame>(), 40 + HELD_FRAME_MAX);
+        // The watch flag is not part of an entry's value.
+        let mut e = LbEntry::new(crate::Ownership::Owned);
+        assert_eq!(e.watch, 1);
+        e.watch = 0;
+        assert_eq!(e, LbEntry::new(crate::Ownership::Owned));
+        assert_eq!(LbEntry::new(crate::Ownership::Foreign).watch, 0);
         assert_eq!(v4_key(0xc633_6401)[10..], [0xff, 0xff, 198, 51, 100, 1]);
         for ip in ["198.51.100.1", "fd00::1", "::1"] {
             let ip: core::net::IpAddr = ip.parse().unwrap();
@@ -381,6 +459,7 @@ mod pod {
         super::Config,
         super::DropEvent,
         super::RateLimit,
+        super::HeldFrame,
         crate::census::ResponderKey,
         crate::census::ResponderValue
     );

@@ -6,6 +6,8 @@
 //! | `foreign` | stop                                            | stop                      |
 //! | `unknown` | stop, unless the LB IP is on the egress iface   | pass                      |
 //!
+//! What the guard's own daemon sends ([`Origin::Guard`]: held announcements
+//! re-sent once the IP is owned here, refreshes for stale clients) passes.
 //! "stop" means drop for replies and gratuitous ARP. For an announce leak it
 //! means rewriting SPA to the egress interface's primary IPv4 (what
 //! `arp_announce=2` would have chosen), which keeps the node able to resolve
@@ -45,6 +47,14 @@ impl Kind {
     pub fn is_ndp(self) -> bool {
         matches!(self, Kind::NaSolicited | Kind::NaUnsolicited | Kind::NsLeak)
     }
+
+    /// An announcement to the whole segment (gratuitous ARP, unsolicited
+    /// NA): what an announcer sends when it takes an IP over. Replies and
+    /// leaks answer or ask one neighbour, who asks again.
+    #[inline(always)]
+    pub fn is_announcement(self) -> bool {
+        matches!(self, Kind::Gratuitous | Kind::NaUnsolicited)
+    }
 }
 
 /// Who put the frame on the wire.
@@ -61,7 +71,18 @@ pub enum Origin {
     /// ingress program and gates itself on its own ownership state. Judged
     /// like a speaker.
     Redirect = 2,
+    /// The guard's own daemon: announcements it held back and re-sends once
+    /// the IP is owned here, and the unicast refreshes it sends a stale
+    /// client on the owner's behalf. Written through an AF_PACKET socket
+    /// whose frames carry [`GUARD_MARK`]; the daemon sends only what it has
+    /// judged, so these pass in every state.
+    Guard = 3,
 }
+
+/// The `skb->mark` (SO_MARK) of the frames the guard's daemon sends itself
+/// ([`Origin::Guard`]): "arpg" in ASCII, a value no other marker is likely
+/// to set whole (Cilium, kube-proxy and Calico use a few bits each).
+pub const GUARD_MARK: u32 = 0x6172_7067;
 
 /// This node's relation to an LB IP.
 #[repr(u8)]
@@ -237,6 +258,12 @@ pub struct Judgement {
     /// Where a rewrite puts the interface's primary IPv4 ([`Verdict::Rewritten`]
     /// and [`Verdict::WouldRewrite`]).
     pub rewrite_to: Option<u32>,
+    /// A dropped announcement of an IP foreign here: the daemon may hold it
+    /// and re-send it unchanged if this node becomes the owner within its
+    /// window (the ownership feed lags the announcer at a takeover). Never
+    /// for replies (the asker asks again), never in monitor mode (nothing
+    /// was dropped).
+    pub defer: bool,
 }
 
 /// The decision for one announcement of an LB IP: the one place a verdict is
@@ -255,9 +282,11 @@ pub fn judge<S: Surroundings + ?Sized>(
         state,
         liveness,
         rewrite_to: None,
+        defer: false,
     };
-    // The owner passes whatever the heartbeat, the interface or the mode say.
-    if state == Ownership::Owned {
+    // The owner passes whatever the heartbeat, the interface or the mode
+    // say; so does what the guard's daemon sends itself (it judged it).
+    if state == Ownership::Owned || origin == Origin::Guard {
         return pass(state, None);
     }
     let live = s.liveness();
@@ -295,6 +324,9 @@ pub fn judge<S: Surroundings + ?Sized>(
         state: judged,
         liveness: Some(live),
         rewrite_to,
+        defer: verdict == Verdict::Dropped
+            && judged == Ownership::Foreign
+            && kind.is_announcement(),
     }
 }
 
@@ -405,7 +437,7 @@ names!(Kind {
     NaUnsolicited => "na_unsolicited",
     NsLeak => "ns_leak",
 });
-names!(Origin { Kernel => "kernel", Speaker => "speaker", Redirect => "redirect" });
+names!(Origin { Kernel => "kernel", Speaker => "speaker", Redirect => "redirect", Guard => "guard" });
 names!(Ownership { Owned => "owned", Foreign => "foreign", Unknown => "unknown" });
 names!(Mode { Enforce => "enforce", Monitor => "monitor" });
 names!(LeakAction { Rewrite => "rewrite", Drop => "drop" });
@@ -496,6 +528,14 @@ mod tests {
             (NaUnsolicited, Speaker, Unknown, false, Passed),
             (NsLeak, Kernel, Unknown, false, Passed),
             (NsLeak, Redirect, Unknown, false, Passed),
+            // What the guard's daemon sends itself (held announcements
+            // re-sent, refreshes for stale clients) passes in every state.
+            (Gratuitous, Guard, Owned, false, Passed),
+            (Gratuitous, Guard, Foreign, false, Passed),
+            (Reply, Guard, Foreign, false, Passed),
+            (Reply, Guard, Unknown, false, Passed),
+            (NaSolicited, Guard, Foreign, false, Passed),
+            (NaUnsolicited, Guard, Unknown, false, Passed),
         ];
         for (kind, origin, state, on, want) in table {
             assert_eq!(
@@ -550,6 +590,40 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// Only an announcement to the segment that was dropped because the IP
+    /// is foreign here may be held for a takeover: never a reply, a leak, a
+    /// kernel frame of an unknown IP, or anything in monitor mode.
+    #[test]
+    fn only_dropped_foreign_announcements_are_deferred() {
+        for &kind in Kind::ALL {
+            for &origin in Origin::ALL {
+                for &state in Ownership::ALL {
+                    for &mode in [Mode::Enforce, Mode::Monitor].iter() {
+                        let mut f = facts(kind, origin, state, false);
+                        f.mode = mode;
+                        let mut s = f;
+                        let j = judge(kind, origin, state, mode, f.leak_action, &mut s);
+                        let want = mode == Mode::Enforce
+                            && state == Ownership::Foreign
+                            && origin != Origin::Guard
+                            && matches!(kind, Kind::Gratuitous | Kind::NaUnsolicited);
+                        assert_eq!(j.defer, want, "{kind:?} {origin:?} {state:?} {mode:?}");
+                        if j.defer {
+                            assert_eq!(j.verdict, Verdict::Dropped);
+                        }
+                    }
+                }
+            }
+        }
+        // A stale heartbeat judges foreign as unknown: speakers pass, the
+        // kernel's frame is dropped as unknown, and nothing is held.
+        let mut f = facts(Kind::Gratuitous, Origin::Kernel, Ownership::Foreign, false);
+        f.liveness = Liveness::Stale;
+        let mut s = f;
+        let j = judge(f.kind, f.origin, f.state, f.mode, f.leak_action, &mut s);
+        assert_eq!((j.verdict, j.defer), (Verdict::Dropped, false));
     }
 
     #[test]

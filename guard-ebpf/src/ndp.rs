@@ -15,9 +15,7 @@ pub(crate) fn judge(ctx: &TcContext, nd: &NdFrame) -> i32 {
         bump(Stat::NdpNotLb);
         return PASS;
     };
-    // SAFETY: LB_IPS6 values are written only by userspace with whole-value
-    // updates; the reference does not outlive this call.
-    let Some(entry) = (unsafe { LB_IPS6.get(&ip) }) else {
+    let Some(entry) = LB_IPS6.get_ptr_mut(&ip) else {
         bump(Stat::NdpNotLb);
         return PASS;
     };
@@ -32,7 +30,7 @@ pub(crate) fn judge(ctx: &TcContext, nd: &NdFrame) -> i32 {
     let claim = Claim {
         ip,
         kind,
-        state: entry.state,
+        entry,
         requester_ip: nd.dst,
         requester_mac: nd.eth_dst,
         spa: 0,

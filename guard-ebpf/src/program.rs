@@ -11,9 +11,10 @@ use guard_common::{
     ndp::{may_be_ndp, ETH_P_IPV6},
     parse, take_token, v4_key,
     verdict::classify,
-    Config, CounterKey, CounterValue, DropEvent, FrameReader, IfAddrKey, IpKey, Kind, LbEntry,
-    LeakAction, Liveness, Mode, Origin, Ownership, Parsed, RateLimit, Stat, Surroundings, Verdict,
-    VlanKey, LB_FILTER_WORDS, MAX_COUNTERS, MAX_IF_ADDRS, MAX_LB_IPS,
+    Config, CounterKey, CounterValue, DropEvent, FrameReader, HeldFrame, IfAddrKey, IpKey, Kind,
+    LbEntry, LeakAction, Liveness, Mode, Origin, Ownership, Parsed, RateLimit, Stat, Surroundings,
+    Verdict, VlanKey, GUARD_MARK, HELD_FRAME_MAX, HELD_RING_BYTES, LB_FILTER_WORDS, MAX_COUNTERS,
+    MAX_IF_ADDRS, MAX_LB_IPS,
 };
 
 /// Linux's BPF_F_NO_PREALLOC: the counter map grows with use instead of
@@ -64,6 +65,9 @@ static EVENTS: RingBuf = RingBuf::with_byte_size(256 * 1024, 0);
 
 #[map(name = "EVENT_RATE")]
 static EVENT_RATE: PerCpuArray<RateLimit> = PerCpuArray::with_max_entries(1, 0);
+
+#[map(name = "HELD")]
+static HELD: RingBuf = RingBuf::with_byte_size(HELD_RING_BYTES, 0);
 
 /// "No opinion": lets later programs in the TCX chain (or later cls_bpf
 /// filters) run, and passes the frame at the end of the chain.
@@ -268,9 +272,7 @@ fn judge(ctx: &TcContext, arp: &guard_common::ArpFrame) -> i32 {
         bump(Stat::NotLb);
         return PASS;
     }
-    // SAFETY: LB_IPS values are written only by userspace with whole-value
-    // updates; the reference does not outlive this call.
-    let Some(entry) = (unsafe { LB_IPS.get(&arp.spa) }) else {
+    let Some(entry) = LB_IPS.get_ptr_mut(&arp.spa) else {
         bump(Stat::NotLb);
         return PASS;
     };
@@ -280,7 +282,7 @@ fn judge(ctx: &TcContext, arp: &guard_common::ArpFrame) -> i32 {
     let claim = Claim {
         ip: v4_key(arp.spa),
         kind,
-        state: entry.state,
+        entry,
         requester_ip: v4_key(arp.tpa),
         requester_mac: arp.tha,
         spa: arp.spa,
@@ -295,8 +297,9 @@ fn judge(ctx: &TcContext, arp: &guard_common::ArpFrame) -> i32 {
 pub(crate) struct Claim {
     pub(crate) ip: IpKey,
     pub(crate) kind: Kind,
-    /// The LB entry's state as stored.
-    pub(crate) state: u8,
+    /// The IP's entry in its LB map (non-null: a lookup's result); its
+    /// state is read, its watch flag cleared once reported.
+    pub(crate) entry: *mut LbEntry,
     pub(crate) requester_ip: IpKey,
     pub(crate) requester_mac: [u8; 6],
     /// IPv4: the LB IP, host order (0 for NDP, which never asks).
@@ -311,7 +314,9 @@ pub(crate) struct Claim {
 /// operator: the same for ARP and NDP.
 #[inline(always)]
 pub(crate) fn act(ctx: &TcContext, c: &Claim) -> i32 {
-    let state = Ownership::from_u8(c.state).unwrap_or(Ownership::Unknown);
+    // SAFETY: a live element of an LB map (a lookup's result). The daemon
+    // replaces values whole; the program only ever clears `watch`.
+    let state = Ownership::from_u8(unsafe { (*c.entry).state }).unwrap_or(Ownership::Unknown);
     // By reference: copying the 40-byte value cost more than the lookup.
     let Some(config) = CONFIG.get(0) else {
         return PASS;
@@ -362,10 +367,106 @@ pub(crate) fn act(ctx: &TcContext, c: &Claim) -> i32 {
     if verdict != Verdict::Passed {
         emit(c, env.ifindex, origin, j.state, verdict, env.now, config);
     }
+    if j.defer && config.defer != 0 {
+        defer(ctx, c, origin, env.now, env.ifindex);
+    }
+    if verdict == Verdict::Passed && kind.is_announcement() {
+        report_announcement(c, env.ifindex, origin, j.state);
+    }
     if verdict == Verdict::Dropped {
         DROP
     } else {
         PASS
+    }
+}
+
+/// An announcement passed for an IP whose entry asked to hear of the next
+/// one (the daemon sets `watch` when an IP's state changes to owned or
+/// unknown): one event, outside the drop events' rate limit (one per
+/// change of state), and the flag cleared. Two CPUs may both report it;
+/// the daemon keeps the first.
+#[inline(always)]
+fn report_announcement(c: &Claim, ifindex: u32, origin: Origin, state: Ownership) {
+    // SAFETY: a live element of an LB map; see `act`.
+    unsafe {
+        if (*c.entry).watch == 0 {
+            return;
+        }
+        (*c.entry).watch = 0;
+    }
+    let event = DropEvent {
+        lb_ip: c.ip,
+        requester_ip: c.requester_ip,
+        ifindex,
+        requester_mac: c.requester_mac,
+        kind: c.kind as u8,
+        origin: origin as u8,
+        state: state as u8,
+        verdict: Verdict::Passed as u8,
+        _pad: [0; 2],
+        // SAFETY: bpf_ktime_get_ns has no preconditions.
+        at_ns: unsafe { aya_ebpf::helpers::bpf_ktime_get_ns() },
+    };
+    if EVENTS.output::<DropEvent>(&event, 0).is_ok() {
+        bump(Stat::EventsDelivered);
+    } else {
+        bump(Stat::EventsSuppressed);
+    }
+}
+
+/// Copy a dropped announcement of a foreign IP, whole, to the daemon
+/// (`HELD`), which re-sends it if this node becomes the owner within its
+/// window. What cannot be copied is counted: it is dropped all the same (a
+/// split-brain speaker must not get through by filling the ring).
+#[inline(always)]
+fn defer(ctx: &TcContext, c: &Claim, origin: Origin, now: u64, ifindex: u32) {
+    let len = ctx.len();
+    if len > HELD_FRAME_MAX as u32 {
+        bump(Stat::AnnounceDeferFailed);
+        return;
+    }
+    // Two checks with different outcomes, so that the compiler keeps them
+    // apart: a kernel before 6.8 learns the size's lower bound only from
+    // a comparison on the size's own register (it may not be 0), not from
+    // one range check on `len - 42`. Nothing this short was parsed as an
+    // announcement (ARP needs 42 bytes).
+    if len < guard_common::frame::ETH_HLEN as u32 + 28 {
+        return;
+    }
+    let Some(mut held) = HELD.reserve::<HeldFrame>(0) else {
+        bump(Stat::AnnounceDeferFailed);
+        return;
+    };
+    let p = held.as_mut_ptr();
+    // SAFETY: `p` points at a reserved ring buffer record of HeldFrame's
+    // size, ours until submitted or discarded; ctx.skb.skb is the kernel's
+    // __sk_buff for this invocation; `len` is within 42..=HELD_FRAME_MAX,
+    // the size of `data`.
+    let copied = unsafe {
+        let skb = ctx.skb.skb;
+        (*p).ip = c.ip;
+        (*p).at_ns = now;
+        (*p).ifindex = ifindex;
+        let tagged = (*skb).vlan_present != 0;
+        (*p).vlan_tci = if tagged { (*skb).vlan_tci as u16 } else { 0 };
+        (*p).vlan_proto = if tagged { (*skb).vlan_proto as u16 } else { 0 };
+        (*p).len = len as u16;
+        (*p).kind = c.kind as u8;
+        (*p).origin = origin as u8;
+        (*p)._pad = [0; 4];
+        aya_ebpf::helpers::bpf_skb_load_bytes(
+            skb as *const _,
+            0,
+            (*p).data.as_mut_ptr() as *mut _,
+            len,
+        ) == 0
+    };
+    if copied {
+        held.submit(0);
+        bump(Stat::AnnounceDeferred);
+    } else {
+        held.discard(0);
+        bump(Stat::AnnounceDeferFailed);
     }
 }
 
@@ -406,6 +507,7 @@ fn emit(
         state: state as u8,
         verdict: verdict as u8,
         _pad: [0; 2],
+        at_ns: now,
     };
     if EVENTS.output::<DropEvent>(&event, 0).is_ok() {
         bump(Stat::EventsDelivered);
@@ -432,19 +534,23 @@ pub(crate) fn outer_ethertype(ctx: &TcContext) -> Option<u16> {
 /// came in on (Cilium's ARP responder turns the request into a reply at TC
 /// ingress) has no socket of this node and keeps that device as its
 /// `ingress_ifindex`. A frame forwarded from another device (a bridge port)
-/// is not a responder gating itself: it is judged as the kernel's. NDP: the
+/// is not a responder gating itself: it is judged as the kernel's. The
+/// guard's own daemon writes through an AF_PACKET socket with
+/// [`GUARD_MARK`] (setting a mark needs CAP_NET_ADMIN). NDP: the
 /// kernel's carries its unbound ndisc socket; a raw ICMPv6 socket bound to a
 /// device is a speaker's (an unbound one reads as the kernel's: for NDP the
 /// verdict does not depend on the origin, only its label does).
 #[inline(always)]
 fn origin(ctx: &TcContext) -> Origin {
-    // SAFETY: reading skb->sk, ingress_ifindex and ifindex is allowed for TC
-    // programs; the verifier types sk as a nullable socket pointer and we
-    // check for null before use.
+    // SAFETY: reading skb->sk, mark, ingress_ifindex and ifindex is allowed
+    // for TC programs; the verifier types sk as a nullable socket pointer
+    // and we check for null before use.
     unsafe {
         let skb = ctx.skb.skb;
         let sk = (*skb).__bindgen_anon_2.sk;
-        if !sk.is_null()
+        if !sk.is_null() && (*sk).family == AF_PACKET && (*skb).mark == GUARD_MARK {
+            Origin::Guard
+        } else if !sk.is_null()
             && ((*sk).family == AF_PACKET || ((*sk).family == AF_INET6 && (*sk).bound_dev_if != 0))
         {
             Origin::Speaker

@@ -78,6 +78,7 @@ fn main() -> ExitCode {
         Command::Explain(args) => oneshot(commands::explain(args)),
         Command::Events(args) => oneshot(commands::events(args)),
         Command::Responders(args) => oneshot(commands::responders(args)),
+        Command::Clients(args) => oneshot(commands::clients(args)),
         Command::Probe(args) => oneshot(commands::probe(args)),
         Command::Doctor(args) => oneshot(commands::doctor(args)),
     };

@@ -24,18 +24,27 @@ fn lb(i: u32) -> Ipv4Addr {
     Ipv4Addr::from(u32::from(Ipv4Addr::new(10, 64, 0, 0)) + i)
 }
 
-/// The IPv6 LB IP of the NDP cases (foreign).
+/// The IPv6 LB IP of the NDP cases and of misdirected IPv6 (foreign).
 const LB6_FOREIGN: std::net::Ipv6Addr = std::net::Ipv6Addr::new(0xfd00, 0, 0, 0, 0, 0, 0, 0x102);
+/// An IPv6 LB IP owned here (its traffic is the owner's).
+const LB6_OWNED: std::net::Ipv6Addr = std::net::Ipv6Addr::new(0xfd00, 0, 0, 0, 0, 0, 0, 0x101);
+/// The IPv6 address of the clients.
+const PEER6: std::net::Ipv6Addr = std::net::Ipv6Addr::new(0xfd00, 0, 0, 0, 0, 0, 0, 1);
 
 fn view(n: u32, state: impl Fn(u32) -> Ownership) -> View {
     let mut v = View::default();
-    v.lb.insert(
-        LB6_FOREIGN.into(),
-        LbIp {
-            state: Ownership::Foreign,
-            source: Provenance::Interface("bench".into()),
-        },
-    );
+    for (ip, state) in [
+        (LB6_FOREIGN, Ownership::Foreign),
+        (LB6_OWNED, Ownership::Owned),
+    ] {
+        v.lb.insert(
+            ip.into(),
+            LbIp {
+                state,
+                source: Provenance::Interface("bench".into()),
+            },
+        );
+    }
     for i in 0..n {
         v.lb.insert(
             lb(i).into(),
@@ -86,10 +95,26 @@ fn cases() -> Vec<(&'static str, Vec<u8>)> {
     let reply = |i| ArpSpec::reply(MAC, lb(i), PEER_MAC, PEER);
     let mut echo = ipv6(58);
     echo[14 + 40] = 128;
+    // A client's UDP datagram to an LB IP, addressed to this host (the
+    // test run's device, lo, has the all-zero MAC): the census records one
+    // to a foreign IP (the same client each run: an entry updated in place).
+    let to = |dst: std::net::IpAddr| {
+        let src = if dst.is_ipv4() {
+            PEER.into()
+        } else {
+            PEER6.into()
+        };
+        testbed::ip_bytes(PEER_MAC, [0; 6], src, dst, Some(80))
+    };
     vec![
+        // To a destination that is no LB IP (0.0.0.0): the fast path.
         ("ipv4", frame(0x0800, None, 46)),
-        // TCP: the IPv6 fast path (one more two-byte read).
+        // TCP to ::, the IPv6 fast path.
         ("ipv6", ipv6(6)),
+        ("ipv4_to_owned_lb", to(lb(OWNED).into())),
+        ("ipv4_to_foreign_lb", to(lb(FOREIGN).into())),
+        ("ipv6_to_owned_lb", to(LB6_OWNED.into())),
+        ("ipv6_to_foreign_lb", to(LB6_FOREIGN.into())),
         ("ipv6_icmp_echo", echo),
         (
             "ndp_na_foreign",
@@ -167,6 +192,7 @@ fn main() {
         per_frame(&mut dp, before.as_mut(), &floor, n, &plan);
     }
     map_updates(&mut dp, *plan.sizes.last().unwrap());
+    client_walk(&mut dp);
 }
 
 /// Instructions after the verifier and bytes of JIT code, per program.
@@ -215,13 +241,15 @@ fn per_frame(
         plan.repeat, plan.rounds
     );
     for (case, bytes) in cases() {
-        let (mut f, mut g, mut c, mut b) = (
+        let (mut f, mut g, mut c, mut b, mut bc) = (
+            Samples::new(),
             Samples::new(),
             Samples::new(),
             Samples::new(),
             Samples::new(),
         );
-        let turns = if before.is_some() { 4 } else { 3 };
+        // With a baseline: its egress program and its census too.
+        let turns = if before.is_some() { 5 } else { 3 };
         for round in 0..plan.rounds {
             // A stale heartbeat would change the verdict half-way (15 s).
             dp.heartbeat().unwrap();
@@ -230,10 +258,15 @@ fn per_frame(
                     0 => f.push(ns(floor.timed(&bytes, plan.repeat).unwrap())),
                     1 => g.push(ns(dp.test_run_timed(&bytes, plan.repeat).unwrap())),
                     2 => c.push(ns(dp.census_test_run_timed(&bytes, plan.repeat).unwrap())),
-                    _ => {
-                        let old = before.as_deref_mut().expect("4 turns only with a baseline");
+                    t => {
+                        let old = before.as_deref_mut().expect("5 turns only with a baseline");
                         old.heartbeat().unwrap();
-                        b.push(ns(old.test_run_timed(&bytes, plan.repeat).unwrap()));
+                        if t == 3 {
+                            b.push(ns(old.test_run_timed(&bytes, plan.repeat).unwrap()));
+                        } else {
+                            let t = old.census_test_run_timed(&bytes, plan.repeat).unwrap();
+                            bc.push(ns(t));
+                        }
                     }
                 }
             }
@@ -250,9 +283,11 @@ fn per_frame(
             String::new()
         } else {
             format!(
-                " before_ns={} before_over_floor={:.0}",
+                " before_ns={} before_over_floor={:.0} census_before_ns={} census_before_over_floor={:.0}",
                 b.spread(),
-                b.median() - f.median()
+                b.median() - f.median(),
+                bc.spread(),
+                bc.median() - f.median()
             )
         };
         println!(
@@ -299,5 +334,43 @@ fn map_updates(dp: &mut guard::testing::Datapath, n: u32) {
         fill.as_secs_f64() * 1e3,
         single.as_secs_f64() * 1e3,
         all.as_secs_f64() * 1e3
+    );
+}
+
+/// The daemon's read of the census's client table: the totals alone (what
+/// a read with nothing new costs), and a walk of a full table (a flood of
+/// forged MACs), filled by the program itself.
+fn client_walk(dp: &mut guard::testing::Datapath) {
+    dp.apply(&view(300, fixed_states), false);
+    let reader = dp.clients_reader().unwrap();
+    let n = guard_common::MAX_CLIENTS;
+    for i in 0..n {
+        let b = i.to_be_bytes();
+        let mac = [2, 0x66, b[0], b[1], b[2], b[3]];
+        let f = testbed::ip_bytes(mac, [0; 6], PEER.into(), lb(FOREIGN).into(), Some(80));
+        dp.census_test_run(&f).unwrap();
+    }
+    let (mut totals, mut walk, mut held) = (Samples::new(), Samples::new(), 0);
+    for _ in 0..5 {
+        let t = Instant::now();
+        reader.stats().unwrap();
+        totals.push(t.elapsed().as_secs_f64() * 1e6);
+        let t = Instant::now();
+        let entries = reader.entries().unwrap();
+        walk.push(t.elapsed().as_secs_f64() * 1e3);
+        held = entries.len();
+    }
+    // The LRU makes room in batches: a table filled with as many keys as
+    // its capacity holds somewhat fewer.
+    assert!(held > n as usize / 2, "{held} entries");
+    println!(
+        "\nclient table ({held} of {n} entries): totals read {:.0} us, walk {:.1} ms",
+        totals.median(),
+        walk.median()
+    );
+    println!(
+        "RESULT clients_reader totals us={}\nRESULT clients_reader walk_full ms={} entries={held}",
+        totals.spread(),
+        walk.spread_with(1)
     );
 }

@@ -116,13 +116,29 @@ impl ClusterBed {
     /// Start the guard on every node with `args` after the common ones, and
     /// wait for its first sync with the API.
     pub fn start(&self, args: &[&str]) -> Result<Vec<Daemon>> {
+        self.start_wrapped(&[], args)
+    }
+
+    /// [`Self::start`] under `wrapper` (e.g. the DaemonSet's privileges).
+    pub fn start_wrapped(&self, wrapper: &[String], args: &[&str]) -> Result<Vec<Daemon>> {
         (0..self.nodes.len())
-            .map(|i| self.start_on(i, args, Duration::from_secs(20)))
+            .map(|i| self.start_on_wrapped(i, wrapper, args, Duration::from_secs(20)))
             .collect()
     }
 
     /// Start the guard on node `i` and wait up to `sync` for its first sync.
     pub fn start_on(&self, i: usize, args: &[&str], sync: Duration) -> Result<Daemon> {
+        self.start_on_wrapped(i, &[], args, sync)
+    }
+
+    /// [`Self::start_on`] under `wrapper`.
+    pub fn start_on_wrapped(
+        &self,
+        i: usize,
+        wrapper: &[String],
+        args: &[&str],
+        sync: Duration,
+    ) -> Result<Daemon> {
         let n = &self.nodes[i];
         let kc = self.kubeconfig.to_string_lossy().into_owned();
         let mut a = vec![
@@ -136,7 +152,7 @@ impl ClusterBed {
             "kube-ipvs0",
         ];
         a.extend_from_slice(args);
-        let d = Daemon::start(&n.ns, &a)?;
+        let d = Daemon::start_wrapped(&n.ns, wrapper, &a)?;
         if d.wait_log("initial sync from the Kubernetes API done", sync)
             .is_none()
         {

@@ -114,6 +114,7 @@ pub fn cap_bits(caps: &[String]) -> u64 {
     caps.iter()
         .map(|c| match c.trim_start_matches("CAP_") {
             "NET_ADMIN" => 1u64 << 12,
+            "NET_RAW" => 1 << 13,
             "SYS_ADMIN" => 1 << 21,
             "PERFMON" => 1 << 38,
             "BPF" => 1 << 39,

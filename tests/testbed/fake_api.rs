@@ -258,21 +258,7 @@ impl FakeApi {
     }
 
     pub fn delete(&self, res: Resource, ns: &str, name: &str) {
-        let mut st = self.inner.state.lock().unwrap();
-        let Some(mut object) = st.objects.remove(&(res, ns.to_owned(), name.to_owned())) else {
-            return;
-        };
-        st.rv += 1;
-        let rv = st.rv;
-        object["metadata"]["resourceVersion"] = json!(rv.to_string());
-        st.log.push(Event {
-            rv,
-            res,
-            ns: ns.to_owned(),
-            kind: "DELETED",
-            object,
-        });
-        self.inner.changed.notify_all();
+        delete(&self.inner, res, ns, name)
     }
 
     /// Forget the event history: watches resuming from before the current
@@ -345,6 +331,28 @@ impl ApiHandle {
     pub fn apply(&self, res: Resource, object: Value) {
         apply(&self.inner, res, object)
     }
+    pub fn delete(&self, res: Resource, ns: &str, name: &str) {
+        delete(&self.inner, res, ns, name)
+    }
+}
+
+/// Delete an object (see [`FakeApi::delete`]).
+fn delete(inner: &Inner, res: Resource, ns: &str, name: &str) {
+    let mut st = inner.state.lock().unwrap();
+    let Some(mut object) = st.objects.remove(&(res, ns.to_owned(), name.to_owned())) else {
+        return;
+    };
+    st.rv += 1;
+    let rv = st.rv;
+    object["metadata"]["resourceVersion"] = json!(rv.to_string());
+    st.log.push(Event {
+        rv,
+        res,
+        ns: ns.to_owned(),
+        kind: "DELETED",
+        object,
+    });
+    inner.changed.notify_all();
 }
 
 /// Create or replace an object (see [`FakeApi::apply`]).

@@ -144,6 +144,70 @@ impl Captured {
     }
 }
 
+/// An IPv4 or IPv6 packet as a frame from `src_mac` to `dst_mac`: a UDP
+/// datagram to `port` (`Some`), else an ICMP echo request (ICMPv6 for
+/// IPv6). Checksums are left zero but the IPv4 header's: the census reads
+/// addresses, and a stack that checks them drops the rest, which no test
+/// counts on.
+pub fn ip_bytes(
+    src_mac: [u8; 6],
+    dst_mac: [u8; 6],
+    src: std::net::IpAddr,
+    dst: std::net::IpAddr,
+    port: Option<u16>,
+) -> Vec<u8> {
+    use std::net::IpAddr::{V4, V6};
+    let payload: Vec<u8> = match port {
+        Some(p) => [40000u16, p, 12, 0]
+            .iter()
+            .flat_map(|w| w.to_be_bytes())
+            .chain(*b"ping")
+            .collect(),
+        None => {
+            let ty = if dst.is_ipv6() { 128 } else { 8 };
+            vec![ty, 0, 0, 0, 0x12, 0x34, 0, 1]
+        }
+    };
+    let mut f = Vec::new();
+    f.extend_from_slice(&dst_mac);
+    f.extend_from_slice(&src_mac);
+    match (src, dst) {
+        (V4(s), V4(d)) => {
+            f.extend_from_slice(&0x0800u16.to_be_bytes());
+            let len = (20 + payload.len()) as u16;
+            let proto = if port.is_some() { 17 } else { 1 };
+            let mut h = vec![0x45, 0];
+            h.extend_from_slice(&len.to_be_bytes());
+            h.extend_from_slice(&[0, 0, 0x40, 0, 64, proto, 0, 0]);
+            h.extend_from_slice(&s.octets());
+            h.extend_from_slice(&d.octets());
+            let sum: u32 = h
+                .chunks(2)
+                .map(|c| u32::from(u16::from_be_bytes([c[0], c[1]])))
+                .sum();
+            let sum = (sum & 0xffff) + (sum >> 16);
+            let sum = !((sum & 0xffff) + (sum >> 16)) as u16;
+            h[10..12].copy_from_slice(&sum.to_be_bytes());
+            f.extend_from_slice(&h);
+        }
+        (V6(s), V6(d)) => {
+            f.extend_from_slice(&0x86ddu16.to_be_bytes());
+            f.extend_from_slice(&[0x60, 0, 0, 0]);
+            f.extend_from_slice(&(payload.len() as u16).to_be_bytes());
+            f.push(if port.is_some() { 17 } else { 58 });
+            f.push(64);
+            f.extend_from_slice(&s.octets());
+            f.extend_from_slice(&d.octets());
+        }
+        _ => panic!("ip_bytes: {src} and {dst} are of two families"),
+    }
+    f.extend_from_slice(&payload);
+    if f.len() < 60 {
+        f.resize(60, 0);
+    }
+    f
+}
+
 /// An NDP message (`guard_common`'s builder, with a real ICMPv6 checksum) as a frame.
 pub fn nd_bytes(spec: &guard_common::ndp_build::NdSpec) -> Vec<u8> {
     let mut buf = [0u8; guard_common::ndp_build::ND_FRAME_BUF];

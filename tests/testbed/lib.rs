@@ -22,10 +22,11 @@ pub mod lab;
 pub mod netns;
 pub mod packet;
 pub mod segment;
+pub mod takeover;
 pub mod tc;
 
 pub use daemon::{Daemon, EventTail};
-pub use frames::{nd_bytes, ArpSpec, Captured};
+pub use frames::{ip_bytes, nd_bytes, ArpSpec, Captured};
 pub use http::get as http_get;
 pub use netns::Netns;
 pub use packet::RawSocket;

@@ -21,7 +21,13 @@ use anyhow::{bail, Context as _, Result};
 use crate::{cargo, target_dir, workspace_root};
 
 /// Every bench, in the order they run.
-pub const BENCHES: &[&str] = &["datapath", "control_plane", "cluster_feed", "alternatives"];
+pub const BENCHES: &[&str] = &[
+    "datapath",
+    "control_plane",
+    "cluster_feed",
+    "alternatives",
+    "takeover",
+];
 
 #[derive(Debug, clap::Args)]
 pub struct BenchArgs {

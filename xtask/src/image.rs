@@ -32,8 +32,8 @@ use crate::{cargo, oci, setup, target_dir, workspace_root};
 pub const RUSTFLAGS: &str = "-C target-feature=+crt-static -C strip=symbols";
 /// Where the binary lives in the image (the Dockerfile's COPY and ENTRYPOINT).
 pub const IMAGE_PATH: &str = "/usr/local/bin/arp-guard";
-/// The image's default user: root. `run` needs CAP_BPF, CAP_PERFMON and
-/// CAP_NET_ADMIN, and a non-root process loses capabilities it does not get
+/// The image's default user: root. `run` needs CAP_BPF, CAP_PERFMON,
+/// CAP_NET_ADMIN and CAP_NET_RAW, and a non-root process loses capabilities it does not get
 /// from file capabilities at execve (Kubernetes sets no ambient set); file
 /// capabilities with the effective bit make the binary refuse to start
 /// (EPERM at execve) wherever the bounding set lacks one of them, even for
@@ -158,7 +158,7 @@ pub fn image(args: &ImageArgs) -> Result<PathBuf> {
         path: IMAGE_PATH.into(),
         user: args.user.clone(),
         file_caps: if args.file_caps {
-            ["CAP_BPF", "CAP_PERFMON", "CAP_NET_ADMIN"]
+            ["CAP_BPF", "CAP_PERFMON", "CAP_NET_ADMIN", "CAP_NET_RAW"]
                 .map(String::from)
                 .to_vec()
         } else {

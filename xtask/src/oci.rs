@@ -75,6 +75,7 @@ pub fn oci_arch(rust_arch: &str) -> Option<&'static str> {
 fn cap_number(name: &str) -> Option<u32> {
     Some(match name {
         "CAP_NET_ADMIN" => 12,
+        "CAP_NET_RAW" => 13,
         "CAP_SYS_ADMIN" => 21,
         "CAP_PERFMON" => 38,
         "CAP_BPF" => 39,

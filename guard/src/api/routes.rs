@@ -24,7 +24,7 @@ use tokio::sync::broadcast;
 
 use super::{
     state::{unix_now, Shared},
-    types::{CensusSummary, ConflictRow, Explanation, IpRow, StatusDoc, Would},
+    types::{CensusSummary, ConflictRow, Explanation, IpRow, StatusDoc, TakeoverSummary, Would},
     MAX_EVENT_STREAMS,
 };
 use crate::telemetry::{
@@ -39,7 +39,7 @@ pub struct Streaming(pub Arc<AtomicBool>);
 
 /// What `router` serves, for the start-up log line.
 pub const ALL_PATHS: &str =
-    "/metrics /healthz /readyz /status /explain /events /counters /responders";
+    "/metrics /healthz /readyz /status /explain /events /counters /responders /clients";
 
 /// `/metrics` alone: what `--metrics-listen` exposes off the node.
 pub fn metrics_router(shared: Arc<Shared>) -> Router {
@@ -59,6 +59,7 @@ pub fn router(shared: Arc<Shared>) -> Router {
         .route("/counters", get(counters))
         .route("/events", get(events))
         .route("/responders", get(responders))
+        .route("/clients", get(clients))
         .fallback(not_found)
         .with_state(shared)
 }
@@ -80,7 +81,7 @@ fn json(v: &impl Serialize) -> Response {
 async fn not_found() -> Response {
     text(
         StatusCode::NOT_FOUND,
-        "not found: try /metrics /healthz /readyz /status /explain?ip= /events /counters /responders[?ip=]\n",
+        "not found: try /metrics /healthz /readyz /status /explain?ip= /events /counters /responders[?ip=] /clients[?ip=]\n",
     )
 }
 
@@ -133,6 +134,8 @@ async fn metrics_route(State(shared): State<Arc<Shared>>) -> Response {
                     .map_or(0.0, |t| t.elapsed().as_secs_f64())
             }),
             census: st.census.as_ref(),
+            takeover: st.takeover.as_ref(),
+            clients: st.clients.as_ref(),
         })
     });
     match rendered {
@@ -171,10 +174,12 @@ async fn status(State(shared): State<Arc<Shared>>) -> Response {
                 family: guard_common::family(ip).into(),
                 entry: entry.clone(),
                 counters: by_ip.remove(ip).unwrap_or_default(),
+                takeover: st.takeovers.get(ip).cloned(),
             })
             .collect(),
         conflicts: st.census.as_ref().map(ConflictRow::all).unwrap_or_default(),
-        census: st.census.as_ref().map(CensusSummary::of),
+        census: (st.census.as_ref()).map(|c| CensusSummary::of(c, st.clients.as_ref())),
+        takeovers: st.takeover.as_ref().map(TakeoverSummary::of),
     })
 }
 
@@ -247,6 +252,7 @@ pub fn explain(shared: &Shared, ip: IpAddr) -> Explanation {
             None => "none yet",
         }
         .into(),
+        takeover: st.takeovers.get(&ip).cloned(),
         would,
     }
 }
@@ -283,6 +289,7 @@ async fn responders(
             capacity: doc.capacity,
             totals: doc.totals.clone(),
             error: doc.error.clone(),
+            claims: Default::default(),
             ips: doc
                 .ips
                 .get(&ip)
@@ -290,6 +297,27 @@ async fn responders(
                 .into_iter()
                 .collect(),
         }),
+    }
+}
+
+/// Misdirected and stale clients; with `?ip=`, that LB IP only (an empty
+/// table if no client of it came here). 404 when the census is off.
+async fn clients(State(shared): State<Arc<Shared>>, Query(p): Query<RespondersParams>) -> Response {
+    let ip = match p.ip.as_deref().map(str::parse::<IpAddr>) {
+        None => None,
+        Some(Ok(ip)) => Some(ip),
+        Some(Err(_)) => return text(StatusCode::BAD_REQUEST, "use /clients?ip=A.B.C.D\n"),
+    };
+    let st = shared.read();
+    let Some(doc) = st.clients.as_ref() else {
+        return text(
+            StatusCode::NOT_FOUND,
+            "the census is off (--no-census, or it could not load: see the log): no client is seen\n",
+        );
+    };
+    match ip {
+        None => json(doc),
+        Some(ip) => json(&doc.only(ip)),
     }
 }
 

@@ -14,8 +14,11 @@ use tokio::sync::broadcast;
 
 use super::types::IpEntry;
 use crate::{
-    model::view::View,
-    telemetry::{census::CensusDoc, counters::Snapshot, metrics::Fold, status::Status},
+    model::{takeover::TakeoverRecord, view::View},
+    telemetry::{
+        census::CensusDoc, clients::ClientsDoc, counters::Snapshot, metrics::Fold, status::Status,
+        takeover::TakeoverStats,
+    },
 };
 
 /// What the main loop publishes for the API.
@@ -34,6 +37,17 @@ pub struct ApiState {
     pub feed_enabled: bool,
     /// The responder census (None: off or not read yet).
     pub census: Option<CensusDoc>,
+    /// Held announcements and takeover timing (None: not started yet).
+    pub takeover: Option<TakeoverStats>,
+    /// The last takeover of each LB IP by this node.
+    pub takeovers: BTreeMap<IpAddr, TakeoverRecord>,
+    /// When this node last lost each LB IP (it stopped being `owned` here;
+    /// CLOCK_MONOTONIC ns, as the census's timestamps), while the IP is not
+    /// owned here again: the moment of the move misdirected clients are
+    /// measured from. One entry per LB IP at most.
+    pub lost: BTreeMap<IpAddr, u64>,
+    /// Misdirected and stale clients (None: the census is off or not read yet).
+    pub clients: Option<ClientsDoc>,
 }
 
 /// Everything the API serves from, shared with the main loop.
@@ -177,8 +191,84 @@ pub fn update_ip_entries(
     }
 }
 
+/// Note the moments this node loses LB IPs: for each IP of `keys` whose
+/// state goes from `owned` (as `old` published it) to anything else in
+/// `view`, now; an IP owned again, or gone from the view, loses its moment.
+pub fn note_losses<'a>(
+    lost: &mut BTreeMap<IpAddr, u64>,
+    old: &BTreeMap<IpAddr, IpEntry>,
+    view: &View,
+    keys: impl Iterator<Item = &'a IpAddr>,
+    now_ns: u64,
+) {
+    use guard_common::Ownership::Owned;
+    for ip in keys {
+        match view.lb.get(ip).map(|l| l.state) {
+            None | Some(Owned) => {
+                lost.remove(ip);
+            }
+            Some(_) if old.get(ip).is_some_and(|e| e.state == Owned) => {
+                lost.insert(*ip, now_ns);
+            }
+            Some(_) => {}
+        }
+    }
+}
+
 pub fn unix_now() -> u64 {
     SystemTime::now()
         .duration_since(SystemTime::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::view::{LbIp, Provenance};
+    use guard_common::Ownership::{self, *};
+
+    fn view(state: Option<Ownership>) -> View {
+        let mut v = View::default();
+        if let Some(state) = state {
+            let source = Provenance::Interface("test".into());
+            v.lb.insert(IP, LbIp { state, source });
+        }
+        v
+    }
+
+    const IP: IpAddr = IpAddr::V4(std::net::Ipv4Addr::new(198, 51, 100, 7));
+
+    /// The moment of a move is kept from owned to anything else, through
+    /// unknown to foreign (a graceful hand-over), and goes once the IP is
+    /// owned again or gone.
+    #[test]
+    fn a_move_is_dated_when_this_node_stops_owning_the_ip() {
+        let mut lost = BTreeMap::new();
+        let mut entries = ip_entries(&BTreeMap::new(), &view(Some(Owned)), &BTreeMap::new());
+        let step =
+            |lost: &mut BTreeMap<IpAddr, u64>, entries: &mut BTreeMap<IpAddr, IpEntry>, s, now| {
+                let v = view(s);
+                note_losses(lost, entries, &v, [IP].iter(), now);
+                *entries = ip_entries(entries, &v, &BTreeMap::new());
+            };
+        step(&mut lost, &mut entries, Some(Owned), 5);
+        assert!(lost.is_empty(), "owned: no move");
+        step(&mut lost, &mut entries, Some(Unknown), 10);
+        assert_eq!(lost.get(&IP), Some(&10));
+        step(&mut lost, &mut entries, Some(Foreign), 20);
+        assert_eq!(
+            lost.get(&IP),
+            Some(&10),
+            "the move began when it left owned"
+        );
+        step(&mut lost, &mut entries, Some(Owned), 30);
+        assert!(lost.is_empty());
+        step(&mut lost, &mut entries, Some(Foreign), 40);
+        assert_eq!(lost.get(&IP), Some(&40));
+        step(&mut lost, &mut entries, None, 50);
+        assert!(lost.is_empty(), "gone from the LB set");
+        // Foreign from the start: never owned here, no move.
+        step(&mut lost, &mut entries, Some(Foreign), 60);
+        assert!(lost.is_empty());
+    }
 }

@@ -6,8 +6,8 @@ use guard_common::{Kind, LeakAction, Mode, Origin, Ownership, Verdict};
 use serde::{Deserialize, Serialize};
 
 use crate::{
-    model::census::Reason,
-    telemetry::{census::CensusDoc, status::Status},
+    model::{census::Reason, takeover::TakeoverRecord},
+    telemetry::{census::CensusDoc, clients::ClientsDoc, status::Status, takeover::TakeoverStats},
 };
 
 /// One LB IP as the daemon currently treats it.
@@ -37,6 +37,33 @@ pub struct StatusDoc {
     /// Whether the census runs, and how full its table is.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub census: Option<CensusSummary>,
+    /// Takeovers by this node and the announcements held for them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub takeovers: Option<TakeoverSummary>,
+}
+
+/// Takeovers by this node, in sum.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct TakeoverSummary {
+    /// LB IPs that became owned here since the daemon started.
+    pub takeovers: u64,
+    /// Of them, with no announcement within --silent-takeover-after.
+    pub silent: u64,
+    /// Announcements held now, waiting for a takeover.
+    pub held_now: usize,
+    /// Held announcements by outcome (deferred, replayed, expired, ...).
+    pub announcements: BTreeMap<String, u64>,
+}
+
+impl TakeoverSummary {
+    pub fn of(t: &TakeoverStats) -> Self {
+        TakeoverSummary {
+            takeovers: t.takeovers,
+            silent: t.silent,
+            held_now: t.holding,
+            announcements: t.held.iter().map(|(k, v)| ((*k).to_owned(), *v)).collect(),
+        }
+    }
 }
 
 /// One LB IP in conflict.
@@ -57,16 +84,25 @@ pub struct CensusSummary {
     pub ips_claimed: usize,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// Clients still sending here for LB IPs that are foreign here, and
+    /// the stale ones among them (`arp-guard clients`).
+    #[serde(default)]
+    pub misdirected_clients: usize,
+    #[serde(default)]
+    pub stale_clients: usize,
 }
 
 impl CensusSummary {
-    pub fn of(d: &CensusDoc) -> Self {
+    pub fn of(d: &CensusDoc, clients: Option<&ClientsDoc>) -> Self {
+        let ips = clients.map(|c| c.ips.values());
         CensusSummary {
             window_seconds: d.window_seconds,
             entries: d.entries,
             capacity: d.capacity,
             ips_claimed: d.ips.values().filter(|c| c.active > 0).count(),
             error: d.error.clone(),
+            misdirected_clients: ips.clone().map_or(0, |i| i.map(|c| c.sending).sum()),
+            stale_clients: ips.map_or(0, |i| i.map(|c| c.stale).sum()),
         }
     }
 }
@@ -102,6 +138,9 @@ pub struct IpRow {
     pub entry: IpEntry,
     /// Decisions counted for this IP, by verdict.
     pub counters: BTreeMap<Verdict, u64>,
+    /// Its last takeover by this node.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub takeover: Option<TakeoverRecord>,
 }
 
 /// `/explain?ip=`: why this node treats an IP as it does.
@@ -118,6 +157,10 @@ pub struct Explanation {
     pub mode: Option<Mode>,
     pub leak_action: Option<LeakAction>,
     pub heartbeat: String,
+    /// Its last takeover by this node: when, and how long until the first
+    /// announcement left (or that none did: a silent takeover).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub takeover: Option<TakeoverRecord>,
     /// What the program would do with each kind of frame of the IP's
     /// family (ARP or NDP) from each origin, leaving through each guarded
     /// interface.

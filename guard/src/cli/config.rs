@@ -7,7 +7,10 @@ use anyhow::{bail, Result};
 
 use super::{AnnouncerArg, AttachArg, KubeVipElection, OnExit, RunArgs};
 use crate::{
-    daemon::{ApiConfig, DaemonConfig, OnExit as ExitAction, RunConfig, SourcesConfig},
+    daemon::{
+        ApiConfig, ClientsConfig, DaemonConfig, OnExit as ExitAction, RunConfig, SourcesConfig,
+        TakeoverConfig,
+    },
     datapath::{AttachMode, DatapathConfig, Gate},
     sources::{
         cluster::{objects::ServiceFilter, Announcer, ClusterConfig, FeedConfig, Key},
@@ -28,6 +31,11 @@ impl RunArgs {
                 listen: self.listen.addr(),
                 metrics_listen: self.metrics_listen.addr(),
                 metrics_max_ip_series: self.metrics_max_ip_series,
+            },
+            clients: ClientsConfig {
+                stale_after: self.stale_client_after,
+                read_period: self.clients_read_period,
+                refresh_per_minute: self.refresh(),
             },
         })
     }
@@ -54,6 +62,9 @@ impl RunArgs {
                 "nothing to enforce: give --announcer cilium|kube-vip|metallb, --ownership-file, and/or --lb-ips-from \
                  (e.g. --lb-ips-from kube-ipvs0)"
             );
+        }
+        if self.stale_client_after.is_zero() || self.clients_read_period.is_zero() {
+            bail!("--stale-client-after and --clients-read-period must be longer than 0");
         }
         for i in &self.lb_ips_from {
             if self.interfaces.contains(i) {
@@ -93,6 +104,19 @@ impl RunArgs {
         }
     }
 
+    /// `--refresh-stale-clients` takes effect in enforce mode only: a guard
+    /// in monitor mode sends nothing of its own.
+    fn refresh(&self) -> Option<u32> {
+        if !self.refresh_stale_clients {
+            return None;
+        }
+        if self.mode != super::ModeArg::Enforce {
+            tracing::warn!("--refresh-stale-clients is ignored in monitor mode (it sends nothing)");
+            return None;
+        }
+        Some(self.refresh_per_minute)
+    }
+
     fn daemon(&self) -> DaemonConfig {
         DaemonConfig {
             node_name: self.node_name.clone(),
@@ -104,6 +128,14 @@ impl RunArgs {
             status_file: self.status_file.clone(),
             stats_interval: self.stats_interval,
             counter_grace: self.counter_grace,
+            takeover: TakeoverConfig {
+                hold: if self.mode == super::ModeArg::Enforce {
+                    self.announce_hold
+                } else {
+                    Duration::ZERO
+                },
+                silent_after: self.silent_takeover_after,
+            },
         }
     }
 
@@ -133,6 +165,8 @@ impl RunArgs {
             event_burst: self.event_burst,
             census: !self.no_census,
             census_window: self.census_window,
+            // Monitor mode drops nothing, so holds nothing.
+            defer: !self.announce_hold.is_zero() && self.mode == super::ModeArg::Enforce,
         })
     }
 

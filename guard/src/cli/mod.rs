@@ -62,7 +62,11 @@ pub enum Command {
     Events(ClientArgs),
     /// Who claims each LB IP on the segment, as the running daemon's census
     /// saw it arrive: MACs, how often, when; conflicts (exit 1 if any).
-    Responders(RespondersArgs),
+    Responders(LbIpArgs),
+    /// Clients whose traffic for an LB IP another node owns arrives at this
+    /// node (their neighbour cache points here): after a move, who has not
+    /// followed yet and how long the others took; stale clients (exit 1 if any).
+    Clients(LbIpArgs),
     /// Ask the segment who answers ARP for IPs, every --interval for
     /// --duration, from any host on it; optionally connect through each answer.
     Probe(ProbeArgs),
@@ -94,7 +98,7 @@ pub struct ExplainArgs {
 }
 
 #[derive(Debug, Args)]
-pub struct RespondersArgs {
+pub struct LbIpArgs {
     /// Only this LB IP.
     pub ip: Option<std::net::IpAddr>,
     #[command(flatten)]
@@ -276,7 +280,7 @@ pub struct RunArgs {
     pub on_exit: OnExit,
 
     /// Serve /metrics, /healthz, /readyz, /status, /explain, /events,
-    /// /counters and /responders here
+    /// /counters, /responders and /clients here
     /// (`none` to disable). Loopback by default: exposing it off the node is
     /// a deliberate choice.
     #[arg(long, value_name = "ADDR", default_value = DEFAULT_API, value_parser = parse_listen)]
@@ -314,6 +318,45 @@ pub struct RunArgs {
     /// claimant's run, so a failover is a move, not a conflict.
     #[arg(long, value_name = "DURATION", default_value = "60s", value_parser = parse_duration)]
     pub census_window: Duration,
+
+    /// Takeovers: an announcement (gratuitous ARP, unsolicited NA) this node
+    /// sends for an LB IP foreign here is dropped, but held this long; if
+    /// the IP becomes owned here within it (the ownership feed lags the
+    /// announcer at a takeover), the same bytes are re-sent on the same
+    /// interface at once. 0: dropped for good. Needs CAP_NET_RAW (an
+    /// AF_PACKET socket to re-send).
+    #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = parse_duration)]
+    pub announce_hold: Duration,
+
+    /// A takeover (an LB IP becomes owned here) with no announcement leaving
+    /// this node within this long is a silent takeover: logged, counted,
+    /// alerted on (clients with a stale cache keep the old owner's MAC).
+    #[arg(long, value_name = "DURATION", default_value = "3s", value_parser = parse_duration)]
+    pub silent_takeover_after: Duration,
+
+    /// A client still sending to this node for an LB IP another node owns,
+    /// this long after this node lost the IP (or after its first packet,
+    /// for an IP this node did not own), is stale: listed by `arp-guard
+    /// clients` (exit 1), logged, counted in arp_guard_stale_clients. A
+    /// client quiet here this long has followed the move: its failover time
+    /// goes into arp_guard_client_failover_seconds.
+    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = parse_duration)]
+    pub stale_client_after: Duration,
+
+    /// How often the census's client totals are read (a walk of its table
+    /// only when a packet was recorded since the last one; never more than
+    /// 1/50 of a core).
+    #[arg(long, value_name = "DURATION", default_value = "250ms", value_parser = parse_duration)]
+    pub clients_read_period: Duration,
+
+    /// Heal stale clients (enforce mode only): a unicast ARP reply / NA teaches a client
+    /// sending here the owner's MAC, when certain (README: Failover). CAP_NET_RAW.
+    #[arg(long)]
+    pub refresh_stale_clients: bool,
+
+    /// With --refresh-stale-clients: at most this many per client and IP a minute.
+    #[arg(long, value_name = "N", default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=60))]
+    pub refresh_per_minute: u32,
 
     /// How often a summary of the counters is logged (0 to disable).
     #[arg(long, value_name = "DURATION", default_value = "60s", value_parser = parse_duration)]

@@ -1,9 +1,11 @@
 //! The subcommands, each a thin function over the parts: `run` starts the
 //! daemon; `counters`, `validate` and `uninstall` work on the node; `status`,
-//! `explain`, `events` and `responders` ask the running daemon (`query`);
+//! `explain`, `events` and `responders` ask the running daemon (`query`),
+//! and `clients` (`clients`);
 //! `doctor` checks the node (`doctor`); `probe` asks the segment, from any
 //! host on it.
 
+mod clients;
 mod doctor;
 mod probe;
 mod query;
@@ -11,7 +13,9 @@ mod query;
 use std::time::Duration;
 
 use anyhow::{Context as _, Result};
+use aya::programs::TcAttachType;
 
+pub use clients::clients;
 pub use doctor::doctor;
 pub use probe::probe;
 pub use query::{events, explain, responders, status};
@@ -155,10 +159,16 @@ pub async fn uninstall(args: &UninstallArgs) -> Result<()> {
     // One interface failing (gone meanwhile) does not stop the others.
     let mut failed = Vec::new();
     for iface in names {
-        match remove_netlink_filter(&iface) {
+        match remove_netlink_filter(&iface, TcAttachType::Egress) {
             Ok(true) => println!("removed the netlink filter from {iface}"),
             Ok(false) => {}
             Err(e) => failed.push(format!("{iface}: {e:#}")),
+        }
+        // The census's filter only observes, but it is ours to take away.
+        match remove_netlink_filter(&iface, TcAttachType::Ingress) {
+            Ok(true) => println!("removed the census filter from {iface} ingress"),
+            Ok(false) => {}
+            Err(e) => failed.push(format!("{iface} ingress: {e:#}")),
         }
     }
     if !failed.is_empty() {

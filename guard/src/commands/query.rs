@@ -10,7 +10,7 @@ use crate::{
         client,
         types::{Explanation, Lagged, StatusDoc},
     },
-    cli::{ClientArgs, ExplainArgs, Output, RespondersArgs},
+    cli::{ClientArgs, ExplainArgs, LbIpArgs, Output},
     telemetry::{
         census::{CensusDoc, ConflictEvent},
         events::EventJson,
@@ -19,7 +19,10 @@ use crate::{
 };
 
 /// GET `path` and read the answer as `T` (the raw JSON too, for `-o json`).
-async fn fetch<T: DeserializeOwned>(args: &ClientArgs, path: &str) -> Result<(T, String)> {
+pub(super) async fn fetch<T: DeserializeOwned>(
+    args: &ClientArgs,
+    path: &str,
+) -> Result<(T, String)> {
     let (code, body) = client::get(args.api, path).await?;
     if code != 200 {
         bail!("the daemon answered {code} for {path}: {}", body.trim());
@@ -54,21 +57,35 @@ pub async fn status(args: &ClientArgs) -> Result<()> {
         print_state(st, v.census.is_some());
     }
     print_census_summary(&v);
+    if let Some(t) = &v.takeovers {
+        let n = |k: &str| t.announcements.get(k).copied().unwrap_or(0);
+        println!(
+            "  takeovers {} (silent {}); announcements held now {}, replayed {}, expired {}",
+            t.takeovers,
+            t.silent,
+            t.held_now,
+            n("replayed"),
+            n("expired")
+        );
+    }
     println!();
     println!(
-        "{:<24} {:<8} {:<10} {:<10} {:<10} SOURCE",
-        "LB IP", "STATE", "PASSED", "DROPPED", "REWRITTEN"
+        "{:<24} {:<8} {:<10} {:<10} {:<10} {:<16} SOURCE",
+        "LB IP", "STATE", "PASSED", "DROPPED", "REWRITTEN", "TAKEOVER"
     );
     for row in &v.ips {
         // Monitor mode's would_* count with what enforce would have done.
         let n = |v: Verdict| row.counters.get(&v).copied().unwrap_or(0);
         println!(
-            "{:<24} {:<8} {:<10} {:<10} {:<10} {}",
+            "{:<24} {:<8} {:<10} {:<10} {:<10} {:<16} {}",
             row.ip,
             row.entry.state.as_str(),
             n(Verdict::Passed),
             n(Verdict::Dropped) + n(Verdict::WouldDrop),
             n(Verdict::Rewritten) + n(Verdict::WouldRewrite),
+            row.takeover
+                .as_ref()
+                .map_or_else(|| "-".into(), takeover_cell),
             row.entry.source
         );
     }
@@ -85,6 +102,16 @@ pub async fn status(args: &ClientArgs) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// A takeover in a few characters: "12ms guard", "silent", "silent 9s".
+fn takeover_cell(t: &crate::model::takeover::TakeoverRecord) -> String {
+    match (t.first_announcement_ms, t.silent) {
+        (Some(ms), false) => format!("{ms}ms {}", or_dash(t.via.map(|v| v.as_str()))),
+        (Some(ms), true) => format!("silent {}s", ms / 1000),
+        (None, true) => "silent".into(),
+        (None, false) => "waiting".into(),
+    }
 }
 
 /// Attachments, feed and LB IP counts of `status`.
@@ -129,7 +156,7 @@ fn print_state(st: &Status, census_on: bool) {
 fn print_census_summary(v: &StatusDoc) {
     match &v.census {
         Some(c) => println!(
-            "  responder census: {} LB IPs claimed in the last {} s, table {}/{}{}",
+            "  responder census: {} LB IPs claimed in the last {} s, table {}/{}{}; misdirected clients sending here: {} ({} stale{})",
             c.ips_claimed,
             c.window_seconds,
             c.entries,
@@ -137,7 +164,10 @@ fn print_census_summary(v: &StatusDoc) {
             c.error
                 .as_deref()
                 .map(|e| format!(", unreadable: {e}"))
-                .unwrap_or_default()
+                .unwrap_or_default(),
+            c.misdirected_clients,
+            c.stale_clients,
+            if c.stale_clients > 0 { ": arp-guard clients" } else { "" }
         ),
         None => println!("  responder census: off"),
     }
@@ -174,6 +204,22 @@ pub async fn explain(args: &ExplainArgs) -> Result<()> {
         or_dash(v.mode.map(|m| m.as_str())),
         or_dash(v.leak_action.map(|l| l.as_str()))
     );
+    if let Some(t) = &v.takeover {
+        println!(
+            "  last taken over by this node {} s ago: {}",
+            crate::api::state::unix_now().saturating_sub(t.at_unix),
+            match (t.first_announcement_ms, t.silent) {
+                (Some(ms), false) => format!(
+                    "first announcement after {ms} ms (via {})",
+                    or_dash(t.via.map(|v| v.as_str()))
+                ),
+                (Some(ms), true) =>
+                    format!("SILENT for --silent-takeover-after; announced after {ms} ms"),
+                (None, true) => "SILENT: no announcement left this node".into(),
+                (None, false) => "no announcement yet".into(),
+            }
+        );
+    }
     println!("  what the program does with it:");
     println!(
         "    {:<12} {:<14} {:<8} VERDICT",
@@ -193,7 +239,7 @@ pub async fn explain(args: &ExplainArgs) -> Result<()> {
 
 /// `arp-guard responders [IP]`: who claims each LB IP on the segment, as
 /// this node's census saw it. Exit 1 when an IP shown is in conflict.
-pub async fn responders(args: &RespondersArgs) -> Result<()> {
+pub async fn responders(args: &LbIpArgs) -> Result<()> {
     let path = match args.ip {
         Some(ip) => format!("/responders?ip={ip}"),
         None => "/responders".into(),
@@ -266,6 +312,25 @@ fn print_census(v: &CensusDoc) {
     }
 }
 
+/// Any other event line (`takeover_announced`, `silent_takeover`, ...):
+/// its time, its name, then its other fields as key=value.
+fn other_event(line: &str) -> Option<String> {
+    let v: serde_json::Value = serde_json::from_str(line).ok()?;
+    let o = v.as_object()?;
+    let event = o.get("event")?.as_str()?;
+    let mut out = format!(
+        "{} {event}",
+        o.get("time").and_then(|t| t.as_str()).unwrap_or("-")
+    );
+    for (k, v) in o.iter().filter(|(k, _)| *k != "event" && *k != "time") {
+        match v.as_str() {
+            Some(s) => out.push_str(&format!(" {k}={s}")),
+            None => out.push_str(&format!(" {k}={v}")),
+        }
+    }
+    Some(out)
+}
+
 pub async fn events(args: &ClientArgs) -> Result<()> {
     let json = args.output == Output::Json;
     let print = |line: &str| {
@@ -295,6 +360,8 @@ pub async fn events(args: &ClientArgs) -> Result<()> {
                 c.reason.as_str(),
                 c.macs.join(",")
             );
+        } else if let Some(e) = other_event(line) {
+            println!("{e}");
         } else if let Ok(l) = serde_json::from_str::<Lagged>(line) {
             println!("(the stream fell behind: {} events skipped)", l.lagged);
         } else {

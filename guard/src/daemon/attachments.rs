@@ -48,8 +48,8 @@ pub fn wanted(patterns: &[String], exclude: &[String], table: &AddrTable) -> BTr
 pub struct Attached {
     pub ifindex: u32,
     pub how: AttachHow,
-    /// The census is on this interface's ingress (TCX).
-    pub census: bool,
+    /// How the census is on this interface's ingress (None: it is not).
+    pub census: Option<AttachHow>,
 }
 
 /// What is attached where, kept equal to [`wanted`].
@@ -149,7 +149,7 @@ impl Attachments {
             match dp.attach(name, self.how) {
                 Ok(h) => {
                     tracing::info!(interface = %name, attach = h.as_str(), "guard attached to egress");
-                    let census = attach_census(dp, name, *ifindex);
+                    let census = attach_census(dp, name, *ifindex, self.how);
                     self.attached.insert(
                         name.clone(),
                         Attached {
@@ -173,7 +173,7 @@ impl Attachments {
             name: n.clone(),
             state: InterfaceState::Attached,
             detail: a.how.as_str().into(),
-            census: a.census.then(|| "tcx".into()),
+            census: a.census.map(|h| h.as_str().into()),
         });
         let missing = self.missing.iter().map(|p| Interface {
             name: p.clone(),
@@ -206,20 +206,26 @@ impl Attachments {
     }
 }
 
-/// The census on `iface`'s ingress, when it is loaded. It only observes: a
-/// failure (no TCX before Linux 6.6) is logged and the guard goes on.
-fn attach_census(dp: &mut Datapath, iface: &str, ifindex: u32) -> bool {
+/// The census on `iface`'s ingress, when it is loaded, attached the way
+/// the guard is (`how`). It only observes: a failure is logged and the
+/// guard goes on.
+fn attach_census(
+    dp: &mut Datapath,
+    iface: &str,
+    ifindex: u32,
+    how: AttachMode,
+) -> Option<AttachHow> {
     if !dp.census_loaded() {
-        return false;
+        return None;
     }
-    match dp.attach_census(iface, ifindex) {
-        Ok(()) => {
-            tracing::info!(interface = %iface, attach = "tcx", "responder census attached to ingress");
-            true
+    match dp.attach_census(iface, ifindex, how) {
+        Ok(h) => {
+            tracing::info!(interface = %iface, attach = h.as_str(), "census attached to ingress (responders, misdirected clients)");
+            Some(h)
         }
         Err(e) => {
-            tracing::warn!(interface = %iface, error = %format!("{e:#}"), "the responder census cannot attach here (it needs TCX, Linux >= 6.6); guarding without it");
-            false
+            tracing::warn!(interface = %iface, error = %format!("{e:#}"), "the census cannot attach here; guarding without it");
+            None
         }
     }
 }

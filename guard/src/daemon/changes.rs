@@ -9,6 +9,7 @@ use std::{collections::BTreeSet, net::IpAddr};
 use super::{
     attachments,
     publish::{self, Changed},
+    takeover::Transition,
     Daemon, Sources,
 };
 use crate::model::{
@@ -104,17 +105,18 @@ impl Daemon {
                 degraded: c.degraded,
             }),
         };
-        let changed = if full {
+        let (changed, transitions) = if full {
             let mut next = compute(&inputs);
             if unsynced {
                 next.hold_previous(|ip| self.dp.map_state(ip));
             }
             if next == self.view {
-                Changed::Nothing
+                (Changed::Nothing, Vec::new())
             } else {
                 publish::log_changes(&self.view, &next);
+                let t = transitions(&self.view, &next);
                 self.view = next;
-                Changed::All
+                (Changed::All, t)
             }
         } else {
             let mut ips: BTreeSet<IpAddr> = taken.iter().copied().collect();
@@ -129,6 +131,9 @@ impl Daemon {
         self.full_next = false;
         self.cluster_flags = flags;
         self.apply_changed(&changed, unsynced);
+        // After the maps say so: held announcements of IPs owned now go out.
+        let at_ns = change_time(cluster.as_ref(), !taken.is_empty());
+        self.on_transitions(&transitions, at_ns);
         // How long a cluster event took to reach the maps (BENCHMARKS.md).
         if !matches!(changed, Changed::Nothing) {
             if let Some(at) = cluster.as_ref().and_then(|c| c.event_at) {
@@ -163,8 +168,36 @@ impl Daemon {
     }
 }
 
-/// Re-derive the LB IPs `ips` of `view`, logging each change.
-fn update(view: &mut View, inputs: &Inputs<'_>, ips: &BTreeSet<IpAddr>) -> Changed {
+/// When a change happened (CLOCK_MONOTONIC ns), the start of a takeover's
+/// clock: as the feed saw it (its event's arrival) when the cluster's
+/// claims changed, else now.
+fn change_time(cluster: Option<&crate::model::cluster::ClusterView>, from_cluster: bool) -> u64 {
+    let now = crate::datapath::monotonic_ns();
+    match cluster.and_then(|c| c.event_at) {
+        Some(t) if from_cluster => {
+            now.saturating_sub(u64::try_from(t.elapsed().as_nanos()).unwrap_or(0))
+        }
+        _ => now,
+    }
+}
+
+/// The LB IPs whose state differs between two views.
+fn transitions(old: &View, new: &View) -> Vec<Transition> {
+    let state = |v: &View, ip: &IpAddr| v.lb.get(ip).map(|l| l.state);
+    let ips: BTreeSet<&IpAddr> = old.lb.keys().chain(new.lb.keys()).collect();
+    ips.into_iter()
+        .map(|ip| (*ip, state(old, ip), state(new, ip)))
+        .filter(|(_, a, b)| a != b)
+        .collect()
+}
+
+/// Re-derive the LB IPs `ips` of `view`, logging each change; what changed,
+/// and the IPs whose state did.
+fn update(
+    view: &mut View,
+    inputs: &Inputs<'_>,
+    ips: &BTreeSet<IpAddr>,
+) -> (Changed, Vec<Transition>) {
     let before: Vec<(IpAddr, Option<LbIp>)> = ips
         .iter()
         .map(|ip| (*ip, view.lb.get(ip).cloned()))
@@ -181,16 +214,23 @@ fn update(view: &mut View, inputs: &Inputs<'_>, ips: &BTreeSet<IpAddr>) -> Chang
             view.if_primary.clone(),
             view.vlan_uppers.clone(),
         );
+    let mut moved = Vec::new();
     for (ip, old) in before.iter().filter(|(ip, _)| keys.contains(ip)) {
-        publish::log_change(*ip, old.as_ref(), view.lb.get(ip));
+        let new = view.lb.get(ip);
+        publish::log_change(*ip, old.as_ref(), new);
+        let (a, b) = (old.as_ref().map(|l| l.state), new.map(|l| l.state));
+        if a != b {
+            moved.push((*ip, a, b));
+        }
     }
-    match (keys.is_empty(), same_ifs) {
+    let changed = match (keys.is_empty(), same_ifs) {
         (true, true) => Changed::Nothing,
         (_, true) => Changed::Keys(keys),
         // The uplink's addresses changed (rare): the API's per-IP table
         // shows them, so everything is published anew.
         (_, false) => Changed::All,
-    }
+    };
+    (changed, moved)
 }
 
 #[cfg(test)]

@@ -54,6 +54,17 @@ pub struct DaemonConfig {
     pub stats_interval: Duration,
     /// Counter rows of a departed IP go this long after it left.
     pub counter_grace: Duration,
+    pub takeover: TakeoverConfig,
+}
+
+/// Takeovers: held announcements and the timing of the first one.
+#[derive(Debug, Clone, Copy)]
+pub struct TakeoverConfig {
+    /// How long a dropped announcement of a foreign IP is held for a
+    /// takeover (zero: not held; always zero in monitor mode).
+    pub hold: Duration,
+    /// No announcement within this long after a takeover: a silent takeover.
+    pub silent_after: Duration,
 }
 
 #[derive(Debug, Clone)]
@@ -62,4 +73,20 @@ pub struct RunConfig {
     pub datapath: DatapathConfig,
     pub sources: SourcesConfig,
     pub api: ApiConfig,
+    pub clients: ClientsConfig,
+}
+
+/// Misdirected clients (the census's client table).
+#[derive(Debug, Clone)]
+pub struct ClientsConfig {
+    /// A client still sending here this long after the move (or its first
+    /// packet, to an IP never owned here) is stale; one quiet this long has
+    /// gone.
+    pub stale_after: Duration,
+    /// How often the table's totals are read (and the table walked when a
+    /// packet was recorded since the last walk).
+    pub read_period: Duration,
+    /// `--refresh-stale-clients` (enforce mode only): refreshes per client
+    /// and LB IP per minute; None: off.
+    pub refresh_per_minute: Option<u32>,
 }

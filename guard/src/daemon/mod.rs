@@ -13,6 +13,7 @@ mod preflight;
 mod publish;
 mod startup;
 mod status_file;
+mod takeover;
 
 use std::{sync::Arc, time::Duration};
 
@@ -25,7 +26,9 @@ use crate::{
     model::{addrs::AddrTable, cluster::ClusterView, ownership::OwnershipFile, view::View},
     telemetry::{ops::OPS, status::Status},
 };
-pub use config::{ApiConfig, DaemonConfig, OnExit, RunConfig, SourcesConfig};
+pub use config::{
+    ApiConfig, ClientsConfig, DaemonConfig, OnExit, RunConfig, SourcesConfig, TakeoverConfig,
+};
 pub use preflight::{check_capabilities, effective_caps, node_name};
 
 /// Run the daemon until SIGTERM/SIGINT.
@@ -46,6 +49,11 @@ struct Sources {
 /// Signals and timers the loop waits on.
 struct Inputs {
     sources: Sources,
+    /// Announcements the program dropped for IPs foreign here (None: none
+    /// are held).
+    held: Option<tokio::sync::mpsc::Receiver<crate::model::takeover::Held>>,
+    /// Announcements that left, as the program reports them.
+    heard: Option<tokio::sync::mpsc::Receiver<crate::model::takeover::Heard>>,
     sigterm: Signal,
     sigint: Signal,
     sighup: Signal,
@@ -67,6 +75,8 @@ enum Event {
     Reclaim,
     Stats,
     Hangup,
+    Held(crate::model::takeover::Held),
+    Heard(crate::model::takeover::Heard),
 }
 
 pub(crate) struct Daemon {
@@ -96,6 +106,7 @@ pub(crate) struct Daemon {
     memlock: u64,
     announcers: Vec<&'static str>,
     reclaimer: Option<Arc<tokio::sync::Mutex<CounterReclaimer>>>,
+    takeover: takeover::Takeover,
 }
 
 impl Daemon {
@@ -112,6 +123,14 @@ impl Daemon {
                 Event::Hangup => {
                     tracing::info!("SIGHUP: re-reading the maps and re-applying the view");
                     inputs.reconcile.reset_immediately();
+                }
+                Event::Held(h) => {
+                    self.on_held(h);
+                    self.publish_takeovers();
+                }
+                Event::Heard(h) => {
+                    self.on_heard(h);
+                    self.publish_takeovers();
                 }
             }
         };
@@ -136,6 +155,7 @@ impl Daemon {
             }
         }
         self.dp.flush_program_logs();
+        self.takeover_tick();
         if self.dirty {
             let view = self.view.clone();
             self.dirty = !self.apply(&view, Self::additive(sources));
@@ -309,6 +329,16 @@ async fn next_event(i: &mut Inputs) -> Event {
         _ = i.reclaim.tick() => Event::Reclaim,
         _ = i.stats.tick() => Event::Stats,
         _ = i.sighup.recv() => Event::Hangup,
+        Some(h) = recv(i.held.as_mut()) => Event::Held(h),
+        Some(h) = recv(i.heard.as_mut()) => Event::Heard(h),
+    }
+}
+
+/// The next item of a queue that may not exist (never, then).
+async fn recv<T>(rx: Option<&mut tokio::sync::mpsc::Receiver<T>>) -> Option<T> {
+    match rx {
+        Some(rx) => rx.recv().await,
+        None => std::future::pending().await,
     }
 }
 

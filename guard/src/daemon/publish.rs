@@ -9,7 +9,7 @@ use std::{
 
 use super::{status_file, Daemon};
 use crate::{
-    api::state::{ip_entries, update_ip_entries},
+    api::state::{ip_entries, note_losses, update_ip_entries},
     datapath::Datapath,
     model::{
         cluster::ClusterView,
@@ -62,12 +62,25 @@ impl Daemon {
             .map(|(n, a)| (a.ifindex, n.clone()))
             .collect();
         let mut st = self.shared.write();
+        let st = &mut *st;
+        let now_ns = crate::datapath::monotonic_ns();
         match changed {
             Changed::Keys(keys) if !st.ips.is_empty() => {
+                note_losses(&mut st.lost, &st.ips, &self.view, keys.iter(), now_ns);
                 update_ip_entries(&mut st.ips, &self.view, keys, &ifnames)
             }
             Changed::Nothing if !st.ips.is_empty() => {}
-            _ => st.ips = ip_entries(&st.ips, &self.view, &ifnames),
+            _ => {
+                st.lost.retain(|ip, _| self.view.lb.contains_key(ip));
+                note_losses(
+                    &mut st.lost,
+                    &st.ips,
+                    &self.view,
+                    self.view.lb.keys(),
+                    now_ns,
+                );
+                st.ips = ip_entries(&st.ips, &self.view, &ifnames)
+            }
         }
         st.interfaces = att
             .attached

@@ -19,14 +19,15 @@ use super::{
 };
 use crate::{
     api::{self, Shared},
-    datapath::{sys::ifindex, Datapath},
+    datapath::{sys::ifindex, wire::Wire, Datapath},
     model::{addrs::AddrTable, cluster::ClusterView, ownership::OwnershipFile},
+    model::{clients::IpState, refresh::Refresher},
     sources::{
         addrs,
         cluster::{task, ClusterConfig},
         file, file_watch,
     },
-    telemetry::census,
+    telemetry::{census, clients, refresh},
 };
 
 /// The ownership file as parsed at start, with the text it was parsed from.
@@ -66,9 +67,11 @@ pub(super) async fn start(cfg: RunConfig) -> Result<(Daemon, Inputs)> {
         Some(job) => Some(job.await.context("reading the ownership file")??),
         None => None,
     };
-    let mut daemon = Daemon::new(cfg, node, dp, &table, announcers);
+    let takeover = super::takeover::Takeover::new(&cfg.daemon.takeover)?;
+    let mut daemon = Daemon::new(cfg, node, dp, &table, announcers, takeover);
     daemon.enforce(file.as_ref().map(|(f, _)| f), &table, cluster_rx.is_some())?;
-    daemon.start_telemetry(listeners);
+    let held = daemon.start_held_reader();
+    let heard = daemon.start_telemetry(listeners);
     let cluster_now = cluster_rx.as_ref().map(|c| c.borrow().clone());
     daemon.publish(cluster_now.as_ref(), &super::publish::Changed::All);
     daemon.announce();
@@ -90,7 +93,8 @@ pub(super) async fn start(cfg: RunConfig) -> Result<(Daemon, Inputs)> {
         file: file_rx,
         cluster: cluster_rx,
     };
-    let inputs = inputs(&daemon.cfg, sources, signals).await;
+    let mut inputs = inputs(&daemon.cfg, sources, signals).await;
+    (inputs.held, inputs.heard) = (held, heard);
     Ok((daemon, inputs))
 }
 
@@ -130,6 +134,8 @@ async fn inputs(cfg: &RunConfig, sources: Sources, signals: (Signal, Signal, Sig
     let (sigterm, sigint, sighup) = signals;
     Inputs {
         sources,
+        held: None,
+        heard: None,
         sigterm,
         sigint,
         sighup,
@@ -158,6 +164,7 @@ impl Daemon {
         mut dp: Datapath,
         table: &AddrTable,
         announcers: Vec<&'static str>,
+        takeover: super::takeover::Takeover,
     ) -> Daemon {
         if cfg.datapath.pin_dir.is_some() {
             // Pinned maps carry what the previous daemon wrote: start the diff from there.
@@ -199,6 +206,7 @@ impl Daemon {
             last_status: None,
             announcers,
             reclaimer,
+            takeover,
             cfg,
         }
     }
@@ -235,16 +243,26 @@ impl Daemon {
         Ok(())
     }
 
-    /// The drop-event reader and the API.
-    fn start_telemetry(&mut self, listeners: Listeners) {
-        match self.dp.take_events() {
+    /// The drop-event reader and the API; the queue of announcements heard
+    /// (takeover timing) when the events can be read.
+    fn start_telemetry(
+        &mut self,
+        listeners: Listeners,
+    ) -> Option<tokio::sync::mpsc::Receiver<crate::model::takeover::Heard>> {
+        let heard = match self.dp.take_events() {
             Ok(ring) => {
                 let events = self.shared.events.clone();
-                tokio::spawn(crate::telemetry::events::run(ring, events));
+                let (tx, rx) = tokio::sync::mpsc::channel(super::takeover::QUEUE);
+                tokio::spawn(crate::telemetry::events::run(ring, events, tx));
+                Some(rx)
             }
-            Err(e) => tracing::warn!(error = %format!("{e:#}"), "drop events unavailable"),
-        }
+            Err(e) => {
+                tracing::warn!(error = %format!("{e:#}"), "drop events unavailable");
+                None
+            }
+        };
         self.start_census();
+        self.start_clients();
         if let Some(listener) = listeners.api {
             let router = api::routes::router(self.shared.clone());
             tokio::spawn(api::serve(listener, router, api::routes::ALL_PATHS));
@@ -253,6 +271,7 @@ impl Daemon {
             let router = api::routes::metrics_router(self.shared.clone());
             tokio::spawn(api::serve(listener, router, "/metrics"));
         }
+        heard
     }
 
     /// The census reader: judged against the ownership the main loop
@@ -294,6 +313,92 @@ impl Daemon {
         if let Err(e) = spawned {
             tracing::warn!(error = %e, "the responder census cannot start its thread; guarding without it");
         }
+    }
+
+    /// The reader of misdirected clients: judged against the ownership and
+    /// the moves the main loop publishes, its result published for the API.
+    fn start_clients(&self) {
+        if !self.dp.census_loaded() {
+            return;
+        }
+        let reader = match self.dp.clients_reader() {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::warn!(error = %format!("{e:#}"), "the census's client table cannot be read; guarding without it");
+                return;
+            }
+        };
+        let c = &self.cfg.clients;
+        self.shared.write().clients = Some(clients::ClientsDoc::empty(c.stale_after));
+        let (states, publish) = (self.shared.clone(), self.shared.clone());
+        let spawned = clients::spawn(clients::ClientsTask {
+            reader,
+            period: c.read_period,
+            stale_after: c.stale_after,
+            max_ip_series: self.cfg.api.metrics_max_ip_series,
+            states: Box::new(move |asked| {
+                let st = states.read();
+                (asked.iter().chain(st.lost.keys()))
+                    .filter_map(|ip| {
+                        let e = st.ips.get(ip)?;
+                        let lost_ns = st.lost.get(ip).copied();
+                        Some((
+                            *ip,
+                            IpState {
+                                state: e.state,
+                                lost_ns,
+                            },
+                        ))
+                    })
+                    .collect()
+            }),
+            publish: Box::new(move |doc| publish.write().clients = Some(doc)),
+            events: self.shared.events.clone(),
+            healer: self.healer(),
+        });
+        if let Err(e) = spawned {
+            tracing::warn!(error = %e, "the client reader cannot start its thread; guarding without it");
+        }
+    }
+
+    /// With `--refresh-stale-clients`: the healer, reading what it needs
+    /// from the state the main loop and the census publish. None when off,
+    /// or when its socket cannot be opened (said once, guarding goes on).
+    fn healer(&self) -> Option<refresh::Healer> {
+        let per_minute = self.cfg.clients.refresh_per_minute?;
+        let wire = match Wire::open() {
+            Ok(w) => w,
+            Err(e) => {
+                tracing::warn!(error = %format!("{e:#}"), "--refresh-stale-clients: cannot open the socket to send refreshes; stale clients are not refreshed");
+                return None;
+            }
+        };
+        let shared = self.shared.clone();
+        let window = self.cfg.datapath.census_window;
+        Some(refresh::Healer {
+            wire,
+            refresher: Refresher::new(per_minute),
+            hold: self.cfg.daemon.takeover.hold,
+            knowledge: Box::new(move || {
+                let st = shared.read();
+                let feed = st.status.as_ref().and_then(|s| s.feed.as_ref());
+                refresh::Knowledge {
+                    // A feed that has not listed everything, or cannot
+                    // see now, may call an IP foreign that is not.
+                    blind: st.feed_failing_since.is_some()
+                        || feed.is_some_and(|f| !f.synced || f.blind || f.degraded)
+                        || (st.feed_enabled && feed.is_none()),
+                    claims: st.census.as_ref().map(|c| c.claims.clone()),
+                    conflicts: (st.census.iter())
+                        .flat_map(|c| c.ips.iter())
+                        .filter(|(_, c)| c.conflict.is_some())
+                        .map(|(ip, _)| *ip)
+                        .collect(),
+                    window,
+                }
+            }),
+            outcomes: Default::default(),
+        })
     }
 
     fn announce(&self) {

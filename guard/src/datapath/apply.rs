@@ -12,7 +12,7 @@ use guard_common::{LbEntry, MAP_LB_FILTER, MAP_LB_IPS, MAP_LB_IPS6};
 
 use super::{
     error::dp_err,
-    maps::{ApplyReport, NoHook},
+    maps::{ApplyReport, Lb6Hooks, LbHooks},
     Datapath, DatapathError,
 };
 use crate::model::view::View;
@@ -38,16 +38,17 @@ impl Datapath {
         self.write_addresses(view, additive, &mut report);
         let Self { ebpf, tables, .. } = self;
         let t = tables;
-        t.lb.reconcile(
-            ebpf.map_mut(MAP_LB_IPS),
-            &lb,
-            additive,
-            &mut report,
-            &mut t.filter,
-        );
+        let mut hooks = LbHooks {
+            filter: &mut t.filter,
+            foreign: &mut t.foreign,
+        };
+        let lb_map = ebpf.map_mut(MAP_LB_IPS);
+        t.lb.reconcile(lb_map, &lb, additive, &mut report, &mut hooks);
+        let mut hooks6 = Lb6Hooks(&mut t.foreign);
         let lb6_map = ebpf.map_mut(MAP_LB_IPS6);
         t.lb6
-            .reconcile(lb6_map, &lb6, additive, &mut report, &mut NoHook);
+            .reconcile(lb6_map, &lb6, additive, &mut report, &mut hooks6);
+        t.foreign.flush();
         report
     }
 
@@ -71,20 +72,21 @@ impl Datapath {
             IpAddr::V4(v4) => Some((u32::from(*v4), entry(ip))),
             IpAddr::V6(_) => None,
         });
-        t.lb.apply_keys(
-            ebpf.map_mut(MAP_LB_IPS),
-            lb,
-            additive,
-            &mut report,
-            &mut t.filter,
-        );
+        let mut hooks = LbHooks {
+            filter: &mut t.filter,
+            foreign: &mut t.foreign,
+        };
+        let lb_map = ebpf.map_mut(MAP_LB_IPS);
+        t.lb.apply_keys(lb_map, lb, additive, &mut report, &mut hooks);
         let lb6 = changed.iter().filter_map(|ip| match ip {
             IpAddr::V6(v6) => Some((v6.octets(), entry(ip))),
             IpAddr::V4(_) => None,
         });
         let lb6_map = ebpf.map_mut(MAP_LB_IPS6);
+        let mut hooks6 = Lb6Hooks(&mut t.foreign);
         t.lb6
-            .apply_keys(lb6_map, lb6, additive, &mut report, &mut NoHook);
+            .apply_keys(lb6_map, lb6, additive, &mut report, &mut hooks6);
+        t.foreign.flush();
         report
     }
 
@@ -111,8 +113,17 @@ impl Datapath {
             tables.lb.applied.clear();
             return Err(dp_err!("writing {MAP_LB_FILTER}: {e}"));
         }
+        let lb6 = tables.lb6.reload(ebpf)?;
+        // Observe-only: a failed rebuild costs uncounted packets, retried at
+        // the next reload.
+        if let Err(e) = tables
+            .foreign
+            .rebuild(tables.foreign_ips().collect::<Vec<_>>().into_iter())
+        {
+            tracing::debug!(error = %e, "writing the census's foreign filter");
+        }
         Ok(lb
-            + tables.lb6.reload(ebpf)?
+            + lb6
             + tables.if_addrs.reload(ebpf)?
             + tables.if_primary.reload(ebpf)?
             + tables.vlan_uppers.reload(ebpf)?)

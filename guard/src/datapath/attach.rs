@@ -68,7 +68,8 @@ impl Datapath {
         // (Cilium's egress programs do) ends the chain, and the guard must have
         // seen the frame by then. The guard returns TCX_NEXT for what it passes.
         let tcx = || tc::TcAttachOptions::TcxOrder(LinkOrder::first());
-        let netlink = |prog: &mut SchedClassifier| attach_netlink(prog, iface);
+        let netlink =
+            |prog: &mut SchedClassifier| attach_netlink(prog, iface, TcAttachType::Egress);
         let index = ifindex(iface)?;
         if let (Some(dir), false) = (&pin_dir, how == AttachMode::Netlink) {
             match attach_pinned_tcx(prog, iface, index, dir) {
@@ -332,24 +333,33 @@ fn tcx_error(iface: &str, e: aya::programs::ProgramError) -> DatapathError {
     }
 }
 
-/// The clsact filter slot arp-guard uses in netlink mode. A fixed slot means a
-/// filter left behind by a daemon that was killed (netlink filters, unlike TCX
-/// links, outlive their process) is found and replaced, not stacked upon.
+/// The clsact filter slot arp-guard uses in netlink mode, on egress (the
+/// guard) and on ingress (the census). A fixed slot means a filter left
+/// behind by a daemon that was killed (netlink filters, unlike TCX links,
+/// outlive their process) is found and replaced, not stacked upon.
 pub const NETLINK_PRIORITY: u16 = 1;
 pub const NETLINK_HANDLE: tc::TcHandle = tc::TcHandle::new(0, 0xa6d0);
 
-/// A handle on arp-guard's netlink filter slot on `iface` (it may be empty).
-fn our_netlink_slot(iface: &str) -> io::Result<tc::SchedClassifierLink> {
-    tc::SchedClassifierLink::attached(
-        iface,
-        TcAttachType::Egress,
-        NETLINK_PRIORITY,
-        NETLINK_HANDLE,
-        None,
-    )
+/// Which of arp-guard's programs a direction's slot holds.
+fn slot_holder(dir: TcAttachType) -> &'static str {
+    match dir {
+        TcAttachType::Ingress => "census",
+        _ => "guard",
+    }
 }
 
-fn attach_netlink(prog: &mut SchedClassifier, iface: &str) -> Result<tc::SchedClassifierLinkId> {
+/// A handle on arp-guard's netlink filter slot on `iface` (it may be empty).
+fn our_netlink_slot(iface: &str, dir: TcAttachType) -> io::Result<tc::SchedClassifierLink> {
+    tc::SchedClassifierLink::attached(iface, dir, NETLINK_PRIORITY, NETLINK_HANDLE, None)
+}
+
+/// Attach `prog` in arp-guard's netlink slot of `iface` in direction `dir`,
+/// replacing in place a filter an earlier run left there.
+pub(super) fn attach_netlink(
+    prog: &mut SchedClassifier,
+    iface: &str,
+    dir: TcAttachType,
+) -> Result<tc::SchedClassifierLinkId> {
     // EEXIST: a clsact qdisc is already there (ours from before, or Cilium's).
     if let Err(e) = tc::qdisc_add_clsact(iface) {
         if errno(&e) != Some(libc::EEXIST) {
@@ -361,23 +371,26 @@ fn attach_netlink(prog: &mut SchedClassifier, iface: &str) -> Result<tc::SchedCl
         handle: NETLINK_HANDLE,
         ..Default::default()
     };
-    match prog.attach_with_options(
-        iface,
-        TcAttachType::Egress,
-        tc::TcAttachOptions::Netlink(options),
-    ) {
+    let what = slot_holder(dir);
+    match prog.attach_with_options(iface, dir, tc::TcAttachOptions::Netlink(options)) {
         Ok(link) => Ok(link),
         Err(e) if errno(&e) == Some(libc::EEXIST) => {
             // Our slot is taken by an earlier run's filter: swap the program in
             // place (one netlink change, no moment without a guard).
-            let old = our_netlink_slot(iface)?;
+            let old = our_netlink_slot(iface, dir)?;
             let link = prog
                 .attach_to_link(old)
-                .with_ctx(|| format!("replacing the guard filter left on {iface}"))?;
-            tracing::warn!(
-                interface = iface,
-                "replaced an arp-guard filter left behind by an earlier run"
-            );
+                .with_ctx(|| format!("replacing the {what} filter left on {iface}"))?;
+            match dir {
+                TcAttachType::Ingress => tracing::info!(
+                    interface = iface,
+                    "replaced a census filter left behind by an earlier run"
+                ),
+                _ => tracing::warn!(
+                    interface = iface,
+                    "replaced an arp-guard filter left behind by an earlier run"
+                ),
+            }
             Ok(link)
         }
         Err(e) => Err(DatapathError::Netlink {
@@ -387,14 +400,20 @@ fn attach_netlink(prog: &mut SchedClassifier, iface: &str) -> Result<tc::SchedCl
     }
 }
 
-/// Remove arp-guard's netlink filter (fixed slot) from `iface`; false if there was none.
-pub fn remove_netlink_filter(iface: &str) -> Result<bool> {
+/// Remove arp-guard's netlink filter (fixed slot) from `iface` in direction
+/// `dir` (egress: the guard; ingress: the census); false if there was none.
+pub fn remove_netlink_filter(iface: &str, dir: TcAttachType) -> Result<bool> {
     use aya::programs::links::Link as _;
-    match our_netlink_slot(iface)?.detach() {
+    match our_netlink_slot(iface, dir)?.detach() {
         Ok(()) => Ok(true),
         // No filter in our slot (ENOENT), or no clsact qdisc at all (the
         // kernel answers EINVAL: "cannot find specified qdisc").
         Err(e) if matches!(errno(&e), Some(libc::ENOENT) | Some(libc::EINVAL)) => Ok(false),
-        Err(e) => Err(e).with_ctx(|| format!("removing the netlink filter from {iface}")),
+        Err(e) => Err(e).with_ctx(|| {
+            format!(
+                "removing the netlink {} filter from {iface}",
+                slot_holder(dir)
+            )
+        }),
     }
 }

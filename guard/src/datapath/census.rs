@@ -1,6 +1,7 @@
 //! The census program on the ingress of each guarded interface, and the
-//! reader of its table. Observe-only and never pinned: it lives with the
-//! daemon (a restart starts a new table), and anything that goes wrong with
+//! reader of its responder table (its table of misdirected clients is read
+//! by `clients.rs`). Observe-only and never pinned: it lives with the
+//! daemon (a restart starts new tables), and anything that goes wrong with
 //! it is logged and leaves the guard itself untouched.
 
 use aya::{
@@ -12,6 +13,7 @@ use guard_common::{
 };
 
 use super::{
+    attach::{attach_netlink, AttachHow, AttachMode},
     error::{dp_err, DatapathError},
     Datapath,
 };
@@ -27,6 +29,41 @@ pub const CENSUS_PROGRAM: &str = "arp_guard_census";
 pub(super) struct CensusLink {
     ifindex: u32,
     id: tc::SchedClassifierLinkId,
+}
+
+/// The census as a TCX link, first in the ingress chain.
+fn attach_tcx(prog: &mut SchedClassifier, iface: &str) -> Result<tc::SchedClassifierLinkId> {
+    prog.attach_with_options(
+        iface,
+        TcAttachType::Ingress,
+        tc::TcAttachOptions::TcxOrder(LinkOrder::first()),
+    )
+    .map_err(|e| DatapathError::Tcx {
+        iface: iface.to_owned(),
+        source: Box::new(e),
+    })
+}
+
+/// The census's tables as the object declares them, or, without the census
+/// (the object always has them), one entry each: unused, they hold nothing.
+pub(super) fn size_tables(loader: &mut aya::EbpfLoader, census: bool) {
+    if census {
+        return;
+    }
+    for map in [
+        guard_common::MAP_RESPONDERS,
+        guard_common::MAP_CLIENTS,
+        guard_common::MAP_FOREIGN_FILTER,
+    ] {
+        loader.map_max_entries(map, 1);
+    }
+}
+
+/// The census's foreign filter, taken out of the object for the writer
+/// (the program keeps its own reference); None when the census is off.
+pub(super) fn foreign_filter(ebpf: &mut aya::Ebpf, census: bool) -> Option<Map> {
+    let map = ebpf.take_map(guard_common::MAP_FOREIGN_FILTER);
+    map.filter(|_| census)
 }
 
 /// Load the census program beside the guard; its maps are the object's own
@@ -45,23 +82,49 @@ impl Datapath {
         self.census.is_some()
     }
 
-    /// Put the census on the ingress of `iface`, first in the TCX chain, so
-    /// that it sees a claim before a program that consumes it (a datapath ARP
-    /// responder ends the chain). TCX only (Linux >= 6.6): a TCX link goes
-    /// with our fds however the daemon ends, while a netlink filter would
-    /// outlive it and take a slot in a chain other tools may count on.
-    pub fn attach_census(&mut self, iface: &str, ifindex: u32) -> Result<()> {
+    /// Put the census on the ingress of `iface`, as the guard is put on its
+    /// egress (`how`): a TCX link first in the chain (Linux >= 6.6), so that
+    /// it sees a frame before a program that consumes it (a datapath ARP
+    /// responder ends the chain), whose link goes with our fds however the
+    /// daemon ends; else a netlink clsact filter in arp-guard's fixed slot
+    /// on ingress, replaced in place by the next start (never stacked). A
+    /// filter left by a killed daemon only observes: it stops nothing, and
+    /// `arp-guard uninstall` removes it.
+    pub fn attach_census(
+        &mut self,
+        iface: &str,
+        ifindex: u32,
+        how: AttachMode,
+    ) -> Result<AttachHow> {
         self.detach_census(ifindex);
         let prog = self.census_program_mut()?;
-        let id = prog.attach_with_options(
-            iface,
-            TcAttachType::Ingress,
-            tc::TcAttachOptions::TcxOrder(LinkOrder::first()),
-        )?;
+        let netlink =
+            |prog: &mut SchedClassifier| attach_netlink(prog, iface, TcAttachType::Ingress);
+        let (id, how) = match how {
+            AttachMode::Tcx => (attach_tcx(prog, iface)?, AttachHow::Tcx),
+            AttachMode::Netlink => (netlink(prog)?, AttachHow::Netlink),
+            AttachMode::Auto => match attach_tcx(prog, iface) {
+                Ok(id) => (id, AttachHow::Tcx),
+                Err(e) => {
+                    tracing::debug!(interface = iface, error = %format!("{e:#}"), "census: TCX attach failed; a netlink clsact filter instead");
+                    (netlink(prog)?, AttachHow::Netlink)
+                }
+            },
+        };
         if let Some(links) = self.census.as_mut() {
             links.push(CensusLink { ifindex, id });
         }
-        Ok(())
+        // A census filter a killed daemon left in our netlink slot (an
+        // earlier `--attach netlink`) would observe on beside the TCX link.
+        if how == AttachHow::Tcx
+            && super::attach::remove_netlink_filter(iface, TcAttachType::Ingress).unwrap_or(false)
+        {
+            tracing::info!(
+                interface = iface,
+                "removed a census filter an earlier run left on ingress"
+            );
+        }
+        Ok(how)
     }
 
     /// Take the census off one interface (best effort: it only observes).
@@ -83,7 +146,8 @@ impl Datapath {
     }
 
     /// Take the census off everywhere (its TCX links would go with our fds
-    /// anyway; explicit, so that it is gone before the process is).
+    /// anyway, its netlink filters would not; explicit, so that it is gone
+    /// before the process is).
     pub(super) fn detach_census_all(&mut self) {
         let all: Vec<u32> = self.census.iter().flatten().map(|l| l.ifindex).collect();
         for i in all {

@@ -42,6 +42,13 @@ pub enum DatapathError {
     PinsLocked { dir: String, pid: Option<u32> },
     #[error("--pin-dir {0}: not on a bpffs (mount one: mount -t bpf bpf /sys/fs/bpf)")]
     NotBpffs(String),
+    /// The daemon's own sender (re-sent announcements, refreshes).
+    #[error("opening the socket that re-sends held announcements: {what}")]
+    Wire {
+        what: &'static str,
+        #[source]
+        source: io::Error,
+    },
     #[error("{what}")]
     Other {
         what: String,

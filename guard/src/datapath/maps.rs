@@ -20,7 +20,7 @@ use guard_common::{
 
 use super::{
     error::{dp_err, errno, DatapathError},
-    filter::LbFilter,
+    filter::{ForeignFilter, LbFilter},
 };
 
 type Result<T, E = DatapathError> = std::result::Result<T, E>;
@@ -103,28 +103,76 @@ impl fmt::Display for EntryError {
     }
 }
 
-/// What else must happen when a key enters or leaves a map (the LB filter's
-/// bits around `LB_IPS`).
-pub(super) trait KeyHook<K> {
+/// What else must happen when a key enters or leaves a map, or a value is
+/// written (the LB filter's bits around `LB_IPS`, the census's foreign
+/// filter around both LB maps' values).
+pub(super) trait KeyHook<K, V> {
     /// Before a new key is written; an error keeps the key out.
     fn before_insert(&mut self, _k: &K) -> std::result::Result<(), EntryError> {
         Ok(())
     }
+    /// Before `v` is written for `k` (a new key or a changed value).
+    fn before_write(&mut self, _k: &K, _v: &V) {}
+    /// After `v` was written for `k`.
+    fn after_write(&mut self, _k: &K, _v: &V) {}
     /// After a key was removed.
     fn after_remove(&mut self, _k: &K) {}
 }
 
 /// Nothing else to do.
 pub(super) struct NoHook;
-impl<K> KeyHook<K> for NoHook {}
+impl<K, V> KeyHook<K, V> for NoHook {}
 
-impl KeyHook<u32> for LbFilter {
+/// The hooks of `LB_IPS`: the LB filter's bit is set before a new IP
+/// enters and cleared after it left; the census's foreign bit is set
+/// when an entry comes to say `foreign` and cleared when it no longer does
+/// (written to the kernel by the foreign filter's flush after the batch).
+pub(super) struct LbHooks<'a> {
+    pub(super) filter: &'a mut LbFilter,
+    pub(super) foreign: &'a mut ForeignFilter,
+}
+
+impl KeyHook<u32, LbEntry> for LbHooks<'_> {
     fn before_insert(&mut self, ip: &u32) -> std::result::Result<(), EntryError> {
-        self.admit(ip).map_err(|e| EntryError::of(&e))
+        self.filter.admit(ip).map_err(|e| EntryError::of(&e))
+    }
+    fn before_write(&mut self, ip: &u32, v: &LbEntry) {
+        if is_foreign(v) {
+            self.foreign.set(guard_common::v4_key(*ip), true);
+        }
+    }
+    fn after_write(&mut self, ip: &u32, v: &LbEntry) {
+        if !is_foreign(v) {
+            self.foreign.set(guard_common::v4_key(*ip), false);
+        }
     }
     fn after_remove(&mut self, ip: &u32) {
-        self.release(ip);
+        self.filter.release(ip);
+        self.foreign.set(guard_common::v4_key(*ip), false);
     }
+}
+
+/// The hooks of `LB_IPS6`: the census's foreign bit, as for `LB_IPS`.
+pub(super) struct Lb6Hooks<'a>(pub(super) &'a mut ForeignFilter);
+
+impl KeyHook<IpKey, LbEntry> for Lb6Hooks<'_> {
+    fn before_write(&mut self, ip: &IpKey, v: &LbEntry) {
+        if is_foreign(v) {
+            self.0.set(*ip, true);
+        }
+    }
+    fn after_write(&mut self, ip: &IpKey, v: &LbEntry) {
+        if !is_foreign(v) {
+            self.0.set(*ip, false);
+        }
+    }
+    fn after_remove(&mut self, ip: &IpKey) {
+        self.0.set(*ip, false);
+    }
+}
+
+fn is_foreign(e: &LbEntry) -> bool {
+    e.state == guard_common::Ownership::Foreign as u8
 }
 
 /// One map as the reconciler keeps it: what the kernel holds (as we wrote
@@ -184,7 +232,7 @@ impl<K: Pod + Ord, V: Pod + PartialEq> Table<K, V> {
         desired: &BTreeMap<K, V>,
         additive: bool,
         report: &mut ApplyReport,
-        hook: &mut dyn KeyHook<K>,
+        hook: &mut dyn KeyHook<K, V>,
     ) {
         let fail = |report: &mut ApplyReport, entry: String, op, error| {
             report.failed.push(Failure { entry, op, error })
@@ -239,7 +287,7 @@ impl<K: Pod + Ord, V: Pod + PartialEq> Table<K, V> {
         keys: impl Iterator<Item = (K, Option<V>)>,
         additive: bool,
         report: &mut ApplyReport,
-        hook: &mut dyn KeyHook<K>,
+        hook: &mut dyn KeyHook<K, V>,
     ) {
         let fail = |report: &mut ApplyReport, entry: String, op, error| {
             report.failed.push(Failure { entry, op, error })
@@ -290,7 +338,7 @@ impl<K: Pod + Ord, V: Pod + PartialEq> Table<K, V> {
         k: &K,
         v: &V,
         report: &mut ApplyReport,
-        hook: &mut dyn KeyHook<K>,
+        hook: &mut dyn KeyHook<K, V>,
     ) -> std::result::Result<(), EntryError> {
         let new = !self.applied.contains_key(k);
         if new {
@@ -299,11 +347,13 @@ impl<K: Pod + Ord, V: Pod + PartialEq> Table<K, V> {
                 return Err(e);
             }
         }
+        hook.before_write(k, v);
         match map.insert(k, v, 0) {
             Ok(()) => {
                 self.applied.insert(*k, *v);
                 self.status.remove(k);
                 report.written += 1;
+                hook.after_write(k, v);
                 Ok(())
             }
             Err(e) => {
@@ -338,18 +388,23 @@ pub(super) struct Tables {
     /// The IPv6 LB set (no filter in front: only NDP frames look it up).
     pub(super) lb6: Table<IpKey, LbEntry>,
     pub(super) filter: LbFilter,
+    /// The census's foreign filter, kept equal to the foreign entries of
+    /// both LB maps.
+    pub(super) foreign: ForeignFilter,
     pub(super) if_addrs: Table<IfAddrKey, u8>,
     pub(super) if_primary: Table<u32, u32>,
     pub(super) vlan_uppers: Table<VlanKey, u32>,
 }
 
 impl Tables {
-    /// `filter`: the program's LB_FILTER map, taken out of the object.
-    pub(super) fn new(filter: Option<aya::maps::Map>) -> Self {
+    /// `filter`, `foreign`: the program's LB_FILTER and FOREIGN_FILTER
+    /// maps, taken out of the object.
+    pub(super) fn new(filter: Option<aya::maps::Map>, foreign: Option<aya::maps::Map>) -> Self {
         Tables {
             lb: Table::new(MAP_LB_IPS, |k| format!("LB IP {}", Ipv4Addr::from(*k))),
             lb6: Table::new(MAP_LB_IPS6, |k| format!("LB IP {}", Ipv6Addr::from(*k))),
             filter: LbFilter::new(filter),
+            foreign: ForeignFilter::new(foreign),
             if_addrs: Table::new(MAP_IF_ADDRS, |k| {
                 format!(
                     "address {} on ifindex {}",
@@ -364,6 +419,20 @@ impl Tables {
                 format!("VLAN {} on ifindex {}", k.vid, k.lower)
             }),
         }
+    }
+}
+
+impl Tables {
+    /// The LB IPs of both maps whose entry says `foreign`, as keys.
+    pub(super) fn foreign_ips(&self) -> impl Iterator<Item = IpKey> + '_ {
+        let foreign = guard_common::Ownership::Foreign as u8;
+        let v4 = (self.lb.applied.iter())
+            .filter(move |(_, e)| e.state == foreign)
+            .map(|(ip, _)| guard_common::v4_key(*ip));
+        let v6 = (self.lb6.applied.iter())
+            .filter(move |(_, e)| e.state == foreign)
+            .map(|(ip, _)| *ip);
+        v4.chain(v6)
     }
 }
 

@@ -6,6 +6,7 @@
 mod apply;
 pub mod attach;
 pub mod census;
+pub mod clients;
 pub mod error;
 mod filter;
 mod if_tables;
@@ -14,11 +15,16 @@ pub mod maps;
 pub mod pins;
 pub mod reclaim;
 pub mod sys;
+#[cfg(feature = "testing")]
+mod test_run;
+pub mod wire;
 
 pub use attach::AttachMode;
 pub use error::DatapathError;
 pub use reclaim::CounterReclaimer;
 pub use sys::monotonic_ns;
+#[cfg(feature = "testing")]
+pub use test_run::{test_run_on, timed_on};
 
 use error::{dp_err, Ctx as _};
 type Result<T, E = DatapathError> = std::result::Result<T, E>;
@@ -70,6 +76,9 @@ pub struct DatapathConfig {
     pub census: bool,
     /// A silence this long ends a run of claims in the census.
     pub census_window: std::time::Duration,
+    /// Copy dropped announcements of foreign IPs to the daemon (HELD), to be
+    /// re-sent at a takeover (`--announce-hold` is not 0).
+    pub defer: bool,
 }
 
 impl Default for DatapathConfig {
@@ -85,6 +94,7 @@ impl Default for DatapathConfig {
             event_burst: 200,
             census: true,
             census_window: std::time::Duration::from_secs(60),
+            defer: false,
         }
     }
 }
@@ -113,6 +123,7 @@ pub struct Datapath {
     /// The census program's links (None: the census is off or did not load).
     census: Option<Vec<census::CensusLink>>,
     census_window: std::time::Duration,
+    defer: bool,
     /// Held while we own `pin_dir` (released when we exit).
     _pin_lock: Option<pins::PinLock>,
 }
@@ -147,10 +158,7 @@ impl Datapath {
             // Allocated on use: its capacity costs nothing until IPv6 LB IPs come.
             loader.map_max_entries(guard_common::MAP_LB_IPS6, lb_ips);
             loader.map_max_entries(MAP_COUNTERS, counter_capacity(lb_ips));
-            if !census {
-                // The object always has the census table; unused, it holds nothing.
-                loader.map_max_entries(guard_common::MAP_RESPONDERS, 1);
-            }
+            census::size_tables(&mut loader, census);
             if let Some(dir) = pin_dir {
                 for (name, ..) in pins::pinned_maps(lb_ips) {
                     loader.map_pin_path(name, pins::map_path(dir, name));
@@ -158,7 +166,7 @@ impl Datapath {
             }
             loader.load(object).map_err(error::load_error)
         };
-        // The census table (1.6 MiB, preallocated) must never be what keeps
+        // The census tables (2.7 MiB, preallocated) must never be what keeps
         // the guard from loading (a tight memlock limit or memory cgroup).
         let (mut ebpf, census_on) = match load(cfg.census) {
             Ok(ebpf) => (ebpf, cfg.census),
@@ -189,9 +197,11 @@ impl Datapath {
         // Held by the reconciler (written next to LB_IPS); the programs keep
         // their own reference to it.
         let filter = ebpf.take_map(guard_common::MAP_LB_FILTER);
+        let foreign = census::foreign_filter(&mut ebpf, census.is_some());
         let mut dp = Datapath {
             census,
             census_window: cfg.census_window,
+            defer: cfg.defer,
             event_rate: (cfg.event_rate, cfg.event_burst.max(1)),
             pin_dir: cfg.pin_dir.clone(),
             gate: cfg.gate,
@@ -199,7 +209,7 @@ impl Datapath {
             leak_action: cfg.leak_action,
             ebpf,
             attached: Vec::new(),
-            tables: Tables::new(filter),
+            tables: Tables::new(filter, foreign),
             logger,
             _pin_lock: lock,
         };
@@ -227,7 +237,8 @@ impl Datapath {
         let c = Config {
             mode: self.mode as u8,
             leak_action: self.leak_action as u8,
-            _pad: [0; 6],
+            defer: u8::from(self.defer),
+            _pad: [0; 5],
             stale_after_ns: self.gate.stale_after.as_nanos() as u64,
             dead_after_ns: self.gate.dead_after.as_nanos() as u64,
             events_per_sec,
@@ -241,10 +252,19 @@ impl Datapath {
 
     /// Take the drop-event ring buffer (once) for a reader task.
     pub fn take_events(&mut self) -> Result<aya::maps::RingBuf<MapData>> {
+        self.take_ring(guard_common::MAP_EVENTS)
+    }
+
+    /// Take the ring buffer of held announcements (once) for a reader task.
+    pub fn take_held(&mut self) -> Result<aya::maps::RingBuf<MapData>> {
+        self.take_ring(guard_common::MAP_HELD)
+    }
+
+    fn take_ring(&mut self, name: &str) -> Result<aya::maps::RingBuf<MapData>> {
         let map = self
             .ebpf
-            .take_map(guard_common::MAP_EVENTS)
-            .ok_or_else(|| dp_err!("map EVENTS missing"))?;
+            .take_map(name)
+            .ok_or_else(|| dp_err!("map {name} missing"))?;
         Ok(aya::maps::RingBuf::try_from(map)?)
     }
 
@@ -274,6 +294,7 @@ impl Datapath {
             .filter_map(|(_, m)| map_data(m)?.info().ok())
             .map(|i| i.id())
             .chain(self.tables.filter.map_id())
+            .chain(self.tables.foreign.map_id())
             .collect();
         let Ok(dir) = std::fs::read_dir("/proc/self/fdinfo") else {
             return 0;
@@ -352,61 +373,11 @@ impl Datapath {
         self.ebpf.map(name)
     }
 
-    #[cfg(feature = "testing")]
-    /// Run the loaded program on `frame` with BPF_PROG_TEST_RUN (nothing is
-    /// transmitted). Returns the program's return code and the frame as the
-    /// program left it. The kernel runs it with the loopback device as the
-    /// egress interface and a dummy socket of family AF_UNSPEC, so the frame
-    /// counts as kernel-originated.
-    pub fn test_run(&self, frame: &[u8]) -> Result<(i32, Vec<u8>)> {
-        self.test_run_from(frame, 0)
-    }
-
-    #[cfg(feature = "testing")]
-    /// The same as a frame that came in through `ingress_ifindex` (non-zero:
-    /// a redirected frame, origin `redirect`).
-    pub fn test_run_from(&self, frame: &[u8], ingress_ifindex: u32) -> Result<(i32, Vec<u8>)> {
-        test_run_on(self.program()?, frame, ingress_ifindex)
-    }
-
-    #[cfg(feature = "testing")]
-    /// Whether this kernel's BPF_PROG_TEST_RUN can name an ingress device
-    /// (Linux 5.12): without it, the `redirect` origin cannot be tested so.
-    pub fn test_run_sets_ingress(&self) -> bool {
-        let frame = [0u8; 60];
-        self.test_run_from(&frame, 1).is_ok()
-    }
-
-    #[cfg(feature = "testing")]
-    /// Average kernel time of one program run on `frame` over `repeat` runs
-    /// (BPF_PROG_TEST_RUN's own timing; for benchmarks).
-    pub fn test_run_timed(&self, frame: &[u8], repeat: u32) -> Result<std::time::Duration> {
-        timed_on(self.program()?, frame, repeat)
-    }
-
-    /// The egress and census programs as loaded, for the benchmarks.
-    #[cfg(feature = "testing")]
-    pub fn programs(&self) -> Result<[(&'static str, &SchedClassifier); 2]> {
-        Ok([
-            (PROGRAM, self.program()?),
-            (census::CENSUS_PROGRAM, self.census_program()?),
-        ])
-    }
-
     /// Forward diagnostics logged by the program with aya-log.
     pub fn flush_program_logs(&mut self) {
         if let Some(l) = self.logger.as_mut() {
             l.flush();
         }
-    }
-
-    #[cfg(feature = "testing")]
-    fn program(&self) -> Result<&SchedClassifier> {
-        let p = self
-            .ebpf
-            .program(PROGRAM)
-            .ok_or_else(|| dp_err!("program {PROGRAM} missing"))?;
-        Ok(p.try_into()?)
     }
 
     fn program_mut(&mut self) -> Result<&mut SchedClassifier> {
@@ -424,35 +395,6 @@ impl Datapath {
     }
 }
 
-#[cfg(feature = "testing")]
-/// Run a loaded TC program on `frame` with BPF_PROG_TEST_RUN; see
-/// [`Datapath::test_run_from`].
-pub fn test_run_on(
-    prog: &SchedClassifier,
-    frame: &[u8],
-    ingress_ifindex: u32,
-) -> Result<(i32, Vec<u8>)> {
-    use aya::programs::{TestRun as _, TestRunOptions};
-    let mut out = vec![0u8; frame.len() + 64];
-    // The head of a `struct __sk_buff` up to and including `ifindex`:
-    // ingress_ifindex sits at offset 36 and is one of the fields
-    // BPF_PROG_TEST_RUN copies into the skb (as skb_iif).
-    // Kernels before 5.12 refuse a context that sets it (EINVAL): the
-    // context is passed only when a frame is to be redirected.
-    let mut ctx = [0u8; 44];
-    ctx[36..40].copy_from_slice(&ingress_ifindex.to_ne_bytes());
-    let res = prog
-        .test_run(TestRunOptions {
-            data_in: Some(frame),
-            data_out: Some(&mut out),
-            ctx_in: (ingress_ifindex != 0).then_some(&ctx[..]),
-            ..TestRunOptions::new()
-        })
-        .ctx("BPF_PROG_TEST_RUN")?;
-    out.truncate(res.data_size_out as usize);
-    Ok((res.return_value as i32, out))
-}
-
 /// The program's aya-log diagnostics, when the object has them.
 fn program_logger(ebpf: &mut Ebpf) -> Option<aya_log::EbpfLogger<&'static dyn log::Log>> {
     match aya_log::EbpfLogger::init(ebpf) {
@@ -462,20 +404,6 @@ fn program_logger(ebpf: &mut Ebpf) -> Option<aya_log::EbpfLogger<&'static dyn lo
             None
         }
     }
-}
-
-#[cfg(feature = "testing")]
-/// Average kernel time of one run of a loaded TC program on `frame`.
-pub fn timed_on(prog: &SchedClassifier, frame: &[u8], repeat: u32) -> Result<std::time::Duration> {
-    use aya::programs::{TestRun as _, TestRunOptions};
-    let res = prog
-        .test_run(TestRunOptions {
-            data_in: Some(frame),
-            repeat,
-            ..TestRunOptions::new()
-        })
-        .ctx("BPF_PROG_TEST_RUN")?;
-    Ok(res.duration)
 }
 
 pub(super) fn map_data_mut(m: &mut aya::maps::Map) -> Option<&mut MapData> {

@@ -68,7 +68,12 @@ pub fn ifname(ifindex: u32) -> Option<String> {
 /// The MAC address of every Ethernet-like interface in this network
 /// namespace (getifaddrs' AF_PACKET entries: no /sys needed).
 pub fn link_macs() -> Vec<[u8; 6]> {
-    let mut out = Vec::new();
+    link_macs_by_index().into_values().collect()
+}
+
+/// [`link_macs`], by interface index.
+pub fn link_macs_by_index() -> std::collections::BTreeMap<u32, [u8; 6]> {
+    let mut out = std::collections::BTreeMap::new();
     let mut list: *mut libc::ifaddrs = std::ptr::null_mut();
     // SAFETY: getifaddrs fills `list` with a linked list we free below; each
     // AF_PACKET entry's address is a sockaddr_ll.
@@ -84,7 +89,7 @@ pub fn link_macs() -> Vec<[u8; 6]> {
                 if ll.sll_halen == 6 {
                     let mut mac = [0u8; 6];
                     mac.copy_from_slice(&ll.sll_addr[..6]);
-                    out.push(mac);
+                    out.insert(ll.sll_ifindex as u32, mac);
                 }
             }
             p = (*p).ifa_next;

@@ -4,8 +4,11 @@
 
 pub mod addrs;
 pub mod census;
+pub mod clients;
 pub mod cluster;
 pub mod ownership;
+pub mod refresh;
+pub mod takeover;
 pub mod view;
 
 /// A MAC address as every output of arp-guard writes it: `aa:bb:cc:dd:ee:ff`.

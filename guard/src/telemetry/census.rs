@@ -35,6 +35,10 @@ pub struct CensusDoc {
     pub error: Option<String>,
     /// Every LB IP with a claim.
     pub ips: Census,
+    /// The claims as read (shared, not copied): what healing stale clients
+    /// reads the owner's MAC from, to the nanosecond.
+    #[serde(skip)]
+    pub claims: std::sync::Arc<Vec<crate::model::census::Claim>>,
 }
 
 /// One conflict, as an `/events` line and in the status.
@@ -78,7 +82,7 @@ const LOG_PER_READ: usize = 20;
 #[derive(Default)]
 struct Memory {
     last: CensusDoc,
-    claims: Vec<crate::model::census::Claim>,
+    claims: std::sync::Arc<Vec<crate::model::census::Claim>>,
     /// The claim totals at the last walk of the table.
     walked_at: Option<Vec<u64>>,
     /// Conflicts seen, since when (unbroken), and those reported.
@@ -138,7 +142,7 @@ fn run(task: CensusTask) {
             }
         };
         if let Some(c) = claims {
-            m.claims = c;
+            m.claims = std::sync::Arc::new(c);
             m.walked_at = Some(claim_totals(&stats));
         }
         let mut census = assess(&m.claims, &context(window, &owned, &m.claims));
@@ -152,6 +156,7 @@ fn run(task: CensusTask) {
             totals: stats.into_iter().map(|(k, v)| (k.to_owned(), v)).collect(),
             error: None,
             ips: census,
+            claims: m.claims.clone(),
         };
         publish(m.last.clone());
     }

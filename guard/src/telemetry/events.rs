@@ -1,15 +1,20 @@
 //! Drop events from the kernel's ring buffer: logged with `tracing` (text or
 //! JSON, per --log-format), bursts summarised, and fanned out to `/events`
-//! subscribers (`arp-guard events`).
+//! subscribers (`arp-guard events`). The same ring carries the program's
+//! reports of an announcement that left for an IP whose entry asked for it
+//! (verdict `passed`): those go to the daemon's takeover timing instead.
 
 use std::{collections::BTreeMap, time::Duration};
 
 use aya::maps::{MapData, RingBuf};
-use guard_common::DropEvent;
+use guard_common::{DropEvent, Kind, Origin, Ownership, Verdict};
 use serde::{Deserialize, Serialize};
-use tokio::{io::unix::AsyncFd, sync::broadcast};
+use tokio::{
+    io::unix::AsyncFd,
+    sync::{broadcast, mpsc},
+};
 
-use crate::model::fmt_mac;
+use crate::model::{fmt_mac, takeover::Heard};
 
 /// Per (LB IP, kind, verdict) and second, this many events are logged one by
 /// one; the rest are summarised in one line.
@@ -31,13 +36,33 @@ pub struct EventJson {
     pub verdict: String,
 }
 
-pub fn decode(bytes: &[u8]) -> Option<EventJson> {
+/// One record of the ring, as the program wrote it.
+fn raw(bytes: &[u8]) -> Option<DropEvent> {
     if bytes.len() < std::mem::size_of::<DropEvent>() {
         return None;
     }
     // SAFETY: the buffer holds at least one DropEvent (checked above), a
     // #[repr(C)] struct of integers valid for any bits; read unaligned.
-    let e: DropEvent = unsafe { std::ptr::read_unaligned(bytes.as_ptr() as *const DropEvent) };
+    Some(unsafe { std::ptr::read_unaligned(bytes.as_ptr() as *const DropEvent) })
+}
+
+/// A record that reports an announcement that passed (not a drop event).
+fn heard(e: &DropEvent) -> Option<Heard> {
+    if e.verdict != Verdict::Passed as u8 {
+        return None;
+    }
+    Some(Heard {
+        ip: guard_common::ip_of_key(e.lb_ip),
+        at_ns: e.at_ns,
+        via: Origin::from_u8(e.origin)?,
+        state: Ownership::from_u8(e.state)?,
+        kind: Kind::from_u8(e.kind)?,
+        ifindex: e.ifindex,
+    })
+}
+
+pub fn decode(bytes: &[u8]) -> Option<EventJson> {
+    let e = raw(bytes)?;
     let [kind, origin, state, verdict] =
         super::decision_names(e.kind, e.origin, e.state, e.verdict);
     let lb_ip = guard_common::ip_of_key(e.lb_ip);
@@ -64,8 +89,15 @@ pub(crate) fn unix_time_millis() -> String {
 }
 
 /// Read events until the ring buffer fails: log them (bursts summarised)
-/// and hand each to `tx` as a line of JSON (no subscriber is fine).
-pub async fn run(ring: RingBuf<MapData>, tx: broadcast::Sender<String>) {
+/// and hand each to `tx` as a line of JSON (no subscriber is fine); hand
+/// reports of announcements that passed to `heard` (a full queue drops
+/// them: the takeover they belong to is then timed by the next, or called
+/// silent).
+pub async fn run(
+    ring: RingBuf<MapData>,
+    tx: broadcast::Sender<String>,
+    heard_tx: mpsc::Sender<Heard>,
+) {
     // SAFETY: the RingBuf owns its fd and moves into the AsyncFd, so the fd
     // stays open until the AsyncFd (deregistering first) drops it.
     let mut fd = match unsafe { AsyncFd::register(ring) } {
@@ -83,6 +115,10 @@ pub async fn run(ring: RingBuf<MapData>, tx: broadcast::Sender<String>) {
                 let Ok(mut guard) = guard else { return };
                 let ring = guard.get_inner_mut();
                 while let Some(item) = ring.next() {
+                    if let Some(h) = raw(&item).as_ref().and_then(heard) {
+                        let _ = heard_tx.try_send(h);
+                        continue;
+                    }
                     let Some(ev) = decode(&item) else { continue };
                     let key = (ev.lb_ip.clone(), ev.kind.clone(), ev.verdict.clone());
                     let n = window.entry(key).or_default();

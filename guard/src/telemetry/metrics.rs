@@ -24,6 +24,20 @@
 //! | `arp_guard_responder_conflicts` | gauge | reason |
 //! | `arp_guard_census_frames_total` | counter | outcome |
 //! | `arp_guard_census_entries` | gauge | |
+//! | `arp_guard_announce_total` | counter | outcome (deferred, replayed, expired, duplicate, overflow, replay_failed) |
+//! | `arp_guard_announcements_held` | gauge | |
+//! | `arp_guard_announce_replay_delay_seconds` | histogram | |
+//! | `arp_guard_takeovers_total` | counter | |
+//! | `arp_guard_silent_takeovers_total` | counter | |
+//! | `arp_guard_takeover_first_announcement_seconds` | histogram | |
+//! | `arp_guard_misdirected_packets_total` | counter | lb_ip, family (packets here for a foreign LB IP; at most --metrics-max-ip-series) |
+//! | `arp_guard_misdirected_clients` | gauge | lb_ip, family (clients still sending here; same bound) |
+//! | `arp_guard_stale_clients` | gauge | cause (after_move, not_owned_here) |
+//! | `arp_guard_stale_client_oldest_seconds` | gauge | |
+//! | `arp_guard_client_failover_seconds` | histogram | (client-visible failover times after this node lost an IP) |
+//! | `arp_guard_misdirected_frames_total` | counter | outcome (recorded, new_client, insert_failed, other_host) |
+//! | `arp_guard_client_table_entries` | gauge | |
+//! | `arp_guard_client_refreshes_total` | counter | outcome (sent, send_failed, not_foreign, blind, owner_uncertain, own_mac, rate_limited, over_limit; with --refresh-stale-clients) |
 
 use std::sync::atomic::Ordering;
 
@@ -36,21 +50,48 @@ use prometheus_client::{
 };
 
 use super::{
-    counters::{Row, Snapshot},
+    counters::Snapshot,
+    histogram::Histogram,
     ops::OPS,
     status::{Feed, InterfaceState, Status},
+    takeover::{TakeoverStats, OUTCOMES},
 };
-use crate::{model::census::Reason, telemetry::census::CensusDoc};
+use crate::{
+    model::census::Reason,
+    telemetry::{census::CensusDoc, clients::ClientsDoc},
+};
 
-type Labels = Vec<(&'static str, String)>;
-/// (name, help, series).
-type Family<V> = (&'static str, &'static str, Vec<(Labels, V)>);
+use super::family::Family;
+pub use super::fold::Fold;
 
 /// One scrape's worth of values.
 #[derive(Debug, Default)]
 struct Values {
     counters: Vec<Family<u64>>,
     gauges: Vec<Family<f64>>,
+    histograms: Vec<Family<Histogram>>,
+}
+
+/// A histogram as it stands at this scrape.
+#[derive(Debug)]
+struct ConstHistogram<'a>(&'a Histogram);
+
+impl prometheus_client::encoding::EncodeMetric for ConstHistogram<'_> {
+    fn encode(
+        &self,
+        mut encoder: prometheus_client::encoding::MetricEncoder,
+    ) -> Result<(), std::fmt::Error> {
+        let h = self.0;
+        encoder.encode_histogram::<prometheus_client::encoding::NoLabelSet>(
+            h.sum,
+            h.count,
+            &h.buckets(),
+            None,
+        )
+    }
+    fn metric_type(&self) -> MetricType {
+        MetricType::Histogram
+    }
 }
 
 impl Collector for Values {
@@ -67,76 +108,13 @@ impl Collector for Values {
                 ConstGauge::new(*v).encode(family.encode_family(labels)?)?;
             }
         }
+        for (name, help, series) in &self.histograms {
+            let mut family = encoder.encode_descriptor(name, help, None, MetricType::Histogram)?;
+            for (labels, h) in series {
+                ConstHistogram(h).encode(family.encode_family(labels)?)?;
+            }
+        }
         Ok(())
-    }
-}
-
-/// Which counter rows keep their own `lb_ip` in /metrics, and what the
-/// folded rest has added up to. Chosen first come, first labelled, and
-/// stable: a labelled row stays labelled and a folded one stays folded until
-/// its IP's rows are reclaimed, so no series flaps and `lb_ip="other"` only
-/// grows (it adds each folded row's increase), as a counter must. Passed
-/// frames may take at most three quarters of the labels: rows of frames
-/// stopped (what alerts need) always find room.
-#[derive(Debug, Default)]
-pub struct Fold {
-    labelled: std::collections::HashSet<guard_common::CounterKey>,
-    labelled_passed: usize,
-    /// Folded rows and the value last added to `other`.
-    folded: std::collections::HashMap<guard_common::CounterKey, u64>,
-    other: std::collections::BTreeMap<Labels, u64>,
-}
-
-impl Fold {
-    /// The per-IP series for this scrape, and how many rows are folded.
-    fn series(&mut self, snap: &Snapshot, max: usize) -> (Vec<(Labels, u64)>, usize) {
-        let present: std::collections::HashSet<_> = snap.rows.iter().map(|r| r.key).collect();
-        let passed = guard_common::Verdict::Passed as u8;
-        // Reclaimed rows give their label back.
-        let before = self.labelled.len();
-        self.labelled.retain(|k| present.contains(k));
-        if self.labelled.len() != before {
-            self.labelled_passed = self.labelled.iter().filter(|k| k.verdict == passed).count();
-        }
-        self.folded.retain(|k, _| present.contains(k));
-        let labels = |r: &Row, ip: Option<String>| -> Labels {
-            let l = r.labels();
-            vec![
-                ("lb_ip", ip.unwrap_or(l.lb_ip)),
-                ("family", l.family),
-                ("interface", l.interface),
-                ("kind", l.kind),
-                ("origin", l.origin),
-                ("state", l.state),
-                ("verdict", l.verdict),
-            ]
-        };
-        let mut out = Vec::new();
-        for r in &snap.rows {
-            if !self.labelled.contains(&r.key) && !self.folded.contains_key(&r.key) {
-                let is_passed = r.key.verdict == passed;
-                let room = self.labelled.len() < max
-                    && (!is_passed || self.labelled_passed < max - max / 4);
-                if room {
-                    self.labelled.insert(r.key);
-                    self.labelled_passed += usize::from(is_passed);
-                } else {
-                    self.folded.insert(r.key, 0);
-                }
-            }
-            if self.labelled.contains(&r.key) {
-                out.push((labels(r, None), r.value.packets));
-            } else if let Some(last) = self.folded.get_mut(&r.key) {
-                let grown = r.value.packets.saturating_sub(*last);
-                *last = r.value.packets.max(*last);
-                *self
-                    .other
-                    .entry(labels(r, Some("other".into())))
-                    .or_default() += grown;
-            }
-        }
-        out.extend(self.other.iter().map(|(l, v)| (l.clone(), *v)));
-        (out, self.folded.len())
     }
 }
 
@@ -164,6 +142,20 @@ pub const NAMES: &[&str] = &[
     "arp_guard_responder_conflicts",
     "arp_guard_census_frames_total",
     "arp_guard_census_entries",
+    "arp_guard_announce_total",
+    "arp_guard_announcements_held",
+    "arp_guard_announce_replay_delay_seconds",
+    "arp_guard_takeovers_total",
+    "arp_guard_silent_takeovers_total",
+    "arp_guard_takeover_first_announcement_seconds",
+    "arp_guard_misdirected_packets_total",
+    "arp_guard_misdirected_clients",
+    "arp_guard_stale_clients",
+    "arp_guard_stale_client_oldest_seconds",
+    "arp_guard_client_failover_seconds",
+    "arp_guard_misdirected_frames_total",
+    "arp_guard_client_table_entries",
+    "arp_guard_client_refreshes_total",
 ];
 
 /// What one scrape is made of.
@@ -179,6 +171,10 @@ pub struct Scrape<'a> {
     pub feed_unhealthy_seconds: Option<f64>,
     /// The responder census, when it runs.
     pub census: Option<&'a CensusDoc>,
+    /// Held announcements and takeovers, once the daemon has started.
+    pub takeover: Option<&'a TakeoverStats>,
+    /// Misdirected and stale clients, when the census runs.
+    pub clients: Option<&'a ClientsDoc>,
 }
 
 /// The Prometheus text of one scrape.
@@ -200,6 +196,19 @@ pub fn render(scrape: Scrape<'_>) -> Result<String> {
     }
     if let Some(c) = scrape.census {
         census(&mut v, c, scrape.max_ip_series);
+    }
+    if let Some(t) = scrape.takeover {
+        takeovers(&mut v, t);
+    }
+    if let Some(c) = scrape.clients {
+        let f = super::clients_metrics::families(c.parts());
+        v.counters.extend(f.counters);
+        v.gauges.extend(f.gauges);
+        v.histograms.push((
+            "arp_guard_client_failover_seconds",
+            "Client-visible failover time: a client's last packet here after this node lost the LB IP, minus the moment of the move (observed once the client has gone quiet).",
+            vec![(vec![], c.failover.clone())],
+        ));
     }
     operations(&mut v);
     let mut registry = Registry::default();
@@ -341,6 +350,46 @@ fn census(v: &mut Values, c: &CensusDoc, max_ip_series: usize) {
     ));
 }
 
+/// Takeovers: held announcements and their fate, the first announcement.
+fn takeovers(v: &mut Values, t: &TakeoverStats) {
+    v.counters.push((
+        "arp_guard_announce",
+        "Announcements of LB IPs foreign here that the program dropped and copied to the daemon (deferred), and what became of them: re-sent once the IP was owned here (replayed), discarded after --announce-hold (expired), already held (duplicate), no room (overflow), re-send failed (replay_failed).",
+        OUTCOMES
+            .iter()
+            .map(|o| {
+                let n = t.held.get(o).copied().unwrap_or(0);
+                (vec![("outcome", (*o).to_owned())], n)
+            })
+            .collect(),
+    ));
+    v.gauges.push((
+        "arp_guard_announcements_held",
+        "Announcements held now, waiting for a takeover.",
+        vec![(vec![], t.holding as f64)],
+    ));
+    v.counters.push((
+        "arp_guard_takeovers",
+        "LB IPs that became owned here.",
+        vec![(vec![], t.takeovers)],
+    ));
+    v.counters.push((
+        "arp_guard_silent_takeovers",
+        "Takeovers with no announcement leaving this node within --silent-takeover-after.",
+        vec![(vec![], t.silent)],
+    ));
+    v.histograms.push((
+        "arp_guard_announce_replay_delay_seconds",
+        "How long a held announcement waited between its drop and its re-send: the delay the guard added to a takeover.",
+        vec![(vec![], t.replay_delay.clone())],
+    ));
+    v.histograms.push((
+        "arp_guard_takeover_first_announcement_seconds",
+        "From an ownership change that made this node an LB IP's owner (as the feed saw it) to the first announcement that left it (0: it left first).",
+        vec![(vec![], t.first_announcement.clone())],
+    ));
+}
+
 /// The Kubernetes feed's health.
 fn cluster(v: &mut Values, feed: &Feed) {
     v.gauges.push((
@@ -419,75 +468,7 @@ fn operations(v: &mut Values) {
 
 #[cfg(test)]
 mod tests {
-    use super::{Fold, NAMES};
-    use crate::telemetry::counters::{Row, Snapshot};
-    use guard_common::{CounterKey, CounterValue};
-
-    fn row(ip: u32, verdict: u8, packets: u64) -> Row {
-        Row {
-            key: CounterKey {
-                ip: guard_common::v4_key(ip),
-                ifindex: 0,
-                kind: 0,
-                origin: 0,
-                state: 1,
-                verdict,
-            },
-            value: CounterValue { packets, bytes: 0 },
-        }
-    }
-
-    fn value(series: &[(super::Labels, u64)], ip: &str) -> Option<u64> {
-        series
-            .iter()
-            .filter(|(l, _)| l[0].1 == ip)
-            .map(|(_, v)| *v)
-            .reduce(|a, b| a + b)
-    }
-
-    /// Labels are given first come and kept; the folded rest only grows,
-    /// also when a folded row goes away or a busier row appears.
-    #[test]
-    fn folding_is_stable_and_monotonic() {
-        let mut f = Fold::default();
-        let snap = |rows: Vec<Row>| Snapshot {
-            rows,
-            stats: Default::default(),
-        };
-        // Two labels at most; rows are "dropped" (verdict 1).
-        let (s, folded) = f.series(&snap(vec![row(1, 1, 5), row(2, 1, 5), row(3, 1, 5)]), 2);
-        assert_eq!(folded, 1);
-        assert_eq!(value(&s, "0.0.0.3"), None, "folded");
-        assert_eq!(value(&s, "other"), Some(5));
-        // IP 3 gets much busier: it stays folded; "other" grows by its increase.
-        let (s, _) = f.series(&snap(vec![row(1, 1, 6), row(2, 1, 6), row(3, 1, 500)]), 2);
-        assert_eq!(value(&s, "0.0.0.1"), Some(6));
-        assert_eq!(value(&s, "other"), Some(500));
-        // IP 3's rows are reclaimed: "other" does not go down.
-        let (s, folded) = f.series(&snap(vec![row(1, 1, 7), row(2, 1, 7)]), 2);
-        assert_eq!((value(&s, "other"), folded), (Some(500), 0));
-        // IP 2's rows are reclaimed: its label goes to the next newcomer.
-        let (s, _) = f.series(&snap(vec![row(1, 1, 8), row(4, 1, 1)]), 2);
-        assert_eq!(value(&s, "0.0.0.4"), Some(1));
-        assert_eq!(value(&s, "0.0.0.2"), None);
-        // Passed rows (verdict 0) may not take the last quarter of the labels.
-        let mut f = Fold::default();
-        let rows: Vec<Row> = (1..=4)
-            .map(|i| row(i, 0, 1))
-            .chain([row(9, 1, 1)])
-            .collect();
-        let (s, folded) = f.series(&snap(rows), 4);
-        assert_eq!(
-            value(&s, "0.0.0.9"),
-            Some(1),
-            "a stopped frame keeps its label"
-        );
-        assert_eq!(folded, 1);
-        // With 0, nothing is labelled.
-        let (s, folded) = Fold::default().series(&snap(vec![row(1, 1, 2), row(2, 0, 3)]), 0);
-        assert_eq!((s.len(), folded), (2, 2));
-        assert_eq!(value(&s, "other"), Some(5));
-    }
+    use super::NAMES;
 
     /// Metric names (arp_guard_...) used in a text.
     fn used(text: &str) -> Vec<String> {
@@ -545,8 +526,13 @@ mod tests {
             let names = used(e);
             assert!(!names.is_empty(), "no arp-guard metric in {e}");
             for n in names {
+                // A histogram's series: NAME_bucket, NAME_sum, NAME_count.
+                let base = ["_bucket", "_sum", "_count"]
+                    .iter()
+                    .find_map(|s| n.strip_suffix(s))
+                    .filter(|b| NAMES.contains(b));
                 assert!(
-                    NAMES.contains(&n.as_str()),
+                    NAMES.contains(&n.as_str()) || base.is_some(),
                     "{n} (in `{e}`) is not exported"
                 );
             }

@@ -3,11 +3,18 @@
 //! rendering of all of it.
 
 pub mod census;
+pub mod clients;
+mod clients_metrics;
 pub mod counters;
 pub mod events;
+mod family;
+mod fold;
+pub mod histogram;
 pub mod metrics;
 pub mod ops;
+pub mod refresh;
 pub mod status;
+pub mod takeover;
 
 use guard_common::{Kind, Origin, Ownership, Verdict};
 

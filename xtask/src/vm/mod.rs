@@ -33,6 +33,8 @@ pub const DEFAULT_TESTS: &[&str] = &[
     "lb_filter",
     "fuzz_differential",
     "census",
+    "takeover",
+    "clients",
     "privileges",
     "observability",
     "cli",

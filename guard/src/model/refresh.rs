@@ -1,0 +1,405 @@
+//! Healing stale clients (opt-in, `--refresh-stale-clients`), pure: a
+//! client whose traffic for an LB IP still arrives here although another
+//! node owns it has a cache that points here. This node may send that
+//! client one unicast ARP reply (IPv6: a solicited, overriding Neighbor
+//! Advertisement) that teaches the **owner's** MAC:
+//!
+//! - only when the owner's MAC is known with certainty ([`OwnerMac`]): the
+//!   census saw exactly one MAC, not this node's, announce the IP since the
+//!   move (and no conflict), while the ownership source says another node
+//!   owns it (a silent owner beside a lone rogue announcer is the one case
+//!   the census cannot tell; a record each guard publishes of its own MACs
+//!   would close it);
+//! - never for an IP that is not `foreign` here, and never while the guard
+//!   is blind (its `foreign` may be old news);
+//! - never with one of this node's MACs (that is exactly what the guard
+//!   exists to prevent);
+//! - at most `per_minute` times per client and IP.
+//!
+//! The Ethernet source of a refresh is this node's interface (a switch must
+//! keep learning the owner's MAC on the owner's port); the ARP sender
+//! hardware address (NDP: the target link-layer option) is the owner's:
+//! what a neighbour caches.
+
+use std::{
+    collections::{BTreeSet, HashMap, VecDeque},
+    net::IpAddr,
+};
+
+use guard_common::Ownership;
+
+/// One client whose packets for `ip` arrive here.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Client {
+    /// The LB IP its packets are for.
+    pub ip: IpAddr,
+    /// Its MAC (the frames' source) and IP (their source).
+    pub mac: [u8; 6],
+    pub client_ip: IpAddr,
+    /// Where its packets arrive, and their VLAN ID (0: untagged).
+    pub ifindex: u32,
+    pub vlan: u16,
+}
+
+/// How well the owner's MAC is known.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OwnerMac {
+    /// Known: this MAC, and why.
+    Certain { mac: [u8; 6], evidence: Evidence },
+    /// Not known well enough to teach anyone: why not.
+    Uncertain(&'static str),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Evidence {
+    /// The census saw the owner announce it since the move, alone.
+    Census,
+}
+
+impl Evidence {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Evidence::Census => "census",
+        }
+    }
+}
+
+/// A MAC that claimed an LB IP on the segment, as the census saw it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Claimant {
+    pub mac: [u8; 6],
+    /// Its latest claim (CLOCK_MONOTONIC ns).
+    pub last_ns: u64,
+}
+
+/// The owner's MAC from the census: exactly one MAC that is not this
+/// node's claimed the IP since `since_ns` (the move, less the hold window:
+/// the new owner's first announcements can precede the move as the feed saw
+/// it), and the census sees no conflict for it.
+pub fn owner_from_census(
+    claimants: &[Claimant],
+    conflict: bool,
+    since_ns: u64,
+    local: &BTreeSet<[u8; 6]>,
+) -> OwnerMac {
+    if conflict {
+        return OwnerMac::Uncertain("the census sees a conflict for the IP");
+    }
+    let mut since: Vec<[u8; 6]> = claimants
+        .iter()
+        .filter(|c| c.last_ns >= since_ns && !local.contains(&c.mac))
+        .map(|c| c.mac)
+        .collect();
+    since.sort_unstable();
+    since.dedup();
+    match since.as_slice() {
+        [mac] => OwnerMac::Certain {
+            mac: *mac,
+            evidence: Evidence::Census,
+        },
+        [] => OwnerMac::Uncertain("no announcement of the IP seen since the move"),
+        _ => OwnerMac::Uncertain("more than one MAC announced the IP since the move"),
+    }
+}
+
+/// Why a client was not refreshed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Skip {
+    /// The IP is not `foreign` here (owned: the client is right; unknown:
+    /// nobody knows the owner).
+    NotForeign,
+    /// The ownership feed is blind or degraded.
+    Blind,
+    /// The owner's MAC is not known with certainty.
+    OwnerUncertain(&'static str),
+    /// The MAC to teach is one of this node's.
+    OwnMac,
+    /// The client had its refreshes for this minute.
+    RateLimited,
+}
+
+impl Skip {
+    /// The `outcome` label of the refresh counter.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Skip::NotForeign => "not_foreign",
+            Skip::Blind => "blind",
+            Skip::OwnerUncertain(_) => "owner_uncertain",
+            Skip::OwnMac => "own_mac",
+            Skip::RateLimited => "rate_limited",
+        }
+    }
+}
+
+/// What the decision needs about the IP, now.
+#[derive(Debug, Clone, Copy)]
+pub struct Facts<'a> {
+    pub state: Ownership,
+    /// The ownership source cannot be trusted now (blind or degraded feed).
+    pub blind: bool,
+    pub owner: OwnerMac,
+    /// Every MAC of this node.
+    pub local: &'a BTreeSet<[u8; 6]>,
+}
+
+/// The refresh for `c`: "the LB IP is at `owner`", unicast to the client,
+/// from this node's interface (`ours`), tagged as the client's packets
+/// came (its VLAN). IPv4: an ARP reply whose sender hardware address is the
+/// owner's; IPv6: a solicited, overriding advertisement whose target
+/// link-layer option is the owner's. None when the families do not match.
+pub fn refresh_frame(c: &Client, owner: [u8; 6], ours: [u8; 6]) -> Option<Vec<u8>> {
+    const TPID_8021Q: u16 = 0x8100;
+    let tag = (c.vlan != 0).then_some((TPID_8021Q, c.vlan & 0x0fff));
+    match (c.ip, c.client_ip) {
+        (IpAddr::V4(lb), IpAddr::V4(client)) => {
+            use guard_common::build::{write_arp, ArpPacket, Ethernet, FRAME_BUF};
+            let tags: Vec<(u16, u16)> = tag.into_iter().collect();
+            let eth = Ethernet {
+                dst: c.mac,
+                src: ours,
+                tags: &tags,
+            };
+            let arp = ArpPacket::reply(owner, u32::from(lb), c.mac, u32::from(client));
+            let mut buf = [0u8; FRAME_BUF];
+            let n = write_arp(&mut buf, &eth, &arp)?;
+            Some(buf[..n].to_vec())
+        }
+        (IpAddr::V6(lb), IpAddr::V6(client)) => {
+            use guard_common::{
+                ndp::{NA_FLAG_OVERRIDE, NA_FLAG_SOLICITED},
+                ndp_build::{write_nd, NdSpec, ND_FRAME_BUF},
+            };
+            // The builder puts its Ethernet source into the option: build
+            // with the owner's, then put ours in the Ethernet header (the
+            // ICMPv6 checksum does not cover it).
+            let spec = NdSpec {
+                tags: [tag, None],
+                ..NdSpec::advert(
+                    owner,
+                    lb.octets(),
+                    c.mac,
+                    client.octets(),
+                    NA_FLAG_SOLICITED | NA_FLAG_OVERRIDE,
+                )
+            };
+            let mut buf = [0u8; ND_FRAME_BUF];
+            let n = write_nd(&mut buf, &spec);
+            if n == 0 {
+                return None;
+            }
+            buf[6..12].copy_from_slice(&ours);
+            Some(buf[..n].to_vec())
+        }
+        _ => None,
+    }
+}
+
+const MINUTE_NS: u64 = 60_000_000_000;
+
+/// The refreshes sent, per (LB IP, client MAC), within the last minute.
+#[derive(Debug)]
+pub struct Refresher {
+    per_minute: u32,
+    sent: HashMap<(IpAddr, [u8; 6]), VecDeque<u64>>,
+}
+
+impl Refresher {
+    pub fn new(per_minute: u32) -> Self {
+        Refresher {
+            per_minute: per_minute.max(1),
+            sent: HashMap::new(),
+        }
+    }
+
+    /// Whether to refresh `c` now, and with which MAC; a refresh decided is
+    /// counted against the client's minute.
+    pub fn decide(&mut self, c: &Client, f: &Facts<'_>, now_ns: u64) -> Result<[u8; 6], Skip> {
+        if f.state != Ownership::Foreign {
+            return Err(Skip::NotForeign);
+        }
+        if f.blind {
+            return Err(Skip::Blind);
+        }
+        let mac = match f.owner {
+            OwnerMac::Certain { mac, .. } => mac,
+            OwnerMac::Uncertain(why) => return Err(Skip::OwnerUncertain(why)),
+        };
+        if f.local.contains(&mac) {
+            return Err(Skip::OwnMac);
+        }
+        let times = self.sent.entry((c.ip, c.mac)).or_default();
+        while times
+            .front()
+            .is_some_and(|t| now_ns.saturating_sub(*t) >= MINUTE_NS)
+        {
+            times.pop_front();
+        }
+        if times.len() >= self.per_minute as usize {
+            return Err(Skip::RateLimited);
+        }
+        times.push_back(now_ns);
+        Ok(mac)
+    }
+
+    /// Forget clients with no refresh in the last minute (what is kept is
+    /// bounded by the clients seen in a minute, themselves bounded by the
+    /// census's client table).
+    pub fn prune(&mut self, now_ns: u64) {
+        self.sent.retain(|_, times| {
+            times
+                .back()
+                .is_some_and(|t| now_ns.saturating_sub(*t) < MINUTE_NS)
+        });
+    }
+
+    /// Clients with a refresh in the last minute.
+    #[cfg(test)]
+    pub fn tracked(&self) -> usize {
+        self.sent.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const S: u64 = 1_000_000_000;
+    const OWNER: [u8; 6] = [2, 0, 0, 0, 0, 0xb];
+    const ROGUE: [u8; 6] = [2, 0, 0, 0, 0, 0x66];
+    const OURS: [u8; 6] = [2, 0, 0, 0, 0, 0xa];
+
+    fn client() -> Client {
+        Client {
+            ip: "198.51.100.100".parse().unwrap(),
+            mac: [2, 0, 0, 0, 0, 1],
+            client_ip: "198.51.100.1".parse().unwrap(),
+            ifindex: 2,
+            vlan: 0,
+        }
+    }
+
+    #[test]
+    fn the_owner_is_certain_only_alone_since_the_move() {
+        let local = BTreeSet::from([OURS]);
+        let c = |mac, last_ns| Claimant { mac, last_ns };
+        // The old owner (this node) and the new one: only the new one counts.
+        assert_eq!(
+            owner_from_census(&[c(OURS, 12 * S), c(OWNER, 11 * S)], false, 10 * S, &local),
+            OwnerMac::Certain {
+                mac: OWNER,
+                evidence: Evidence::Census
+            }
+        );
+        // A claimant from before the move is history.
+        assert!(matches!(
+            owner_from_census(&[c(ROGUE, 5 * S)], false, 10 * S, &local),
+            OwnerMac::Uncertain(_)
+        ));
+        // Two since the move, or a conflict: nobody is taught.
+        assert!(matches!(
+            owner_from_census(&[c(OWNER, 11 * S), c(ROGUE, 12 * S)], false, 10 * S, &local),
+            OwnerMac::Uncertain(_)
+        ));
+        assert!(matches!(
+            owner_from_census(&[c(OWNER, 11 * S)], true, 10 * S, &local),
+            OwnerMac::Uncertain(_)
+        ));
+    }
+
+    #[test]
+    fn a_refresh_teaches_the_owner_from_our_interface() {
+        let c = client();
+        let f = refresh_frame(&c, OWNER, OURS).unwrap();
+        assert_eq!(&f[0..6], &c.mac, "unicast to the client");
+        assert_eq!(&f[6..12], &OURS, "from this node's interface");
+        let ethertype = u16::from_be_bytes([f[12], f[13]]);
+        let guard_common::Parsed::Arp(arp) = guard_common::parse(&f[..], ethertype) else {
+            panic!("not ARP")
+        };
+        assert_eq!((arp.op, arp.sha, arp.tha), (2, OWNER, c.mac));
+        assert_eq!(arp.spa, u32::from_be_bytes([198, 51, 100, 100]));
+        assert_eq!(arp.tpa, u32::from_be_bytes([198, 51, 100, 1]));
+        // Tagged as the client's packets came.
+        let tagged = refresh_frame(&Client { vlan: 100, ..c }, OWNER, OURS).unwrap();
+        assert_eq!(&tagged[12..16], &[0x81, 0x00, 0, 100]);
+        // IPv6: a solicited, overriding advertisement with the owner's MAC.
+        let c6 = Client {
+            ip: "fd00::100".parse().unwrap(),
+            client_ip: "fd00::1".parse().unwrap(),
+            ..c
+        };
+        let f = refresh_frame(&c6, OWNER, OURS).unwrap();
+        assert_eq!(&f[6..12], &OURS);
+        let guard_common::Parsed::Nd(nd) = guard_common::parse(&f[..], 0x86dd) else {
+            panic!("not NDP")
+        };
+        assert!(nd.is_advert());
+        assert_eq!(
+            nd.target,
+            c6.ip
+                .to_string()
+                .parse::<std::net::Ipv6Addr>()
+                .unwrap()
+                .octets()
+        );
+        assert!(
+            f.windows(6).any(|w| w == OWNER),
+            "the option carries the owner's MAC"
+        );
+        // Mixed families: nothing.
+        assert_eq!(
+            refresh_frame(
+                &Client {
+                    client_ip: c6.client_ip,
+                    ..c
+                },
+                OWNER,
+                OURS
+            ),
+            None
+        );
+    }
+
+    #[test]
+    fn refreshes_are_safe_and_rate_limited() {
+        let local = BTreeSet::from([OURS]);
+        let certain = |mac| OwnerMac::Certain {
+            mac,
+            evidence: Evidence::Census,
+        };
+        let facts = |state, blind, owner| Facts {
+            state,
+            blind,
+            owner,
+            local: &local,
+        };
+        let mut r = Refresher::new(2);
+        let c = client();
+        let f = facts(Ownership::Foreign, false, certain(OWNER));
+        assert_eq!(r.decide(&c, &f, S), Ok(OWNER));
+        assert_eq!(r.decide(&c, &f, 2 * S), Ok(OWNER));
+        assert_eq!(r.decide(&c, &f, 3 * S), Err(Skip::RateLimited));
+        // A minute after the first, one more.
+        assert_eq!(r.decide(&c, &f, 61 * S), Ok(OWNER));
+        // Never unknown, owned, blind, uncertain, or with our own MAC.
+        for (state, blind, owner, want) in [
+            (Ownership::Unknown, false, certain(OWNER), Skip::NotForeign),
+            (Ownership::Owned, false, certain(OWNER), Skip::NotForeign),
+            (Ownership::Foreign, true, certain(OWNER), Skip::Blind),
+            (
+                Ownership::Foreign,
+                false,
+                OwnerMac::Uncertain("x"),
+                Skip::OwnerUncertain("x"),
+            ),
+            (Ownership::Foreign, false, certain(OURS), Skip::OwnMac),
+        ] {
+            let mut r = Refresher::new(10);
+            assert_eq!(r.decide(&c, &facts(state, blind, owner), S), Err(want));
+            assert_eq!(r.tracked(), 0, "a skip is not counted against the client");
+        }
+        // Pruned once quiet for a minute.
+        r.prune(200 * S);
+        assert_eq!(r.tracked(), 0);
+    }
+}

@@ -1,0 +1,227 @@
+//! Healing stale clients (`--refresh-stale-clients`), on the client
+//! reader's thread: each read, the clients whose packets for a `foreign`
+//! LB IP arrived since the previous read are judged (pure:
+//! `model::refresh`), and those the judgement allows get one unicast ARP
+//! reply / Neighbor Advertisement teaching the owner's MAC, sent through
+//! the daemon's own marked socket (the guard's program lets frames with
+//! that mark out: they do not teach "LB IP -> this node").
+//!
+//! What stays safe when this is blind: no census read yet, the census sees
+//! two claimants or a conflict, the feed blind or degraded, the IP not
+//! `foreign` here: nothing is sent (a client keeps what it has, as without
+//! this option).
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    net::IpAddr,
+    sync::Arc,
+    time::Duration,
+};
+
+use guard_common::Ownership;
+
+use crate::{
+    datapath::{sys::link_macs_by_index, wire::Wire},
+    model::{
+        census::Claim,
+        clients::{Entry, IpState},
+        fmt_mac,
+        refresh::{
+            owner_from_census, refresh_frame, Claimant, Client, Facts, OwnerMac, Refresher, Skip,
+        },
+    },
+};
+
+/// At most this many refreshes per read, whatever the table holds: a flood
+/// of forged source MACs sending to a foreign IP must not become a flood of
+/// unicast frames to unknown MACs (which switches flood to every port).
+pub const MAX_PER_READ: usize = 16;
+/// At most this many lines about refreshes sent per read.
+const LOG_PER_READ: usize = 8;
+
+/// What the daemon knows beyond the clients, read when there is a client
+/// to consider.
+#[derive(Debug, Clone, Default)]
+pub struct Knowledge {
+    /// The ownership source cannot be trusted now: the Kubernetes feed not
+    /// synced, failing or degraded.
+    pub blind: bool,
+    /// The census's latest claims (None: no census read yet).
+    pub claims: Option<Arc<Vec<Claim>>>,
+    /// LB IPs with a census conflict.
+    pub conflicts: BTreeSet<IpAddr>,
+    /// How far claims go back when this node never owned the IP (the
+    /// census window).
+    pub window: Duration,
+}
+
+/// The healer: its socket, its per-client limits, and how to learn what
+/// the daemon knows.
+pub struct Healer {
+    pub wire: Wire,
+    pub refresher: Refresher,
+    /// `--announce-hold`: the new owner's first announcements can precede
+    /// the move as the feed saw it by this much.
+    pub hold: Duration,
+    pub knowledge: Box<dyn Fn() -> Knowledge + Send + Sync>,
+    /// Refreshes by outcome (`sent`, `send_failed`, or why not).
+    pub outcomes: BTreeMap<&'static str, u64>,
+}
+
+impl Healer {
+    /// Consider the clients with packets since `since_ns`, against the
+    /// states the reader judged them by; send what is allowed.
+    pub fn heal(
+        &mut self,
+        entries: &[Entry],
+        ips: &BTreeMap<IpAddr, IpState>,
+        since_ns: u64,
+        now_ns: u64,
+    ) {
+        self.refresher.prune(now_ns);
+        let mut fresh: Vec<&Entry> = entries
+            .iter()
+            .filter(|e| e.last_ns > since_ns)
+            .filter(|e| {
+                ips.get(&e.ip)
+                    .is_some_and(|s| s.state == Ownership::Foreign)
+            })
+            .collect();
+        if fresh.is_empty() {
+            return;
+        }
+        let k = (self.knowledge)();
+        let local = link_macs_by_index();
+        let read = Read {
+            claimants: claimants_of(&k, fresh.iter().map(|e| e.ip).collect()),
+            local_set: local.values().copied().collect(),
+            local,
+            k,
+            ips,
+            now_ns,
+            hold_ns: self.hold.as_nanos() as u64,
+        };
+        // The longest-sending clients first: a flood of new (forged) MACs
+        // cannot starve a client that was stale before it began.
+        fresh.sort_by_key(|e| e.first_ns);
+        let mut sends = 0;
+        for e in fresh {
+            if sends == MAX_PER_READ {
+                *self.outcomes.entry("over_limit").or_default() += 1;
+                continue;
+            }
+            let client = Client {
+                ip: e.ip,
+                mac: e.mac,
+                client_ip: e.client_ip,
+                ifindex: e.ifindex,
+                vlan: e.vlan,
+            };
+            let facts = read.facts(e);
+            let outcome = match self.refresher.decide(&client, &facts, now_ns) {
+                Err(skip) => {
+                    if let Skip::OwnerUncertain(why) = skip {
+                        tracing::debug!(target: "arp_guard::refresh", lb_ip = %e.ip, mac = %fmt_mac(&e.mac), why, "stale client not refreshed");
+                    }
+                    skip.as_str()
+                }
+                Ok(owner) => {
+                    sends += 1;
+                    self.send(&read, &client, owner, facts.owner, sends <= LOG_PER_READ)
+                }
+            };
+            *self.outcomes.entry(outcome).or_default() += 1;
+        }
+    }
+
+    /// Send one refresh; its outcome.
+    fn send(
+        &self,
+        read: &Read<'_>,
+        c: &Client,
+        owner: [u8; 6],
+        known: OwnerMac,
+        log: bool,
+    ) -> &'static str {
+        let sent = read
+            .local
+            .get(&c.ifindex)
+            .and_then(|ours| refresh_frame(c, owner, *ours))
+            .map(|frame| self.wire.send(c.ifindex, &frame));
+        let ok = matches!(sent, Some(Ok(())));
+        if log {
+            let evidence = match known {
+                OwnerMac::Certain { evidence, .. } => evidence.as_str(),
+                OwnerMac::Uncertain(_) => "",
+            };
+            tracing::info!(
+                target: "arp_guard::refresh",
+                lb_ip = %c.ip, client_mac = %fmt_mac(&c.mac), client_ip = %c.client_ip,
+                owner_mac = %fmt_mac(&owner), evidence,
+                error = ?sent.as_ref().and_then(|r| r.as_ref().err()),
+                "{}",
+                if ok { "stale client refreshed: taught the owner's MAC" } else { "stale client refresh not sent" }
+            );
+        }
+        if ok {
+            "sent"
+        } else {
+            "send_failed"
+        }
+    }
+}
+
+/// What one read's decisions are made from.
+struct Read<'a> {
+    k: Knowledge,
+    claimants: BTreeMap<IpAddr, Vec<Claimant>>,
+    /// This node's MACs by interface, and as a set.
+    local: BTreeMap<u32, [u8; 6]>,
+    local_set: BTreeSet<[u8; 6]>,
+    ips: &'a BTreeMap<IpAddr, IpState>,
+    now_ns: u64,
+    hold_ns: u64,
+}
+
+impl Read<'_> {
+    /// What the decision needs about `e`'s IP.
+    fn facts(&self, e: &Entry) -> Facts<'_> {
+        let state = self.ips.get(&e.ip);
+        // Claims count from the move less the hold window (the new owner
+        // may announce before the feed says so), or over the census window
+        // for an IP this node did not own.
+        let since = match state.and_then(|s| s.lost_ns) {
+            Some(lost) => lost.saturating_sub(self.hold_ns),
+            None => (self.now_ns).saturating_sub(self.k.window.as_nanos() as u64),
+        };
+        let owner = match &self.k.claims {
+            None => OwnerMac::Uncertain("no census read yet"),
+            Some(_) => owner_from_census(
+                self.claimants.get(&e.ip).map_or(&[][..], Vec::as_slice),
+                self.k.conflicts.contains(&e.ip),
+                since,
+                &self.local_set,
+            ),
+        };
+        Facts {
+            state: state.map_or(Ownership::Unknown, |s| s.state),
+            blind: self.k.blind,
+            owner,
+            local: &self.local_set,
+        }
+    }
+}
+
+/// The census's claimants of each IP in `ips`, in one pass over its claims.
+fn claimants_of(k: &Knowledge, ips: BTreeSet<IpAddr>) -> BTreeMap<IpAddr, Vec<Claimant>> {
+    let mut out: BTreeMap<IpAddr, Vec<Claimant>> = BTreeMap::new();
+    for c in k.claims.iter().flat_map(|v| v.iter()) {
+        if ips.contains(&c.ip) {
+            out.entry(c.ip).or_default().push(Claimant {
+                mac: c.mac,
+                last_ns: c.last_ns,
+            });
+        }
+    }
+    out
+}

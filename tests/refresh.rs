@@ -8,7 +8,8 @@
 //!
 //! The bed is `testbed::takeover` (two nodes, Cilium's order: the Lease,
 //! then one gratuitous ARP), the guards run with the DaemonSet's
-//! capabilities and read-only root. What is asserted is what the client
+//! capabilities and read-only root; IPv6 on `testbed::bed6` (the ownership
+//! file, an advertisement forged for the owner). What is asserted is what the client
 //! caches (`ip neigh`): moved to the new owner within 2 s with the flag,
 //! still the old owner without it, and never a rogue claimant's MAC.
 
@@ -223,4 +224,63 @@ fn a_rogue_claimant_is_never_taught() {
         "the client was considered and skipped:\n{}",
         t.guards[0].log_text()
     );
+}
+
+/// IPv6: a client sending to an LB IP this node never owned (the file says
+/// another node does) is taught the MAC that alone advertised it, by a
+/// solicited, overriding Neighbor Advertisement addressed to it.
+#[test]
+fn an_ipv6_client_is_taught_by_an_advertisement() {
+    use guard_common::ndp_build::NdSpec;
+    use testbed::bed6::{Bed6, FOREIGN6, OWNER_MAC};
+    let bed = Bed6::new("rf6").unwrap();
+    let guard = bed.start(&["--refresh-stale-clients"]).unwrap();
+    bed.peer
+        .sysctl("net.ipv6.neigh.eth0.base_reachable_time_ms", "600000")
+        .unwrap();
+    let node_mac = fmt_mac(&bed.node_mac);
+    bed.peer
+        .ip(&[
+            "-6",
+            "neigh",
+            "replace",
+            &FOREIGN6.to_string(),
+            "lladdr",
+            &node_mac,
+            "dev",
+            "eth0",
+            "nud",
+            "reachable",
+        ])
+        .unwrap();
+    // The owner advertised the IP (the peer sends it, so its own stack
+    // never hears it: only the node's census does).
+    let wire = RawSocket::open(&bed.peer, "eth0").unwrap();
+    let advert = testbed::nd_bytes(&NdSpec::unsolicited(OWNER_MAC, FOREIGN6.octets()));
+    assert!(wire.send(&advert).unwrap());
+    std::thread::sleep(Duration::from_millis(1100));
+    let socket = bed
+        .peer
+        .enter(|| Ok(UdpSocket::bind((std::net::Ipv6Addr::UNSPECIFIED, 0))?))
+        .unwrap();
+    let started = Instant::now();
+    let healed = testbed::wait_for(Duration::from_secs(10), || {
+        let _ = socket.send_to(b"stale?", SocketAddr::from((FOREIGN6, 7777)));
+        std::thread::sleep(Duration::from_millis(50));
+        (bed.peer_entry(FOREIGN6).ok()? == Some(OWNER_MAC)).then(|| started.elapsed())
+    });
+    let log = guard.log_text();
+    assert!(
+        healed.is_some(),
+        "the client still holds {:?}:\n{log}",
+        bed.peer_entry(FOREIGN6)
+    );
+    assert!(
+        metric(
+            &bed.node,
+            "arp_guard_client_refreshes_total{outcome=\"sent\"}"
+        ) >= 1.0,
+        "{log}"
+    );
+    eprintln!("healed after {healed:?}");
 }

@@ -190,40 +190,60 @@ fn without_the_flag_the_client_stays_stale() {
     assert!(!t.guards[0].log_text().contains("stale client refreshed"));
 }
 
-#[test]
-fn a_rogue_claimant_is_never_taught() {
-    let (mut t, _traffic) = stale_bed("rf3", &["--refresh-stale-clients"]);
-    // A rogue on the segment claims the IP too, before and after the move:
-    // the census sees two MACs since the move, so no MAC is certain.
+/// A rogue claims the IP every 200 ms from `from_before` on (before the
+/// move, or only after it) for 4 s after the move; what the client holds
+/// meanwhile must never be the rogue's MAC. Returns the bed and node-a's
+/// refreshes sent.
+fn with_a_rogue(tag: &str, from_before: bool) -> (TakeoverBed, Traffic, f64) {
+    let (mut t, traffic) = stale_bed(tag, &["--refresh-stale-clients"]);
     let rogue = RawSocket::open(&t.bed.peer, "eth0").unwrap();
     let claim = ArpSpec::gratuitous(2, ROGUE, LB).to_bytes();
-    rogue.send(&claim).unwrap();
-    let (_, started, _) = t.take_over().unwrap();
-    let old = &t.bed.nodes[0].ns;
+    if from_before {
+        // Longer before the move than the hold window (5 s), which claims
+        // may precede the move by.
+        let began = Instant::now();
+        while began.elapsed() < Duration::from_millis(5500) {
+            rogue.send(&claim).unwrap();
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+    t.take_over().unwrap();
     let seen = Instant::now();
     while seen.elapsed() < Duration::from_secs(4) {
         rogue.send(&claim).unwrap();
         assert_ne!(cached(&t), Some(ROGUE), "the rogue's MAC is never taught");
         std::thread::sleep(Duration::from_millis(200));
     }
-    assert_eq!(
-        cached(&t),
-        Some(t.bed.nodes[0].mac),
-        "no refresh without a certain owner ({:?} after the move)",
-        started.elapsed()
+    let sent = metric(
+        &t.bed.nodes[0].ns,
+        "arp_guard_client_refreshes_total{outcome=\"sent\"}",
     );
-    assert_eq!(
-        metric(old, "arp_guard_client_refreshes_total{outcome=\"sent\"}"),
-        0.0
-    );
+    (t, traffic, sent)
+}
+
+#[test]
+fn a_rogue_beside_the_owner_is_never_taught() {
+    // Both begin claiming at the move: two MACs, no certain owner.
+    let (t, _traffic, sent) = with_a_rogue("rf3", false);
+    assert_eq!(cached(&t), Some(t.bed.nodes[0].mac), "nobody taught");
+    assert_eq!(sent, 0.0);
     assert!(
         metric(
-            old,
+            &t.bed.nodes[0].ns,
             "arp_guard_client_refreshes_total{outcome=\"owner_uncertain\"}"
         ) >= 1.0,
         "the client was considered and skipped:\n{}",
         t.guards[0].log_text()
     );
+}
+
+#[test]
+fn a_claimant_from_before_the_move_does_not_count() {
+    // The rogue was claiming before the move and goes on: only the MAC that
+    // began claiming since the move, the new owner's, is taught.
+    let (t, _traffic, sent) = with_a_rogue("rf4", true);
+    assert_eq!(cached(&t), Some(t.bed.nodes[1].mac), "the new owner taught");
+    assert!(sent >= 1.0);
 }
 
 /// IPv6: a client sending to an LB IP this node never owned (the file says

@@ -8,7 +8,8 @@
 //!
 //! The bed is `testbed::takeover` (two nodes, Cilium's order: the Lease,
 //! then one gratuitous ARP), the guards run with the DaemonSet's
-//! capabilities and read-only root. What is asserted is what the client
+//! capabilities and read-only root; IPv6 on `testbed::bed6` (the ownership
+//! file, an advertisement forged for the owner). What is asserted is what the client
 //! caches (`ip neigh`): moved to the new owner within 2 s with the flag,
 //! still the old owner without it, and never a rogue claimant's MAC.
 
@@ -189,38 +190,117 @@ fn without_the_flag_the_client_stays_stale() {
     assert!(!t.guards[0].log_text().contains("stale client refreshed"));
 }
 
-#[test]
-fn a_rogue_claimant_is_never_taught() {
-    let (mut t, _traffic) = stale_bed("rf3", &["--refresh-stale-clients"]);
-    // A rogue on the segment claims the IP too, before and after the move:
-    // the census sees two MACs since the move, so no MAC is certain.
+/// A rogue claims the IP every 200 ms from `from_before` on (before the
+/// move, or only after it) for 4 s after the move; what the client holds
+/// meanwhile must never be the rogue's MAC. Returns the bed and node-a's
+/// refreshes sent.
+fn with_a_rogue(tag: &str, from_before: bool) -> (TakeoverBed, Traffic, f64) {
+    let (mut t, traffic) = stale_bed(tag, &["--refresh-stale-clients"]);
     let rogue = RawSocket::open(&t.bed.peer, "eth0").unwrap();
     let claim = ArpSpec::gratuitous(2, ROGUE, LB).to_bytes();
-    rogue.send(&claim).unwrap();
-    let (_, started, _) = t.take_over().unwrap();
-    let old = &t.bed.nodes[0].ns;
+    if from_before {
+        // Longer before the move than the hold window (5 s), which claims
+        // may precede the move by.
+        let began = Instant::now();
+        while began.elapsed() < Duration::from_millis(5500) {
+            rogue.send(&claim).unwrap();
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+    t.take_over().unwrap();
     let seen = Instant::now();
     while seen.elapsed() < Duration::from_secs(4) {
         rogue.send(&claim).unwrap();
         assert_ne!(cached(&t), Some(ROGUE), "the rogue's MAC is never taught");
         std::thread::sleep(Duration::from_millis(200));
     }
-    assert_eq!(
-        cached(&t),
-        Some(t.bed.nodes[0].mac),
-        "no refresh without a certain owner ({:?} after the move)",
-        started.elapsed()
+    let sent = metric(
+        &t.bed.nodes[0].ns,
+        "arp_guard_client_refreshes_total{outcome=\"sent\"}",
     );
-    assert_eq!(
-        metric(old, "arp_guard_client_refreshes_total{outcome=\"sent\"}"),
-        0.0
-    );
+    (t, traffic, sent)
+}
+
+#[test]
+fn a_rogue_beside_the_owner_is_never_taught() {
+    // Both begin claiming at the move: two MACs, no certain owner.
+    let (t, _traffic, sent) = with_a_rogue("rf3", false);
+    assert_eq!(cached(&t), Some(t.bed.nodes[0].mac), "nobody taught");
+    assert_eq!(sent, 0.0);
     assert!(
         metric(
-            old,
+            &t.bed.nodes[0].ns,
             "arp_guard_client_refreshes_total{outcome=\"owner_uncertain\"}"
         ) >= 1.0,
         "the client was considered and skipped:\n{}",
         t.guards[0].log_text()
     );
+}
+
+#[test]
+fn a_claimant_from_before_the_move_does_not_count() {
+    // The rogue was claiming before the move and goes on: only the MAC that
+    // began claiming since the move, the new owner's, is taught.
+    let (t, _traffic, sent) = with_a_rogue("rf4", true);
+    assert_eq!(cached(&t), Some(t.bed.nodes[1].mac), "the new owner taught");
+    assert!(sent >= 1.0);
+}
+
+/// IPv6: a client sending to an LB IP this node never owned (the file says
+/// another node does) is taught the MAC that alone advertised it, by a
+/// solicited, overriding Neighbor Advertisement addressed to it.
+#[test]
+fn an_ipv6_client_is_taught_by_an_advertisement() {
+    use guard_common::ndp_build::NdSpec;
+    use testbed::bed6::{Bed6, FOREIGN6, OWNER_MAC};
+    let bed = Bed6::new("rf6").unwrap();
+    let guard = bed.start(&["--refresh-stale-clients"]).unwrap();
+    bed.peer
+        .sysctl("net.ipv6.neigh.eth0.base_reachable_time_ms", "600000")
+        .unwrap();
+    let node_mac = fmt_mac(&bed.node_mac);
+    bed.peer
+        .ip(&[
+            "-6",
+            "neigh",
+            "replace",
+            &FOREIGN6.to_string(),
+            "lladdr",
+            &node_mac,
+            "dev",
+            "eth0",
+            "nud",
+            "reachable",
+        ])
+        .unwrap();
+    // The owner advertised the IP (the peer sends it, so its own stack
+    // never hears it: only the node's census does).
+    let wire = RawSocket::open(&bed.peer, "eth0").unwrap();
+    let advert = testbed::nd_bytes(&NdSpec::unsolicited(OWNER_MAC, FOREIGN6.octets()));
+    assert!(wire.send(&advert).unwrap());
+    std::thread::sleep(Duration::from_millis(1100));
+    let socket = bed
+        .peer
+        .enter(|| Ok(UdpSocket::bind((std::net::Ipv6Addr::UNSPECIFIED, 0))?))
+        .unwrap();
+    let started = Instant::now();
+    let healed = testbed::wait_for(Duration::from_secs(10), || {
+        let _ = socket.send_to(b"stale?", SocketAddr::from((FOREIGN6, 7777)));
+        std::thread::sleep(Duration::from_millis(50));
+        (bed.peer_entry(FOREIGN6).ok()? == Some(OWNER_MAC)).then(|| started.elapsed())
+    });
+    let log = guard.log_text();
+    assert!(
+        healed.is_some(),
+        "the client still holds {:?}:\n{log}",
+        bed.peer_entry(FOREIGN6)
+    );
+    assert!(
+        metric(
+            &bed.node,
+            "arp_guard_client_refreshes_total{outcome=\"sent\"}"
+        ) >= 1.0,
+        "{log}"
+    );
+    eprintln!("healed after {healed:?}");
 }

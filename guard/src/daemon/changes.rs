@@ -88,6 +88,7 @@ impl Daemon {
         }
         let flags = cluster.as_ref().map(|c| (c.synced, c.degraded));
         let unsynced = flags.is_some_and(|(synced, _)| !synced);
+        let settling = settling(flags, self.cluster_flags);
         let full = self.full_next || file_changed || unsynced || flags != self.cluster_flags;
         let guarded = self.guarded(&table);
         let mut claims = cluster.as_ref().map(|c| c.claims.lock());
@@ -133,7 +134,7 @@ impl Daemon {
         self.apply_changed(&changed, unsynced);
         // After the maps say so: held announcements of IPs owned now go out.
         let at_ns = change_time(cluster.as_ref(), !taken.is_empty());
-        self.on_transitions(&transitions, at_ns);
+        self.on_transitions(&transitions, at_ns, settling);
         // How long a cluster event took to reach the maps (BENCHMARKS.md).
         if !matches!(changed, Changed::Nothing) {
             if let Some(at) = cluster.as_ref().and_then(|c| c.event_at) {
@@ -179,6 +180,15 @@ fn change_time(cluster: Option<&crate::model::cluster::ClusterView>, from_cluste
         }
         _ => now,
     }
+}
+
+/// Until, and at, the first view with the feed synced (`flags`: synced,
+/// degraded; now and at the last change), changes bring in what the cluster
+/// already had: an IP owned here since before this daemon started is not a
+/// takeover (a restart must look like neither a takeover nor a silent one).
+fn settling(flags: Option<(bool, bool)>, last: Option<(bool, bool)>) -> bool {
+    let synced = |f: Option<(bool, bool)>| f.is_some_and(|(s, _)| s);
+    flags.is_some() && !(synced(flags) && synced(last))
 }
 
 /// The LB IPs whose state differs between two views.

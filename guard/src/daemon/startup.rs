@@ -373,27 +373,37 @@ impl Daemon {
             }
         };
         let shared = self.shared.clone();
-        let window = self.cfg.datapath.census_window;
+        let stale_after = self.cfg.datapath.gate.stale_after.as_nanos() as u64;
         Some(refresh::Healer {
             wire,
             refresher: Refresher::new(per_minute),
             hold: self.cfg.daemon.takeover.hold,
-            knowledge: Box::new(move || {
+            knowledge: Box::new(move |asked| {
+                let now_ns = crate::datapath::monotonic_ns();
+                let heartbeat = shared
+                    .heartbeat_ns
+                    .load(std::sync::atomic::Ordering::Relaxed);
                 let st = shared.read();
                 let feed = st.status.as_ref().and_then(|s| s.feed.as_ref());
                 refresh::Knowledge {
-                    // A feed that has not listed everything, or cannot
-                    // see now, may call an IP foreign that is not.
+                    // A feed that has not listed everything, or cannot see
+                    // now, may call an IP foreign that is not; a main loop
+                    // that stopped publishing leaves old states (the
+                    // program stops trusting `foreign` then too).
                     blind: st.feed_failing_since.is_some()
                         || feed.is_some_and(|f| !f.synced || f.blind || f.degraded)
-                        || (st.feed_enabled && feed.is_none()),
+                        || (st.feed_enabled && feed.is_none())
+                        || now_ns.saturating_sub(heartbeat) > stale_after,
                     claims: st.census.as_ref().map(|c| c.claims.clone()),
                     conflicts: (st.census.iter())
                         .flat_map(|c| c.ips.iter())
-                        .filter(|(_, c)| c.conflict.is_some())
+                        .filter(|(ip, c)| c.conflict.is_some() && asked.contains(*ip))
                         .map(|(ip, _)| *ip)
                         .collect(),
-                    window,
+                    changed_ns: refresh::changed_ns(
+                        (asked.iter()).filter_map(|ip| Some((*ip, st.ips.get(ip)?.since_unix))),
+                        now_ns,
+                    ),
                 }
             }),
             outcomes: Default::default(),

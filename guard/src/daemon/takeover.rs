@@ -147,6 +147,13 @@ impl Daemon {
         let Some((holds, wire)) = t.holds.as_mut() else {
             return;
         };
+        // Only what this node itself sent is given back: another node's
+        // announcement forwarded through a bridge here, re-sent after a
+        // takeover, would teach the segment the old owner.
+        if !h.sent_by(&crate::datapath::sys::link_macs()) {
+            t.stats.count("not_local", 1);
+            return;
+        }
         let now = monotonic_ns();
         if owned {
             let ip = h.ip;
@@ -178,18 +185,22 @@ impl Daemon {
     /// LB IPs changed state (seen at `at_ns`, in the maps now): time new
     /// takeovers, re-send what was held for IPs now owned here, forget what
     /// was held for IPs that left.
-    pub(super) fn on_transitions(&mut self, changes: &[Transition], at_ns: u64) {
+    /// `settling`: the changes bring in the cluster's state before and at
+    /// its first sync: not takeovers (held announcements still go out).
+    pub(super) fn on_transitions(&mut self, changes: &[Transition], at_ns: u64, settling: bool) {
         let unix = crate::api::state::unix_now();
         let now = monotonic_ns();
         for &(ip, old, new) in changes {
             let t = &mut self.takeover;
             t.expiry_logged.remove(&ip);
-            if new == Some(Ownership::Owned) && old != Some(Ownership::Owned) {
-                t.stats.takeovers += 1;
-                t.changed = true;
-            }
-            if let Some(a) = t.timing.changed(ip, old, new, at_ns, unix) {
-                self.takeover_announced(a);
+            if !settling {
+                if new == Some(Ownership::Owned) && old != Some(Ownership::Owned) {
+                    t.stats.takeovers += 1;
+                    t.changed = true;
+                }
+                if let Some(a) = t.timing.changed(ip, old, new, at_ns, unix) {
+                    self.takeover_announced(a);
+                }
             }
             let t = &mut self.takeover;
             let Some((holds, wire)) = t.holds.as_mut() else {

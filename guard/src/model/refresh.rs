@@ -1,11 +1,11 @@
 //! Healing stale clients (opt-in, `--refresh-stale-clients`), pure: a
 //! client whose traffic for an LB IP still arrives here although another
 //! node owns it has a cache that points here. This node may send that
-//! client one unicast ARP reply (IPv6: a solicited, overriding Neighbor
+//! client one unicast ARP reply (IPv6: an overriding Neighbor
 //! Advertisement) that teaches the **owner's** MAC:
 //!
 //! - only when the owner's MAC is known with certainty ([`OwnerMac`]): the
-//!   census saw exactly one MAC, not this node's, announce the IP since the
+//!   census saw exactly one MAC, not this node's, begin claiming the IP since the
 //!   move (and no conflict), while the ownership source says another node
 //!   owns it (a silent owner beside a lone rogue announcer is the one case
 //!   the census cannot tell; a record each guard publishes of its own MACs
@@ -68,14 +68,18 @@ impl Evidence {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Claimant {
     pub mac: [u8; 6],
-    /// Its latest claim (CLOCK_MONOTONIC ns).
+    /// The start of its current run of claims, and its latest claim
+    /// (CLOCK_MONOTONIC ns).
+    pub first_ns: u64,
     pub last_ns: u64,
 }
 
 /// The owner's MAC from the census: exactly one MAC that is not this
-/// node's claimed the IP since `since_ns` (the move, less the hold window:
-/// the new owner's first announcements can precede the move as the feed saw
-/// it), and the census sees no conflict for it.
+/// node's began claiming the IP since `since_ns` (the move, less the hold
+/// window: the new owner's first announcements can precede the move as the
+/// feed saw it), and the census sees no conflict for it. A MAC that was
+/// already claiming before the move (the old owner answering still, a rogue
+/// that never stopped) never qualifies.
 pub fn owner_from_census(
     claimants: &[Claimant],
     conflict: bool,
@@ -87,7 +91,7 @@ pub fn owner_from_census(
     }
     let mut since: Vec<[u8; 6]> = claimants
         .iter()
-        .filter(|c| c.last_ns >= since_ns && !local.contains(&c.mac))
+        .filter(|c| c.first_ns >= since_ns && !local.contains(&c.mac))
         .map(|c| c.mac)
         .collect();
     since.sort_unstable();
@@ -145,8 +149,11 @@ pub struct Facts<'a> {
 /// The refresh for `c`: "the LB IP is at `owner`", unicast to the client,
 /// from this node's interface (`ours`), tagged as the client's packets
 /// came (its VLAN). IPv4: an ARP reply whose sender hardware address is the
-/// owner's; IPv6: a solicited, overriding advertisement whose target
-/// link-layer option is the owner's. None when the families do not match.
+/// owner's; IPv6: an unsolicited, overriding advertisement whose target
+/// link-layer option is the owner's, addressed to all nodes at the IPv6
+/// layer (a router's packets carry a remote source: an advertisement
+/// addressed to it would be forwarded, not read) but to the client's MAC
+/// only. None when the families do not match.
 pub fn refresh_frame(c: &Client, owner: [u8; 6], ours: [u8; 6]) -> Option<Vec<u8>> {
     const TPID_8021Q: u16 = 0x8100;
     let tag = (c.vlan != 0).then_some((TPID_8021Q, c.vlan & 0x0fff));
@@ -164,23 +171,17 @@ pub fn refresh_frame(c: &Client, owner: [u8; 6], ours: [u8; 6]) -> Option<Vec<u8
             let n = write_arp(&mut buf, &eth, &arp)?;
             Some(buf[..n].to_vec())
         }
-        (IpAddr::V6(lb), IpAddr::V6(client)) => {
+        (IpAddr::V6(lb), IpAddr::V6(_)) => {
             use guard_common::{
-                ndp::{NA_FLAG_OVERRIDE, NA_FLAG_SOLICITED},
-                ndp_build::{write_nd, NdSpec, ND_FRAME_BUF},
+                ndp::NA_FLAG_OVERRIDE,
+                ndp_build::{write_nd, NdSpec, ALL_NODES, ND_FRAME_BUF},
             };
             // The builder puts its Ethernet source into the option: build
             // with the owner's, then put ours in the Ethernet header (the
             // ICMPv6 checksum does not cover it).
             let spec = NdSpec {
                 tags: [tag, None],
-                ..NdSpec::advert(
-                    owner,
-                    lb.octets(),
-                    c.mac,
-                    client.octets(),
-                    NA_FLAG_SOLICITED | NA_FLAG_OVERRIDE,
-                )
+                ..NdSpec::advert(owner, lb.octets(), c.mac, ALL_NODES, NA_FLAG_OVERRIDE)
             };
             let mut buf = [0u8; ND_FRAME_BUF];
             let n = write_nd(&mut buf, &spec);
@@ -281,7 +282,11 @@ mod tests {
     #[test]
     fn the_owner_is_certain_only_alone_since_the_move() {
         let local = BTreeSet::from([OURS]);
-        let c = |mac, last_ns| Claimant { mac, last_ns };
+        let c = |mac, last_ns| Claimant {
+            mac,
+            first_ns: last_ns,
+            last_ns,
+        };
         // The old owner (this node) and the new one: only the new one counts.
         assert_eq!(
             owner_from_census(&[c(OURS, 12 * S), c(OWNER, 11 * S)], false, 10 * S, &local),
@@ -304,6 +309,24 @@ mod tests {
             owner_from_census(&[c(OWNER, 11 * S)], true, 10 * S, &local),
             OwnerMac::Uncertain(_)
         ));
+        // A rogue (or the old owner) claiming since before the move and
+        // still: it never qualifies; the new owner alone after it does.
+        let since_before = Claimant {
+            mac: ROGUE,
+            first_ns: 5 * S,
+            last_ns: 12 * S,
+        };
+        assert!(matches!(
+            owner_from_census(&[since_before], false, 10 * S, &local),
+            OwnerMac::Uncertain(_)
+        ));
+        assert_eq!(
+            owner_from_census(&[since_before, c(OWNER, 11 * S)], false, 10 * S, &local),
+            OwnerMac::Certain {
+                mac: OWNER,
+                evidence: Evidence::Census
+            }
+        );
     }
 
     #[test]
@@ -322,13 +345,15 @@ mod tests {
         // Tagged as the client's packets came.
         let tagged = refresh_frame(&Client { vlan: 100, ..c }, OWNER, OURS).unwrap();
         assert_eq!(&tagged[12..16], &[0x81, 0x00, 0, 100]);
-        // IPv6: a solicited, overriding advertisement with the owner's MAC.
+        // IPv6: an overriding advertisement with the owner's MAC, to the
+        // client's MAC only.
         let c6 = Client {
             ip: "fd00::100".parse().unwrap(),
             client_ip: "fd00::1".parse().unwrap(),
             ..c
         };
         let f = refresh_frame(&c6, OWNER, OURS).unwrap();
+        assert_eq!(&f[0..6], &c6.mac);
         assert_eq!(&f[6..12], &OURS);
         let guard_common::Parsed::Nd(nd) = guard_common::parse(&f[..], 0x86dd) else {
             panic!("not NDP")

@@ -31,6 +31,14 @@ pub struct Held {
 }
 
 impl Held {
+    /// Whether one of `local` (this node's MACs) sent it: its Ethernet
+    /// source.
+    pub fn sent_by(&self, local: &[[u8; 6]]) -> bool {
+        self.bytes
+            .get(6..12)
+            .is_some_and(|src| local.iter().any(|m| m[..] == *src))
+    }
+
     /// The frame the program copied, with a VLAN tag that travelled in skb
     /// metadata (a VLAN device above an interface that offloads tagging)
     /// put back in front of the ethertype: re-sent on the same interface,
@@ -369,6 +377,15 @@ mod tests {
             origin: Origin::Speaker,
             bytes: vec![byte; 42],
         }
+    }
+
+    #[test]
+    fn only_what_this_node_sent_is_given_back() {
+        let mut h = held(1, S, 0);
+        h.bytes[6..12].copy_from_slice(&[2, 0, 0, 0, 0, 0xa]);
+        assert!(h.sent_by(&[[2, 0, 0, 0, 0, 0xb], [2, 0, 0, 0, 0, 0xa]]));
+        assert!(!h.sent_by(&[[2, 0, 0, 0, 0, 0xb]]), "forwarded here");
+        assert!(!h.sent_by(&[]));
     }
 
     #[test]

@@ -140,8 +140,10 @@ struct Loop {
     series: IpSeries,
     last: ClientsDoc,
     read_failing: bool,
-    /// When the entries were last judged (packets after it are new).
-    judged_ns: u64,
+    /// When the last walk began, and the one before it: packets after the
+    /// earlier one are new to the latest walk (one that came while a walk
+    /// ran is in the next).
+    walk_ns: (u64, u64),
 }
 
 fn run(mut task: ClientsTask) {
@@ -153,7 +155,7 @@ fn run(mut task: ClientsTask) {
         series: IpSeries::default(),
         last: ClientsDoc::empty(task.stale_after),
         read_failing: false,
-        judged_ns: monotonic_ns(),
+        walk_ns: (monotonic_ns(), monotonic_ns()),
     };
     let mut pause = task.period;
     loop {
@@ -197,7 +199,9 @@ fn read(
         return Ok((stats, None));
     }
     let t = Instant::now();
+    let began = monotonic_ns();
     l.entries = task.reader.entries()?;
+    l.walk_ns = (l.walk_ns.1, began);
     l.walked_at = Some(recorded);
     Ok((stats, Some(t.elapsed())))
 }
@@ -219,9 +223,12 @@ fn judge(task: &mut ClientsTask, l: &mut Loop, stats: Totals) {
     };
     let out = assess(&l.entries, &cx, &mut l.memory);
     if let Some(h) = &mut task.healer {
-        h.heal(&l.entries, &cx.ips, l.judged_ns, cx.now_ns);
+        // Packets since the walk before the latest: each is considered at
+        // the read that first sees it, and again at the next (the limiter
+        // makes that harmless); with no new walk, none is new.
+        h.heal(&l.entries, &cx.ips, l.walk_ns.0, cx.now_ns);
+        l.walk_ns.0 = l.walk_ns.1;
     }
-    l.judged_ns = cx.now_ns;
     for f in &out.failovers {
         l.failover.observe(*f);
     }

@@ -30,7 +30,7 @@
 //! | `arp_guard_responder_conflicts` | gauge | reason |
 //! | `arp_guard_census_frames_total` | counter | outcome |
 //! | `arp_guard_census_entries` | gauge | |
-//! | `arp_guard_announce_total` | counter | outcome (deferred, replayed, expired, duplicate, overflow, replay_failed) |
+//! | `arp_guard_announce_total` | counter | outcome (deferred, replayed, expired, duplicate, overflow, replay_failed, not_local) |
 //! | `arp_guard_announcements_held` | gauge | |
 //! | `arp_guard_announce_replay_delay_seconds` | histogram | |
 //! | `arp_guard_takeovers_total` | counter | |

@@ -50,10 +50,13 @@ pub struct Knowledge {
     pub claims: Option<Arc<Vec<Claim>>>,
     /// LB IPs with a census conflict.
     pub conflicts: BTreeSet<IpAddr>,
-    /// How far claims go back when this node never owned the IP (the
-    /// census window).
-    pub window: Duration,
+    /// When each IP asked took its current state and source (its owner),
+    /// on the census's clock: claims count from then.
+    pub changed_ns: BTreeMap<IpAddr, u64>,
 }
+
+/// What the daemon knows about the IPs asked.
+pub type Know = Box<dyn Fn(&BTreeSet<IpAddr>) -> Knowledge + Send + Sync>;
 
 /// The healer: its socket, its per-client limits, and how to learn what
 /// the daemon knows.
@@ -63,7 +66,7 @@ pub struct Healer {
     /// `--announce-hold`: the new owner's first announcements can precede
     /// the move as the feed saw it by this much.
     pub hold: Duration,
-    pub knowledge: Box<dyn Fn() -> Knowledge + Send + Sync>,
+    pub knowledge: Know,
     /// Refreshes by outcome (`sent`, `send_failed`, or why not).
     pub outcomes: BTreeMap<&'static str, u64>,
 }
@@ -82,6 +85,8 @@ impl Healer {
         let mut fresh: Vec<&Entry> = entries
             .iter()
             .filter(|e| e.last_ns > since_ns)
+            // A group MAC is nobody's cache (and a switch floods it).
+            .filter(|e| e.mac[0] & 1 == 0)
             .filter(|e| {
                 ips.get(&e.ip)
                     .is_some_and(|s| s.state == Ownership::Foreign)
@@ -90,15 +95,15 @@ impl Healer {
         if fresh.is_empty() {
             return;
         }
-        let k = (self.knowledge)();
+        let asked: BTreeSet<IpAddr> = fresh.iter().map(|e| e.ip).collect();
+        let k = (self.knowledge)(&asked);
         let local = link_macs_by_index();
         let read = Read {
-            claimants: claimants_of(&k, fresh.iter().map(|e| e.ip).collect()),
+            claimants: claimants_of(&k, asked),
             local_set: local.values().copied().collect(),
             local,
             k,
             ips,
-            now_ns,
             hold_ns: self.hold.as_nanos() as u64,
         };
         // The longest-sending clients first: a flood of new (forged) MACs
@@ -179,7 +184,6 @@ struct Read<'a> {
     local: BTreeMap<u32, [u8; 6]>,
     local_set: BTreeSet<[u8; 6]>,
     ips: &'a BTreeMap<IpAddr, IpState>,
-    now_ns: u64,
     hold_ns: u64,
 }
 
@@ -187,16 +191,17 @@ impl Read<'_> {
     /// What the decision needs about `e`'s IP.
     fn facts(&self, e: &Entry) -> Facts<'_> {
         let state = self.ips.get(&e.ip);
-        // Claims count from the move less the hold window (the new owner
-        // may announce before the feed says so), or over the census window
-        // for an IP this node did not own.
-        let since = match state.and_then(|s| s.lost_ns) {
-            Some(lost) => lost.saturating_sub(self.hold_ns),
-            None => (self.now_ns).saturating_sub(self.k.window.as_nanos() as u64),
-        };
-        let owner = match &self.k.claims {
-            None => OwnerMac::Uncertain("no census read yet"),
-            Some(_) => owner_from_census(
+        // Claims count from the move (this node's loss of the IP, or the
+        // owner's change as this node saw it, the later) less the hold
+        // window (the new owner may announce before the feed says so).
+        let moved = state
+            .and_then(|s| s.lost_ns)
+            .max(self.k.changed_ns.get(&e.ip).copied());
+        let since = moved.map(|m| m.saturating_sub(self.hold_ns));
+        let owner = match (&self.k.claims, since) {
+            (None, _) => OwnerMac::Uncertain("no census read yet"),
+            (_, None) => OwnerMac::Uncertain("the moment of the move is not known"),
+            (Some(_), Some(since)) => owner_from_census(
                 self.claimants.get(&e.ip).map_or(&[][..], Vec::as_slice),
                 self.k.conflicts.contains(&e.ip),
                 since,
@@ -219,9 +224,29 @@ fn claimants_of(k: &Knowledge, ips: BTreeSet<IpAddr>) -> BTreeMap<IpAddr, Vec<Cl
         if ips.contains(&c.ip) {
             out.entry(c.ip).or_default().push(Claimant {
                 mac: c.mac,
+                first_ns: c.first_ns,
                 last_ns: c.last_ns,
             });
         }
     }
     out
+}
+
+/// When each IP took its current state and source (for a Kubernetes or
+/// file source, its owner), from `dated` (IP, Unix seconds), on the
+/// monotonic clock: taken at the start of that second (claims a little
+/// before the change may count, never fewer after it).
+pub fn changed_ns(
+    dated: impl Iterator<Item = (IpAddr, u64)>,
+    now_ns: u64,
+) -> BTreeMap<IpAddr, u64> {
+    let now_unix = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64());
+    dated
+        .map(|(ip, since_unix)| {
+            let ago_ns = ((now_unix - since_unix as f64).max(0.0) * 1e9) as u64;
+            (ip, now_ns.saturating_sub(ago_ns))
+        })
+        .collect()
 }

@@ -22,6 +22,9 @@ pub const OUTCOMES: &[&str] = &[
     "overflow",
     // The re-send failed (the interface went away, a full queue).
     "replay_failed",
+    // Not sent by this node (its Ethernet source is not one of this node's
+    // MACs: a frame forwarded through a bridge here): never re-sent.
+    "not_local",
 ];
 
 #[derive(Debug, Clone, Default, PartialEq)]

@@ -292,6 +292,23 @@ fn check_guard(rel: &str, expect: &Expect) {
     let binding = &of_kind(&objs, "ClusterRoleBinding")[0];
     assert_eq!(binding["subjects"][0]["name"], sa);
     assert_eq!(binding["subjects"][0]["namespace"], ns);
+    // Events on Services: create and patch on events.k8s.io events, in
+    // any namespace (a ClusterRole), nothing more.
+    let role = &of_kind(&objs, "ClusterRole")[0];
+    let on_events: Vec<&Value> = (role["rules"].as_array().unwrap().iter())
+        .filter(|r| (r["resources"].as_array().unwrap().iter()).any(|x| x == "events"))
+        .collect();
+    assert_eq!(on_events.len(), 1, "{ctx}: one rule on events: {role:#}");
+    assert_eq!(
+        on_events[0]["apiGroups"],
+        serde_json::json!(["events.k8s.io"]),
+        "{ctx}"
+    );
+    assert_eq!(
+        on_events[0]["verbs"],
+        serde_json::json!(["create", "patch"]),
+        "{ctx}"
+    );
 
     let monitors = of_kind(&objs, "PodMonitor");
     assert_eq!(!monitors.is_empty(), expect.monitoring, "{ctx}");

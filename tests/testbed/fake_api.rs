@@ -22,7 +22,8 @@
 //!
 //! Collections: `/api/v1[/namespaces/NS]/services`, `/api/v1[/namespaces/NS]/configmaps`,
 //! `/apis/coordination.k8s.io/v1[/namespaces/NS]/leases`,
-//! `/apis/metallb.io/v1beta1[/namespaces/NS]/servicel2statuses`.
+//! `/apis/metallb.io/v1beta1[/namespaces/NS]/servicel2statuses`; Events the
+//! guard writes: POST/PATCH `/apis/events.k8s.io/v1/namespaces/NS/events` (events.rs).
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -40,6 +41,7 @@ use serde_json::{json, Value};
 
 use crate::Netns;
 
+mod events;
 pub mod tls;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -169,6 +171,8 @@ struct Inner {
     /// Open connections, to close them all when the certificate changes.
     conns: Mutex<BTreeMap<u64, TcpStream>>,
     next_conn: AtomicU64,
+    /// Events the guard published (events.rs).
+    events: Mutex<events::Store>,
 }
 
 /// The server; stops on drop.
@@ -207,6 +211,7 @@ impl FakeApi {
             tls: Mutex::new(tls),
             conns: Mutex::new(BTreeMap::new()),
             next_conn: AtomicU64::new(0),
+            events: Mutex::new(events::Store::default()),
         });
         let server = inner.clone();
         std::thread::spawn(move || accept_loop(listener, server));
@@ -508,7 +513,9 @@ impl Write for Conn {
 
 /// One request's line and the headers the server reads.
 struct Request {
+    method: String,
     target: String,
+    body: Vec<u8>,
     /// The bearer token presented, if any.
     token: Option<String>,
 }
@@ -538,12 +545,15 @@ fn read_request(reader: &mut BufReader<Conn>) -> Result<Option<Request>> {
     }
     let mut body = vec![0; content_length];
     reader.read_exact(&mut body)?;
-    let target = request_line
-        .split_whitespace()
-        .nth(1)
-        .context("no request target")?
-        .to_owned();
-    Ok(Some(Request { target, token }))
+    let mut words = request_line.split_whitespace();
+    let method = words.next().unwrap_or_default().to_owned();
+    let target = words.next().context("no request target")?.to_owned();
+    Ok(Some(Request {
+        method,
+        target,
+        body,
+        token,
+    }))
 }
 
 /// Authentication and authorization, as the real server does them before
@@ -616,6 +626,10 @@ fn serve(stream: TcpStream, inner: &Inner) -> Result<()> {
         }
         let out = reader.get_mut();
         if let Some((code, body)) = check_token(inner, req.token.as_deref(), path) {
+            respond(out, code, &body)?;
+            continue;
+        }
+        if let Some((code, body)) = events::handle(inner, &req.method, path, &req.body) {
             respond(out, code, &body)?;
             continue;
         }

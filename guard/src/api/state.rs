@@ -153,10 +153,21 @@ pub fn ip_entries(
                     source,
                     since_unix,
                     on_interfaces: on.get(ip).cloned().unwrap_or_default(),
+                    service: service_of(l),
                 },
             )
         })
         .collect()
+}
+
+/// The Service of an LB IP (namespace/name), from the cluster feed only.
+fn service_of(l: &crate::model::view::LbIp) -> Option<String> {
+    match &l.source {
+        crate::model::view::Provenance::Cluster { service, .. } => {
+            service.as_ref().map(ToString::to_string)
+        }
+        _ => None,
+    }
 }
 
 /// [`ip_entries`] for the LB IPs `keys` only (the others did not change).
@@ -186,6 +197,7 @@ pub fn update_ip_entries(
             source,
             since_unix,
             on_interfaces,
+            service: service_of(l),
         };
         entries.insert(*ip, e);
     }

@@ -37,6 +37,7 @@ impl RunArgs {
                 read_period: self.clients_read_period,
                 refresh_per_minute: self.refresh(),
             },
+            kube_events: self.kube_events.config(),
         })
     }
 

@@ -3,6 +3,7 @@
 
 mod config;
 mod doctor;
+mod events_args;
 mod probe;
 mod tool_args;
 
@@ -117,6 +118,9 @@ pub enum OnExit {
 
 #[derive(Debug, Args)]
 pub struct RunArgs {
+    #[command(flatten)]
+    pub kube_events: events_args::KubeEventsArgs,
+
     /// Interface whose egress is guarded (the node's uplink). Repeat for several.
     #[arg(short, long = "interface", value_name = "IFACE", required = true)]
     pub interfaces: Vec<String>,
@@ -478,12 +482,12 @@ mod tests {
         assert!(parse_duration("99999999999999999999h").is_err());
     }
 
-    /// The shipped RBAC grants exactly what the feed watches (the rendered
-    /// manifests are checked against the CLI in tests/manifests.rs).
+    /// The shipped RBAC grants exactly what the feed watches, and what
+    /// Events on Services need (the rendered manifests are checked against
+    /// the CLI in tests/manifests.rs).
     #[test]
-    fn rbac_grants_exactly_what_the_feed_watches() {
+    fn rbac_grants_exactly_what_the_feed_watches_and_events_need() {
         let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy");
-        // RBAC: read-only, on exactly what the feed watches and nothing else.
         let rbac = std::fs::read_to_string(root.join("base/rbac.yaml")).unwrap();
         let mut grants = Vec::new();
         for v in serde_saphyr::from_str_multiple::<serde_json::Value, Vec<_>>(&rbac).unwrap() {
@@ -491,16 +495,13 @@ mod tests {
                 continue;
             }
             for rule in v["rules"].as_array().unwrap() {
-                let verbs: Vec<&str> = rule["verbs"]
-                    .as_array()
-                    .unwrap()
-                    .iter()
+                let verbs: Vec<&str> = (rule["verbs"].as_array().unwrap().iter())
                     .map(|x| x.as_str().unwrap())
                     .collect();
-                assert_eq!(verbs, ["get", "list", "watch"]);
                 for g in rule["apiGroups"].as_array().unwrap() {
                     for r in rule["resources"].as_array().unwrap() {
-                        grants.push(format!("{}/{}", g.as_str().unwrap(), r.as_str().unwrap()));
+                        let (g, r) = (g.as_str().unwrap(), r.as_str().unwrap());
+                        grants.push(format!("{g}/{r}: {}", verbs.join(",")));
                     }
                 }
             }
@@ -510,9 +511,10 @@ mod tests {
         assert_eq!(
             grants,
             [
-                "/services".to_owned(),
-                "coordination.k8s.io/leases".into(),
-                format!("{}/{}", l2.group, l2.plural)
+                "/services: get,list,watch".to_owned(),
+                "coordination.k8s.io/leases: get,list,watch".into(),
+                "events.k8s.io/events: create,patch".into(),
+                format!("{}/{}: get,list,watch", l2.group, l2.plural)
             ]
         );
     }

@@ -76,6 +76,18 @@ pub struct RunConfig {
     pub sources: SourcesConfig,
     pub api: ApiConfig,
     pub clients: ClientsConfig,
+    pub kube_events: KubeEventsConfig,
+}
+
+/// Kubernetes Events on the Service of an LB IP.
+#[derive(Debug, Clone, Copy)]
+pub struct KubeEventsConfig {
+    pub enabled: bool,
+    pub limits: crate::model::kube_events::Limits,
+    /// A speaker stopped this long without a pause is split brain.
+    pub split_brain_after: std::time::Duration,
+    /// This many stale clients of one LB IP make an Event.
+    pub stale_clients: usize,
 }
 
 /// Misdirected clients (the census's client table).

@@ -9,6 +9,7 @@
 mod attachments;
 mod changes;
 pub mod config;
+mod kube_events;
 mod preflight;
 mod publish;
 mod startup;
@@ -27,7 +28,8 @@ use crate::{
     telemetry::{ops::OPS, status::Status},
 };
 pub use config::{
-    ApiConfig, ClientsConfig, DaemonConfig, OnExit, RunConfig, SourcesConfig, TakeoverConfig,
+    ApiConfig, ClientsConfig, DaemonConfig, KubeEventsConfig, OnExit, RunConfig, SourcesConfig,
+    TakeoverConfig,
 };
 pub use preflight::{check_capabilities, effective_caps, node_name};
 

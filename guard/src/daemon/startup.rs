@@ -262,6 +262,16 @@ impl Daemon {
         self.start_census();
         self.start_clients();
         self.start_memory_watch();
+        // Events need the Service of each IP: only the cluster feed knows it.
+        if let (true, Some(c)) = (self.cfg.kube_events.enabled, &self.cfg.sources.cluster) {
+            super::kube_events::spawn(
+                self.cfg.kube_events,
+                c.kubeconfig.clone(),
+                self.node.clone(),
+                self.shared.clone(),
+                self.cfg.daemon.takeover.silent_after,
+            );
+        }
         if let Some(listener) = listeners.api {
             let router = api::routes::router(self.shared.clone());
             tokio::spawn(api::serve(listener, router, api::routes::ALL_PATHS));

@@ -21,6 +21,22 @@ pub struct Claim {
     /// the API (a Lease past its deadline, not yet confirmed). The owner
     /// keeps its permission; "another node owns it" is not trusted.
     pub certain: bool,
+    /// The Service that carries the IP (the first, when several share it):
+    /// what Kubernetes Events about the IP are attached to.
+    pub service: Option<ServiceRef>,
+}
+
+/// namespace/name of a Service (shared with the feed's keys, not copied).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct ServiceRef {
+    pub namespace: Arc<str>,
+    pub name: Arc<str>,
+}
+
+impl std::fmt::Display for ServiceRef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.namespace, self.name)
+    }
 }
 
 /// One stream's health, as shown in the status and metrics.

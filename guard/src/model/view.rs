@@ -24,6 +24,8 @@ pub enum Provenance {
     Cluster {
         owner: Option<Arc<str>>,
         why: Arc<str>,
+        /// The Service that carries the IP (Events are attached to it).
+        service: Option<super::cluster::ServiceRef>,
     },
     /// What the previous daemon left in the pinned maps, kept until the
     /// Kubernetes feed has synced.
@@ -124,6 +126,7 @@ pub fn derive_ip(i: &Inputs<'_>, ip: IpAddr, on_iface: Option<&str>) -> Option<L
                 source: Provenance::Cluster {
                     owner: claim.owner.clone(),
                     why: claim.why.clone(),
+                    service: claim.service.clone(),
                 },
             });
         }
@@ -492,6 +495,7 @@ mod tests {
                                 owner: o.map(Into::into),
                                 why: format!("seed {seed}").into(),
                                 certain: r.below(4) > 0,
+                                service: None,
                             };
                             claims.insert(ip, Arc::new(c));
                         }

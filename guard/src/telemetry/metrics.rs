@@ -161,6 +161,7 @@ pub const NAMES: &[&str] = &[
     "arp_guard_misdirected_frames_total",
     "arp_guard_client_table_entries",
     "arp_guard_client_refreshes_total",
+    "arp_guard_kube_events_total",
 ];
 
 /// What one scrape is made of.
@@ -401,6 +402,8 @@ fn takeovers(v: &mut Values, t: &TakeoverStats) {
 /// What the daemon did: feed events, rebuilds, map updates, errors.
 fn operations(v: &mut Values) {
     let ops = &*OPS;
+    v.counters
+        .push(super::feed_metrics::kube_events(&ops.kube_events));
     v.counters.push((
         "arp_guard_feed_undecodable_objects",
         "Objects from the Kubernetes API that could not be decoded (skipped), by stream.",

@@ -19,6 +19,9 @@ pub struct Ops {
     pub feed_undecodable: Mutex<BTreeMap<String, u64>>,
     /// New objects not taken in under memory pressure, by stream.
     pub feed_not_admitted: Mutex<BTreeMap<String, u64>>,
+    /// Kubernetes Events, by reason and outcome (published, failed,
+    /// timeout, dropped).
+    pub kube_events: Mutex<BTreeMap<(String, &'static str), u64>>,
 }
 
 /// Count one more for `key` (allocating its name only the first time).
@@ -54,6 +57,14 @@ impl Ops {
     }
     pub fn feed_undecodable(&self, stream: &str) {
         bump(&self.feed_undecodable, stream);
+    }
+    pub fn kube_event(&self, reason: &str, outcome: &'static str) {
+        *self
+            .kube_events
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry((reason.to_owned(), outcome))
+            .or_default() += 1;
     }
     pub fn feed_not_admitted(&self, stream: &str) {
         bump(&self.feed_not_admitted, stream);

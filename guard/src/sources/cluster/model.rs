@@ -305,6 +305,7 @@ impl Model {
                     owner: Some(h.clone()),
                     why: format!("Lease {key} held by {h}").into(),
                     certain: true,
+                    service: None,
                 },
                 LeaseState::Unconfirmed(h) => Claim {
                     owner: Some(h.clone()),
@@ -314,6 +315,7 @@ impl Model {
                     )
                     .into(),
                     certain: false,
+                    service: None,
                 },
                 LeaseState::Expired => Claim {
                     owner: None,
@@ -323,11 +325,13 @@ impl Model {
                     )
                     .into(),
                     certain: true,
+                    service: None,
                 },
                 LeaseState::Vacant => Claim {
                     owner: None,
                     why: format!("Lease {key} has no holder").into(),
                     certain: true,
+                    service: None,
                 },
                 LeaseState::Unreadable(h) => Claim {
                     owner: h.cloned(),
@@ -337,6 +341,7 @@ impl Model {
                     )
                     .into(),
                     certain: false,
+                    service: None,
                 },
             })
         };
@@ -372,6 +377,7 @@ impl Model {
                 )
                 .into(),
                 certain: readable,
+                service: None,
             });
         }
         let why = if readable {
@@ -383,6 +389,7 @@ impl Model {
             owner: Some(n.clone()),
             why: why.into(),
             certain: readable,
+            service: None,
         })
     }
 
@@ -402,7 +409,12 @@ impl Model {
                 owner: None,
                 why: format!("Service {svc}: no announcer record").into(),
                 certain: true,
+                service: None,
             });
+        claim.service = Some(crate::model::cluster::ServiceRef {
+            namespace: svc.ns.clone(),
+            name: svc.name.clone(),
+        });
         if info.unreadable {
             claim.certain = false;
             claim.why = format!(
@@ -430,6 +442,7 @@ impl Model {
                 )
                 .into(),
                 certain: prev.certain && claim.certain,
+                service: prev.service,
             },
         }
     }

@@ -10,6 +10,7 @@ mod attachments;
 mod changes;
 pub mod config;
 mod preflight;
+mod presence;
 mod publish;
 mod startup;
 mod status_file;
@@ -107,6 +108,8 @@ pub(crate) struct Daemon {
     announcers: Vec<&'static str>,
     reclaimer: Option<Arc<tokio::sync::Mutex<CounterReclaimer>>>,
     takeover: takeover::Takeover,
+    /// Presence, while it runs (its Lease is deleted at a clean exit).
+    presence: Option<crate::sources::presence::Handle>,
 }
 
 impl Daemon {
@@ -273,6 +276,9 @@ impl Daemon {
     /// keep`) or take it off everywhere.
     fn shutdown(mut self, signal: &str) {
         tracing::info!(signal, "shutting down");
+        if let Some(p) = self.presence.take() {
+            p.leave();
+        }
         publish::log_counters(&self.dp, "final counters");
         if self.cfg.daemon.on_exit == OnExit::Keep {
             for (iface, r) in self.dp.keep_all() {

@@ -72,6 +72,7 @@ pub(super) async fn start(cfg: RunConfig) -> Result<(Daemon, Inputs)> {
     daemon.enforce(file.as_ref().map(|(f, _)| f), &table, cluster_rx.is_some())?;
     let held = daemon.start_held_reader();
     let heard = daemon.start_telemetry(listeners);
+    daemon.presence = daemon.start_presence();
     let cluster_now = cluster_rx.as_ref().map(|c| c.borrow().clone());
     daemon.publish(cluster_now.as_ref(), &super::publish::Changed::All);
     daemon.announce();
@@ -205,6 +206,7 @@ impl Daemon {
             announcers,
             reclaimer,
             takeover,
+            presence: None,
             cfg,
         }
     }
@@ -306,6 +308,7 @@ impl Daemon {
                         .map(|(ip, e)| (ip, e.state, e.since_unix)),
                 )
             }),
+            who: super::presence::who_is(self.shared.clone()),
             publish: Box::new(move |doc| publish.write().census = Some(doc)),
             events: self.shared.events.clone(),
         });
@@ -378,7 +381,7 @@ impl Daemon {
             wire,
             refresher: Refresher::new(per_minute),
             hold: self.cfg.daemon.takeover.hold,
-            knowledge: Box::new(move || {
+            knowledge: Box::new(move |ips| {
                 let st = shared.read();
                 let feed = st.status.as_ref().and_then(|s| s.feed.as_ref());
                 refresh::Knowledge {
@@ -394,6 +397,7 @@ impl Daemon {
                         .map(|(ip, _)| *ip)
                         .collect(),
                     window,
+                    presence: super::presence::presence_facts(&st, ips),
                 }
             }),
             outcomes: Default::default(),

@@ -7,6 +7,7 @@ pub mod census;
 pub mod clients;
 pub mod cluster;
 pub mod ownership;
+pub mod presence;
 pub mod refresh;
 pub mod takeover;
 pub mod view;

@@ -73,3 +73,14 @@ pub(super) fn by_stream(
         .map(|(k, n)| (vec![("stream", k.clone())], *n))
         .collect()
 }
+
+/// Presence: the cluster's nodes by state of their guard's record.
+pub(super) fn presence(v: &mut Values, by_state: Vec<(&'static str, f64)>) {
+    v.gauges.push((
+        "arp_guard_presence_nodes",
+        "Nodes by their guard's presence record: live, expired (its guard gone or cut off), uncovered (a Node without a live guard).",
+        (by_state.into_iter())
+            .map(|(state, n)| (vec![("state", state.to_owned())], n))
+            .collect(),
+    ));
+}

@@ -27,7 +27,8 @@ use crate::{
         clients::{Entry, IpState},
         fmt_mac,
         refresh::{
-            owner_from_census, refresh_frame, Claimant, Client, Facts, OwnerMac, Refresher, Skip,
+            owner_from_census, owner_with_presence, refresh_frame, Claimant, Client, Facts,
+            OwnerMac, Presence, Refresher, Skip,
         },
     },
 };
@@ -53,6 +54,19 @@ pub struct Knowledge {
     /// How far claims go back when this node never owned the IP (the
     /// census window).
     pub window: Duration,
+    /// Presence (None: off): the MACs of each asked IP's owner node's live
+    /// record (none: no such record), and every live guard's MACs.
+    pub presence: Option<PresenceFacts>,
+}
+
+/// How the healer learns what the daemon knows about some LB IPs.
+pub type KnowledgeOf = Box<dyn Fn(&BTreeSet<IpAddr>) -> Knowledge + Send + Sync>;
+
+/// What presence says about the owners of the IPs asked.
+#[derive(Debug, Clone, Default)]
+pub struct PresenceFacts {
+    pub owner_macs: BTreeMap<IpAddr, BTreeSet<[u8; 6]>>,
+    pub guarded: BTreeSet<[u8; 6]>,
 }
 
 /// The healer: its socket, its per-client limits, and how to learn what
@@ -63,7 +77,8 @@ pub struct Healer {
     /// `--announce-hold`: the new owner's first announcements can precede
     /// the move as the feed saw it by this much.
     pub hold: Duration,
-    pub knowledge: Box<dyn Fn() -> Knowledge + Send + Sync>,
+    /// What the daemon knows about these LB IPs now.
+    pub knowledge: KnowledgeOf,
     /// Refreshes by outcome (`sent`, `send_failed`, or why not).
     pub outcomes: BTreeMap<&'static str, u64>,
 }
@@ -90,7 +105,7 @@ impl Healer {
         if fresh.is_empty() {
             return;
         }
-        let k = (self.knowledge)();
+        let k = (self.knowledge)(&fresh.iter().map(|e| e.ip).collect());
         let local = link_macs_by_index();
         let read = Read {
             claimants: claimants_of(&k, fresh.iter().map(|e| e.ip).collect()),
@@ -194,13 +209,27 @@ impl Read<'_> {
             Some(lost) => lost.saturating_sub(self.hold_ns),
             None => (self.now_ns).saturating_sub(self.k.window.as_nanos() as u64),
         };
-        let owner = match &self.k.claims {
+        let claimants = self.claimants.get(&e.ip).map_or(&[][..], Vec::as_slice);
+        let census = match &self.k.claims {
             None => OwnerMac::Uncertain("no census read yet"),
             Some(_) => owner_from_census(
-                self.claimants.get(&e.ip).map_or(&[][..], Vec::as_slice),
+                claimants,
                 self.k.conflicts.contains(&e.ip),
                 since,
                 &self.local_set,
+            ),
+        };
+        let none = BTreeSet::new();
+        let owner = match &self.k.presence {
+            None => census,
+            Some(p) => owner_with_presence(
+                census,
+                claimants,
+                since,
+                Presence {
+                    owner: p.owner_macs.get(&e.ip).unwrap_or(&none),
+                    guarded: &p.guarded,
+                },
             ),
         };
         Facts {

@@ -295,6 +295,12 @@ fn a_rogue_node_and_a_stranger_are_named_on_the_owner() {
     );
     let line = a.expect_log("responder conflict:", Duration::from_secs(5));
     assert!(line.contains(&said), "{line}");
+    let out = bed.nodes[0]
+        .ns
+        .exec_output(&[&guard_binary().to_string_lossy(), "responders"])
+        .unwrap();
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(table.contains(&said), "{table}");
     // A MAC no guard lists, from the peer: named as outside.
     let wire = RawSocket::open(&bed.peer, "eth0").unwrap();
     assert!(wire

@@ -20,7 +20,11 @@
 //!   gets 401, a known one without permissions 403, each with a Kubernetes
 //!   `Status` body, as the real server answers.
 //!
+//! - writes of Leases (presence): create, replace at the current
+//!   resourceVersion (409 Conflict otherwise), delete;
+//!
 //! Collections: `/api/v1[/namespaces/NS]/services`, `/api/v1[/namespaces/NS]/configmaps`,
+//! `/api/v1/nodes`,
 //! `/apis/coordination.k8s.io/v1[/namespaces/NS]/leases`,
 //! `/apis/metallb.io/v1beta1[/namespaces/NS]/servicel2statuses`; Events the
 //! guard writes: POST/PATCH `/apis/events.k8s.io/v1/namespaces/NS/events` (events.rs).
@@ -51,6 +55,8 @@ pub enum Resource {
     L2Statuses,
     /// Not watched by the guard; `arp-guard doctor` GETs kube-system/kube-proxy.
     ConfigMaps,
+    /// Cluster-scoped (stored under the namespace ""): presence lists them for coverage.
+    Nodes,
 }
 
 impl Resource {
@@ -60,6 +66,7 @@ impl Resource {
             Resource::Leases => "Lease",
             Resource::L2Statuses => "ServiceL2Status",
             Resource::ConfigMaps => "ConfigMap",
+            Resource::Nodes => "Node",
         }
     }
     fn api_version(self) -> &'static str {
@@ -67,7 +74,7 @@ impl Resource {
             Resource::Services => "v1",
             Resource::Leases => "coordination.k8s.io/v1",
             Resource::L2Statuses => "metallb.io/v1beta1",
-            Resource::ConfigMaps => "v1",
+            Resource::ConfigMaps | Resource::Nodes => "v1",
         }
     }
     /// (resource, namespace, object name) from a request path.
@@ -88,6 +95,7 @@ impl Resource {
             ["namespaces", ns, plural, name] => {
                 (Some(ns.to_string()), *plural, Some(name.to_string()))
             }
+            ["nodes", name] => (None, "nodes", Some(name.to_string())),
             _ => return None,
         };
         let res = match (prefix, plural) {
@@ -95,6 +103,7 @@ impl Resource {
             ("coord", "leases") => Resource::Leases,
             ("metallb", "servicel2statuses") => Resource::L2Statuses,
             ("core", "configmaps") => Resource::ConfigMaps,
+            ("core", "nodes") => Resource::Nodes,
             _ => return None,
         };
         Some((res, ns, name))
@@ -289,6 +298,14 @@ impl FakeApi {
         self.inner.changed.notify_all();
     }
 
+    /// The stored object (namespace "" for a cluster-scoped one), if any.
+    pub fn object(&self, res: Resource, ns: &str, name: &str) -> Option<Value> {
+        let st = self.inner.state.lock().unwrap();
+        st.objects
+            .get(&(res, ns.to_owned(), name.to_owned()))
+            .cloned()
+    }
+
     /// Serve Services' `spec.type` and `spec.clusterIP` field selectors
     /// (true, the default: Kubernetes 1.31 and later) or answer them with
     /// 400 Bad Request as older servers do (false).
@@ -424,17 +441,22 @@ fn apply(inner: &Inner, res: Resource, mut object: Value) {
 /// Fill in what the server sets (apiVersion, kind, namespace,
 /// resourceVersion, uid); the object's key.
 fn stamp(res: Resource, object: &mut Value, rv: u64) -> ObjKey {
-    let ns = object["metadata"]["namespace"]
-        .as_str()
-        .unwrap_or("default")
-        .to_owned();
+    let ns = match res {
+        Resource::Nodes => String::new(),
+        _ => object["metadata"]["namespace"]
+            .as_str()
+            .unwrap_or("default")
+            .to_owned(),
+    };
     let name = object["metadata"]["name"]
         .as_str()
         .expect("metadata.name")
         .to_owned();
     object["apiVersion"] = json!(res.api_version());
     object["kind"] = json!(res.kind());
-    object["metadata"]["namespace"] = json!(ns);
+    if res != Resource::Nodes {
+        object["metadata"]["namespace"] = json!(ns);
+    }
     object["metadata"]["resourceVersion"] = json!(rv.to_string());
     if object["metadata"]["uid"].is_null() {
         object["metadata"]["uid"] = json!(format!("uid-{ns}-{name}-{rv}"));
@@ -515,6 +537,7 @@ impl Write for Conn {
 struct Request {
     method: String,
     target: String,
+    /// The request's body (writes).
     body: Vec<u8>,
     /// The bearer token presented, if any.
     token: Option<String>,
@@ -546,7 +569,7 @@ fn read_request(reader: &mut BufReader<Conn>) -> Result<Option<Request>> {
     let mut body = vec![0; content_length];
     reader.read_exact(&mut body)?;
     let mut words = request_line.split_whitespace();
-    let method = words.next().unwrap_or_default().to_owned();
+    let method = words.next().context("no method")?.to_owned();
     let target = words.next().context("no request target")?.to_owned();
     Ok(Some(Request {
         method,
@@ -655,6 +678,11 @@ fn serve(stream: TcpStream, inner: &Inner) -> Result<()> {
             )?;
             continue;
         }
+        if req.method != "GET" {
+            let (code, body) = write(inner, &req.method, res, ns.as_deref(), name, &req.body);
+            respond(out, code, &body)?;
+            continue;
+        }
         if let Some(name) = name {
             let (code, body) = {
                 let mut st = inner.state.lock().unwrap();
@@ -706,6 +734,101 @@ fn serve(stream: TcpStream, inner: &Inner) -> Result<()> {
             timeout,
             bookmarks,
         );
+    }
+}
+
+/// A write, as the real server checks it: POST creates (409 if the name is
+/// taken), PUT replaces only at the current resourceVersion (409 Conflict
+/// otherwise; 404 if gone), DELETE removes (404 if gone). Leases only.
+fn write(
+    inner: &Inner,
+    method: &str,
+    res: Resource,
+    ns: Option<&str>,
+    name: Option<String>,
+    body: &[u8],
+) -> (u16, Value) {
+    let Some(ns) = ns.filter(|_| res == Resource::Leases) else {
+        return (
+            405,
+            status(
+                405,
+                "MethodNotAllowed",
+                "fake API: writes are for namespaced Leases only",
+            ),
+        );
+    };
+    let current = |name: &str| {
+        let st = inner.state.lock().unwrap();
+        st.objects
+            .get(&(res, ns.to_owned(), name.to_owned()))
+            .cloned()
+    };
+    let object = || -> Result<Value, (u16, Value)> {
+        let mut o: Value = serde_json::from_slice(body)
+            .map_err(|e| (400, status(400, "BadRequest", &format!("body: {e}"))))?;
+        o["metadata"]["namespace"] = json!(ns);
+        Ok(o)
+    };
+    let stored = |name: &str| current(name).unwrap_or(Value::Null);
+    match (method, name) {
+        ("POST", None) => {
+            let o = match object() {
+                Ok(o) => o,
+                Err(e) => return e,
+            };
+            let name = o["metadata"]["name"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned();
+            if current(&name).is_some() {
+                return (
+                    409,
+                    status(
+                        409,
+                        "AlreadyExists",
+                        &format!("leases \"{name}\" already exists"),
+                    ),
+                );
+            }
+            apply(inner, res, o);
+            (201, stored(&name))
+        }
+        ("PUT", Some(name)) => {
+            let o = match object() {
+                Ok(o) => o,
+                Err(e) => return e,
+            };
+            let Some(cur) = current(&name) else {
+                return (
+                    404,
+                    status(404, "NotFound", &format!("leases \"{name}\" not found")),
+                );
+            };
+            if o["metadata"]["resourceVersion"] != cur["metadata"]["resourceVersion"] {
+                return (409, status(409, "Conflict", &format!("Operation cannot be fulfilled on leases \"{name}\": the object has been modified")));
+            }
+            apply(inner, res, o);
+            (200, stored(&name))
+        }
+        ("DELETE", Some(name)) => {
+            let Some(gone) = current(&name) else {
+                return (
+                    404,
+                    status(404, "NotFound", &format!("leases \"{name}\" not found")),
+                );
+            };
+            delete(inner, res, ns, &name);
+            (200, gone)
+        }
+        _ => (
+            405,
+            status(
+                405,
+                "MethodNotAllowed",
+                &format!("fake API: {method} not served here"),
+            ),
+        ),
     }
 }
 
@@ -1074,6 +1197,11 @@ pub mod objects {
     pub fn managed_field(manager: &str, operation: &str, fields: Value) -> Value {
         json!({"apiVersion": "v1", "fieldsType": "FieldsV1", "fieldsV1": fields,
             "manager": manager, "operation": operation, "time": "2026-11-30T10:00:00Z"})
+    }
+
+    /// A Node (only what a metadata list reads).
+    pub fn node(name: &str) -> Value {
+        json!({"metadata": {"name": name, "labels": {"kubernetes.io/hostname": name}}})
     }
 
     /// A Lease as client-go's leader election writes it.

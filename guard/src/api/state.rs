@@ -48,6 +48,8 @@ pub struct ApiState {
     pub lost: BTreeMap<IpAddr, u64>,
     /// Misdirected and stale clients (None: the census is off or not read yet).
     pub clients: Option<ClientsDoc>,
+    /// Every guard's presence record, and the cluster's nodes (None: off).
+    pub presence: Option<crate::model::presence::Seen>,
 }
 
 /// Everything the API serves from, shared with the main loop.
@@ -154,6 +156,7 @@ pub fn ip_entries(
                     since_unix,
                     on_interfaces: on.get(ip).cloned().unwrap_or_default(),
                     service: service_of(l),
+                    owner: l.source.owner().map(str::to_owned),
                 },
             )
         })
@@ -198,6 +201,7 @@ pub fn update_ip_entries(
             since_unix,
             on_interfaces,
             service: service_of(l),
+            owner: l.source.owner().map(str::to_owned),
         };
         entries.insert(*ip, e);
     }

@@ -24,6 +24,9 @@ pub struct IpEntry {
     /// says so.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub service: Option<String>,
+    /// The owner node the source names (None: none known).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner: Option<String>,
 }
 
 /// `/status`: the daemon's status document, readiness, and a row per LB IP.

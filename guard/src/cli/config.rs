@@ -15,6 +15,7 @@ use crate::{
     sources::{
         cluster::{objects::ServiceFilter, Announcer, ClusterConfig, FeedConfig, Key},
         file_watch::FileConfig,
+        presence::PresenceConfig,
     },
 };
 
@@ -27,6 +28,7 @@ impl RunArgs {
             daemon: self.daemon(),
             datapath: self.datapath()?,
             sources: self.sources(),
+            presence: self.presence(),
             api: ApiConfig {
                 listen: self.listen.addr(),
                 metrics_listen: self.metrics_listen.addr(),
@@ -103,6 +105,20 @@ impl RunArgs {
             cluster,
             resync: self.resync,
         }
+    }
+
+    /// Presence: on with a period and the Kubernetes API to write to.
+    fn presence(&self) -> Option<PresenceConfig> {
+        let p = &self.presence;
+        if p.presence_period.is_zero() || self.cluster_announcers().is_empty() {
+            return None;
+        }
+        Some(PresenceConfig {
+            kubeconfig: self.kubeconfig.clone(),
+            namespace: p.presence_namespace.clone().filter(|n| !n.is_empty()),
+            node: String::new(),
+            period: p.presence_period,
+        })
     }
 
     /// `--refresh-stale-clients` takes effect in enforce mode only: a guard

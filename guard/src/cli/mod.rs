@@ -1,12 +1,14 @@
 //! Command line of `arp-guard`: the arguments (here) and their turning into
 //! one typed config per part (`config`).
 
+mod cluster_args;
 mod config;
 mod doctor;
 mod events_args;
 mod probe;
 mod tool_args;
 
+pub use cluster_args::{PresenceArgs, StatusArgs};
 pub use doctor::DoctorArgs;
 pub use tool_args::{CountersArgs, UninstallArgs, ValidateArgs};
 
@@ -57,7 +59,7 @@ pub enum Command {
     Uninstall(UninstallArgs),
     /// What the running daemon guards: attachments, mode, feed health, and a
     /// table per LB IP (owner, state, counters).
-    Status(ClientArgs),
+    Status(StatusArgs),
     /// Why this node treats an IP as it does, and what the program would do
     /// with each kind and origin of frame.
     Explain(ExplainArgs),
@@ -339,6 +341,9 @@ pub struct RunArgs {
     #[arg(long)]
     pub refresh_stale_clients: bool,
 
+    #[command(flatten)]
+    pub presence: PresenceArgs,
+
     /// With --refresh-stale-clients: at most this many per client and IP a minute.
     #[arg(long, value_name = "N", default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=60))]
     pub refresh_per_minute: u32,
@@ -482,9 +487,9 @@ mod tests {
         assert!(parse_duration("99999999999999999999h").is_err());
     }
 
-    /// The shipped RBAC grants exactly what the feed watches, and what
-    /// Events on Services need (the rendered manifests are checked against
-    /// the CLI in tests/manifests.rs).
+    /// The shipped RBAC grants exactly what the feed watches, what Events on
+    /// Services need, and Nodes for presence's coverage (the rendered
+    /// manifests are checked against the CLI in tests/manifests.rs).
     #[test]
     fn rbac_grants_exactly_what_the_feed_watches_and_events_need() {
         let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy");
@@ -511,7 +516,8 @@ mod tests {
         assert_eq!(
             grants,
             [
-                "/services: get,list,watch".to_owned(),
+                "/nodes: get,list,watch".to_owned(),
+                "/services: get,list,watch".into(),
                 "coordination.k8s.io/leases: get,list,watch".into(),
                 "events.k8s.io/events: create,patch".into(),
                 format!("{}/{}: get,list,watch", l2.group, l2.plural)

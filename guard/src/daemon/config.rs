@@ -6,6 +6,7 @@ use std::{net::SocketAddr, path::PathBuf, time::Duration};
 
 use crate::{
     datapath::DatapathConfig, sources::cluster::ClusterConfig, sources::file_watch::FileConfig,
+    sources::presence::PresenceConfig,
 };
 
 /// On SIGTERM/SIGINT.
@@ -74,6 +75,8 @@ pub struct RunConfig {
     pub daemon: DaemonConfig,
     pub datapath: DatapathConfig,
     pub sources: SourcesConfig,
+    /// Presence (None: off, or no Kubernetes API to write to).
+    pub presence: Option<PresenceConfig>,
     pub api: ApiConfig,
     pub clients: ClientsConfig,
     pub kube_events: KubeEventsConfig,

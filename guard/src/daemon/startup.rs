@@ -72,6 +72,7 @@ pub(super) async fn start(cfg: RunConfig) -> Result<(Daemon, Inputs)> {
     daemon.enforce(file.as_ref().map(|(f, _)| f), &table, cluster_rx.is_some())?;
     let held = daemon.start_held_reader();
     let heard = daemon.start_telemetry(listeners);
+    daemon.presence = daemon.start_presence();
     let cluster_now = cluster_rx.as_ref().map(|c| c.borrow().clone());
     daemon.publish(cluster_now.as_ref(), &super::publish::Changed::All);
     daemon.announce();
@@ -205,6 +206,7 @@ impl Daemon {
             announcers,
             reclaimer,
             takeover,
+            presence: None,
             cfg,
         }
     }
@@ -316,6 +318,7 @@ impl Daemon {
                         .map(|(ip, e)| (ip, e.state, e.since_unix)),
                 )
             }),
+            who: super::presence::who_is(self.shared.clone()),
             publish: Box::new(move |doc| publish.write().census = Some(doc)),
             events: self.shared.events.clone(),
         });
@@ -414,6 +417,7 @@ impl Daemon {
                         (asked.iter()).filter_map(|ip| Some((*ip, st.ips.get(ip)?.since_unix))),
                         now_ns,
                     ),
+                    presence: super::presence::presence_facts(&st, asked),
                 }
             }),
             outcomes: Default::default(),

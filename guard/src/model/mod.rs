@@ -8,6 +8,7 @@ pub mod clients;
 pub mod cluster;
 pub mod kube_events;
 pub mod ownership;
+pub mod presence;
 pub mod refresh;
 pub mod takeover;
 pub mod view;

@@ -51,6 +51,17 @@ impl std::fmt::Display for Provenance {
     }
 }
 
+impl Provenance {
+    /// The owner node it names, if any.
+    pub fn owner(&self) -> Option<&str> {
+        match self {
+            Provenance::File { owner, .. } => owner.as_deref(),
+            Provenance::Cluster { owner, .. } => owner.as_deref(),
+            Provenance::Interface(_) | Provenance::Pinned => None,
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LbIp {
     pub state: Ownership,

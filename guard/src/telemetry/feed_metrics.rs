@@ -86,3 +86,14 @@ pub(super) fn kube_events(
             .collect(),
     )
 }
+
+/// Presence: the cluster's nodes by state of their guard's record.
+pub(super) fn presence(v: &mut Values, by_state: Vec<(&'static str, f64)>) {
+    v.gauges.push((
+        "arp_guard_presence_nodes",
+        "Nodes by their guard's presence record: live, expired (its guard gone or cut off), uncovered (a Node without a live guard).",
+        (by_state.into_iter())
+            .map(|(state, n)| (vec![("state", state.to_owned())], n))
+            .collect(),
+    ));
+}

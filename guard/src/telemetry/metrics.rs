@@ -26,6 +26,7 @@
 //! | `arp_guard_memory_bytes` | gauge | kind (resident, maps) |
 //! | `arp_guard_memory_limit_bytes` | gauge | |
 //! | `arp_guard_memory_pressure` | gauge | |
+//! | `arp_guard_presence_nodes` | gauge | state (live, expired, uncovered) |
 //! | `arp_guard_responders` | gauge | lb_ip, family (current claims only, at most --metrics-max-ip-series) |
 //! | `arp_guard_responder_conflicts` | gauge | reason |
 //! | `arp_guard_census_frames_total` | counter | outcome |
@@ -143,6 +144,7 @@ pub const NAMES: &[&str] = &[
     "arp_guard_memory_bytes",
     "arp_guard_memory_limit_bytes",
     "arp_guard_memory_pressure",
+    "arp_guard_presence_nodes",
     "arp_guard_responders",
     "arp_guard_responder_conflicts",
     "arp_guard_census_frames_total",
@@ -181,6 +183,8 @@ pub struct Scrape<'a> {
     pub takeover: Option<&'a TakeoverStats>,
     /// Misdirected and stale clients, when the census runs.
     pub clients: Option<&'a ClientsDoc>,
+    /// Presence, when it runs: nodes by state (live, expired, uncovered).
+    pub presence_nodes: Option<Vec<(&'static str, f64)>>,
 }
 
 /// The Prometheus text of one scrape.
@@ -218,6 +222,9 @@ pub fn render(scrape: Scrape<'_>) -> Result<String> {
     }
     if let Some(m) = super::memory::latest() {
         memory(&mut v, &m);
+    }
+    if let Some(p) = scrape.presence_nodes {
+        super::feed_metrics::presence(&mut v, p);
     }
     operations(&mut v);
     let mut registry = Registry::default();

@@ -163,7 +163,11 @@ mod presence_tests {
     const R: [u8; 6] = [2, 0, 0, 0, 0, 0x66];
 
     fn claim(mac: [u8; 6], last_ns: u64) -> Claimant {
-        Claimant { mac, last_ns }
+        Claimant {
+            mac,
+            first_ns: last_ns,
+            last_ns,
+        }
     }
 
     #[test]

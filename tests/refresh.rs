@@ -196,12 +196,27 @@ fn without_the_flag_the_client_stays_stale() {
 /// refreshes sent.
 fn with_a_rogue(tag: &str, from_before: bool, presence: bool) -> (TakeoverBed, Traffic, f64) {
     let mut flags = vec!["--refresh-stale-clients"];
-    if !presence {
-        // The census alone: with presence the owner's own record makes
-        // its MAC certain, rogue or not.
-        flags.extend(["--presence-period", "0"]);
-    }
+    // The census alone, or with presence (the owner's own record makes its
+    // MAC certain, rogue or not), renewed and read every second here.
+    flags.extend(["--presence-period", if presence { "1s" } else { "0" }]);
     let (mut t, traffic) = stale_bed(tag, &flags);
+    if presence {
+        // Node-a has read node-b's record.
+        let (_, body) = testbed::wait_for(Duration::from_secs(10), || {
+            let r = t.bed.nodes[0]
+                .ns
+                .enter(|| Ok(testbed::http_get("127.0.0.1:9477", "/cluster")))
+                .ok()?;
+            let doc: serde_json::Value = serde_json::from_str(&r.1).ok()?;
+            let live = doc["guards"]
+                .as_array()?
+                .iter()
+                .any(|g| g["node"] == t.bed.nodes[1].name.as_str() && g["expired"] == false);
+            live.then_some(r)
+        })
+        .expect("node-a never listed node-b's presence record");
+        eprintln!("{body}");
+    }
     let rogue = RawSocket::open(&t.bed.peer, "eth0").unwrap();
     let claim = ArpSpec::gratuitous(2, ROGUE, LB).to_bytes();
     if from_before {

@@ -260,7 +260,10 @@ fn relists_after_410_and_cut_watches_and_service_changes() {
         Resource::Leases,
         cilium_lease("node-a", 120, "2026-11-30T10:00:00.000000Z"),
     );
-    let _guards = bed.start(&["--announcer", "cilium"]).unwrap();
+    // Presence off: its own lists would count below.
+    let _guards = bed
+        .start(&["--announcer", "cilium", "--presence-period", "0"])
+        .unwrap();
     check(bed.wait_answer(LB, Some("node-a"), CHANGE));
     // Every watch is cut, the Lease is deleted meanwhile and the history
     // compacted: resuming the watches gets 410 Gone, and only a relist can
@@ -558,7 +561,10 @@ fn a_blind_guard_never_takes_the_owners_ip_away() {
         objects::service("default", "web", &["198.51.100.100"]),
     );
     let renewer = Renewer::start(&bed.api, "node-a", 3);
-    let guards = bed.start(&["--announcer", "cilium"]).unwrap();
+    // Presence off: its own requests would count below.
+    let guards = bed
+        .start(&["--announcer", "cilium", "--presence-period", "0"])
+        .unwrap();
     check(bed.wait_answer(LB, Some("node-a"), CHANGE));
 
     // 1. The Lease watch is stuck: no renewal reaches the guards. Each

@@ -993,3 +993,63 @@ fn one_daemon_per_pin_directory() {
     assert!(out.status.success(), "{out:?}");
     assert!(!dir.exists());
 }
+
+/// Opens of `path` during `d`, seen by an inotify watch of this process
+/// (open and close events both: inotify merges identical successive
+/// events, an open after a close is not one).
+fn opens_during(path: &std::path::Path, d: Duration) -> usize {
+    use std::os::unix::ffi::OsStrExt as _;
+    let name = std::ffi::CString::new(path.as_os_str().as_bytes()).unwrap();
+    let mask = libc::IN_OPEN | libc::IN_CLOSE_NOWRITE;
+    // SAFETY: plain syscalls on a descriptor this function owns and closes;
+    // the buffer outlives every read into it, and each event header read
+    // from it lies within what the read returned.
+    unsafe {
+        let fd = libc::inotify_init1(libc::IN_NONBLOCK | libc::IN_CLOEXEC);
+        assert!(fd >= 0);
+        assert!(libc::inotify_add_watch(fd, name.as_ptr(), mask) >= 0);
+        std::thread::sleep(d);
+        let mut buf = [0u8; 65536];
+        let mut opens = 0;
+        loop {
+            let got = libc::read(fd, buf.as_mut_ptr().cast(), buf.len());
+            if got <= 0 {
+                break;
+            }
+            let mut at = 0;
+            while at + 16 <= got as usize {
+                let ev: libc::inotify_event = std::ptr::read_unaligned(buf.as_ptr().add(at).cast());
+                opens += usize::from(ev.mask & libc::IN_OPEN != 0);
+                at += 16 + ev.len as usize;
+            }
+        }
+        libc::close(fd);
+        opens
+    }
+}
+
+/// The daemon reads its ownership file when it changes and once per
+/// `--file-poll`, not more: its own reads (inotify open events on the
+/// directory it watches) do not wake another reload (they did, over and
+/// over, keeping a daemon at rest busy).
+#[test]
+fn reading_the_ownership_file_does_not_wake_its_own_reload() {
+    testbed::require_root();
+    let bed = Bed::new("selfwake").unwrap();
+    // The bed's usual arguments, polling once a minute instead of 5 a second.
+    let args: Vec<String> = (bed.args(&[]).into_iter())
+        .map(|a| if a == "200ms" { "60s".to_owned() } else { a })
+        .collect();
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let guard = Daemon::start(&bed.node, &args).unwrap();
+    // A change is seen at once (and its reload reads the file)...
+    std::fs::write(&bed.owners, owners_with(NODE)).unwrap();
+    guard.expect_log("ownership file reloaded", Duration::from_secs(5));
+    // ...and then the file is left alone.
+    std::thread::sleep(Duration::from_secs(1));
+    let opens = opens_during(&bed.owners, Duration::from_secs(3));
+    assert!(
+        opens <= 1,
+        "the file was opened {opens} times in 3 s at rest"
+    );
+}

@@ -145,9 +145,10 @@ fn expanded_args(objs: &[Value], c: &Value, fields: &BTreeMap<&str, &str>) -> Ve
         .collect()
 }
 
-const FIELDS: [(&str, &str); 2] = [
+const FIELDS: [(&str, &str); 3] = [
     ("spec.nodeName", "worker-1"),
     ("status.podIP", "203.0.113.7"),
+    ("metadata.namespace", "arp-guard"),
 ];
 
 /// What an overlay promises.
@@ -173,7 +174,7 @@ fn check_guard(rel: &str, expect: &Expect) {
         let (kind, name) = (o["kind"].as_str().unwrap(), &o["metadata"]["name"]);
         let want = match kind {
             "Namespace" | "ClusterRole" | "ClusterRoleBinding" => None,
-            "Role" | "RoleBinding" => Some("kube-system"),
+            "Role" | "RoleBinding" if name == "arp-guard-doctor" => Some("kube-system"),
             _ => Some(ns),
         };
         assert_eq!(
@@ -292,6 +293,41 @@ fn check_guard(rel: &str, expect: &Expect) {
     let binding = &of_kind(&objs, "ClusterRoleBinding")[0];
     assert_eq!(binding["subjects"][0]["name"], sa);
     assert_eq!(binding["subjects"][0]["namespace"], ns);
+    // Events on Services: create and patch on events.k8s.io events, in
+    // any namespace (a ClusterRole), nothing more.
+    let role = &of_kind(&objs, "ClusterRole")[0];
+    let on_events: Vec<&Value> = (role["rules"].as_array().unwrap().iter())
+        .filter(|r| (r["resources"].as_array().unwrap().iter()).any(|x| x == "events"))
+        .collect();
+    assert_eq!(on_events.len(), 1, "{ctx}: one rule on events: {role:#}");
+    assert_eq!(
+        on_events[0]["apiGroups"],
+        serde_json::json!(["events.k8s.io"]),
+        "{ctx}"
+    );
+    assert_eq!(
+        on_events[0]["verbs"],
+        serde_json::json!(["create", "patch"]),
+        "{ctx}"
+    );
+
+    check_presence_rbac(&objs, ns, sa, &ctx);
+    let pod_ns = c["env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["name"] == "POD_NAMESPACE");
+    assert_eq!(
+        pod_ns.map(|e| &e["valueFrom"]["fieldRef"]["fieldPath"]),
+        Some(&Value::from("metadata.namespace")),
+        "{ctx}: presence finds its namespace"
+    );
+    // On wherever the guard reads the API.
+    assert_eq!(
+        config.presence.is_some_and(|p| !p.period.is_zero()),
+        !expect.announcers.is_empty(),
+        "{ctx}: presence"
+    );
 
     let monitors = of_kind(&objs, "PodMonitor");
     assert_eq!(!monitors.is_empty(), expect.monitoring, "{ctx}");
@@ -308,6 +344,48 @@ fn check_guard(rel: &str, expect: &Expect) {
     }
     for rule in of_kind(&objs, "PrometheusRule") {
         promtool_check(&rule["spec"]);
+    }
+}
+
+/// Presence's RBAC: Lease writes in the guard's namespace only (a Role
+/// bound to its ServiceAccount), Nodes read-only cluster-wide, and no
+/// write verb in any ClusterRole.
+fn check_presence_rbac(objs: &[Value], ns: &str, sa: &str, ctx: &str) {
+    let role = named(objs, "Role", "arp-guard-presence");
+    assert_eq!(role["metadata"]["namespace"], ns, "{ctx}");
+    assert_eq!(
+        role["rules"],
+        serde_json::json!([{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
+            "verbs": ["get", "list", "watch", "create", "update", "delete"]}]),
+        "{ctx}"
+    );
+    let binding = named(objs, "RoleBinding", "arp-guard-presence");
+    assert_eq!(binding["metadata"]["namespace"], ns, "{ctx}");
+    assert_eq!(binding["roleRef"]["name"], "arp-guard-presence", "{ctx}");
+    assert_eq!(binding["subjects"][0]["name"], sa, "{ctx}");
+    assert_eq!(binding["subjects"][0]["namespace"], ns, "{ctx}");
+    let cr = named(objs, "ClusterRole", "arp-guard");
+    let rules = cr["rules"].as_array().unwrap();
+    assert!(
+        rules
+            .iter()
+            .any(|r| r["resources"] == serde_json::json!(["nodes"])
+                && r["apiGroups"] == serde_json::json!([""])
+                && r["verbs"] == serde_json::json!(["get", "list", "watch"])),
+        "{ctx}: nodes readable for coverage"
+    );
+    // The ClusterRole writes nothing but Events (on the Services of LB IPs).
+    for r in rules {
+        let events = r["apiGroups"] == serde_json::json!(["events.k8s.io"])
+            && r["resources"] == serde_json::json!(["events"]);
+        for v in r["verbs"].as_array().unwrap() {
+            let ok = match v.as_str() {
+                Some("get" | "list" | "watch") => true,
+                Some("create" | "patch") => events,
+                _ => false,
+            };
+            assert!(ok, "{ctx}: the ClusterRole writes only Events: {r}");
+        }
     }
 }
 

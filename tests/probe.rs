@@ -155,7 +155,8 @@ fn zero_one_and_two_responders_without_the_guard() {
 #[test]
 fn with_the_guard_only_the_owner_answers() {
     let mut seg = segment("prbg");
-    seg.guard(&[(ONE, "node1"), (BOTH, "node1")]).unwrap();
+    seg.guard(&[(ONE.into(), "node1"), (BOTH.into(), "node1")])
+        .unwrap();
     let args = [
         "--interval",
         "100ms",
@@ -190,7 +191,7 @@ fn with_the_guard_only_the_owner_answers() {
     // A guard that says node2 owns it instead: node2 answers, node1 is stopped.
     drop(seg);
     let mut seg = segment("prbh");
-    seg.guard(&[(BOTH, "node2")]).unwrap();
+    seg.guard(&[(BOTH.into(), "node2")]).unwrap();
     let (code, doc) = probe_json(
         &seg,
         &["--interval", "100ms", "--count", "5", "203.0.113.101"],

@@ -194,8 +194,29 @@ fn without_the_flag_the_client_stays_stale() {
 /// move, or only after it) for 4 s after the move; what the client holds
 /// meanwhile must never be the rogue's MAC. Returns the bed and node-a's
 /// refreshes sent.
-fn with_a_rogue(tag: &str, from_before: bool) -> (TakeoverBed, Traffic, f64) {
-    let (mut t, traffic) = stale_bed(tag, &["--refresh-stale-clients"]);
+fn with_a_rogue(tag: &str, from_before: bool, presence: bool) -> (TakeoverBed, Traffic, f64) {
+    let mut flags = vec!["--refresh-stale-clients"];
+    // The census alone, or with presence (the owner's own record makes its
+    // MAC certain, rogue or not), renewed and read every second here.
+    flags.extend(["--presence-period", if presence { "1s" } else { "0" }]);
+    let (mut t, traffic) = stale_bed(tag, &flags);
+    if presence {
+        // Node-a has read node-b's record.
+        let (_, body) = testbed::wait_for(Duration::from_secs(10), || {
+            let r = t.bed.nodes[0]
+                .ns
+                .enter(|| Ok(testbed::http_get("127.0.0.1:9477", "/cluster")))
+                .ok()?;
+            let doc: serde_json::Value = serde_json::from_str(&r.1).ok()?;
+            let live = doc["guards"]
+                .as_array()?
+                .iter()
+                .any(|g| g["node"] == t.bed.nodes[1].name.as_str() && g["expired"] == false);
+            live.then_some(r)
+        })
+        .expect("node-a never listed node-b's presence record");
+        eprintln!("{body}");
+    }
     let rogue = RawSocket::open(&t.bed.peer, "eth0").unwrap();
     let claim = ArpSpec::gratuitous(2, ROGUE, LB).to_bytes();
     if from_before {
@@ -224,7 +245,7 @@ fn with_a_rogue(tag: &str, from_before: bool) -> (TakeoverBed, Traffic, f64) {
 #[test]
 fn a_rogue_beside_the_owner_is_never_taught() {
     // Both begin claiming at the move: two MACs, no certain owner.
-    let (t, _traffic, sent) = with_a_rogue("rf3", false);
+    let (t, _traffic, sent) = with_a_rogue("rf3", false, false);
     assert_eq!(cached(&t), Some(t.bed.nodes[0].mac), "nobody taught");
     assert_eq!(sent, 0.0);
     assert!(
@@ -241,9 +262,20 @@ fn a_rogue_beside_the_owner_is_never_taught() {
 fn a_claimant_from_before_the_move_does_not_count() {
     // The rogue was claiming before the move and goes on: only the MAC that
     // began claiming since the move, the new owner's, is taught.
-    let (t, _traffic, sent) = with_a_rogue("rf4", true);
+    let (t, _traffic, sent) = with_a_rogue("rf4", true, false);
     assert_eq!(cached(&t), Some(t.bed.nodes[1].mac), "the new owner taught");
     assert!(sent >= 1.0);
+}
+
+#[test]
+fn with_presence_the_owner_is_taught_beside_a_rogue() {
+    // The owner's guard published its MAC: a rogue claiming beside it
+    // changes nothing, the owner's MAC is certain.
+    let (t, _traffic, sent) = with_a_rogue("rf5", false, true);
+    assert_eq!(cached(&t), Some(t.bed.nodes[1].mac), "the new owner taught");
+    assert!(sent >= 1.0);
+    let log = t.guards[0].log_text();
+    assert!(log.contains("\"evidence\":\"presence\""), "{log}");
 }
 
 /// IPv6: a client sending to an LB IP this node never owned (the file says

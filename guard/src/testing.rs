@@ -10,7 +10,10 @@ pub use crate::{
     api::{client::get_blocking as get, HEADER_TIMEOUT, MAX_CONNECTIONS},
     datapath::{maps::ApplyReport, monotonic_ns, Datapath, DatapathConfig, Gate},
     model::view::{LbIp, Provenance, View},
-    sources::file::parse as parse_ownership_file,
+    sources::{
+        cluster::cost::{costs as feed_costs, feed_bytes, Costs as FeedCosts},
+        file::parse as parse_ownership_file,
+    },
     telemetry::{counters::Snapshot, metrics::NAMES as METRIC_NAMES},
 };
 

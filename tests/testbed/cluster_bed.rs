@@ -128,7 +128,18 @@ impl ClusterBed {
 
     /// Start the guard on node `i` and wait up to `sync` for its first sync.
     pub fn start_on(&self, i: usize, args: &[&str], sync: Duration) -> Result<Daemon> {
-        self.start_on_wrapped(i, &[], args, sync)
+        self.start_build_on(i, &crate::guard_binary(), args, sync)
+    }
+
+    /// The same with another build of the daemon (a bench's baseline).
+    pub fn start_build_on(
+        &self,
+        i: usize,
+        binary: &std::path::Path,
+        args: &[&str],
+        sync: Duration,
+    ) -> Result<Daemon> {
+        self.start_as(i, &[], binary, args, sync)
     }
 
     /// [`Self::start_on`] under `wrapper`.
@@ -136,6 +147,19 @@ impl ClusterBed {
         &self,
         i: usize,
         wrapper: &[String],
+        args: &[&str],
+        sync: Duration,
+    ) -> Result<Daemon> {
+        self.start_as(i, wrapper, &crate::guard_binary(), args, sync)
+    }
+
+    /// Start `binary` on node `i` under `wrapper`; wait up to `sync` for its
+    /// first sync.
+    fn start_as(
+        &self,
+        i: usize,
+        wrapper: &[String],
+        binary: &std::path::Path,
         args: &[&str],
         sync: Duration,
     ) -> Result<Daemon> {
@@ -152,7 +176,7 @@ impl ClusterBed {
             "kube-ipvs0",
         ];
         a.extend_from_slice(args);
-        let d = Daemon::start_wrapped(&n.ns, wrapper, &a)?;
+        let d = Daemon::start_build_wrapped(&n.ns, wrapper, binary, &a)?;
         if d.wait_log("initial sync from the Kubernetes API done", sync)
             .is_none()
         {

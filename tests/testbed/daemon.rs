@@ -52,7 +52,17 @@ impl Daemon {
     /// Start `arp-guard run <args>` in `ns` under `wrapper` (a command that
     /// ends by exec'ing its arguments, e.g. setpriv), and wait until it enforces.
     pub fn start_wrapped(ns: &Netns, wrapper: &[String], args: &[&str]) -> Result<Self> {
-        Self::spawn_cmd(ns, wrapper, &guard_binary(), &["run"], args)?.started()
+        Self::start_build_wrapped(ns, wrapper, &guard_binary(), args)
+    }
+
+    /// [`Self::start_wrapped`] with an explicit binary.
+    pub fn start_build_wrapped(
+        ns: &Netns,
+        wrapper: &[String],
+        binary: &std::path::Path,
+        args: &[&str],
+    ) -> Result<Self> {
+        Self::spawn_cmd(ns, wrapper, binary, &["run"], args)?.started()
     }
 
     fn spawn_with(ns: &Netns, binary: &std::path::Path, args: &[&str]) -> Result<Self> {
@@ -117,13 +127,47 @@ impl Daemon {
 
     /// The daemon's resident set (VmRSS) in KiB; panics if it is gone.
     pub fn rss_kib(&self) -> u64 {
+        self.proc_status_kib("VmRSS:")
+    }
+
+    /// The daemon's peak resident set so far (VmHWM) in KiB.
+    pub fn peak_rss_kib(&self) -> u64 {
+        self.proc_status_kib("VmHWM:")
+    }
+
+    fn proc_status_kib(&self, field: &str) -> u64 {
         let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid()))
             .expect("the daemon's /proc status");
         status
             .lines()
-            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .find_map(|l| l.strip_prefix(field))
             .and_then(|v| v.split_whitespace().next()?.parse().ok())
-            .expect("VmRSS in /proc/PID/status")
+            .unwrap_or_else(|| panic!("{field} in /proc/PID/status"))
+    }
+
+    /// CPU time the daemon has used so far (user + system, all its threads,
+    /// from /proc/PID/stat): robust to other load on the machine.
+    pub fn cpu_time(&self) -> Duration {
+        let (user, system) = self.cpu_times();
+        user + system
+    }
+
+    /// The same, as (user, system).
+    pub fn cpu_times(&self) -> (Duration, Duration) {
+        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.pid()))
+            .expect("the daemon's /proc stat");
+        // After "pid (comm) ": state is field 3, utime 14, stime 15.
+        let rest = &stat[stat.rfind(')').expect("comm in /proc/PID/stat") + 2..];
+        let f: Vec<u64> = rest
+            .split_whitespace()
+            .skip(11)
+            .take(2)
+            .map(|v| v.parse().expect("utime, stime"))
+            .collect();
+        // SAFETY: sysconf has no preconditions.
+        let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
+        let d = |ticks: u64| Duration::from_nanos(ticks * 1_000_000_000 / hz);
+        (d(f[0]), d(f[1]))
     }
 
     pub fn log_text(&self) -> String {

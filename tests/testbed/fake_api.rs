@@ -20,9 +20,14 @@
 //!   gets 401, a known one without permissions 403, each with a Kubernetes
 //!   `Status` body, as the real server answers.
 //!
+//! - writes of Leases (presence): create, replace at the current
+//!   resourceVersion (409 Conflict otherwise), delete;
+//!
 //! Collections: `/api/v1[/namespaces/NS]/services`, `/api/v1[/namespaces/NS]/configmaps`,
+//! `/api/v1/nodes`,
 //! `/apis/coordination.k8s.io/v1[/namespaces/NS]/leases`,
-//! `/apis/metallb.io/v1beta1[/namespaces/NS]/servicel2statuses`.
+//! `/apis/metallb.io/v1beta1[/namespaces/NS]/servicel2statuses`; Events the
+//! guard writes: POST/PATCH `/apis/events.k8s.io/v1/namespaces/NS/events` (events.rs).
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -40,6 +45,7 @@ use serde_json::{json, Value};
 
 use crate::Netns;
 
+mod events;
 pub mod tls;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -49,6 +55,8 @@ pub enum Resource {
     L2Statuses,
     /// Not watched by the guard; `arp-guard doctor` GETs kube-system/kube-proxy.
     ConfigMaps,
+    /// Cluster-scoped (stored under the namespace ""): presence lists them for coverage.
+    Nodes,
 }
 
 impl Resource {
@@ -58,6 +66,7 @@ impl Resource {
             Resource::Leases => "Lease",
             Resource::L2Statuses => "ServiceL2Status",
             Resource::ConfigMaps => "ConfigMap",
+            Resource::Nodes => "Node",
         }
     }
     fn api_version(self) -> &'static str {
@@ -65,7 +74,7 @@ impl Resource {
             Resource::Services => "v1",
             Resource::Leases => "coordination.k8s.io/v1",
             Resource::L2Statuses => "metallb.io/v1beta1",
-            Resource::ConfigMaps => "v1",
+            Resource::ConfigMaps | Resource::Nodes => "v1",
         }
     }
     /// (resource, namespace, object name) from a request path.
@@ -86,6 +95,7 @@ impl Resource {
             ["namespaces", ns, plural, name] => {
                 (Some(ns.to_string()), *plural, Some(name.to_string()))
             }
+            ["nodes", name] => (None, "nodes", Some(name.to_string())),
             _ => return None,
         };
         let res = match (prefix, plural) {
@@ -93,6 +103,7 @@ impl Resource {
             ("coord", "leases") => Resource::Leases,
             ("metallb", "servicel2statuses") => Resource::L2Statuses,
             ("core", "configmaps") => Resource::ConfigMaps,
+            ("core", "nodes") => Resource::Nodes,
             _ => return None,
         };
         Some((res, ns, name))
@@ -117,6 +128,9 @@ struct Event {
     ns: String,
     kind: &'static str,
     object: Value,
+    /// The object as it was before a MODIFIED (a watch with a selector
+    /// turns a change across the selector into ADDED or DELETED).
+    prev: Option<Value>,
 }
 
 #[derive(Default)]
@@ -140,6 +154,10 @@ struct State {
     auth: Option<Auth>,
     /// Requests per bearer token presented.
     tokens_seen: BTreeMap<String, u64>,
+    /// Services may be selected by `spec.type` and `spec.clusterIP`
+    /// (Kubernetes 1.31 and later); false: an older server, which answers
+    /// such a field selector with 400 Bad Request.
+    old_service_fields: bool,
 }
 
 /// Which bearer tokens the server knows.
@@ -155,12 +173,15 @@ struct Inner {
     state: Mutex<State>,
     changed: Condvar,
     stop: AtomicBool,
-    bookmark_every: Duration,
+    /// Milliseconds between bookmarks on a watch that asked for them.
+    bookmark_every_ms: AtomicU64,
     /// HTTPS with this configuration (None: plain HTTP).
     tls: Mutex<Option<Arc<rustls::ServerConfig>>>,
     /// Open connections, to close them all when the certificate changes.
     conns: Mutex<BTreeMap<u64, TcpStream>>,
     next_conn: AtomicU64,
+    /// Events the guard published (events.rs).
+    events: Mutex<events::Store>,
 }
 
 /// The server; stops on drop.
@@ -195,10 +216,11 @@ impl FakeApi {
             }),
             changed: Condvar::new(),
             stop: AtomicBool::new(false),
-            bookmark_every: Duration::from_secs(1),
+            bookmark_every_ms: AtomicU64::new(1000),
             tls: Mutex::new(tls),
             conns: Mutex::new(BTreeMap::new()),
             next_conn: AtomicU64::new(0),
+            events: Mutex::new(events::Store::default()),
         });
         let server = inner.clone();
         std::thread::spawn(move || accept_loop(listener, server));
@@ -261,6 +283,36 @@ impl FakeApi {
         delete(&self.inner, res, ns, name)
     }
 
+    /// Create many objects at once, without a watch history for them (a
+    /// server whose history was compacted since): for benches that load
+    /// tens of thousands of objects before the guard starts.
+    pub fn preload(&self, res: Resource, objects: impl IntoIterator<Item = Value>) {
+        let mut st = self.inner.state.lock().unwrap();
+        for mut object in objects {
+            st.rv += 1;
+            let rv = st.rv;
+            let key = stamp(res, &mut object, rv);
+            st.objects.insert(key, object);
+        }
+        st.compacted = st.rv;
+        self.inner.changed.notify_all();
+    }
+
+    /// The stored object (namespace "" for a cluster-scoped one), if any.
+    pub fn object(&self, res: Resource, ns: &str, name: &str) -> Option<Value> {
+        let st = self.inner.state.lock().unwrap();
+        st.objects
+            .get(&(res, ns.to_owned(), name.to_owned()))
+            .cloned()
+    }
+
+    /// Serve Services' `spec.type` and `spec.clusterIP` field selectors
+    /// (true, the default: Kubernetes 1.31 and later) or answer them with
+    /// 400 Bad Request as older servers do (false).
+    pub fn set_service_field_selectors(&self, supported: bool) {
+        self.inner.state.lock().unwrap().old_service_fields = !supported;
+    }
+
     /// Forget the event history: watches resuming from before the current
     /// resourceVersion get 410 Gone (a watch from the current one is fine,
     /// as on a real server after compaction).
@@ -303,6 +355,17 @@ impl FakeApi {
         };
         st.generation += 1;
         self.inner.changed.notify_all();
+    }
+
+    /// The current resourceVersion (a watch from it sees what comes next).
+    pub fn resource_version(&self) -> u64 {
+        self.inner.state.lock().unwrap().rv
+    }
+
+    /// Send bookmarks this often (1 s by default, for tests that want
+    /// progress soon; a real server sends one about every minute).
+    pub fn set_bookmark_every(&self, every: Duration) {
+        (self.inner.bookmark_every_ms).store(every.as_millis() as u64, Ordering::Relaxed);
     }
 
     /// Single-object GETs served so far.
@@ -351,6 +414,7 @@ fn delete(inner: &Inner, res: Resource, ns: &str, name: &str) {
         ns: ns.to_owned(),
         kind: "DELETED",
         object,
+        prev: None,
     });
     inner.changed.notify_all();
 }
@@ -360,36 +424,44 @@ fn apply(inner: &Inner, res: Resource, mut object: Value) {
     let mut st = inner.state.lock().unwrap();
     st.rv += 1;
     let rv = st.rv;
-    let ns = object["metadata"]["namespace"]
-        .as_str()
-        .unwrap_or("default")
-        .to_owned();
+    let key = stamp(res, &mut object, rv);
+    let prev = st.objects.insert(key.clone(), object.clone());
+    let kind = if prev.is_some() { "MODIFIED" } else { "ADDED" };
+    st.log.push(Event {
+        rv,
+        res,
+        ns: key.1,
+        kind,
+        object,
+        prev,
+    });
+    inner.changed.notify_all();
+}
+
+/// Fill in what the server sets (apiVersion, kind, namespace,
+/// resourceVersion, uid); the object's key.
+fn stamp(res: Resource, object: &mut Value, rv: u64) -> ObjKey {
+    let ns = match res {
+        Resource::Nodes => String::new(),
+        _ => object["metadata"]["namespace"]
+            .as_str()
+            .unwrap_or("default")
+            .to_owned(),
+    };
     let name = object["metadata"]["name"]
         .as_str()
         .expect("metadata.name")
         .to_owned();
     object["apiVersion"] = json!(res.api_version());
     object["kind"] = json!(res.kind());
-    object["metadata"]["namespace"] = json!(ns);
+    if res != Resource::Nodes {
+        object["metadata"]["namespace"] = json!(ns);
+    }
     object["metadata"]["resourceVersion"] = json!(rv.to_string());
     if object["metadata"]["uid"].is_null() {
         object["metadata"]["uid"] = json!(format!("uid-{ns}-{name}-{rv}"));
     }
-    let key = (res, ns.clone(), name);
-    let kind = if st.objects.contains_key(&key) {
-        "MODIFIED"
-    } else {
-        "ADDED"
-    };
-    st.objects.insert(key, object.clone());
-    st.log.push(Event {
-        rv,
-        res,
-        ns,
-        kind,
-        object,
-    });
-    inner.changed.notify_all();
+    (res, ns, name)
 }
 
 impl Drop for FakeApi {
@@ -463,7 +535,10 @@ impl Write for Conn {
 
 /// One request's line and the headers the server reads.
 struct Request {
+    method: String,
     target: String,
+    /// The request's body (writes).
+    body: Vec<u8>,
     /// The bearer token presented, if any.
     token: Option<String>,
 }
@@ -493,12 +568,15 @@ fn read_request(reader: &mut BufReader<Conn>) -> Result<Option<Request>> {
     }
     let mut body = vec![0; content_length];
     reader.read_exact(&mut body)?;
-    let target = request_line
-        .split_whitespace()
-        .nth(1)
-        .context("no request target")?
-        .to_owned();
-    Ok(Some(Request { target, token }))
+    let mut words = request_line.split_whitespace();
+    let method = words.next().context("no method")?.to_owned();
+    let target = words.next().context("no request target")?.to_owned();
+    Ok(Some(Request {
+        method,
+        target,
+        body,
+        token,
+    }))
 }
 
 /// Authentication and authorization, as the real server does them before
@@ -574,6 +652,10 @@ fn serve(stream: TcpStream, inner: &Inner) -> Result<()> {
             respond(out, code, &body)?;
             continue;
         }
+        if let Some((code, body)) = events::handle(inner, &req.method, path, &req.body) {
+            respond(out, code, &body)?;
+            continue;
+        }
         let Some((res, ns, name)) = Resource::from_path(path) else {
             respond(
                 out,
@@ -596,6 +678,11 @@ fn serve(stream: TcpStream, inner: &Inner) -> Result<()> {
             )?;
             continue;
         }
+        if req.method != "GET" {
+            let (code, body) = write(inner, &req.method, res, ns.as_deref(), name, &req.body);
+            respond(out, code, &body)?;
+            continue;
+        }
         if let Some(name) = name {
             let (code, body) = {
                 let mut st = inner.state.lock().unwrap();
@@ -612,14 +699,23 @@ fn serve(stream: TcpStream, inner: &Inner) -> Result<()> {
             respond(out, code, &body)?;
             continue;
         }
+        let old_fields = inner.state.lock().unwrap().old_service_fields;
+        let fields = match field_selector(res, param("fieldSelector"), old_fields) {
+            Ok(f) => f,
+            Err(msg) => {
+                respond(out, 400, &status(400, "BadRequest", &msg))?;
+                continue;
+            }
+        };
         let filter = Filter {
             res,
             ns: ns.as_deref(),
             selector: param("labelSelector"),
+            fields,
         };
         if !matches!(param("watch"), Some("true") | Some("1")) {
             let limit = param("limit").and_then(|v| v.parse().ok());
-            let cont = param("continue").and_then(|v| v.parse().ok());
+            let cont = param("continue");
             respond(out, 200, &list(inner, &filter, limit, cont))?;
             continue;
         }
@@ -638,6 +734,101 @@ fn serve(stream: TcpStream, inner: &Inner) -> Result<()> {
             timeout,
             bookmarks,
         );
+    }
+}
+
+/// A write, as the real server checks it: POST creates (409 if the name is
+/// taken), PUT replaces only at the current resourceVersion (409 Conflict
+/// otherwise; 404 if gone), DELETE removes (404 if gone). Leases only.
+fn write(
+    inner: &Inner,
+    method: &str,
+    res: Resource,
+    ns: Option<&str>,
+    name: Option<String>,
+    body: &[u8],
+) -> (u16, Value) {
+    let Some(ns) = ns.filter(|_| res == Resource::Leases) else {
+        return (
+            405,
+            status(
+                405,
+                "MethodNotAllowed",
+                "fake API: writes are for namespaced Leases only",
+            ),
+        );
+    };
+    let current = |name: &str| {
+        let st = inner.state.lock().unwrap();
+        st.objects
+            .get(&(res, ns.to_owned(), name.to_owned()))
+            .cloned()
+    };
+    let object = || -> Result<Value, (u16, Value)> {
+        let mut o: Value = serde_json::from_slice(body)
+            .map_err(|e| (400, status(400, "BadRequest", &format!("body: {e}"))))?;
+        o["metadata"]["namespace"] = json!(ns);
+        Ok(o)
+    };
+    let stored = |name: &str| current(name).unwrap_or(Value::Null);
+    match (method, name) {
+        ("POST", None) => {
+            let o = match object() {
+                Ok(o) => o,
+                Err(e) => return e,
+            };
+            let name = o["metadata"]["name"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned();
+            if current(&name).is_some() {
+                return (
+                    409,
+                    status(
+                        409,
+                        "AlreadyExists",
+                        &format!("leases \"{name}\" already exists"),
+                    ),
+                );
+            }
+            apply(inner, res, o);
+            (201, stored(&name))
+        }
+        ("PUT", Some(name)) => {
+            let o = match object() {
+                Ok(o) => o,
+                Err(e) => return e,
+            };
+            let Some(cur) = current(&name) else {
+                return (
+                    404,
+                    status(404, "NotFound", &format!("leases \"{name}\" not found")),
+                );
+            };
+            if o["metadata"]["resourceVersion"] != cur["metadata"]["resourceVersion"] {
+                return (409, status(409, "Conflict", &format!("Operation cannot be fulfilled on leases \"{name}\": the object has been modified")));
+            }
+            apply(inner, res, o);
+            (200, stored(&name))
+        }
+        ("DELETE", Some(name)) => {
+            let Some(gone) = current(&name) else {
+                return (
+                    404,
+                    status(404, "NotFound", &format!("leases \"{name}\" not found")),
+                );
+            };
+            delete(inner, res, ns, &name);
+            (200, gone)
+        }
+        _ => (
+            405,
+            status(
+                405,
+                "MethodNotAllowed",
+                &format!("fake API: {method} not served here"),
+            ),
+        ),
     }
 }
 
@@ -674,10 +865,12 @@ fn status(code: u16, reason: &str, message: &str) -> Value {
 
 fn respond(out: &mut impl Write, code: u16, body: &Value) -> Result<()> {
     let body = body.to_string();
-    write!(
-        out,
-        "HTTP/1.1 {code} OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
+    out.write_all(
+        format!(
+            "HTTP/1.1 {code} OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        )
+        .as_bytes(),
     )?;
     out.flush()?;
     Ok(())
@@ -707,12 +900,91 @@ struct Filter<'a> {
     res: Resource,
     ns: Option<&'a str>,
     selector: Option<&'a str>,
+    fields: Vec<FieldTerm>,
 }
 
 impl Filter<'_> {
     fn covers(&self, res: Resource, ns: &str, obj: &Value) -> bool {
-        res == self.res && self.ns.is_none_or(|n| n == ns) && matches_selector(obj, self.selector)
+        res == self.res
+            && self.ns.is_none_or(|n| n == ns)
+            && matches_selector(obj, self.selector)
+            && self.fields.iter().all(|t| t.matches(obj))
     }
+
+    /// An event as a watch with this filter shows it, as the real server's
+    /// watch cache does: a change that makes an object match is ADDED, one
+    /// that makes it stop matching is DELETED (with its previous content).
+    fn seen<'e>(&self, e: &'e Event) -> Option<(&'static str, &'e Value)> {
+        let now = self.covers(e.res, &e.ns, &e.object);
+        let before = e.prev.as_ref().map(|p| self.covers(e.res, &e.ns, p));
+        match (e.kind, before) {
+            ("MODIFIED", Some(true)) if now => Some(("MODIFIED", &e.object)),
+            ("MODIFIED", Some(true)) => e.prev.as_ref().map(|p| ("DELETED", p)),
+            ("MODIFIED", _) if now => Some(("ADDED", &e.object)),
+            ("MODIFIED", _) => None,
+            (kind, _) => now.then_some((kind, &e.object)),
+        }
+    }
+}
+
+/// One term of a field selector: `path=value` or `path!=value`.
+struct FieldTerm {
+    path: String,
+    value: String,
+    equal: bool,
+}
+
+impl FieldTerm {
+    fn matches(&self, obj: &Value) -> bool {
+        let mut v = obj;
+        for part in self.path.split('.') {
+            v = &v[part];
+        }
+        // An unset field reads as "" (spec.type of a Service created
+        // without one is defaulted to ClusterIP by a real server).
+        let got = v.as_str().unwrap_or(match self.path.as_str() {
+            "spec.type" => "ClusterIP",
+            _ => "",
+        });
+        (got == self.value) == self.equal
+    }
+}
+
+/// A field selector as the real server parses it: only the fields each
+/// resource registers are accepted, anything else is 400 Bad Request with
+/// the server's message (`field label not supported: ...`).
+fn field_selector(res: Resource, sel: Option<&str>, old: bool) -> Result<Vec<FieldTerm>, String> {
+    let Some(sel) = sel.filter(|s| !s.is_empty()) else {
+        return Ok(Vec::new());
+    };
+    sel.split(',')
+        .map(|term| {
+            let (path, value, equal) = if let Some((k, v)) = term.split_once("!=") {
+                (k, v, false)
+            } else if let Some((k, v)) = term.split_once("==") {
+                (k, v, true)
+            } else if let Some((k, v)) = term.split_once('=') {
+                (k, v, true)
+            } else {
+                return Err(format!(
+                    "invalid selector: '{term}'; can't understand '{term}'"
+                ));
+            };
+            let path = path.trim();
+            let known = matches!(path, "metadata.name" | "metadata.namespace")
+                || (res == Resource::Services
+                    && !old
+                    && matches!(path, "spec.type" | "spec.clusterIP"));
+            if !known {
+                return Err(format!("field label not supported: {path}"));
+            }
+            Ok(FieldTerm {
+                path: path.to_owned(),
+                value: value.trim().to_owned(),
+                equal,
+            })
+        })
+        .collect()
 }
 
 /// Equality-based label selectors (`k=v`, `k==v`, `k!=v`, `k`, `!k`); any
@@ -741,30 +1013,47 @@ fn matches_selector(obj: &Value, selector: Option<&str>) -> bool {
 }
 
 /// One page of a list; `cont` is the offset the previous page handed out.
-fn list(inner: &Inner, f: &Filter<'_>, limit: Option<usize>, cont: Option<usize>) -> Value {
+/// One page of a list; `cont` is the token the previous page handed out
+/// (the key of its last object: a page costs its own size, not the
+/// collection's, as on a real server).
+fn list(inner: &Inner, f: &Filter<'_>, limit: Option<usize>, cont: Option<&str>) -> Value {
     let mut st = inner.state.lock().unwrap();
     if cont.is_none() {
         st.lists += 1;
     }
-    let all: Vec<&Value> = st
+    let start = match cont.and_then(|c| c.split_once('/')) {
+        Some((ns, name)) => std::ops::Bound::Excluded((f.res, ns.to_owned(), name.to_owned())),
+        None => std::ops::Bound::Included((f.res, String::new(), String::new())),
+    };
+    let mut matching = st
         .objects
-        .iter()
-        .filter(|((r, n, _), o)| f.covers(*r, n, o))
-        .map(|(_, o)| o)
-        .collect();
-    let start = cont.unwrap_or(0).min(all.len());
-    let end = limit.map_or(all.len(), |l| (start + l).min(all.len()));
+        .range((start, std::ops::Bound::Unbounded))
+        .take_while(|((r, _, _), _)| *r == f.res)
+        .filter(|((r, n, _), o)| f.covers(*r, n, o));
+    let limit = limit.unwrap_or(usize::MAX);
+    let mut items = Vec::new();
+    let mut last = None;
+    for ((_, ns, name), o) in matching.by_ref() {
+        items.push(o);
+        last = Some(format!("{ns}/{name}"));
+        if items.len() == limit {
+            break;
+        }
+    }
     let mut metadata = json!({"resourceVersion": st.rv.to_string()});
-    if end < all.len() {
-        metadata["continue"] = json!(end.to_string());
+    if items.len() == limit && matching.next().is_some() {
+        metadata["continue"] = json!(last);
     }
     let res = f.res;
-    json!({"apiVersion": res.api_version(), "kind": format!("{}List", res.kind()), "metadata": metadata, "items": all[start..end]})
+    json!({"apiVersion": res.api_version(), "kind": format!("{}List", res.kind()), "metadata": metadata, "items": items})
 }
 
+/// One chunk of a watch, written at once: one TCP segment per event, as a
+/// real server's buffered writer sends it (not one for the size line and
+/// another for the data).
 fn chunk(out: &mut impl Write, line: &Value) -> std::io::Result<()> {
     let data = format!("{line}\n");
-    write!(out, "{:x}\r\n{data}\r\n", data.len())?;
+    out.write_all(format!("{:x}\r\n{data}\r\n", data.len()).as_bytes())?;
     out.flush()
 }
 
@@ -811,15 +1100,22 @@ fn watch_stream(
             write!(out, "0\r\n\r\n")?;
             return Ok(());
         }
-        let lines: Vec<Value> = st
-            .log
+        let first = st.log.partition_point(|e| e.rv <= sent_up_to);
+        let lines: Vec<Value> = st.log[first..]
             .iter()
-            .filter(|e| e.rv > sent_up_to && f.covers(e.res, &e.ns, &e.object))
-            .map(|e| json!({"type": e.kind, "object": e.object}))
+            .filter_map(|e| Some((e.rv, f.seen(e)?)))
+            .map(|(rv, (kind, object))| {
+                // A DELETED made of the previous content carries the
+                // event's resourceVersion, as on a real server.
+                let mut object = object.clone();
+                object["metadata"]["resourceVersion"] = json!(rv.to_string());
+                json!({"type": kind, "object": object})
+            })
             .collect();
         sent_up_to = st.rv;
         let res = f.res;
-        let bookmark = (bookmarks && last_bookmark.elapsed() >= inner.bookmark_every).then(|| {
+        let every = Duration::from_millis(inner.bookmark_every_ms.load(Ordering::Relaxed));
+        let bookmark = (bookmarks && last_bookmark.elapsed() >= every).then(|| {
             json!({"type": "BOOKMARK", "object": {"kind": res.kind(), "apiVersion": res.api_version(), "metadata": {"resourceVersion": st.rv.to_string()}}})
         });
         drop(st);
@@ -855,6 +1151,57 @@ pub mod objects {
             "spec": {"type": "LoadBalancer", "ports": [{"port": 443, "protocol": "TCP"}], "externalTrafficPolicy": "Local"},
             "status": {"loadBalancer": {"ingress": ingress}}
         })
+    }
+
+    /// A ClusterIP Service as a Helm chart leaves it on a real server:
+    /// labels, a selector, two ports, the Helm annotations and the
+    /// managed fields the server adds (about 2.5 kB of JSON). `i` makes its
+    /// cluster IP.
+    pub fn cluster_ip_service(ns: &str, name: &str, i: usize) -> Value {
+        let ip = format!("10.96.{}.{}", (i / 256) % 256, i % 256);
+        let labels = json!({
+            "app.kubernetes.io/name": name, "app.kubernetes.io/instance": name,
+            "app.kubernetes.io/managed-by": "Helm", "app.kubernetes.io/component": "server",
+            "helm.sh/chart": format!("{name}-1.4.2")
+        });
+        json!({
+            "metadata": {
+                "name": name, "namespace": ns, "labels": labels,
+                "annotations": {"meta.helm.sh/release-name": name, "meta.helm.sh/release-namespace": ns},
+                "creationTimestamp": "2026-11-30T10:00:00Z",
+                "managedFields": [managed_field("helm", "Update", json!({
+                    "f:metadata": {"f:annotations": {".": {}, "f:meta.helm.sh/release-name": {}, "f:meta.helm.sh/release-namespace": {}},
+                        "f:labels": {".": {}, "f:app.kubernetes.io/component": {}, "f:app.kubernetes.io/instance": {},
+                            "f:app.kubernetes.io/managed-by": {}, "f:app.kubernetes.io/name": {}, "f:helm.sh/chart": {}}},
+                    "f:spec": {"f:internalTrafficPolicy": {}, "f:ports": {".": {},
+                        "k:{\"port\":80,\"protocol\":\"TCP\"}": {".": {}, "f:name": {}, "f:port": {}, "f:protocol": {}, "f:targetPort": {}},
+                        "k:{\"port\":9090,\"protocol\":\"TCP\"}": {".": {}, "f:name": {}, "f:port": {}, "f:protocol": {}, "f:targetPort": {}}},
+                        "f:selector": {}, "f:sessionAffinity": {}, "f:type": {}}
+                }))]
+            },
+            "spec": {
+                "type": "ClusterIP", "clusterIP": ip, "clusterIPs": [ip],
+                "ipFamilies": ["IPv4"], "ipFamilyPolicy": "SingleStack",
+                "internalTrafficPolicy": "Cluster", "sessionAffinity": "None",
+                "selector": {"app.kubernetes.io/name": name, "app.kubernetes.io/instance": name},
+                "ports": [
+                    {"name": "http", "port": 80, "protocol": "TCP", "targetPort": "http"},
+                    {"name": "metrics", "port": 9090, "protocol": "TCP", "targetPort": 9090}
+                ]
+            },
+            "status": {"loadBalancer": {}}
+        })
+    }
+
+    /// One `metadata.managedFields` entry.
+    pub fn managed_field(manager: &str, operation: &str, fields: Value) -> Value {
+        json!({"apiVersion": "v1", "fieldsType": "FieldsV1", "fieldsV1": fields,
+            "manager": manager, "operation": operation, "time": "2026-11-30T10:00:00Z"})
+    }
+
+    /// A Node (only what a metadata list reads).
+    pub fn node(name: &str) -> Value {
+        json!({"metadata": {"name": name, "labels": {"kubernetes.io/hostname": name}}})
     }
 
     /// A Lease as client-go's leader election writes it.

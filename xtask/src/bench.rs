@@ -37,8 +37,9 @@ pub struct BenchArgs {
     /// Run only these benches (comma-separated).
     #[arg(long, value_delimiter = ',')]
     pub only: Vec<String>,
-    /// Also time the egress program of this git revision next to today's
-    /// (datapath bench: the "before" column of an optimisation).
+    /// Also measure this git revision next to today's: its egress program
+    /// in the datapath bench, its daemon (release build, kept under
+    /// target/bench/baseline/ by commit) in every cluster_feed case.
     #[arg(long)]
     pub baseline: Option<String>,
     /// Write the tables here instead of BENCHMARKS.md (or the short file).
@@ -202,7 +203,14 @@ pub fn machine() -> String {
 }
 
 /// Run one bench, echoing its output, and return what it printed.
-fn run_bench(name: &str, args: &BenchArgs, baseline: Option<&Path>) -> Result<String> {
+/// `baseline`: the older egress object; `daemon`: the older daemon and its
+/// revision's name.
+fn run_bench(
+    name: &str,
+    args: &BenchArgs,
+    baseline: Option<&Path>,
+    daemon: Option<&(PathBuf, String)>,
+) -> Result<String> {
     let mut c = cargo();
     c.arg("bench");
     if args.short {
@@ -216,6 +224,10 @@ fn run_bench(name: &str, args: &BenchArgs, baseline: Option<&Path>) -> Result<St
     }
     if let Some(obj) = baseline {
         c.env("BENCH_BASELINE_OBJ", obj);
+    }
+    if let Some((bin, rev)) = daemon {
+        c.env("BENCH_BASELINE_BIN", bin)
+            .env("BENCH_BASELINE_NAME", rev);
     }
     c.env(
         "ARP_GUARD_BIN",
@@ -261,10 +273,14 @@ pub fn bench(args: &BenchArgs) -> Result<()> {
     }
     crate::setup::run(&mut build)?;
     let baseline = args.baseline.as_deref().map(baseline_object).transpose()?;
+    let daemon = match (&args.baseline, names.contains(&"cluster_feed")) {
+        (Some(rev), true) => Some(baseline_daemon(rev)?),
+        _ => None,
+    };
     let header = machine();
     let mut text = String::new();
     for name in names {
-        text += &run_bench(name, args, baseline.as_deref())?;
+        text += &run_bench(name, args, baseline.as_deref(), daemon.as_ref())?;
     }
     let out = match (&args.out, args.short) {
         (Some(p), _) => p.clone(),
@@ -291,6 +307,56 @@ pub fn bench(args: &BenchArgs) -> Result<()> {
         bail!("the benches printed no RESULT line");
     }
     Ok(())
+}
+
+/// The daemon of git revision `rev` and the short commit it resolves to:
+/// built once (release) from a throwaway worktree, then kept by commit
+/// under target/bench/baseline/.
+fn baseline_daemon(rev: &str) -> Result<(PathBuf, String)> {
+    let out = Command::new("git")
+        .args(["rev-parse", "--short=12", &format!("{rev}^{{commit}}")])
+        .current_dir(workspace_root())
+        .output()?;
+    let commit = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+    if !out.status.success() || commit.is_empty() {
+        bail!("no such revision: {rev}");
+    }
+    let cache = target_dir().join("bench").join("baseline");
+    let kept = cache.join(format!("arp-guard-{commit}"));
+    if kept.exists() {
+        return Ok((kept, commit));
+    }
+    let tree = cache.join("tree-daemon");
+    let remove = || {
+        let _ = Command::new("git")
+            .args(["worktree", "remove", "--force"])
+            .arg(&tree)
+            .current_dir(workspace_root())
+            .status();
+        let _ = std::fs::remove_dir_all(&tree);
+    };
+    remove();
+    crate::setup::run(
+        Command::new("git")
+            .args(["worktree", "add", "--detach"])
+            .arg(&tree)
+            .arg(&commit)
+            .current_dir(workspace_root()),
+    )?;
+    let target = cache.join("target-daemon");
+    let result = crate::setup::run(
+        cargo()
+            .args(["build", "-p", "guard", "--release", "--target-dir"])
+            .arg(&target)
+            .current_dir(&tree),
+    )
+    .and_then(|()| {
+        std::fs::copy(target.join("release").join("arp-guard"), &kept)
+            .context("copying the baseline daemon")
+            .map(drop)
+    });
+    remove();
+    result.map(|()| (kept, commit))
 }
 
 /// The egress program of git revision `rev`, built from a throwaway worktree

@@ -10,6 +10,7 @@ use std::{collections::BTreeMap, sync::Arc, time::Duration};
 use crate::telemetry::ops::OPS;
 
 pub mod client;
+pub mod cluster;
 pub mod routes;
 pub mod state;
 pub mod types;

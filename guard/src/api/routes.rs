@@ -39,7 +39,7 @@ pub struct Streaming(pub Arc<AtomicBool>);
 
 /// What `router` serves, for the start-up log line.
 pub const ALL_PATHS: &str =
-    "/metrics /healthz /readyz /status /explain /events /counters /responders /clients";
+    "/metrics /healthz /readyz /status /explain /events /counters /responders /clients /cluster";
 
 /// `/metrics` alone: what `--metrics-listen` exposes off the node.
 pub fn metrics_router(shared: Arc<Shared>) -> Router {
@@ -60,6 +60,7 @@ pub fn router(shared: Arc<Shared>) -> Router {
         .route("/events", get(events))
         .route("/responders", get(responders))
         .route("/clients", get(clients))
+        .route("/cluster", get(cluster))
         .fallback(not_found)
         .with_state(shared)
 }
@@ -81,7 +82,7 @@ fn json(v: &impl Serialize) -> Response {
 async fn not_found() -> Response {
     text(
         StatusCode::NOT_FOUND,
-        "not found: try /metrics /healthz /readyz /status /explain?ip= /events /counters /responders[?ip=] /clients[?ip=]\n",
+        "not found: try /metrics /healthz /readyz /status /explain?ip= /events /counters /responders[?ip=] /clients[?ip=] /cluster\n",
     )
 }
 
@@ -136,6 +137,15 @@ async fn metrics_route(State(shared): State<Arc<Shared>>) -> Response {
             census: st.census.as_ref(),
             takeover: st.takeover.as_ref(),
             clients: st.clients.as_ref(),
+            presence_nodes: st.presence.as_ref().map(|p| {
+                let doc = super::cluster::ClusterDoc::of(Some(p), unix_now() as i64);
+                let expired = doc.guards.iter().filter(|g| g.expired).count();
+                vec![
+                    ("live", (doc.guards.len() - expired) as f64),
+                    ("expired", expired as f64),
+                    ("uncovered", doc.uncovered.map_or(0, |u| u.len()) as f64),
+                ]
+            }),
         })
     });
     match rendered {
@@ -298,6 +308,15 @@ async fn responders(
                 .collect(),
         }),
     }
+}
+
+/// Every guard of the cluster and the nodes without one (presence).
+async fn cluster(State(shared): State<Arc<Shared>>) -> Response {
+    let now = unix_now() as i64;
+    json(&super::cluster::ClusterDoc::of(
+        shared.read().presence.as_ref(),
+        now,
+    ))
 }
 
 /// Misdirected and stale clients; with `?ip=`, that LB IP only (an empty

@@ -48,6 +48,8 @@ pub struct ApiState {
     pub lost: BTreeMap<IpAddr, u64>,
     /// Misdirected and stale clients (None: the census is off or not read yet).
     pub clients: Option<ClientsDoc>,
+    /// Every guard's presence record, and the cluster's nodes (None: off).
+    pub presence: Option<crate::model::presence::Seen>,
 }
 
 /// Everything the API serves from, shared with the main loop.
@@ -153,10 +155,22 @@ pub fn ip_entries(
                     source,
                     since_unix,
                     on_interfaces: on.get(ip).cloned().unwrap_or_default(),
+                    service: service_of(l),
+                    owner: l.source.owner().map(str::to_owned),
                 },
             )
         })
         .collect()
+}
+
+/// The Service of an LB IP (namespace/name), from the cluster feed only.
+fn service_of(l: &crate::model::view::LbIp) -> Option<String> {
+    match &l.source {
+        crate::model::view::Provenance::Cluster { service, .. } => {
+            service.as_ref().map(ToString::to_string)
+        }
+        _ => None,
+    }
 }
 
 /// [`ip_entries`] for the LB IPs `keys` only (the others did not change).
@@ -186,6 +200,8 @@ pub fn update_ip_entries(
             source,
             since_unix,
             on_interfaces,
+            service: service_of(l),
+            owner: l.source.owner().map(str::to_owned),
         };
         entries.insert(*ip, e);
     }

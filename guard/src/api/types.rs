@@ -20,6 +20,13 @@ pub struct IpEntry {
     pub since_unix: u64,
     /// Guarded interfaces that carry the IP themselves.
     pub on_interfaces: Vec<String>,
+    /// The Service that carries it (namespace/name), when the cluster feed
+    /// says so.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub service: Option<String>,
+    /// The owner node the source names (None: none known).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner: Option<String>,
 }
 
 /// `/status`: the daemon's status document, readiness, and a row per LB IP.

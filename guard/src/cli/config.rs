@@ -15,6 +15,7 @@ use crate::{
     sources::{
         cluster::{objects::ServiceFilter, Announcer, ClusterConfig, FeedConfig, Key},
         file_watch::FileConfig,
+        presence::PresenceConfig,
     },
 };
 
@@ -27,6 +28,7 @@ impl RunArgs {
             daemon: self.daemon(),
             datapath: self.datapath()?,
             sources: self.sources(),
+            presence: self.presence(),
             api: ApiConfig {
                 listen: self.listen.addr(),
                 metrics_listen: self.metrics_listen.addr(),
@@ -37,6 +39,7 @@ impl RunArgs {
                 read_period: self.clients_read_period,
                 refresh_per_minute: self.refresh(),
             },
+            kube_events: self.kube_events.config(),
         })
     }
 
@@ -104,6 +107,20 @@ impl RunArgs {
         }
     }
 
+    /// Presence: on with a period and the Kubernetes API to write to.
+    fn presence(&self) -> Option<PresenceConfig> {
+        let p = &self.presence;
+        if p.presence_period.is_zero() || self.cluster_announcers().is_empty() {
+            return None;
+        }
+        Some(PresenceConfig {
+            kubeconfig: self.kubeconfig.clone(),
+            namespace: p.presence_namespace.clone().filter(|n| !n.is_empty()),
+            node: String::new(),
+            period: p.presence_period,
+        })
+    }
+
     /// `--refresh-stale-clients` takes effect in enforce mode only: a guard
     /// in monitor mode sends nothing of its own.
     fn refresh(&self) -> Option<u32> {
@@ -136,6 +153,7 @@ impl RunArgs {
                 },
                 silent_after: self.silent_takeover_after,
             },
+            cgroup_root: self.cgroup_root.clone(),
         }
     }
 

@@ -14,8 +14,8 @@ pub struct DoctorArgs {
     #[arg(short, long = "interface", value_name = "IFACE")]
     pub interfaces: Vec<String>,
 
-    /// Interfaces whose IPv4 addresses are LB IPs (as `run --lb-ips-from`);
-    /// non-loopback addresses on `lo` are checked too.
+    /// Interfaces whose addresses are LB IPs (as `run --lb-ips-from`: IPv4,
+    /// and global IPv6); non-loopback IPv4 addresses on `lo` are checked too.
     #[arg(long, value_name = "IFACE", default_value = "kube-ipvs0")]
     pub lb_ips_from: Vec<String>,
 

@@ -1,11 +1,16 @@
 //! Command line of `arp-guard`: the arguments (here) and their turning into
 //! one typed config per part (`config`).
 
+mod cluster_args;
 mod config;
 mod doctor;
+mod events_args;
 mod probe;
+mod tool_args;
 
+pub use cluster_args::{PresenceArgs, StatusArgs};
 pub use doctor::DoctorArgs;
+pub use tool_args::{CountersArgs, UninstallArgs, ValidateArgs};
 
 use std::{path::PathBuf, time::Duration};
 
@@ -54,7 +59,7 @@ pub enum Command {
     Uninstall(UninstallArgs),
     /// What the running daemon guards: attachments, mode, feed health, and a
     /// table per LB IP (owner, state, counters).
-    Status(ClientArgs),
+    Status(StatusArgs),
     /// Why this node treats an IP as it does, and what the program would do
     /// with each kind and origin of frame.
     Explain(ExplainArgs),
@@ -105,27 +110,6 @@ pub struct LbIpArgs {
     pub client: ClientArgs,
 }
 
-#[derive(Debug, Args)]
-pub struct UninstallArgs {
-    /// The --pin-dir the guard ran with.
-    #[arg(long, value_name = "PATH", default_value = DEFAULT_PIN_DIR)]
-    pub pin_dir: PathBuf,
-    /// Also remove arp-guard's netlink filter from these interfaces (default: every interface).
-    #[arg(short, long = "interface", value_name = "IFACE")]
-    pub interfaces: Vec<String>,
-    /// Remove the pins even while a daemon holds the pin directory.
-    #[arg(long)]
-    pub force: bool,
-    /// While a daemon holds the pin directory, wait this long for it to exit
-    /// (a terminating pod) before giving up (or, with --force, going ahead).
-    #[arg(long, value_name = "DURATION", default_value = "0s", value_parser = parse_duration)]
-    pub wait: Duration,
-    /// After uninstalling, keep running until SIGTERM/SIGINT: the clean-up
-    /// DaemonSet's pod then shows Ready once its node is clean.
-    #[arg(long)]
-    pub stay: bool,
-}
-
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum OnExit {
     /// Leave the program attached with its pinned maps for the next daemon.
@@ -136,6 +120,9 @@ pub enum OnExit {
 
 #[derive(Debug, Args)]
 pub struct RunArgs {
+    #[command(flatten)]
+    pub kube_events: events_args::KubeEventsArgs,
+
     /// Interface whose egress is guarded (the node's uplink). Repeat for several.
     #[arg(short, long = "interface", value_name = "IFACE", required = true)]
     pub interfaces: Vec<String>,
@@ -354,6 +341,9 @@ pub struct RunArgs {
     #[arg(long)]
     pub refresh_stale_clients: bool,
 
+    #[command(flatten)]
+    pub presence: PresenceArgs,
+
     /// With --refresh-stale-clients: at most this many per client and IP a minute.
     #[arg(long, value_name = "N", default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=60))]
     pub refresh_per_minute: u32,
@@ -361,39 +351,16 @@ pub struct RunArgs {
     /// How often a summary of the counters is logged (0 to disable).
     #[arg(long, value_name = "DURATION", default_value = "60s", value_parser = parse_duration)]
     pub stats_interval: Duration,
+
+    /// Where the cgroup file system is mounted: the daemon's memory limit
+    /// (cgroup v2 `memory.max`, else v1 `memory.limit_in_bytes`) is read
+    /// under it, to warn and degrade before the limit is reached.
+    #[arg(long, value_name = "PATH", default_value = "/sys/fs/cgroup")]
+    pub cgroup_root: PathBuf,
 }
 
 /// Where `--pin-dir` defaults for commands that read or remove pins.
 pub const DEFAULT_PIN_DIR: &str = "/sys/fs/bpf/arp-guard";
-
-#[derive(Debug, Args)]
-pub struct CountersArgs {
-    /// Interface whose guard is read (in the current network namespace).
-    #[arg(short, long = "interface", value_name = "IFACE", required = true)]
-    pub interfaces: Vec<String>,
-    /// Output format.
-    #[arg(short, long, value_enum, default_value_t = Output::Table)]
-    pub output: Output,
-    /// The daemon's --listen address, asked first.
-    #[arg(long, value_name = "ADDR", default_value = DEFAULT_API, env = "ARP_GUARD_API")]
-    pub api: std::net::SocketAddr,
-    /// The daemon's --pin-dir, read next when no daemon answers (needs only
-    /// read permission on the pins).
-    #[arg(long, value_name = "PATH", default_value = DEFAULT_PIN_DIR)]
-    pub pin_dir: PathBuf,
-}
-
-#[derive(Debug, Args)]
-pub struct ValidateArgs {
-    /// The ownership file to check.
-    pub file: PathBuf,
-    /// Largest file accepted, in bytes (as `run --ownership-file-max-bytes`).
-    #[arg(long, value_name = "BYTES", default_value_t = DEFAULT_MAX_BYTES)]
-    pub max_bytes: u64,
-    /// Print the view of this node (default: $NODE_NAME, then the hostname).
-    #[arg(long, env = "NODE_NAME")]
-    pub node_name: Option<String>,
-}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum AnnouncerArg {
@@ -520,12 +487,12 @@ mod tests {
         assert!(parse_duration("99999999999999999999h").is_err());
     }
 
-    /// The shipped RBAC grants exactly what the feed watches (the rendered
+    /// The shipped RBAC grants exactly what the feed watches, what Events on
+    /// Services need, and Nodes for presence's coverage (the rendered
     /// manifests are checked against the CLI in tests/manifests.rs).
     #[test]
-    fn rbac_grants_exactly_what_the_feed_watches() {
+    fn rbac_grants_exactly_what_the_feed_watches_and_events_need() {
         let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy");
-        // RBAC: read-only, on exactly what the feed watches and nothing else.
         let rbac = std::fs::read_to_string(root.join("base/rbac.yaml")).unwrap();
         let mut grants = Vec::new();
         for v in serde_saphyr::from_str_multiple::<serde_json::Value, Vec<_>>(&rbac).unwrap() {
@@ -533,16 +500,13 @@ mod tests {
                 continue;
             }
             for rule in v["rules"].as_array().unwrap() {
-                let verbs: Vec<&str> = rule["verbs"]
-                    .as_array()
-                    .unwrap()
-                    .iter()
+                let verbs: Vec<&str> = (rule["verbs"].as_array().unwrap().iter())
                     .map(|x| x.as_str().unwrap())
                     .collect();
-                assert_eq!(verbs, ["get", "list", "watch"]);
                 for g in rule["apiGroups"].as_array().unwrap() {
                     for r in rule["resources"].as_array().unwrap() {
-                        grants.push(format!("{}/{}", g.as_str().unwrap(), r.as_str().unwrap()));
+                        let (g, r) = (g.as_str().unwrap(), r.as_str().unwrap());
+                        grants.push(format!("{g}/{r}: {}", verbs.join(",")));
                     }
                 }
             }
@@ -552,9 +516,11 @@ mod tests {
         assert_eq!(
             grants,
             [
-                "/services".to_owned(),
-                "coordination.k8s.io/leases".into(),
-                format!("{}/{}", l2.group, l2.plural)
+                "/nodes: get,list,watch".to_owned(),
+                "/services: get,list,watch".into(),
+                "coordination.k8s.io/leases: get,list,watch".into(),
+                "events.k8s.io/events: create,patch".into(),
+                format!("{}/{}: get,list,watch", l2.group, l2.plural)
             ]
         );
     }

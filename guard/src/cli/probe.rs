@@ -2,7 +2,7 @@
 //! [`Plan`].
 
 use std::{
-    net::{Ipv4Addr, SocketAddrV4},
+    net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr},
     time::Duration,
 };
 
@@ -12,7 +12,7 @@ use clap::{Args, ValueEnum};
 use super::{parse_duration, Output};
 use crate::probe::{ConnectPlan, NeighMode, Plan, MAX_IPS};
 
-/// The most ARP requests per second a probe sends (all IPs together).
+/// The most requests (ARP and NDP) per second a probe sends (all IPs together).
 pub const MAX_REQUESTS_PER_SECOND: u64 = 10_000;
 /// `--duration` when neither it nor `--count` is given.
 pub const DEFAULT_DURATION: Duration = Duration::from_secs(60);
@@ -28,9 +28,10 @@ pub struct ProbeArgs {
     /// Interface on the IPs' segment to probe from.
     #[arg(short, long = "interface", value_name = "IFACE")]
     pub interface: String,
-    /// IPv4 addresses to ask about (at most 1,024).
+    /// IPv4 addresses (asked with ARP) and IPv6 ones (asked with Neighbor
+    /// Solicitations), mixed as you like (at most 1,024).
     #[arg(value_name = "IP")]
-    pub ips: Vec<Ipv4Addr>,
+    pub ips: Vec<IpAddr>,
     /// Time between two requests for an IP.
     #[arg(long, value_name = "DURATION", default_value = "1s", value_parser = parse_duration)]
     pub interval: Duration,
@@ -40,20 +41,24 @@ pub struct ProbeArgs {
     /// Requests per IP (with --duration: whichever ends first).
     #[arg(short, long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=10_000_000))]
     pub count: Option<u64>,
-    /// Sender IP of the requests (default: the interface's primary IPv4; with
-    /// none, 0.0.0.0, an RFC 5227 ARP probe, which owners answer too).
+    /// Sender IP of the requests, one per family (repeat for both). ARP
+    /// default: the interface's primary IPv4; with none, 0.0.0.0, an RFC
+    /// 5227 ARP probe, which owners answer too. NDP default: the
+    /// interface's link-local address.
     #[arg(long, value_name = "IP")]
-    pub source: Option<Ipv4Addr>,
-    /// Each round, after the ARP requests, a TCP connect to PORT on every
-    /// probed IP, or to IP:PORT (probing IP too); repeat for several IPs.
-    /// Each connect is attributed to the MAC the host's neighbour table held.
+    pub source: Vec<IpAddr>,
+    /// Each round, after the requests, a TCP connect to PORT on every probed
+    /// IP, or to IP:PORT or [IPv6]:PORT (probing IP too); repeat for several
+    /// IPs. Each connect is attributed to the MAC the host's neighbour table
+    /// held.
     #[arg(long, value_name = "PORT|IP:PORT", value_parser = parse_connect)]
     pub connect: Vec<ConnectTarget>,
     /// How long a connect may take.
     #[arg(long, value_name = "DURATION", default_value = "1s", value_parser = parse_duration)]
     pub connect_timeout: Duration,
-    /// The host's neighbour entry around each connect: `keep` it, `flush` it
-    /// before each (the kernel resolves afresh: the ARP race decides), or
+    /// The host's neighbour entry (ARP or NDP) around each connect: `keep`
+    /// it, `flush` it before each (the kernel resolves afresh: the race
+    /// decides), or
     /// `pin` it to each responder in turn (each MAC tested on its own;
     /// removed at the end, an earlier permanent entry put back). flush and
     /// pin need CAP_NET_ADMIN.
@@ -86,7 +91,7 @@ impl From<NeighArg> for NeighMode {
 pub enum ConnectTarget {
     /// Every probed IP.
     Port(u16),
-    Addr(SocketAddrV4),
+    Addr(SocketAddr),
 }
 
 fn parse_connect(s: &str) -> Result<ConnectTarget, String> {
@@ -100,19 +105,36 @@ fn parse_connect(s: &str) -> Result<ConnectTarget, String> {
     if let Ok(p) = s.parse::<u16>() {
         return port_ok(p).map(ConnectTarget::Port);
     }
-    let a: SocketAddrV4 = s
+    let a: SocketAddr = s
         .parse()
-        .map_err(|_| format!("`{s}` is neither a port nor IPv4:PORT"))?;
+        .map_err(|_| format!("`{s}` is neither a port nor IPv4:PORT or [IPv6]:PORT"))?;
     port_ok(a.port())?;
     Ok(ConnectTarget::Addr(a))
+}
+
+/// An address the segment can be asked about: IPv6 link-local, multicast,
+/// loopback and unspecified addresses are nobody's LB IP (and a link-local
+/// target would need a zone to connect to).
+fn check_target(ip: IpAddr) -> Result<()> {
+    if let IpAddr::V6(v6) = ip {
+        if v6.is_unicast_link_local()
+            || v6.is_multicast()
+            || v6.is_loopback()
+            || v6.is_unspecified()
+        {
+            bail!("{v6} is not an address to probe: give a global (or unique local) IPv6 address");
+        }
+    }
+    Ok(())
 }
 
 impl ProbeArgs {
     /// The IPs (the positional ones, then those of `--connect IP:PORT`;
     /// duplicates dropped) and their ports.
-    fn targets(&self) -> Result<(Vec<Ipv4Addr>, Vec<Option<u16>>)> {
-        let mut ips: Vec<Ipv4Addr> = Vec::new();
+    fn targets(&self) -> Result<(Vec<IpAddr>, Vec<Option<u16>>)> {
+        let mut ips: Vec<IpAddr> = Vec::new();
         for ip in &self.ips {
+            check_target(*ip)?;
             if !ips.contains(ip) {
                 ips.push(*ip);
             }
@@ -135,14 +157,15 @@ impl ProbeArgs {
         let mut given = Vec::new();
         for c in &self.connect {
             let ConnectTarget::Addr(a) = c else { continue };
-            if given.contains(a.ip()) {
+            check_target(a.ip())?;
+            if given.contains(&a.ip()) {
                 bail!("--connect {a}: {} has a port already (one per IP)", a.ip());
             }
-            given.push(*a.ip());
-            match ips.iter().position(|ip| ip == a.ip()) {
+            given.push(a.ip());
+            match ips.iter().position(|ip| *ip == a.ip()) {
                 Some(i) => ports[i] = Some(a.port()),
                 None if ips.len() < MAX_IPS => {
-                    ips.push(*a.ip());
+                    ips.push(a.ip());
                     ports.push(Some(a.port()));
                 }
                 None => bail!("at most {MAX_IPS} IPs per probe"),
@@ -154,8 +177,63 @@ impl ProbeArgs {
         Ok((ips, ports))
     }
 
-    /// The checked plan, asking as `source`.
-    pub fn plan(&self, source: Ipv4Addr) -> Result<Plan> {
+    /// Whether any target is IPv4 (`false`: IPv6), for opening only the
+    /// sockets needed.
+    pub fn has_family(&self, ipv4: bool) -> bool {
+        let connects = self.connect.iter().filter_map(|c| match c {
+            ConnectTarget::Addr(a) => Some(a.ip()),
+            ConnectTarget::Port(_) => None,
+        });
+        self.ips
+            .iter()
+            .copied()
+            .chain(connects)
+            .any(|ip| ip.is_ipv4() == ipv4)
+    }
+
+    /// The `--source` of a family, at most one each.
+    fn source_of(&self, ipv4: bool) -> Result<Option<IpAddr>> {
+        let mut given = self.source.iter().filter(|ip| ip.is_ipv4() == ipv4);
+        let first = given.next().copied();
+        if let Some(second) = given.next() {
+            bail!("--source {second}: one source per family");
+        }
+        Ok(first)
+    }
+
+    /// The requests' senders: `--source`, else `default4` for ARP and
+    /// `default6` (the interface's link-local) for NDP. Without IPv6
+    /// targets the NDP source is unused (`::`).
+    pub fn sources(
+        &self,
+        default4: Ipv4Addr,
+        default6: Option<Ipv6Addr>,
+    ) -> Result<(Ipv4Addr, Ipv6Addr)> {
+        let v4 = match self.source_of(true)? {
+            Some(IpAddr::V4(ip)) => ip,
+            _ => default4,
+        };
+        let v6 = match self.source_of(false)? {
+            Some(IpAddr::V6(ip)) if ip.is_unspecified() || ip.is_multicast() => {
+                bail!("--source {ip}: an NDP source must be a unicast address (a solicitation from :: is duplicate address detection)")
+            }
+            Some(IpAddr::V6(ip)) => Some(ip),
+            _ => default6,
+        };
+        match v6 {
+            Some(v6) => Ok((v4, v6)),
+            None if self.has_family(false) => bail!(
+                "{} has no usable IPv6 link-local address to send Neighbor Solicitations from                  (IPv6 off on it, or its link-local still tentative): give --source IPV6",
+                self.interface
+            ),
+            None => Ok((v4, Ipv6Addr::UNSPECIFIED)),
+        }
+    }
+
+    /// The checked plan, asking as `source` (ARP) and `source6` (NDP).
+    pub fn plan(&self, source: Ipv4Addr, source6: Ipv6Addr) -> Result<Plan> {
+        self.source_of(true)?;
+        self.source_of(false)?;
         let (ips, ports) = self.targets()?;
         let interval = self.interval;
         if !(Duration::from_millis(10)..=Duration::from_secs(3600)).contains(&interval) {
@@ -164,7 +242,7 @@ impl ProbeArgs {
         let per_second = ips.len() as u64 * 1000 / (interval.as_millis() as u64).max(1);
         if per_second > MAX_REQUESTS_PER_SECOND {
             bail!(
-                "{} IPs every {interval:?} is {per_second} ARP requests per second (at most \
+                "{} IPs every {interval:?} is {per_second} requests per second (at most \
                  {MAX_REQUESTS_PER_SECOND}): raise --interval",
                 ips.len()
             );
@@ -202,6 +280,7 @@ impl ProbeArgs {
         Ok(Plan {
             ips,
             source,
+            source6,
             interval,
             rounds,
             duration,
@@ -230,8 +309,10 @@ mod tests {
         }
     }
 
+    const LL: Ipv6Addr = Ipv6Addr::new(0xfe80, 0, 0, 0, 0, 0, 0, 1);
+
     fn plan(line: &str) -> Result<Plan> {
-        args(line)?.plan(Ipv4Addr::new(198, 51, 100, 1))
+        args(line)?.plan(Ipv4Addr::new(198, 51, 100, 1), LL)
     }
 
     #[test]
@@ -284,7 +365,7 @@ mod tests {
         let p = plan("-i eth0 1.2.3.4 --connect 1.2.3.5:22").unwrap();
         assert_eq!(p.connect.unwrap().ports, [None, Some(22)]);
         let p = plan("-i eth0 --connect 1.2.3.5:22 1.2.3.5").unwrap();
-        assert_eq!(p.ips, [Ipv4Addr::new(1, 2, 3, 5)]);
+        assert_eq!(p.ips, [IpAddr::from(Ipv4Addr::new(1, 2, 3, 5))]);
     }
 
     #[test]
@@ -303,6 +384,13 @@ mod tests {
                 "-i eth0 1.2.3.4 --connect 80 --connect-timeout 2m",
                 "--connect-timeout",
             ),
+            ("-i eth0 ::1", "not an address to probe"),
+            ("-i eth0 fe80::1", "not an address to probe"),
+            ("-i eth0 --connect [ff02::1]:80", "not an address to probe"),
+            (
+                "-i eth0 1.2.3.4 --source 1.1.1.1 --source 2.2.2.2",
+                "one source per family",
+            ),
         ] {
             let err = plan(line).unwrap_err().to_string();
             assert!(err.contains(why), "{line}: {err}");
@@ -311,7 +399,8 @@ mod tests {
             "1.2.3.4",
             "-i eth0 1.2.3.4 --connect 0",
             "-i eth0 1.2.3.4 --connect x:80",
-            "-i eth0 ::1",
+            "-i eth0 1.2.3.4 --connect fd00::1:80",
+            "-i eth0 fd00::zz",
         ] {
             assert!(args(line).is_err(), "{line}");
         }
@@ -328,5 +417,50 @@ mod tests {
         let err = plan(&format!("-i eth0 --interval 10ms {some}")).unwrap_err();
         assert!(err.to_string().contains("per second"), "{err}");
         assert!(plan(&format!("-i eth0 --interval 20ms {some}")).is_ok());
+    }
+
+    #[test]
+    fn ipv4_and_ipv6_mixed() {
+        let p = plan("-i eth0 198.51.100.100 fd00::100 --connect [fd00::101]:443 --connect 80")
+            .unwrap();
+        let want: Vec<IpAddr> = ["198.51.100.100", "fd00::100", "fd00::101"]
+            .iter()
+            .map(|s| s.parse().unwrap())
+            .collect();
+        assert_eq!(p.ips, want);
+        assert_eq!(p.connect.unwrap().ports, [Some(80), Some(80), Some(443)]);
+        assert_eq!(p.source6, LL);
+        let a = args("-i eth0 fd00::100").unwrap();
+        assert!(a.has_family(false) && !a.has_family(true));
+        let a = args("-i eth0 1.2.3.4 --connect [fd00::1]:80").unwrap();
+        assert!(a.has_family(false) && a.has_family(true));
+    }
+
+    #[test]
+    fn sources_per_family() {
+        let v4 = Ipv4Addr::new(198, 51, 100, 1);
+        let a = args("-i eth0 fd00::100 1.2.3.4").unwrap();
+        assert_eq!(a.sources(v4, Some(LL)).unwrap(), (v4, LL));
+        let err = a.sources(v4, None).unwrap_err().to_string();
+        assert!(
+            err.contains("no usable IPv6 link-local") && err.contains("--source"),
+            "{err}"
+        );
+        let a = args("-i eth0 fd00::100 1.2.3.4 --source fd00::9 --source 198.51.100.9").unwrap();
+        let (s4, s6) = a.sources(v4, None).unwrap();
+        assert_eq!(
+            (s4.to_string(), s6.to_string()),
+            ("198.51.100.9".into(), "fd00::9".into())
+        );
+        // No IPv6 target: no link-local needed.
+        let a = args("-i eth0 1.2.3.4").unwrap();
+        assert_eq!(a.sources(v4, None).unwrap(), (v4, Ipv6Addr::UNSPECIFIED));
+        // Never ::, which is duplicate address detection.
+        let a = args("-i eth0 fd00::100 --source ::").unwrap();
+        assert!(a
+            .sources(v4, Some(LL))
+            .unwrap_err()
+            .to_string()
+            .contains("unicast"));
     }
 }

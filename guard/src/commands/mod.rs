@@ -6,6 +6,7 @@
 //! host on it.
 
 mod clients;
+mod cluster;
 mod doctor;
 mod probe;
 mod query;
@@ -18,7 +19,16 @@ use aya::programs::TcAttachType;
 pub use clients::clients;
 pub use doctor::doctor;
 pub use probe::probe;
-pub use query::{events, explain, responders, status};
+pub use query::{events, explain, responders};
+
+/// `arp-guard status [--cluster]`.
+pub async fn status(args: &crate::cli::StatusArgs) -> Result<()> {
+    if args.cluster {
+        cluster::cluster(&args.client).await
+    } else {
+        query::status(&args.client).await
+    }
+}
 
 use crate::{
     api::client,

@@ -1,6 +1,10 @@
-//! `arp-guard probe`: who answers ARP for these IPs, over time.
+//! `arp-guard probe`: who answers ARP (IPv4) or Neighbor Discovery (IPv6)
+//! for these IPs, over time.
 
-use std::{io::Write as _, net::Ipv4Addr};
+use std::{
+    io::Write as _,
+    net::{Ipv4Addr, Ipv6Addr},
+};
 
 use anyhow::{bail, Result};
 use tokio::signal::unix::{signal, SignalKind};
@@ -32,19 +36,23 @@ fn event_line(ev: &Event) -> String {
     )
 }
 
-/// The sender IP: `--source`, else the interface's primary IPv4, else
-/// 0.0.0.0 (an RFC 5227 ARP probe).
-async fn source(args: &ProbeArgs, host: &NetHost) -> Result<Ipv4Addr> {
-    match args.source {
-        Some(ip) => Ok(ip),
-        None => Ok(host.primary_ipv4().await?.unwrap_or(Ipv4Addr::UNSPECIFIED)),
-    }
+/// The senders: `--source`, else for ARP the interface's primary IPv4,
+/// else 0.0.0.0 (an RFC 5227 ARP probe); for NDP its link-local address.
+async fn sources(args: &ProbeArgs, host: &NetHost) -> Result<(Ipv4Addr, Ipv6Addr)> {
+    let v4 = host.primary_ipv4().await?.unwrap_or(Ipv4Addr::UNSPECIFIED);
+    let v6 = if args.has_family(false) {
+        host.link_local().await?
+    } else {
+        None
+    };
+    args.sources(v4, v6)
 }
 
 /// `arp-guard probe`.
 pub async fn probe(args: &ProbeArgs) -> Result<()> {
-    // The flags first: a typo is not a missing capability.
-    args.plan(Ipv4Addr::UNSPECIFIED)?;
+    // The flags first: a typo is not a missing capability (the sources are
+    // known once the interface is open).
+    args.plan(Ipv4Addr::UNSPECIFIED, Ipv6Addr::UNSPECIFIED)?;
     let neigh = NeighMode::from(args.neigh);
     if neigh != NeighMode::Keep
         && crate::daemon::effective_caps().is_some_and(|c| c & (1 << CAP_NET_ADMIN) == 0)
@@ -56,9 +64,10 @@ pub async fn probe(args: &ProbeArgs) -> Result<()> {
         );
     }
     let iface = args.interface.as_str();
-    let mut socket = PacketSocket::open(iface)?;
+    let mut socket = PacketSocket::open(iface, args.has_family(true), args.has_family(false))?;
     let host = NetHost::open(iface)?;
-    let plan = args.plan(source(args, &host).await?)?;
+    let (source, source6) = sources(args, &host).await?;
+    let plan = args.plan(source, source6)?;
     // Installed before the first request: from here on Ctrl-C, SIGTERM or
     // SIGHUP (the ssh session that ran it went away) ends the probe with the
     // summary so far, and pins are removed.

@@ -309,6 +309,10 @@ fn print_census(v: &CensusDoc) {
         if c.more > 0 {
             println!("{:<16} {:<18} ... and {} more MACs", "", "", c.more);
         }
+        // Who the claimants are, by node (presence).
+        for w in crate::model::census::claims_in_words(*ip, c) {
+            println!("{:<16} {w}", "");
+        }
     }
 }
 

@@ -6,6 +6,7 @@ use std::{net::SocketAddr, path::PathBuf, time::Duration};
 
 use crate::{
     datapath::DatapathConfig, sources::cluster::ClusterConfig, sources::file_watch::FileConfig,
+    sources::presence::PresenceConfig,
 };
 
 /// On SIGTERM/SIGINT.
@@ -52,6 +53,8 @@ pub struct DaemonConfig {
     pub status_file: Option<PathBuf>,
     /// How often the counters are logged (zero: never).
     pub stats_interval: Duration,
+    /// Where the memory limit is read (`--cgroup-root`).
+    pub cgroup_root: PathBuf,
     /// Counter rows of a departed IP go this long after it left.
     pub counter_grace: Duration,
     pub takeover: TakeoverConfig,
@@ -72,8 +75,22 @@ pub struct RunConfig {
     pub daemon: DaemonConfig,
     pub datapath: DatapathConfig,
     pub sources: SourcesConfig,
+    /// Presence (None: off, or no Kubernetes API to write to).
+    pub presence: Option<PresenceConfig>,
     pub api: ApiConfig,
     pub clients: ClientsConfig,
+    pub kube_events: KubeEventsConfig,
+}
+
+/// Kubernetes Events on the Service of an LB IP.
+#[derive(Debug, Clone, Copy)]
+pub struct KubeEventsConfig {
+    pub enabled: bool,
+    pub limits: crate::model::kube_events::Limits,
+    /// A speaker stopped this long without a pause is split brain.
+    pub split_brain_after: std::time::Duration,
+    /// This many stale clients of one LB IP make an Event.
+    pub stale_clients: usize,
 }
 
 /// Misdirected clients (the census's client table).

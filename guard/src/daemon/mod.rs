@@ -9,7 +9,9 @@
 mod attachments;
 mod changes;
 pub mod config;
+mod kube_events;
 mod preflight;
+mod presence;
 mod publish;
 mod startup;
 mod status_file;
@@ -27,7 +29,8 @@ use crate::{
     telemetry::{ops::OPS, status::Status},
 };
 pub use config::{
-    ApiConfig, ClientsConfig, DaemonConfig, OnExit, RunConfig, SourcesConfig, TakeoverConfig,
+    ApiConfig, ClientsConfig, DaemonConfig, KubeEventsConfig, OnExit, RunConfig, SourcesConfig,
+    TakeoverConfig,
 };
 pub use preflight::{check_capabilities, effective_caps, node_name};
 
@@ -107,6 +110,8 @@ pub(crate) struct Daemon {
     announcers: Vec<&'static str>,
     reclaimer: Option<Arc<tokio::sync::Mutex<CounterReclaimer>>>,
     takeover: takeover::Takeover,
+    /// Presence, while it runs (its Lease is deleted at a clean exit).
+    presence: Option<crate::sources::presence::Handle>,
 }
 
 impl Daemon {
@@ -273,6 +278,9 @@ impl Daemon {
     /// keep`) or take it off everywhere.
     fn shutdown(mut self, signal: &str) {
         tracing::info!(signal, "shutting down");
+        if let Some(p) = self.presence.take() {
+            p.leave();
+        }
         publish::log_counters(&self.dp, "final counters");
         if self.cfg.daemon.on_exit == OnExit::Keep {
             for (iface, r) in self.dp.keep_all() {

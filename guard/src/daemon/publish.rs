@@ -45,6 +45,7 @@ impl Daemon {
             not_enforced: self.dp.not_enforced(),
             map_memory_bytes: self.memlock,
             feed: cluster.map(|c| Feed::of(&self.announcers, c)),
+            memory: crate::telemetry::memory::latest(),
         };
         if let Some(path) = &self.cfg.daemon.status_file {
             status_file::publish(path, &status, &mut self.last_status);

@@ -27,7 +27,7 @@ use crate::{
         cluster::{task, ClusterConfig},
         file, file_watch,
     },
-    telemetry::{census, clients, refresh},
+    telemetry::{census, clients, memory, refresh},
 };
 
 /// The ownership file as parsed at start, with the text it was parsed from.
@@ -72,6 +72,7 @@ pub(super) async fn start(cfg: RunConfig) -> Result<(Daemon, Inputs)> {
     daemon.enforce(file.as_ref().map(|(f, _)| f), &table, cluster_rx.is_some())?;
     let held = daemon.start_held_reader();
     let heard = daemon.start_telemetry(listeners);
+    daemon.presence = daemon.start_presence();
     let cluster_now = cluster_rx.as_ref().map(|c| c.borrow().clone());
     daemon.publish(cluster_now.as_ref(), &super::publish::Changed::All);
     daemon.announce();
@@ -120,11 +121,9 @@ fn read_file(cfg: &RunConfig) -> Option<JoinHandle<Result<FileAtStart>>> {
 async fn start_cluster(
     c: &ClusterConfig,
 ) -> Result<(Vec<&'static str>, Option<watch::Receiver<ClusterView>>)> {
-    let client = task::client(c.kubeconfig.as_deref(), c.feed.watch_timeout).await?;
     let names: Vec<&'static str> = c.feed.announcers.iter().map(|a| a.name()).collect();
     tracing::info!(announcers = ?names, "reading ownership from the Kubernetes API");
-    let (tx, rx) = watch::channel(ClusterView::default());
-    tokio::spawn(task::run(client, c.feed.clone(), tx));
+    let rx = task::start(c.clone()).await?;
     Ok((names, Some(rx)))
 }
 
@@ -207,6 +206,7 @@ impl Daemon {
             announcers,
             reclaimer,
             takeover,
+            presence: None,
             cfg,
         }
     }
@@ -263,6 +263,17 @@ impl Daemon {
         };
         self.start_census();
         self.start_clients();
+        self.start_memory_watch();
+        // Events need the Service of each IP: only the cluster feed knows it.
+        if let (true, Some(c)) = (self.cfg.kube_events.enabled, &self.cfg.sources.cluster) {
+            super::kube_events::spawn(
+                self.cfg.kube_events,
+                c.kubeconfig.clone(),
+                self.node.clone(),
+                self.shared.clone(),
+                self.cfg.daemon.takeover.silent_after,
+            );
+        }
         if let Some(listener) = listeners.api {
             let router = api::routes::router(self.shared.clone());
             tokio::spawn(api::serve(listener, router, api::routes::ALL_PATHS));
@@ -307,6 +318,7 @@ impl Daemon {
                         .map(|(ip, e)| (ip, e.state, e.since_unix)),
                 )
             }),
+            who: super::presence::who_is(self.shared.clone()),
             publish: Box::new(move |doc| publish.write().census = Some(doc)),
             events: self.shared.events.clone(),
         });
@@ -405,10 +417,32 @@ impl Daemon {
                         (asked.iter()).filter_map(|ip| Some((*ip, st.ips.get(ip)?.since_unix))),
                         now_ns,
                     ),
+                    presence: super::presence::presence_facts(&st, asked),
                 }
             }),
             outcomes: Default::default(),
         })
+    }
+
+    /// The memory watch: every few seconds, the daemon's memory against
+    /// its cgroup's limit (`telemetry::memory`), shown live by the API.
+    fn start_memory_watch(&self) {
+        let (root, maps, shared) = (
+            self.cfg.daemon.cgroup_root.clone(),
+            self.memlock,
+            self.shared.clone(),
+        );
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(memory::PERIOD);
+            loop {
+                tick.tick().await;
+                let s = memory::sample(&root, maps);
+                memory::record(s.clone());
+                if let Some(st) = shared.write().status.as_mut() {
+                    st.memory = Some(s);
+                }
+            }
+        });
     }
 
     fn announce(&self) {

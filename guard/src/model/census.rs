@@ -21,7 +21,10 @@ use std::{
 use guard_common::Kind;
 use serde::{Deserialize, Serialize};
 
-use super::fmt_mac;
+use super::{
+    fmt_mac,
+    presence::{describe, whose, Whose},
+};
 
 /// At most this many responders per IP are listed (the rest are counted):
 /// a flood of forged MACs cannot make the status or the API answer huge.
@@ -54,6 +57,19 @@ pub struct Context {
     pub local_macs: BTreeSet<[u8; 6]>,
     /// Interface names by index (a claim names the one it arrived on).
     pub ifnames: BTreeMap<u32, String>,
+    /// Who each MAC is, from every guard's presence record.
+    pub who: Who,
+}
+
+/// What presence and the ownership source tell about the claimants.
+#[derive(Debug, Clone, Default)]
+pub struct Who {
+    /// Presence runs: a MAC no live record lists is named as outside.
+    pub on: bool,
+    /// MAC -> (node, interface) of every live guard.
+    pub macs: BTreeMap<[u8; 6], (String, String)>,
+    /// The owner node of each claimed LB IP, where the source names one.
+    pub owners: BTreeMap<IpAddr, String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
@@ -89,6 +105,15 @@ pub struct Responder {
     pub kinds: Vec<String>,
     /// The interface its latest claim arrived on.
     pub interface: String,
+    /// The guarded node whose interface has this MAC (presence), and which.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_interface: Option<String>,
+    /// No live guard lists this MAC: a device outside the cluster, or a
+    /// node without the guard (only said while presence runs).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub outside: bool,
 }
 
 /// The census of one LB IP.
@@ -98,6 +123,9 @@ pub struct IpCensus {
     pub active: usize,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub conflict: Option<Reason>,
+    /// The owner node the ownership source names.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner: Option<String>,
     /// Most recent first, at most [`MAX_LISTED`].
     pub responders: Vec<Responder>,
     /// Responders not listed.
@@ -147,27 +175,41 @@ fn one_ip(ip: IpAddr, cs: &[&Claim], cx: &Context) -> IpCensus {
     let responders = cs
         .iter()
         .take(MAX_LISTED)
-        .map(|c| Responder {
-            mac: fmt_mac(&c.mac),
-            claims: c.count,
-            first_seen_ago_s: ago(c.first_ns),
-            last_seen_ago_s: ago(c.last_ns),
-            active: is_active(c),
-            local: cx.local_macs.contains(&c.mac),
-            kinds: Kind::ALL
-                .iter()
-                .filter(|k| c.kinds & (1 << (**k as u8)) != 0)
-                .map(|k| k.as_str().to_owned())
-                .collect(),
-            interface: cx
-                .ifnames
-                .get(&c.ifindex)
-                .cloned()
-                .unwrap_or_else(|| format!("ifindex:{}", c.ifindex)),
+        .map(|c| {
+            let local = cx.local_macs.contains(&c.mac);
+            let w = (cx.who.on && !local).then(|| whose(&cx.who.macs, &c.mac));
+            let (node, node_interface) = match &w {
+                Some(Whose::Node { node, interface }) => {
+                    (Some(node.clone()), Some(interface.clone()))
+                }
+                _ => (None, None),
+            };
+            Responder {
+                mac: fmt_mac(&c.mac),
+                claims: c.count,
+                first_seen_ago_s: ago(c.first_ns),
+                last_seen_ago_s: ago(c.last_ns),
+                active: is_active(c),
+                local,
+                kinds: Kind::ALL
+                    .iter()
+                    .filter(|k| c.kinds & (1 << (**k as u8)) != 0)
+                    .map(|k| k.as_str().to_owned())
+                    .collect(),
+                interface: cx
+                    .ifnames
+                    .get(&c.ifindex)
+                    .cloned()
+                    .unwrap_or_else(|| format!("ifindex:{}", c.ifindex)),
+                node,
+                node_interface,
+                outside: w == Some(Whose::Outside),
+            }
         })
         .collect();
     IpCensus {
         active: active.len(),
+        owner: cx.who.owners.get(&ip).cloned(),
         conflict,
         responders,
         more: cs.len().saturating_sub(MAX_LISTED),
@@ -183,6 +225,32 @@ fn contested(active: &[&Claim]) -> bool {
         return false;
     };
     others.len() >= 2 || others.iter().any(|c| c.last_ns >= latest.first_ns)
+}
+
+/// The claims of `ip` in words, one per active responder that is neither
+/// this node nor the owner: "node-b (eth0, 02:..) claims 198.51.100.100
+/// owned by node-a", or the MAC named as belonging to no guarded node.
+/// Empty while presence is off (the MACs alone say it then).
+pub fn claims_in_words(ip: IpAddr, c: &IpCensus) -> Vec<String> {
+    let owner = match &c.owner {
+        Some(o) => format!("owned by {o}"),
+        None => "with no owner known".into(),
+    };
+    (c.responders.iter())
+        .filter(|r| r.active && !r.local && (r.node.is_some() || r.outside))
+        .filter(|r| r.node.is_none() || r.node != c.owner)
+        .filter_map(|r| {
+            let mac = super::presence::parse_mac(&r.mac)?;
+            let w = match (&r.node, &r.node_interface) {
+                (Some(node), Some(interface)) => Whose::Node {
+                    node: node.clone(),
+                    interface: interface.clone(),
+                },
+                _ => Whose::Outside,
+            };
+            Some(format!("{} claims {ip} {owner}", describe(&w, &mac)))
+        })
+        .collect()
 }
 
 /// The IPs in conflict, for logs and metrics.
@@ -290,6 +358,39 @@ mod tests {
         let c = assess(&[claim(A, 125, 150)], &k);
         assert_eq!(c[&IP].conflict, None);
         assert!(c[&IP].responders[0].local);
+    }
+
+    #[test]
+    fn claimants_are_named_by_node_or_as_outside() {
+        let mut k = cx(160);
+        k.who.on = true;
+        k.who.macs.insert(B, ("node-b".into(), "eth0".into()));
+        k.who.macs.insert(A, ("node-a".into(), "eth0".into()));
+        k.who.owners.insert(IP, "node-a".into());
+        let rogue: [u8; 6] = [2, 0, 0, 0, 0, 0x66];
+        let c = assess(
+            &[
+                claim(A, 100, 150),
+                claim(B, 120, 150),
+                claim(rogue, 125, 150),
+            ],
+            &k,
+        );
+        let e = &c[&IP];
+        assert_eq!(e.owner.as_deref(), Some("node-a"));
+        let words = claims_in_words(IP, e);
+        assert_eq!(
+            words,
+            [
+                "node-b (eth0, 02:00:00:00:00:0b) claims 203.0.113.10 owned by node-a",
+                "02:00:00:00:00:66 (not a guarded node: a device outside the cluster or a node without the guard) claims 203.0.113.10 owned by node-a",
+            ]
+        );
+        // Without presence, nothing is said of who a MAC is.
+        k.who.on = false;
+        let c = assess(&[claim(B, 120, 150)], &k);
+        assert!(claims_in_words(IP, &c[&IP]).is_empty());
+        assert!(!c[&IP].responders[0].outside && c[&IP].responders[0].node.is_none());
     }
 
     #[test]

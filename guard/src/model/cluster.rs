@@ -8,17 +8,35 @@ use std::{
     time::{Duration, Instant},
 };
 
-/// What the cluster says about one LB IP.
+/// What the cluster says about one LB IP. Its text is shared (`Arc`) by
+/// the feed, the table it hands the daemon and the daemon's view: one copy
+/// per IP, however many hold it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Claim {
     /// The node that may announce it; None: nobody (known) does.
-    pub owner: Option<String>,
+    pub owner: Option<Arc<str>>,
     /// Which object said so, in words an operator can look up.
-    pub why: String,
+    pub why: Arc<str>,
     /// False while the record may be outdated for want of an answer from
     /// the API (a Lease past its deadline, not yet confirmed). The owner
     /// keeps its permission; "another node owns it" is not trusted.
     pub certain: bool,
+    /// The Service that carries the IP (the first, when several share it):
+    /// what Kubernetes Events about the IP are attached to.
+    pub service: Option<ServiceRef>,
+}
+
+/// namespace/name of a Service (shared with the feed's keys, not copied).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct ServiceRef {
+    pub namespace: Arc<str>,
+    pub name: Arc<str>,
+}
+
+impl std::fmt::Display for ServiceRef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.namespace, self.name)
+    }
 }
 
 /// One stream's health, as shown in the status and metrics.
@@ -32,6 +50,14 @@ pub struct StreamStatus {
     /// The last error, while failing.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// Objects whose latest version cannot be decoded (skipped; the rest of
+    /// the stream is read).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub undecodable: usize,
+}
+
+fn is_zero(n: &usize) -> bool {
+    *n == 0
 }
 
 /// The claims as the feed hands them to the daemon: every LB IP's current
@@ -39,7 +65,7 @@ pub struct StreamStatus {
 /// (so that one event costs the daemon the IPs it touched, not all of them).
 #[derive(Debug, Default)]
 pub struct ClaimTable {
-    pub claims: BTreeMap<IpAddr, Claim>,
+    pub claims: BTreeMap<IpAddr, Arc<Claim>>,
     pub changed: BTreeSet<IpAddr>,
 }
 
@@ -59,7 +85,9 @@ impl SharedClaims {
     /// A copy of every claim (tests).
     #[cfg(test)]
     pub fn snapshot(&self) -> BTreeMap<IpAddr, Claim> {
-        self.lock().claims.clone()
+        (self.lock().claims.iter())
+            .map(|(ip, c)| (*ip, Claim::clone(c)))
+            .collect()
     }
 }
 

@@ -54,13 +54,61 @@ pub enum OwnerMac {
 pub enum Evidence {
     /// The census saw the owner announce it since the move, alone.
     Census,
+    /// The owner node's own presence record lists it.
+    Presence,
 }
 
 impl Evidence {
     pub fn as_str(self) -> &'static str {
         match self {
             Evidence::Census => "census",
+            Evidence::Presence => "presence",
         }
+    }
+}
+
+/// What presence tells about an IP's owner: the MACs of its node's live
+/// record (empty: it has none), and every live guard's MACs.
+#[derive(Debug, Clone, Copy)]
+pub struct Presence<'a> {
+    pub owner: &'a BTreeSet<[u8; 6]>,
+    pub guarded: &'a BTreeSet<[u8; 6]>,
+}
+
+/// The owner's MAC with presence beside the census (`census`: what
+/// [`owner_from_census`] found). The owner node's live record decides:
+/// one of its MACs that claimed the IP since the move, alone, or else its
+/// only MAC. Without such a record the census's answer stands, unless that
+/// MAC is another guarded node's: a rogue, never taught.
+pub fn owner_with_presence(
+    census: OwnerMac,
+    claimants: &[Claimant],
+    since_ns: u64,
+    p: Presence<'_>,
+) -> OwnerMac {
+    let certain = |mac| OwnerMac::Certain {
+        mac,
+        evidence: Evidence::Presence,
+    };
+    if !p.owner.is_empty() {
+        let mut seen: Vec<[u8; 6]> = (claimants.iter())
+            .filter(|c| c.last_ns >= since_ns && p.owner.contains(&c.mac))
+            .map(|c| c.mac)
+            .collect();
+        seen.sort_unstable();
+        seen.dedup();
+        if let [mac] = seen.as_slice() {
+            return certain(*mac);
+        }
+        if p.owner.len() == 1 {
+            return p.owner.iter().next().map_or(census, |m| certain(*m));
+        }
+    }
+    match census {
+        OwnerMac::Certain { mac, .. } if p.guarded.contains(&mac) && !p.owner.contains(&mac) => {
+            OwnerMac::Uncertain("the only claimant is another guarded node's MAC (a rogue)")
+        }
+        other => other,
     }
 }
 
@@ -103,6 +151,72 @@ pub fn owner_from_census(
         },
         [] => OwnerMac::Uncertain("no announcement of the IP seen since the move"),
         _ => OwnerMac::Uncertain("more than one MAC announced the IP since the move"),
+    }
+}
+
+#[cfg(test)]
+mod presence_tests {
+    use super::*;
+
+    const X: [u8; 6] = [2, 0, 0, 0, 0, 0xa];
+    const Y: [u8; 6] = [2, 0, 0, 0, 0, 0xb];
+    const R: [u8; 6] = [2, 0, 0, 0, 0, 0x66];
+
+    fn claim(mac: [u8; 6], last_ns: u64) -> Claimant {
+        Claimant {
+            mac,
+            first_ns: last_ns,
+            last_ns,
+        }
+    }
+
+    #[test]
+    fn the_owners_record_makes_its_mac_certain_and_a_rogue_node_is_never_taught() {
+        let census_r = OwnerMac::Certain {
+            mac: R,
+            evidence: Evidence::Census,
+        };
+        let none = BTreeSet::new();
+        let one = BTreeSet::from([X]);
+        let two = BTreeSet::from([X, Y]);
+        let guarded = BTreeSet::from([X, Y, R]);
+        let p = |owner| Presence {
+            owner,
+            guarded: &guarded,
+        };
+        // The owner's only MAC, even while a rogue node claims alone.
+        let got = owner_with_presence(census_r, &[claim(R, 10)], 5, p(&one));
+        assert_eq!(
+            got,
+            OwnerMac::Certain {
+                mac: X,
+                evidence: Evidence::Presence
+            }
+        );
+        // Two MACs in its record: the one that claimed since the move.
+        let got = owner_with_presence(census_r, &[claim(Y, 10), claim(X, 1)], 5, p(&two));
+        assert_eq!(
+            got,
+            OwnerMac::Certain {
+                mac: Y,
+                evidence: Evidence::Presence
+            }
+        );
+        // Two MACs, none seen: the census's answer, which is a rogue node's.
+        assert!(matches!(
+            owner_with_presence(census_r, &[claim(R, 10)], 5, p(&two)),
+            OwnerMac::Uncertain(why) if why.contains("rogue")
+        ));
+        // No record of the owner: the census stands unless it names a guarded node.
+        assert!(matches!(
+            owner_with_presence(census_r, &[], 5, p(&none)),
+            OwnerMac::Uncertain(_)
+        ));
+        let stranger = OwnerMac::Certain {
+            mac: [2, 0, 0, 0, 0, 0x77],
+            evidence: Evidence::Census,
+        };
+        assert_eq!(owner_with_presence(stranger, &[], 5, p(&none)), stranger);
     }
 }
 

@@ -6,6 +6,7 @@
 use std::{
     collections::{BTreeMap, BTreeSet},
     net::{IpAddr, Ipv4Addr},
+    sync::Arc,
 };
 
 use guard_common::Ownership;
@@ -19,8 +20,13 @@ pub enum Provenance {
     File { line: usize, owner: Option<String> },
     /// An address on this interface; no owner known.
     Interface(String),
-    /// The Kubernetes API: which object said so.
-    Cluster { owner: Option<String>, why: String },
+    /// The Kubernetes API: which object said so (shared with the claim).
+    Cluster {
+        owner: Option<Arc<str>>,
+        why: Arc<str>,
+        /// The Service that carries the IP (Events are attached to it).
+        service: Option<super::cluster::ServiceRef>,
+    },
     /// What the previous daemon left in the pinned maps, kept until the
     /// Kubernetes feed has synced.
     Pinned,
@@ -41,6 +47,17 @@ impl std::fmt::Display for Provenance {
             Provenance::Pinned => f.write_str(
                 "kept from the previous daemon's pinned maps until the Kubernetes feed syncs",
             ),
+        }
+    }
+}
+
+impl Provenance {
+    /// The owner node it names, if any.
+    pub fn owner(&self) -> Option<&str> {
+        match self {
+            Provenance::File { owner, .. } => owner.as_deref(),
+            Provenance::Cluster { owner, .. } => owner.as_deref(),
+            Provenance::Interface(_) | Provenance::Pinned => None,
         }
     }
 }
@@ -79,7 +96,7 @@ pub struct Inputs<'a> {
 /// them, under its lock) and whether it is stale.
 #[derive(Clone, Copy)]
 pub struct ClusterIn<'a> {
-    pub claims: &'a BTreeMap<IpAddr, Claim>,
+    pub claims: &'a BTreeMap<IpAddr, Arc<Claim>>,
     pub degraded: bool,
 }
 
@@ -120,6 +137,7 @@ pub fn derive_ip(i: &Inputs<'_>, ip: IpAddr, on_iface: Option<&str>) -> Option<L
                 source: Provenance::Cluster {
                     owner: claim.owner.clone(),
                     why: claim.why.clone(),
+                    service: claim.service.clone(),
                 },
             });
         }
@@ -440,7 +458,7 @@ mod tests {
             t.links.insert("eth0".into(), 2);
             t.links.insert("kube-ipvs0".into(), 5);
             t.links.insert("lb1".into(), 6);
-            let mut claims: BTreeMap<IpAddr, Claim> = BTreeMap::new();
+            let mut claims: BTreeMap<IpAddr, Arc<Claim>> = BTreeMap::new();
             let mut file: Option<OwnershipFile> = None;
             let mut degraded = false;
             let mut view = View::default();
@@ -486,10 +504,11 @@ mod tests {
                         o => {
                             let c = Claim {
                                 owner: o.map(Into::into),
-                                why: format!("seed {seed}"),
+                                why: format!("seed {seed}").into(),
                                 certain: r.below(4) > 0,
+                                service: None,
                             };
-                            claims.insert(ip, c);
+                            claims.insert(ip, Arc::new(c));
                         }
                     },
                     4 => {

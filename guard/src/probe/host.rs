@@ -1,16 +1,18 @@
 //! The real [`Host`]: the kernel's neighbour table for the probed interface
-//! through rtnetlink, and TCP connects bound to that interface.
+//! through rtnetlink (ARP entries for IPv4 targets, NDP ones for IPv6), and
+//! TCP connects bound to that interface.
 
 use std::{
     collections::{HashMap, HashSet},
     io,
-    net::{IpAddr, Ipv4Addr, SocketAddr},
+    net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr},
     time::Duration,
 };
 
 use anyhow::{Context as _, Result};
 use futures::TryStreamExt as _;
 use netlink_packet_route::{
+    address::{AddressAttribute, AddressFlags},
     neighbour::{NeighbourAddress, NeighbourAttribute, NeighbourMessage, NeighbourState},
     AddressFamily,
 };
@@ -53,6 +55,56 @@ impl NetHost {
             .find(|a| !a.secondary)
             .map(|a| a.addr))
     }
+
+    /// The interface's IPv6 link-local address, the source of the
+    /// solicitations: the first one that passed duplicate address
+    /// detection (not tentative, not dadfailed), else `None` (IPv6 off, or
+    /// `addr_gen_mode none`).
+    pub async fn link_local(&self) -> Result<Option<Ipv6Addr>> {
+        let mut dump = self
+            .handle
+            .address()
+            .get()
+            .set_link_index_filter(self.ifindex)
+            .execute();
+        let unusable = AddressFlags::Tentative | AddressFlags::Dadfailed;
+        while let Some(msg) = dump.try_next().await.context("netlink address dump")? {
+            if msg.header.family != AddressFamily::Inet6 || msg.header.index != self.ifindex {
+                continue;
+            }
+            let flags = msg.attributes.iter().find_map(|a| match a {
+                AddressAttribute::Flags(f) => Some(*f),
+                _ => None,
+            });
+            let addr = msg.attributes.iter().find_map(|a| match a {
+                AddressAttribute::Address(IpAddr::V6(v6)) => Some(*v6),
+                _ => None,
+            });
+            match (addr, flags) {
+                (Some(a), f)
+                    if a.is_unicast_link_local() && !f.is_some_and(|f| f.intersects(unusable)) =>
+                {
+                    return Ok(Some(a))
+                }
+                _ => {}
+            }
+        }
+        Ok(None)
+    }
+}
+
+fn family(ip: IpAddr) -> AddressFamily {
+    match ip {
+        IpAddr::V4(_) => AddressFamily::Inet,
+        IpAddr::V6(_) => AddressFamily::Inet6,
+    }
+}
+
+fn neighbour_address(ip: IpAddr) -> NeighbourAddress {
+    match ip {
+        IpAddr::V4(v4) => NeighbourAddress::Inet(v4),
+        IpAddr::V6(v6) => NeighbourAddress::Inet6(v6),
+    }
 }
 
 /// A netlink failure as an I/O error, EPERM explained.
@@ -72,9 +124,10 @@ fn netlink_error(e: rtnetlink::Error, what: &str) -> io::Error {
     io::Error::new(e.kind(), format!("{what}: {e}"))
 }
 
-fn entry(msg: &NeighbourMessage) -> Option<(Ipv4Addr, Neighbour)> {
+fn entry(msg: &NeighbourMessage) -> Option<(IpAddr, Neighbour)> {
     let ip = msg.attributes.iter().find_map(|a| match a {
-        NeighbourAttribute::Destination(NeighbourAddress::Inet(ip)) => Some(*ip),
+        NeighbourAttribute::Destination(NeighbourAddress::Inet(ip)) => Some(IpAddr::V4(*ip)),
+        NeighbourAttribute::Destination(NeighbourAddress::Inet6(ip)) => Some(IpAddr::V6(*ip)),
         _ => None,
     })?;
     let mac = msg.attributes.iter().find_map(|a| match a {
@@ -93,38 +146,41 @@ fn entry(msg: &NeighbourMessage) -> Option<(Ipv4Addr, Neighbour)> {
 }
 
 impl Host for NetHost {
-    async fn neighbours(
-        &self,
-        wanted: &HashSet<Ipv4Addr>,
-    ) -> io::Result<HashMap<Ipv4Addr, Neighbour>> {
+    async fn neighbours(&self, wanted: &HashSet<IpAddr>) -> io::Result<HashMap<IpAddr, Neighbour>> {
         let mut out = HashMap::new();
-        let mut dump = self
-            .handle
-            .neighbours()
-            .get()
-            .set_address_family(AddressFamily::Inet)
-            .execute();
-        while let Some(msg) = dump
-            .try_next()
-            .await
-            .map_err(|e| netlink_error(e, "reading the neighbour table"))?
-        {
-            if msg.header.ifindex != self.ifindex {
+        // One dump per family asked about (ARP, NDP).
+        for (v6, family) in [(false, AddressFamily::Inet), (true, AddressFamily::Inet6)] {
+            if !wanted.iter().any(|ip| ip.is_ipv6() == v6) {
                 continue;
             }
-            if let Some((ip, n)) = entry(&msg).filter(|(ip, _)| wanted.contains(ip)) {
-                out.insert(ip, n);
+            let mut dump = self
+                .handle
+                .neighbours()
+                .get()
+                .set_address_family(family)
+                .execute();
+            while let Some(msg) = dump
+                .try_next()
+                .await
+                .map_err(|e| netlink_error(e, "reading the neighbour table"))?
+            {
+                if msg.header.ifindex != self.ifindex {
+                    continue;
+                }
+                if let Some((ip, n)) = entry(&msg).filter(|(ip, _)| wanted.contains(ip)) {
+                    out.insert(ip, n);
+                }
             }
         }
         Ok(out)
     }
 
-    async fn flush(&self, ip: Ipv4Addr) -> io::Result<()> {
+    async fn flush(&self, ip: IpAddr) -> io::Result<()> {
         let mut msg = NeighbourMessage::default();
-        msg.header.family = AddressFamily::Inet;
+        msg.header.family = family(ip);
         msg.header.ifindex = self.ifindex;
         msg.attributes
-            .push(NeighbourAttribute::Destination(NeighbourAddress::Inet(ip)));
+            .push(NeighbourAttribute::Destination(neighbour_address(ip)));
         match self.handle.neighbours().del(msg).execute().await {
             Ok(()) => Ok(()),
             Err(e) => {
@@ -138,10 +194,10 @@ impl Host for NetHost {
         }
     }
 
-    async fn pin(&self, ip: Ipv4Addr, mac: [u8; 6]) -> io::Result<()> {
+    async fn pin(&self, ip: IpAddr, mac: [u8; 6]) -> io::Result<()> {
         self.handle
             .neighbours()
-            .add(self.ifindex, IpAddr::V4(ip))
+            .add(self.ifindex, ip)
             .link_layer_address(&mac)
             .state(NeighbourState::Permanent)
             .replace()
@@ -150,14 +206,12 @@ impl Host for NetHost {
             .map_err(|e| netlink_error(e, &format!("pinning {ip}")))
     }
 
-    async fn connect(
-        &self,
-        ip: Ipv4Addr,
-        port: u16,
-        timeout: Duration,
-    ) -> Result<(), ConnectError> {
+    async fn connect(&self, ip: IpAddr, port: u16, timeout: Duration) -> Result<(), ConnectError> {
         let attempt = async {
-            let socket = tokio::net::TcpSocket::new_v4()?;
+            let socket = match ip {
+                IpAddr::V4(_) => tokio::net::TcpSocket::new_v4()?,
+                IpAddr::V6(_) => tokio::net::TcpSocket::new_v6()?,
+            };
             // Out of the probed interface, whatever the routes say.
             socket.bind_device(Some(self.iface.as_bytes()))?;
             socket.connect(SocketAddr::from((ip, port))).await

@@ -1,6 +1,7 @@
-//! `arp-guard probe`: ask the segment who answers ARP for some IPs, over
-//! time, from any host on it (the external load balancer's, say), and
-//! optionally try TCP through each answer.
+//! `arp-guard probe`: ask the segment who answers ARP (IPv4) or Neighbor
+//! Discovery (IPv6) for some IPs, over time, from any host on it (the
+//! external load balancer's, say), and optionally try TCP through each
+//! answer.
 //!
 //! One successful request proves nothing in an ARP race, so the probe asks
 //! every `interval` for a while and keeps, per IP, every MAC that claimed it
@@ -23,7 +24,7 @@ mod run;
 use std::{
     collections::{HashMap, HashSet},
     io,
-    net::Ipv4Addr,
+    net::{IpAddr, Ipv4Addr, Ipv6Addr},
     time::Duration,
 };
 
@@ -36,7 +37,7 @@ pub enum NeighMode {
     /// Leave it: connect through whatever the host has cached.
     Keep,
     /// Delete it before each connect, so the kernel resolves the IP afresh
-    /// and the ARP race decides (the field engineer's loop).
+    /// and the ARP (or NDP) race decides (the field engineer's loop).
     Flush,
     /// Make it permanent, to each responder in turn, so that each MAC is
     /// tested on its own; removed (or the previous permanent entry put
@@ -66,9 +67,15 @@ pub struct ConnectPlan {
 /// What to probe, how often and for how long.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Plan {
-    pub ips: Vec<Ipv4Addr>,
-    /// The sender IP of the requests (0.0.0.0: RFC 5227 ARP probes).
+    /// IPv4 (asked with ARP) and IPv6 (asked with Neighbor Solicitations).
+    pub ips: Vec<IpAddr>,
+    /// The sender IP of the ARP requests (0.0.0.0: RFC 5227 ARP probes).
     pub source: Ipv4Addr,
+    /// The source of the Neighbor Solicitations (the interface's
+    /// link-local by default); unused without IPv6 targets. Never `::`: a
+    /// solicitation from `::` is duplicate address detection, which would
+    /// make a node adding the address give it up.
+    pub source6: Ipv6Addr,
     pub interval: Duration,
     /// Requests per IP; the probe lasts `rounds` x `interval`.
     pub rounds: u64,
@@ -100,17 +107,14 @@ pub struct Neighbour {
 /// probed interface, and TCP.
 #[allow(async_fn_in_trait)] // run on one thread: no Send bound wanted
 pub trait Host {
-    /// The usable entries (not incomplete or failed) of the IPs in `wanted`.
-    async fn neighbours(
-        &self,
-        wanted: &HashSet<Ipv4Addr>,
-    ) -> io::Result<HashMap<Ipv4Addr, Neighbour>>;
+    /// The usable entries (not incomplete or failed) of the IPs in
+    /// `wanted` (ARP entries for IPv4, NDP ones for IPv6).
+    async fn neighbours(&self, wanted: &HashSet<IpAddr>) -> io::Result<HashMap<IpAddr, Neighbour>>;
     /// Delete the entry for `ip` (none there is fine).
-    async fn flush(&self, ip: Ipv4Addr) -> io::Result<()>;
+    async fn flush(&self, ip: IpAddr) -> io::Result<()>;
     /// Set a permanent entry `ip` -> `mac`, replacing any.
-    async fn pin(&self, ip: Ipv4Addr, mac: [u8; 6]) -> io::Result<()>;
-    async fn connect(&self, ip: Ipv4Addr, port: u16, timeout: Duration)
-        -> Result<(), ConnectError>;
+    async fn pin(&self, ip: IpAddr, mac: [u8; 6]) -> io::Result<()>;
+    async fn connect(&self, ip: IpAddr, port: u16, timeout: Duration) -> Result<(), ConnectError>;
 }
 
 /// Something the loop reports as it happens (the table output prints them).

@@ -2,22 +2,36 @@
 //! back, given the time; it never touches a socket or a clock (`run.rs` does),
 //! so every case is a unit test.
 //!
-//! Per IP: requests sent, rounds answered, every frame that claims the IP
-//! (ARP replies, gratuitous ARP and announce leaks, as the guard classifies
-//! them) per sender MAC with first and last time, and the TCP connects
-//! attributed to the MAC the host's neighbour table held. Memory is bounded:
-//! at most [`MAX_IPS`] IPs and [`MAX_MACS`] MACs per IP (frames from further
-//! MACs are only counted); each frame costs one hash lookup and a scan of at
-//! most [`MAX_MACS`] entries.
+//! Per IP: requests sent, rounds answered, every frame that claims the IP per
+//! sender MAC with first and last time, and the TCP connects attributed to
+//! the MAC the host's neighbour table held. A claim is what the guard calls
+//! one: for IPv4 an ARP reply, gratuitous ARP or announce leak (by the ARP
+//! sender MAC); for IPv6 a solicited or unsolicited Neighbor Advertisement
+//! about the IP, or a Neighbor Solicitation from it with a source link-layer
+//! option (by the Ethernet source, as the census counts them). Both are
+//! counted in the same three columns (replies, gratuitous, leaks), so the
+//! verdicts are the same. Memory is bounded: at most [`MAX_IPS`] IPs and
+//! [`MAX_MACS`] MACs per IP (frames from further MACs are only counted); each
+//! frame costs one hash lookup and a scan of at most [`MAX_MACS`] entries.
 
-use std::{collections::HashMap, net::Ipv4Addr, time::Duration};
+use std::{
+    collections::HashMap,
+    net::{IpAddr, Ipv4Addr, Ipv6Addr},
+    time::Duration,
+};
 
 use guard_common::{
     build::{write_arp, ArpPacket, Ethernet, BROADCAST, FRAME_BUF},
-    classify,
+    classify, classify_nd,
     frame::{parse, Parsed},
-    Kind,
+    ndp_build::{write_nd, NdSpec, ND_FRAME_BUF},
+    Kind, NdClass,
 };
+
+/// Room for one request: an NS, the longer of the two (an ARP request
+/// needs 60 bytes).
+pub const REQUEST_BUF: usize = ND_FRAME_BUF;
+const _: () = assert!(REQUEST_BUF >= FRAME_BUF);
 
 /// The most IPs one probe asks about.
 pub const MAX_IPS: usize = 1024;
@@ -118,7 +132,7 @@ pub enum Verdict {
 /// Everything known about one probed IP.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Target {
-    pub ip: Ipv4Addr,
+    pub ip: IpAddr,
     pub requests: u64,
     pub send_errors: u64,
     /// Rounds in which at least one reply came.
@@ -141,7 +155,7 @@ pub struct Target {
 }
 
 impl Target {
-    fn new(ip: Ipv4Addr) -> Self {
+    fn new(ip: IpAddr) -> Self {
         Target {
             ip,
             requests: 0,
@@ -197,12 +211,78 @@ impl Target {
         };
         self.macs.get_mut(at)
     }
+
+    /// Count `c`, a claim of this IP in `round` received `at`.
+    fn record(&mut self, round: u64, at: Duration, c: &Claim) -> Option<NewResponder> {
+        if self.round != round {
+            (self.round, self.round_macs, self.round_answered) = (round, 0, false);
+        }
+        let column = Column::of(c.kind);
+        match column {
+            Column::Reply => self.replies += 1,
+            Column::Gratuitous => self.gratuitous += 1,
+            Column::Leak => self.leaks += 1,
+        }
+        if column == Column::Reply && !self.round_answered && round > 0 {
+            self.round_answered = true;
+            self.answered += 1;
+        }
+        let ip = self.ip;
+        let Some(m) = self.mac_entry(c.mac) else {
+            self.unlisted_frames += 1;
+            return None;
+        };
+        let new_mac = m.claims() == 0;
+        match column {
+            Column::Reply => m.replies += 1,
+            Column::Gratuitous => m.gratuitous += 1,
+            Column::Leak => m.leaks += 1,
+        }
+        m.first.get_or_insert(at);
+        m.last = Some(at);
+        let first_claim_this_round = m.last_claim_round != round;
+        m.last_claim_round = round;
+        if column == Column::Reply && m.last_reply_round != round {
+            m.last_reply_round = round;
+            m.answered += u64::from(round > 0);
+        }
+        if first_claim_this_round {
+            self.round_macs = self.round_macs.saturating_add(1);
+            if self.round_macs == 2 {
+                self.several += 1;
+            }
+        }
+        new_mac.then(|| NewResponder {
+            ip,
+            mac: c.mac,
+            at,
+            responders: self.responders().count(),
+        })
+    }
+}
+
+/// The column a claim is counted in, for both families.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Column {
+    Reply,
+    Gratuitous,
+    Leak,
+}
+
+impl Column {
+    fn of(kind: Kind) -> Self {
+        match kind {
+            Kind::Reply | Kind::NaSolicited => Column::Reply,
+            Kind::Gratuitous | Kind::NaUnsolicited => Column::Gratuitous,
+            Kind::AnnounceLeak | Kind::NsLeak => Column::Leak,
+        }
+    }
 }
 
 /// A MAC seen claiming an IP for the first time.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct NewResponder {
-    pub ip: Ipv4Addr,
+    pub ip: IpAddr,
     pub mac: [u8; 6],
     pub at: Duration,
     /// Responders for the IP now, this one included.
@@ -214,22 +294,36 @@ pub struct NewResponder {
 pub struct Prober {
     mac: [u8; 6],
     source: Ipv4Addr,
+    source6: Ipv6Addr,
     targets: Vec<Target>,
-    index: HashMap<Ipv4Addr, usize>,
+    index: HashMap<IpAddr, usize>,
     round: u64,
-    /// ARP frames that did not parse (truncated, not Ethernet/IPv4...).
+    /// ARP or NDP frames that did not parse (truncated, not Ethernet/IPv4,
+    /// NDP its receiver would discard...).
     pub malformed: u64,
-    /// ARP frames about IPs not probed.
+    /// Claims about IPs not probed.
     pub unrelated: u64,
 }
 
+/// What one frame says, if it claims an address.
+struct Claim {
+    ip: IpAddr,
+    mac: [u8; 6],
+    /// Counted as a reply (ARP reply, solicited NA), a gratuitous
+    /// announcement (gratuitous ARP, unsolicited NA) or a leak (announce
+    /// leak, NS from the IP with a source link-layer option).
+    kind: Kind,
+}
+
 impl Prober {
-    /// A probe of `ips` (duplicates dropped) from `mac`, asking as `source`
-    /// (0.0.0.0: an RFC 5227 ARP probe). `None` past [`MAX_IPS`].
-    pub fn new(ips: &[Ipv4Addr], mac: [u8; 6], source: Ipv4Addr) -> Option<Self> {
+    /// A probe of `ips` (duplicates dropped) from `mac`, asking ARP as
+    /// `source` (0.0.0.0: an RFC 5227 ARP probe) and NDP as `source6`.
+    /// `None` past [`MAX_IPS`].
+    pub fn new(ips: &[IpAddr], mac: [u8; 6], source: Ipv4Addr, source6: Ipv6Addr) -> Option<Self> {
         let mut p = Prober {
             mac,
             source,
+            source6,
             targets: Vec::new(),
             index: HashMap::new(),
             round: 0,
@@ -261,18 +355,35 @@ impl Prober {
         self.round += 1;
     }
 
-    /// The broadcast request for target `i`.
-    pub fn request(&self, i: usize) -> ([u8; FRAME_BUF], usize) {
-        let mut buf = [0; FRAME_BUF];
-        let tpa = self.targets.get(i).map_or(0, |t| u32::from(t.ip));
-        let eth = Ethernet {
-            dst: BROADCAST,
-            src: self.mac,
-            tags: &[],
+    /// The request for target `i`: a broadcast ARP request for an IPv4
+    /// target; for an IPv6 one a Neighbor Solicitation to the target's
+    /// solicited-node group (and its multicast MAC), hop limit 255, with a
+    /// source link-layer option, as the kernel sends one.
+    pub fn request(&self, i: usize) -> ([u8; REQUEST_BUF], usize) {
+        let mut buf = [0; REQUEST_BUF];
+        let n = match self.targets.get(i).map(|t| t.ip) {
+            Some(IpAddr::V6(ip)) => write_nd(
+                &mut buf,
+                &NdSpec::solicit(self.mac, self.source6.octets(), ip.octets()),
+            ),
+            v4 => {
+                let tpa = match v4 {
+                    Some(IpAddr::V4(ip)) => u32::from(ip),
+                    _ => 0,
+                };
+                let eth = Ethernet {
+                    dst: BROADCAST,
+                    src: self.mac,
+                    tags: &[],
+                };
+                let arp = ArpPacket::request(self.mac, u32::from(self.source), tpa);
+                let mut frame = [0; FRAME_BUF];
+                // Without tags the frame always fits; 0 bytes would be sent otherwise.
+                let n = write_arp(&mut frame, &eth, &arp).unwrap_or(0);
+                buf[..FRAME_BUF].copy_from_slice(&frame);
+                n
+            }
         };
-        let arp = ArpPacket::request(self.mac, u32::from(self.source), tpa);
-        // Without tags the frame always fits; 0 bytes would be sent otherwise.
-        let n = write_arp(&mut buf, &eth, &arp).unwrap_or(0);
         (buf, n)
     }
 
@@ -287,76 +398,56 @@ impl Prober {
         }
     }
 
+    /// The claim `frame` makes, classified as the guard does; malformed
+    /// ARP and NDP counted.
+    fn claim(&mut self, frame: &[u8]) -> Option<Claim> {
+        let ethertype = u16::from_be_bytes([*frame.get(12)?, *frame.get(13)?]);
+        match parse(frame, ethertype) {
+            Parsed::Arp(arp) => Some(Claim {
+                ip: Ipv4Addr::from(arp.spa).into(),
+                mac: arp.sha,
+                kind: classify(&arp)?,
+            }),
+            Parsed::Nd(nd) => {
+                // A DAD solicitation (from ::) claims nothing.
+                let ip = Ipv6Addr::from(nd.claimed()?).into();
+                match classify_nd(frame, &nd) {
+                    NdClass::Announces(kind) => Some(Claim {
+                        ip,
+                        mac: nd.eth_src,
+                        kind,
+                    }),
+                    NdClass::Nothing => None,
+                    NdClass::Malformed => {
+                        self.malformed += 1;
+                        None
+                    }
+                }
+            }
+            // A chain of extension headers longer than the parser follows
+            // (Ipv6Unfollowed) is not NDP we can read: counted with the
+            // malformed, as it cannot be attributed.
+            Parsed::Malformed | Parsed::NdMalformed | Parsed::Ipv6Unfollowed => {
+                self.malformed += 1;
+                None
+            }
+            Parsed::Other => None,
+        }
+    }
+
     /// A frame received `at` after the start. Returns the responder when it
     /// is the first claim of its MAC for the IP.
     pub fn on_frame(&mut self, at: Duration, frame: &[u8]) -> Option<NewResponder> {
-        let ethertype = u16::from_be_bytes([*frame.get(12)?, *frame.get(13)?]);
-        let arp = match parse(frame, ethertype) {
-            Parsed::Arp(a) => a,
-            Parsed::Malformed => {
-                self.malformed += 1;
-                return None;
-            }
-            Parsed::Other | Parsed::Nd(_) | Parsed::NdMalformed | Parsed::Ipv6Unfollowed => {
-                return None
-            }
-        };
-        let kind = classify(&arp)?;
-        if arp.sha == self.mac {
+        let claim = self.claim(frame)?;
+        if claim.mac == self.mac {
             return None; // our own requests, looped back
         }
-        let Some(&i) = self.index.get(&Ipv4Addr::from(arp.spa)) else {
+        let Some(&i) = self.index.get(&claim.ip) else {
             self.unrelated += 1;
             return None;
         };
         let round = self.round;
-        let t = self.targets.get_mut(i)?;
-        if t.round != round {
-            (t.round, t.round_macs, t.round_answered) = (round, 0, false);
-        }
-        match kind {
-            Kind::Reply => t.replies += 1,
-            Kind::Gratuitous => t.gratuitous += 1,
-            Kind::AnnounceLeak => t.leaks += 1,
-            // classify() names ARP kinds only.
-            Kind::NaSolicited | Kind::NaUnsolicited | Kind::NsLeak => {}
-        }
-        if kind == Kind::Reply && !t.round_answered && round > 0 {
-            t.round_answered = true;
-            t.answered += 1;
-        }
-        let (ip, mut new_mac) = (t.ip, false);
-        let Some(m) = t.mac_entry(arp.sha) else {
-            t.unlisted_frames += 1;
-            return None;
-        };
-        new_mac |= m.claims() == 0;
-        match kind {
-            Kind::Reply => m.replies += 1,
-            Kind::Gratuitous => m.gratuitous += 1,
-            Kind::AnnounceLeak => m.leaks += 1,
-            Kind::NaSolicited | Kind::NaUnsolicited | Kind::NsLeak => {}
-        }
-        m.first.get_or_insert(at);
-        m.last = Some(at);
-        let first_claim_this_round = m.last_claim_round != round;
-        m.last_claim_round = round;
-        if kind == Kind::Reply && m.last_reply_round != round {
-            m.last_reply_round = round;
-            m.answered += u64::from(round > 0);
-        }
-        if first_claim_this_round {
-            t.round_macs = t.round_macs.saturating_add(1);
-            if t.round_macs == 2 {
-                t.several += 1;
-            }
-        }
-        new_mac.then(|| NewResponder {
-            ip,
-            mac: arp.sha,
-            at,
-            responders: t.responders().count(),
-        })
+        self.targets.get_mut(i)?.record(round, at, &claim)
     }
 
     /// The MAC to pin for target `i`'s next connect: the responders in turn.
@@ -387,7 +478,9 @@ mod tests {
 
     const ME: [u8; 6] = [2, 0, 0, 0, 0, 1];
     const SRC: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 1);
+    const SRC6: Ipv6Addr = Ipv6Addr::new(0xfe80, 0, 0, 0, 0, 0, 0, 1);
     const LB: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 100);
+    const LB6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0, 0, 0, 0, 0, 0, 0x100);
     const A: [u8; 6] = [2, 0, 0, 0, 0, 0xa];
     const B: [u8; 6] = [2, 0, 0, 0, 0, 0xb];
 
@@ -407,13 +500,17 @@ mod tests {
         frame(mac, ArpPacket::reply(mac, ip.into(), ME, SRC.into()))
     }
 
+    fn prober(ips: &[IpAddr]) -> Prober {
+        Prober::new(ips, ME, SRC, SRC6).unwrap()
+    }
+
     fn ms(n: u64) -> Duration {
         Duration::from_millis(n)
     }
 
     /// `rounds` rounds of 100 ms; in each, `who(round)` answer for LB.
     fn run(rounds: u64, who: impl Fn(u64) -> Vec<[u8; 6]>) -> Prober {
-        let mut p = Prober::new(&[LB], ME, SRC).unwrap();
+        let mut p = prober(&[LB.into()]);
         for r in 0..rounds {
             p.next_round();
             p.sent(0, true);
@@ -426,7 +523,7 @@ mod tests {
 
     #[test]
     fn the_request_is_a_broadcast_who_has() {
-        let p = Prober::new(&[LB], ME, SRC).unwrap();
+        let p = prober(&[LB.into()]);
         let (buf, n) = p.request(0);
         assert_eq!(n, ETH_ZLEN);
         assert_eq!(
@@ -488,12 +585,12 @@ mod tests {
 
     #[test]
     fn new_responders_are_reported_once() {
-        let mut p = Prober::new(&[LB], ME, SRC).unwrap();
+        let mut p = prober(&[LB.into()]);
         p.next_round();
         let first = p.on_frame(ms(3), &reply(A, LB)).unwrap();
         assert_eq!(
             (first.ip, first.mac, first.at, first.responders),
-            (LB, A, ms(3), 1)
+            (LB.into(), A, ms(3), 1)
         );
         assert_eq!(p.on_frame(ms(4), &reply(A, LB)), None);
         assert_eq!(p.on_frame(ms(5), &reply(B, LB)).unwrap().responders, 2);
@@ -501,7 +598,7 @@ mod tests {
 
     #[test]
     fn gratuitous_arp_and_leaks_claim_the_ip_too() {
-        let mut p = Prober::new(&[LB], ME, SRC).unwrap();
+        let mut p = prober(&[LB.into()]);
         p.next_round();
         p.on_frame(ms(1), &reply(A, LB));
         let garp = frame(B, ArpPacket::gratuitous(1, B, LB.into()));
@@ -519,7 +616,7 @@ mod tests {
 
     #[test]
     fn other_ips_garbage_and_our_own_frames_are_ignored() {
-        let mut p = Prober::new(&[LB], ME, SRC).unwrap();
+        let mut p = prober(&[LB.into()]);
         p.next_round();
         p.on_frame(ms(1), &reply(A, Ipv4Addr::new(198, 51, 100, 7)));
         let mut bad = reply(A, LB);
@@ -545,7 +642,7 @@ mod tests {
 
     #[test]
     fn random_bytes_never_panic() {
-        let mut p = Prober::new(&[LB], ME, SRC).unwrap();
+        let mut p = prober(&[LB.into()]);
         let mut x: u64 = 0x2545_f491_4f6c_dd1d;
         for _ in 0..20_000 {
             x ^= x << 13;
@@ -564,19 +661,26 @@ mod tests {
 
     #[test]
     fn ips_are_bounded_and_deduplicated() {
-        let ips: Vec<Ipv4Addr> = (0..MAX_IPS as u32)
-            .map(|i| Ipv4Addr::from(0xc633_6400 + i))
+        // Both families count against one bound.
+        let ips: Vec<IpAddr> = (0..MAX_IPS as u32 / 2)
+            .flat_map(|i| {
+                let v6 = u128::from(LB6) + u128::from(i);
+                [
+                    Ipv4Addr::from(0xc633_6400 + i).into(),
+                    Ipv6Addr::from(v6).into(),
+                ]
+            })
             .collect();
-        let p = Prober::new(&[ips.clone(), ips.clone()].concat(), ME, SRC).unwrap();
+        let p = prober(&[ips.clone(), ips.clone()].concat());
         assert_eq!(p.targets().len(), MAX_IPS);
         let mut more = ips;
-        more.push(Ipv4Addr::new(203, 0, 113, 1));
-        assert!(Prober::new(&more, ME, SRC).is_none());
+        more.push(Ipv4Addr::new(203, 0, 113, 1).into());
+        assert!(Prober::new(&more, ME, SRC, SRC6).is_none());
     }
 
     #[test]
     fn a_flood_of_macs_is_bounded_and_a_conflict() {
-        let mut p = Prober::new(&[LB], ME, SRC).unwrap();
+        let mut p = prober(&[LB.into()]);
         p.next_round();
         for i in 0..5_000u32 {
             let b = i.to_be_bytes();
@@ -587,6 +691,107 @@ mod tests {
         assert_eq!(t.unlisted_frames, 5_000 - MAX_MACS as u64);
         assert_eq!((t.replies, t.answered), (5_000, 1));
         assert_eq!(t.verdict(), Verdict::Conflict);
+    }
+
+    /// An NDP frame from `mac` built as `spec` says.
+    fn nd(spec: &NdSpec) -> Vec<u8> {
+        let mut buf = [0; ND_FRAME_BUF];
+        let n = write_nd(&mut buf, spec);
+        buf[..n].to_vec()
+    }
+
+    /// `mac` answers our solicitation for LB6: a solicited NA to us.
+    fn na(mac: [u8; 6]) -> Vec<u8> {
+        let flags = guard_common::ndp::NA_FLAG_SOLICITED | guard_common::ndp::NA_FLAG_OVERRIDE;
+        nd(&NdSpec::advert(mac, LB6.octets(), ME, SRC6.octets(), flags))
+    }
+
+    #[test]
+    fn the_ipv6_request_is_a_solicitation_to_the_solicited_node_group() {
+        let p = prober(&[LB.into(), LB6.into()]);
+        let (buf, n) = p.request(1);
+        // 33:33:ff + the target's last 24 bits, from our MAC.
+        assert_eq!(&buf[..12], &[0x33, 0x33, 0xff, 0, 1, 0, 2, 0, 0, 0, 0, 1]);
+        let Parsed::Nd(ns) = parse(&buf[..n], 0x86dd) else {
+            panic!("not NDP: {:?}", parse(&buf[..n], 0x86dd))
+        };
+        assert!(!ns.is_advert());
+        assert_eq!(Ipv6Addr::from(ns.target), LB6);
+        assert_eq!(Ipv6Addr::from(ns.src), SRC6);
+        assert_eq!(
+            Ipv6Addr::from(ns.dst),
+            "ff02::1:ff00:100".parse::<Ipv6Addr>().unwrap()
+        );
+        // Hop limit 255 (the parser checks it) and our link-layer address.
+        assert_eq!(buf[14 + 7], 255);
+        let opt = ns.opts_offset;
+        assert_eq!(&buf[opt..opt + 8], &[1, 1, 2, 0, 0, 0, 0, 1]);
+        // The IPv4 target is still asked with ARP.
+        assert_eq!(p.request(0).1, ETH_ZLEN);
+    }
+
+    #[test]
+    fn advertisements_and_solicitations_claim_an_ipv6_address() {
+        let mut p = prober(&[LB.into(), LB6.into()]);
+        p.next_round();
+        let first = p.on_frame(ms(1), &na(A)).unwrap();
+        assert_eq!((first.ip, first.mac), (LB6.into(), A));
+        p.on_frame(ms(2), &reply(A, LB));
+        // B: an unsolicited override NA, then resolving someone from LB6.
+        p.on_frame(ms(3), &nd(&NdSpec::unsolicited(B, LB6.octets())));
+        let peer = Ipv6Addr::new(0xfd00, 0, 0, 0, 0, 0, 0, 7).octets();
+        p.on_frame(ms(4), &nd(&NdSpec::solicit(B, LB6.octets(), peer)));
+        let t = &p.targets()[1];
+        assert_eq!((t.replies, t.gratuitous, t.leaks, t.answered), (1, 1, 1, 1));
+        assert_eq!(t.verdict(), Verdict::Conflict);
+        assert_eq!((t.macs[1].mac, t.macs[1].claims()), (B, 2));
+        assert_eq!(
+            p.targets()[0].verdict(),
+            Verdict::OneResponder,
+            "IPv4 apart"
+        );
+        let mut next = p;
+        next.next_round();
+        next.on_frame(ms(101), &na(A));
+        assert_eq!(next.targets()[1].answered, 2);
+    }
+
+    #[test]
+    fn ndp_that_claims_nothing_is_not_a_responder() {
+        let mut p = prober(&[LB6.into()]);
+        p.next_round();
+        let peer = Ipv6Addr::new(0xfd00, 0, 0, 0, 0, 0, 0, 7).octets();
+        // DAD (from ::), an NS from LB6 without a link-layer option, someone
+        // else asking for LB6, our own solicitation, another address's NA.
+        let dad = NdSpec {
+            src: [0; 16],
+            sll: false,
+            ..NdSpec::solicit(A, [0; 16], LB6.octets())
+        };
+        let bare = NdSpec {
+            sll: false,
+            ..NdSpec::solicit(A, LB6.octets(), peer)
+        };
+        let (own, n) = p.request(0);
+        for f in [
+            nd(&dad),
+            nd(&bare),
+            nd(&NdSpec::solicit(A, peer, LB6.octets())),
+            own[..n].to_vec(),
+            nd(&NdSpec::unsolicited(A, peer)),
+        ] {
+            p.on_frame(ms(1), &f);
+        }
+        // What its receiver discards: hop limit 64, a zero-length option.
+        let mut hop = na(A);
+        hop[14 + 7] = 64;
+        p.on_frame(ms(1), &hop);
+        let mut zero = nd(&NdSpec::solicit(B, LB6.octets(), peer));
+        zero[14 + 40 + 24 + 1] = 0;
+        p.on_frame(ms(1), &zero);
+        let t = &p.targets()[0];
+        assert_eq!((t.macs.len(), t.verdict()), (0, Verdict::NoResponder));
+        assert_eq!((p.unrelated, p.malformed), (2, 2));
     }
 
     #[test]
@@ -620,7 +825,7 @@ mod tests {
         assert_eq!(t.unresolved.unreachable, 1);
         assert_eq!(t.connect_failures(), 4);
         assert_eq!(t.responders().count(), 2, "the stale MAC is no responder");
-        let none = Prober::new(&[LB], ME, SRC).unwrap().pin_candidate(0);
+        let none = prober(&[LB.into()]).pin_candidate(0);
         assert_eq!(none, None, "nothing to pin before anyone answered");
     }
 

@@ -1,7 +1,11 @@
 //! What `arp-guard probe` prints: one serde document (`-o json`, a stable
 //! schema) and its table rendering.
 
-use std::{fmt::Write as _, net::Ipv4Addr, time::Duration};
+use std::{
+    fmt::Write as _,
+    net::{IpAddr, Ipv4Addr, Ipv6Addr},
+    time::Duration,
+};
 
 use serde::Serialize;
 
@@ -18,8 +22,11 @@ use super::{
 pub struct Summary {
     pub interface: String,
     pub mac: String,
-    /// The requests' sender IP (0.0.0.0: RFC 5227 ARP probes).
-    pub source: Ipv4Addr,
+    /// The ARP requests' sender IP (0.0.0.0: RFC 5227 ARP probes); null
+    /// without IPv4 targets.
+    pub source: Option<Ipv4Addr>,
+    /// The Neighbor Solicitations' source; null without IPv6 targets.
+    pub source_ipv6: Option<Ipv6Addr>,
     pub interval_ms: u64,
     pub rounds: u64,
     pub elapsed_ms: u64,
@@ -27,7 +34,8 @@ pub struct Summary {
     pub interrupted: bool,
     pub connect: Option<ConnectInfo>,
     pub ips: Vec<IpReport>,
-    /// ARP frames that did not parse, and ARP frames about other IPs.
+    /// ARP or NDP frames that did not parse (or that their receiver would
+    /// discard), and claims about other IPs.
     pub malformed_frames: u64,
     pub unrelated_frames: u64,
     pub io_errors: u64,
@@ -45,10 +53,14 @@ pub struct ConnectInfo {
 
 #[derive(Debug, Clone, Serialize)]
 pub struct IpReport {
-    pub ip: Ipv4Addr,
+    pub ip: IpAddr,
+    /// `ipv4` (asked with ARP) or `ipv6` (asked with Neighbor Discovery).
+    pub family: &'static str,
     /// one_responder, no_responder, conflict or moved.
     pub verdict: &'static str,
-    /// MACs that claimed the IP (replies, gratuitous ARP, announce leaks).
+    /// MACs that claimed the IP (replies, gratuitous ARP, announce leaks;
+    /// for IPv6 solicited NAs, unsolicited NAs, NS from the IP with a source
+    /// link-layer option).
     pub responders: usize,
     pub requests: u64,
     pub send_errors: u64,
@@ -56,8 +68,12 @@ pub struct IpReport {
     pub answered: u64,
     /// Rounds in which two or more MACs claimed the IP.
     pub rounds_with_several: u64,
+    /// ARP replies; for IPv6 solicited Neighbor Advertisements.
     pub replies: u64,
+    /// Gratuitous ARP; for IPv6 unsolicited Neighbor Advertisements.
     pub gratuitous: u64,
+    /// Announce leaks (requests with the IP as sender); for IPv6 Neighbor
+    /// Solicitations from the IP with a source link-layer option.
     pub announce_leaks: u64,
     /// In first-seen order, at most 64; a MAC known only from the neighbour
     /// table (a stale entry) has no frames and no times.
@@ -136,6 +152,7 @@ fn mac_report(m: &MacSeen, connecting: bool) -> MacReport {
 fn ip_report(t: &Target, port: Option<u16>) -> IpReport {
     IpReport {
         ip: t.ip,
+        family: if t.ip.is_ipv4() { "ipv4" } else { "ipv6" },
         verdict: verdict_key(t.verdict()),
         responders: t.responders().count(),
         requests: t.requests,
@@ -171,10 +188,12 @@ impl Summary {
             .enumerate()
             .map(|(i, t)| ip_report(t, port(i)))
             .collect();
+        let has = |v6: bool| plan.ips.iter().any(|ip| ip.is_ipv6() == v6);
         Summary {
             interface: interface.to_owned(),
             mac: fmt_mac(&mac),
-            source: plan.source,
+            source: has(false).then_some(plan.source),
+            source_ipv6: has(true).then_some(plan.source6),
             interval_ms: ms(plan.interval),
             rounds: out.prober.rounds(),
             elapsed_ms: ms(out.elapsed),
@@ -222,12 +241,20 @@ impl Summary {
     pub fn table(&self) -> String {
         let mut s = String::new();
         let secs = self.elapsed_ms as f64 / 1000.0;
+        let sources: Vec<String> = [
+            self.source.map(IpAddr::from),
+            self.source_ipv6.map(IpAddr::from),
+        ]
+        .iter()
+        .flatten()
+        .map(IpAddr::to_string)
+        .collect();
         let _ = writeln!(
             s,
             "{} ({}) asking as {}: {} round(s) every {:?} in {secs:.1} s{}",
             self.interface,
             self.mac,
-            self.source,
+            sources.join(" and "),
             self.rounds,
             Duration::from_millis(self.interval_ms),
             if self.interrupted {
@@ -253,7 +280,7 @@ impl Summary {
         if self.malformed_frames + self.unrelated_frames + self.io_errors > 0 {
             let _ = writeln!(
                 s,
-                "also seen: {} malformed ARP frame(s), {} about other IPs, {} I/O error(s){}",
+                "also seen: {} malformed ARP/NDP frame(s), {} about other IPs, {} I/O error(s){}",
                 self.malformed_frames,
                 self.unrelated_frames,
                 self.io_errors,
@@ -336,9 +363,14 @@ fn ip_table(s: &mut String, r: &IpReport) {
         r.requests, r.answered, r.replies
     );
     if r.gratuitous + r.announce_leaks > 0 {
+        let (gratuitous, leaks) = if r.ip.is_ipv4() {
+            ("gratuitous", "announce leaks")
+        } else {
+            ("unsolicited NAs", "NS leaks")
+        };
         let _ = write!(
             s,
-            "  gratuitous {}  announce leaks {}",
+            "  {gratuitous} {}  {leaks} {}",
             r.gratuitous, r.announce_leaks
         );
     }
@@ -352,10 +384,13 @@ fn ip_table(s: &mut String, r: &IpReport) {
     if r.macs.is_empty() && r.unresolved.is_none_or(|c| c.ok + c.failed == 0) {
         return;
     }
+    // IPv6: unsolicited NAs count where gratuitous ARP does.
+    let garp = if r.ip.is_ipv4() { "garp" } else { "unsol" };
+    let w = garp.len();
     let _ = write!(
         s,
-        "  {:<17}  {:>7}  {:>4}  {:>5}  {:>9}  {:>8}  {:>8}",
-        "MAC", "replies", "garp", "leaks", "answered", "first", "last"
+        "  {:<17}  {:>7}  {:>w$}  {:>5}  {:>9}  {:>8}  {:>8}",
+        "MAC", "replies", garp, "leaks", "answered", "first", "last"
     );
     s.push_str(if r.port.is_some() {
         "  connect\n"
@@ -365,7 +400,7 @@ fn ip_table(s: &mut String, r: &IpReport) {
     for m in &r.macs {
         let _ = write!(
             s,
-            "  {:<17}  {:>7}  {:>4}  {:>5}  {:>9}  {:>8}  {:>8}",
+            "  {:<17}  {:>7}  {:>w$}  {:>5}  {:>9}  {:>8}  {:>8}",
             m.mac,
             m.replies,
             m.gratuitous,
@@ -383,7 +418,8 @@ fn ip_table(s: &mut String, r: &IpReport) {
         s.push('\n');
     }
     if let Some(c) = r.unresolved.filter(|c| c.ok + c.failed > 0) {
-        let _ = writeln!(s, "  {:<17}{:53}  {}", "(no MAC)", "", connect_cell(&c));
+        let pad = 49 + w;
+        let _ = writeln!(s, "  {:<17}{:pad$}  {}", "(no MAC)", "", connect_cell(&c));
     }
     if r.unlisted_frames > 0 {
         let _ = writeln!(
@@ -396,7 +432,10 @@ fn ip_table(s: &mut String, r: &IpReport) {
 
 #[cfg(test)]
 mod tests {
-    use guard_common::build::{write_arp, ArpPacket, Ethernet, FRAME_BUF};
+    use guard_common::{
+        build::{write_arp, ArpPacket, Ethernet, FRAME_BUF},
+        ndp_build::{write_nd, NdSpec, ND_FRAME_BUF},
+    };
 
     use super::*;
     use crate::probe::{prober::Prober, ConnectError, ConnectPlan, NeighMode};
@@ -405,6 +444,8 @@ mod tests {
     const SRC: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 1);
     const LB: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 100);
     const NONE: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 200);
+    const SRC6: Ipv6Addr = Ipv6Addr::new(0xfe80, 0, 0, 0, 0, 0, 0, 1);
+    const LB6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0, 0, 0, 0, 0, 0, 0x100);
     const A: [u8; 6] = [2, 0, 0, 0, 0, 0xa];
     const B: [u8; 6] = [2, 0, 0, 0, 0, 0xb];
 
@@ -427,7 +468,7 @@ mod tests {
     /// Two rounds: A and B answer for LB, nobody for NONE; connects to LB
     /// through A work, through B time out.
     fn conflict() -> (Outcome, Plan) {
-        let mut p = Prober::new(&[LB, NONE], ME, SRC).unwrap();
+        let mut p = Prober::new(&[LB.into(), NONE.into()], ME, SRC, SRC6).unwrap();
         for r in 0..2u64 {
             p.next_round();
             p.sent(0, true);
@@ -438,8 +479,9 @@ mod tests {
         p.on_connect(0, Some(A), Ok(()));
         p.on_connect(0, Some(B), Err(ConnectError::TimedOut));
         let plan = Plan {
-            ips: vec![LB, NONE],
+            ips: vec![LB.into(), NONE.into()],
             source: SRC,
+            source6: SRC6,
             interval: Duration::from_secs(1),
             rounds: 2,
             duration: None,
@@ -484,6 +526,7 @@ mod tests {
                 "ok",
                 "rounds",
                 "source",
+                "source_ipv6",
                 "unrelated_frames"
             ]
         );
@@ -493,6 +536,7 @@ mod tests {
             [
                 "announce_leaks",
                 "answered",
+                "family",
                 "gratuitous",
                 "ip",
                 "macs",
@@ -536,6 +580,15 @@ mod tests {
             (ip["verdict"].as_str(), ip["responders"].as_u64()),
             (Some("conflict"), Some(2))
         );
+        assert_eq!(
+            (ip["ip"].as_str(), ip["family"].as_str()),
+            (Some("198.51.100.100"), Some("ipv4"))
+        );
+        assert_eq!(
+            (v["source"].as_str(), v["source_ipv6"].as_str()),
+            (Some("198.51.100.1"), None),
+            "no IPv6 target: no NS source"
+        );
         assert_eq!(ip["macs"][1]["mac"], "02:00:00:00:00:0b");
         assert_eq!(
             (
@@ -576,13 +629,14 @@ mod tests {
 
     #[test]
     fn all_well_is_ok() {
-        let mut p = Prober::new(&[LB], ME, SRC).unwrap();
+        let mut p = Prober::new(&[LB.into()], ME, SRC, SRC6).unwrap();
         p.next_round();
         p.sent(0, true);
         p.on_frame(Duration::from_millis(3), &reply(A));
         let plan = Plan {
-            ips: vec![LB],
+            ips: vec![LB.into()],
             source: SRC,
+            source6: SRC6,
             interval: Duration::from_secs(1),
             rounds: 1,
             duration: None,
@@ -608,5 +662,61 @@ mod tests {
             table.ends_with("verdict: OK, one responder per IP\n"),
             "{table}"
         );
+    }
+
+    #[test]
+    fn an_ipv6_target_reads_as_ipv6() {
+        let mut p = Prober::new(&[LB6.into()], ME, SRC, SRC6).unwrap();
+        p.next_round();
+        p.sent(0, true);
+        let mut buf = [0; ND_FRAME_BUF];
+        let n = write_nd(
+            &mut buf,
+            &NdSpec::advert(A, LB6.octets(), ME, SRC6.octets(), 0x60),
+        );
+        p.on_frame(Duration::from_millis(3), &buf[..n]);
+        let n = write_nd(&mut buf, &NdSpec::unsolicited(B, LB6.octets()));
+        p.on_frame(Duration::from_millis(4), &buf[..n]);
+        let plan = Plan {
+            ips: vec![LB6.into()],
+            source: SRC,
+            source6: SRC6,
+            interval: Duration::from_secs(1),
+            rounds: 1,
+            duration: None,
+            connect: None,
+        };
+        let out = Outcome {
+            prober: p,
+            elapsed: Duration::from_secs(1),
+            interrupted: false,
+            io_errors: 0,
+            last_io_error: None,
+        };
+        let s = Summary::new(&out, "eth0", ME, &plan);
+        let v = serde_json::to_value(&s).unwrap();
+        assert_eq!(
+            (v["source"].clone(), v["source_ipv6"].as_str()),
+            (serde_json::Value::Null, Some("fe80::1"))
+        );
+        let ip = &v["ips"][0];
+        assert_eq!(
+            (ip["ip"].as_str(), ip["family"].as_str()),
+            (Some("fd00::100"), Some("ipv6"))
+        );
+        assert_eq!(
+            (ip["replies"].as_u64(), ip["gratuitous"].as_u64()),
+            (Some(1), Some(1))
+        );
+        let table = s.table();
+        for want in [
+            "eth0 (02:00:00:00:00:01) asking as fe80::1: 1 round(s)",
+            "fd00::100  2 responders: conflict (several in 1 of 1 rounds)",
+            "requests 1  answered 1  replies 1  unsolicited NAs 1  NS leaks 0",
+            "MAC                replies  unsol  leaks   answered",
+            "02:00:00:00:00:0b        0      1      0        0/1   +0.004s   +0.004s",
+        ] {
+            assert!(table.contains(want), "no {want:?} in\n{table}");
+        }
     }
 }

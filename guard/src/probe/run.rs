@@ -1,4 +1,4 @@
-//! The probe's loop. Each round: a broadcast request per IP, then frames
+//! The probe's loop. Each round: a request per IP (ARP or NDP), then frames
 //! until the round's end; with `--connect`, one TCP connect per IP (with
 //! `--neigh pin` after a short settle delay, so that this round's answers are
 //! in to be pinned), and one read of the neighbour table to learn which MAC
@@ -11,7 +11,7 @@ use std::{
     collections::{HashMap, HashSet},
     future::Future,
     io,
-    net::Ipv4Addr,
+    net::IpAddr,
     pin::pin,
     time::Duration,
 };
@@ -30,8 +30,9 @@ const CONNECTS_AT_ONCE: usize = 64;
 /// Receive errors tolerated (an interface going down reports one) before
 /// the probe gives up.
 const MAX_RECV_ERRORS: u64 = 100;
-/// Bytes of each frame looked at (an ARP frame with tags fits).
-const SNAP: usize = 128;
+/// Bytes of each frame looked at: an ARP frame with tags, an NDP message
+/// with tags, extension headers and options.
+const SNAP: usize = 256;
 
 /// What a finished (or interrupted) probe knows.
 #[derive(Debug)]
@@ -48,13 +49,13 @@ pub struct Outcome {
 #[derive(Debug, Default)]
 struct Touched {
     /// Permanent entries found at the start (an operator's pins).
-    saved: HashMap<Ipv4Addr, Neighbour>,
-    changed: HashSet<Ipv4Addr>,
+    saved: HashMap<IpAddr, Neighbour>,
+    changed: HashSet<IpAddr>,
 }
 
 struct Job {
     target: usize,
-    ip: Ipv4Addr,
+    ip: IpAddr,
     port: u16,
     pin: Option<[u8; 6]>,
 }
@@ -74,7 +75,7 @@ pub async fn run<P: PacketIo, H: Host>(
     stop: impl Future<Output = ()>,
     on_event: impl FnMut(Event),
 ) -> Result<Outcome> {
-    let prober = Prober::new(&plan.ips, io.mac(), plan.source)
+    let prober = Prober::new(&plan.ips, io.mac(), plan.source, plan.source6)
         .with_context(|| format!("at most {} IPs per probe", super::MAX_IPS))?;
     let mut touched = Touched::default();
     if plan
@@ -82,7 +83,7 @@ pub async fn run<P: PacketIo, H: Host>(
         .as_ref()
         .is_some_and(|c| c.neigh != NeighMode::Keep)
     {
-        let wanted: HashSet<Ipv4Addr> = plan.ips.iter().copied().collect();
+        let wanted: HashSet<IpAddr> = plan.ips.iter().copied().collect();
         touched.saved = host.neighbours(&wanted).await?;
         touched.saved.retain(|_, n| n.permanent);
     }
@@ -254,7 +255,7 @@ async fn connect_all<H: Host>(host: &H, jobs: Vec<Job>, c: &ConnectPlan) -> io::
         .buffer_unordered(CONNECTS_AT_ONCE)
         .try_collect()
         .await?;
-    let wanted: HashSet<Ipv4Addr> = results.iter().map(|(j, _)| j.ip).collect();
+    let wanted: HashSet<IpAddr> = results.iter().map(|(j, _)| j.ip).collect();
     let table = host.neighbours(&wanted).await?;
     Ok(results
         .into_iter()
@@ -290,11 +291,14 @@ mod tests {
     use std::{
         cell::RefCell,
         collections::{HashMap, HashSet},
+        net::{Ipv4Addr, Ipv6Addr},
     };
 
     use guard_common::{
         build::{write_arp, ArpPacket, Ethernet, FRAME_BUF},
         frame::{parse, Parsed},
+        ndp::{NA_FLAG_OVERRIDE, NA_FLAG_SOLICITED},
+        ndp_build::{write_nd, NdSpec, ND_FRAME_BUF},
     };
 
     use super::*;
@@ -302,8 +306,10 @@ mod tests {
 
     const ME: [u8; 6] = [2, 0, 0, 0, 0, 1];
     const SRC: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 1);
-    const LB: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 100);
-    const LB2: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 101);
+    const SRC6: Ipv6Addr = Ipv6Addr::new(0xfe80, 0, 0, 0, 0, 0, 0, 1);
+    const LB: IpAddr = IpAddr::V4(Ipv4Addr::new(198, 51, 100, 100));
+    const LB2: IpAddr = IpAddr::V4(Ipv4Addr::new(198, 51, 100, 101));
+    const LB6: IpAddr = IpAddr::V6(Ipv6Addr::new(0xfd00, 0, 0, 0, 0, 0, 0, 0x100));
     const A: [u8; 6] = [2, 0, 0, 0, 0, 0xa];
     const B: [u8; 6] = [2, 0, 0, 0, 0, 0xb];
     const MS: Duration = Duration::from_millis(1);
@@ -313,13 +319,13 @@ mod tests {
     #[derive(Clone, Copy)]
     struct Responder {
         mac: [u8; 6],
-        ip: Ipv4Addr,
+        ip: IpAddr,
         delay: Duration,
         from: Duration,
         until: Duration,
     }
 
-    fn answers(mac: [u8; 6], ip: Ipv4Addr) -> Responder {
+    fn answers(mac: [u8; 6], ip: IpAddr) -> Responder {
         Responder {
             mac,
             ip,
@@ -338,6 +344,21 @@ mod tests {
         };
         let n = write_arp(&mut buf, &eth, &arp).unwrap();
         buf[..n].to_vec()
+    }
+
+    /// `mac`'s answer to our request for `ip`: an ARP reply, or a solicited
+    /// NA to our link-local.
+    fn answer(mac: [u8; 6], ip: IpAddr) -> Vec<u8> {
+        match ip {
+            IpAddr::V4(v4) => frame(mac, ArpPacket::reply(mac, v4.into(), ME, SRC.into())),
+            IpAddr::V6(v6) => {
+                let flags = NA_FLAG_SOLICITED | NA_FLAG_OVERRIDE;
+                let spec = NdSpec::advert(mac, v6.octets(), ME, SRC6.octets(), flags);
+                let mut buf = [0; ND_FRAME_BUF];
+                let n = write_nd(&mut buf, &spec);
+                buf[..n].to_vec()
+            }
+        }
     }
 
     /// The segment: answers requests as its responders would.
@@ -378,15 +399,22 @@ mod tests {
                 return Err(io::Error::from_raw_os_error(libc::ENETDOWN));
             }
             self.sent += 1;
-            let Parsed::Arp(req) = parse(f, 0x0806) else {
-                panic!("sent a frame that is not ARP")
+            let asked = match parse(f, u16::from_be_bytes([f[12], f[13]])) {
+                Parsed::Arp(req) => {
+                    assert_eq!((req.op, req.sha, req.spa), (1, ME, u32::from(SRC)));
+                    IpAddr::from(Ipv4Addr::from(req.tpa))
+                }
+                Parsed::Nd(ns) => {
+                    assert!(!ns.is_advert());
+                    assert_eq!((ns.eth_src, ns.src), (ME, SRC6.octets()));
+                    IpAddr::from(Ipv6Addr::from(ns.target))
+                }
+                other => panic!("sent a frame that is neither ARP nor NDP: {other:?}"),
             };
-            assert_eq!((req.op, req.sha, req.spa), (1, ME, u32::from(SRC)));
             let now = Instant::now().duration_since(self.start);
             for r in self.responders.clone() {
-                if u32::from(r.ip) == req.tpa && (r.from..r.until).contains(&now) {
-                    let reply = ArpPacket::reply(r.mac, req.tpa, ME, req.spa);
-                    self.inject(now + r.delay, frame(r.mac, reply));
+                if r.ip == asked && (r.from..r.until).contains(&now) {
+                    self.inject(now + r.delay, answer(r.mac, r.ip));
                 }
             }
             Ok(())
@@ -407,7 +435,7 @@ mod tests {
     /// The host: a neighbour table whose kernel learns `racers` in turn
     /// when it resolves, and the MACs that serve the port.
     struct FakeHost {
-        table: RefCell<HashMap<Ipv4Addr, Neighbour>>,
+        table: RefCell<HashMap<IpAddr, Neighbour>>,
         racers: Vec<[u8; 6]>,
         resolved: RefCell<usize>,
         serving: Vec<[u8; 6]>,
@@ -437,8 +465,8 @@ mod tests {
     impl Host for FakeHost {
         async fn neighbours(
             &self,
-            wanted: &HashSet<Ipv4Addr>,
-        ) -> io::Result<HashMap<Ipv4Addr, Neighbour>> {
+            wanted: &HashSet<IpAddr>,
+        ) -> io::Result<HashMap<IpAddr, Neighbour>> {
             let t = self.table.borrow();
             Ok(t.iter()
                 .filter(|(ip, _)| wanted.contains(ip))
@@ -446,13 +474,13 @@ mod tests {
                 .collect())
         }
 
-        async fn flush(&self, ip: Ipv4Addr) -> io::Result<()> {
+        async fn flush(&self, ip: IpAddr) -> io::Result<()> {
             self.log.borrow_mut().push(format!("flush {ip}"));
             self.table.borrow_mut().remove(&ip);
             Ok(())
         }
 
-        async fn pin(&self, ip: Ipv4Addr, mac: [u8; 6]) -> io::Result<()> {
+        async fn pin(&self, ip: IpAddr, mac: [u8; 6]) -> io::Result<()> {
             self.log.borrow_mut().push(format!("pin {ip} {mac:?}"));
             let n = Neighbour {
                 mac,
@@ -462,12 +490,7 @@ mod tests {
             Ok(())
         }
 
-        async fn connect(
-            &self,
-            ip: Ipv4Addr,
-            _: u16,
-            timeout: Duration,
-        ) -> Result<(), ConnectError> {
+        async fn connect(&self, ip: IpAddr, _: u16, timeout: Duration) -> Result<(), ConnectError> {
             let known = self.table.borrow().get(&ip).copied();
             let mac = match known {
                 Some(n) => n.mac,
@@ -499,10 +522,11 @@ mod tests {
         }
     }
 
-    fn plan(ips: &[Ipv4Addr], rounds: u64) -> Plan {
+    fn plan(ips: &[IpAddr], rounds: u64) -> Plan {
         Plan {
             ips: ips.to_vec(),
             source: SRC,
+            source6: SRC6,
             interval: 100 * MS,
             rounds,
             duration: None,
@@ -529,7 +553,7 @@ mod tests {
     async fn zero_one_and_two_responders() {
         let mut seg = Segment::new(&[answers(A, LB), answers(A, LB2), answers(B, LB2)]);
         let host = FakeHost::new(&[], &[]);
-        let none = Ipv4Addr::new(198, 51, 100, 102);
+        let none = IpAddr::from(Ipv4Addr::new(198, 51, 100, 102));
         let out = probe(&mut seg, &host, &plan(&[LB, LB2, none], 10)).await;
         let t = out.prober.targets();
         assert_eq!(
@@ -552,6 +576,28 @@ mod tests {
             host.log.borrow().is_empty(),
             "no connects, no neighbour changes"
         );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn ipv4_and_ipv6_in_one_run() {
+        let mut seg = Segment::new(&[answers(A, LB), answers(A, LB6), answers(B, LB6)]);
+        let host = FakeHost::new(&[], &[A]);
+        let p = with_connect(plan(&[LB, LB6], 4), NeighMode::Pin);
+        let out = probe(&mut seg, &host, &p).await;
+        let t = out.prober.targets();
+        assert_eq!(
+            (t[0].verdict(), t[1].verdict()),
+            (Verdict::OneResponder, Verdict::Conflict)
+        );
+        assert_eq!((t[1].requests, t[1].answered, t[1].replies), (4, 4, 8));
+        assert_eq!(seg.sent, 8, "one ARP request and one NS per round");
+        // Each IPv6 responder pinned in turn, as for IPv4; the pins removed.
+        assert_eq!(
+            (t[1].macs[0].connect.ok, t[1].macs[1].connect.timed_out),
+            (2, 2)
+        );
+        assert_eq!(host.ops(&format!("pin {LB6}")), 4);
+        assert!(host.table.borrow().is_empty());
     }
 
     #[tokio::test(start_paused = true)]
@@ -639,11 +685,10 @@ mod tests {
         let mut seg = Segment::new(&[answers(A, LB)]);
         for i in 0..10_000u32 {
             let at = Duration::from_micros(u64::from(i) * 40);
-            let mut junk = frame(B, ArpPacket::reply(B, LB.into(), ME, SRC.into()));
+            let mut junk = answer(B, LB);
             junk[14 + (i as usize % 8)] ^= 0xff; // a broken ARP header
             seg.inject(at, junk);
-            let other = ArpPacket::reply(B, u32::from(LB) + 7, ME, SRC.into());
-            seg.inject(at, frame(B, other));
+            seg.inject(at, answer(B, Ipv4Addr::new(198, 51, 100, 107).into()));
             seg.inject(at, vec![0xab; i as usize % 80]);
         }
         let out = probe(&mut seg, &FakeHost::new(&[], &[]), &plan(&[LB], 5)).await;

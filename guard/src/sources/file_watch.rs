@@ -101,8 +101,16 @@ fn notifier(path: &Path, ev_tx: mpsc::UnboundedSender<()>) -> Option<notify::Rec
         Some(p) => p.to_owned(),
         None => return None,
     };
-    let mut w = notify::recommended_watcher(move |_res: notify::Result<notify::Event>| {
-        let _ = ev_tx.send(());
+    let mut w = notify::recommended_watcher(move |res: notify::Result<notify::Event>| {
+        // Reading the file (ours included) is not a change: an open or a
+        // read-only close would otherwise make every reload wake the next.
+        use notify::event::{AccessKind, AccessMode, EventKind};
+        let read_only = res.as_ref().is_ok_and(
+            |e| matches!(e.kind, EventKind::Access(a) if a != AccessKind::Close(AccessMode::Write)),
+        );
+        if !read_only {
+            let _ = ev_tx.send(());
+        }
     })
     .map_err(|e| tracing::warn!(error = %e, "inotify unavailable; polling the ownership file only"))
     .ok()?;

@@ -6,3 +6,4 @@ pub mod addrs;
 pub mod cluster;
 pub mod file;
 pub mod file_watch;
+pub mod presence;

@@ -16,7 +16,7 @@ use tokio::sync::broadcast;
 
 use crate::{
     datapath::{census::CensusReader, sys::monotonic_ns},
-    model::census::{assess, conflicts, Census, Context, Reason},
+    model::census::{assess, claims_in_words, conflicts, Census, Context, Reason, Who},
 };
 
 /// The census as the API serves it (`/responders`).
@@ -52,17 +52,24 @@ pub struct ConflictEvent {
     pub reason: Reason,
     /// The MACs that claimed it within the window.
     pub macs: Vec<String>,
+    /// The claimants in words, by node (presence): "node-b (eth0, MAC)
+    /// claims IP owned by node-a", or a MAC that is no guarded node's.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub claims: Vec<String>,
 }
 
 /// What the task needs from the daemon: which IPs this node owns and since
 /// when (Unix seconds), read from the state the main loop publishes.
 pub type OwnedSince = Box<dyn Fn() -> BTreeMap<IpAddr, u64> + Send + Sync>;
+/// Who the claimants of these LB IPs are (presence) and their owners.
+pub type WhoIs = Box<dyn Fn(&BTreeSet<IpAddr>) -> Who + Send + Sync>;
 
 pub struct CensusTask {
     pub reader: CensusReader,
     pub window: Duration,
     pub period: Duration,
     pub owned: OwnedSince,
+    pub who: WhoIs,
     pub publish: Box<dyn Fn(CensusDoc) + Send + Sync>,
     pub events: broadcast::Sender<String>,
 }
@@ -109,6 +116,7 @@ fn run(task: CensusTask) {
         window,
         period,
         owned,
+        who,
         publish,
         events,
     } = task;
@@ -145,7 +153,7 @@ fn run(task: CensusTask) {
             m.claims = std::sync::Arc::new(c);
             m.walked_at = Some(claim_totals(&stats));
         }
-        let mut census = assess(&m.claims, &context(window, &owned, &m.claims));
+        let mut census = assess(&m.claims, &context(window, &owned, &who, &m.claims));
         let confirmed = confirm(&mut m.seen, &mut census);
         report_changes(&m.reported, &confirmed, &census, &events);
         m.reported = confirmed;
@@ -180,6 +188,7 @@ fn claim_totals(stats: &[(&'static str, u64)]) -> Vec<u64> {
 fn context(
     window: Duration,
     owned: &OwnedSince,
+    who: &WhoIs,
     claims: &[crate::model::census::Claim],
 ) -> Context {
     let now_ns = monotonic_ns();
@@ -213,6 +222,7 @@ fn context(
             .into_iter()
             .map(|i| (i, super::interface_name(i)))
             .collect(),
+        who: who(&claims.iter().map(|c| c.ip).collect()),
     }
 }
 
@@ -256,6 +266,11 @@ fn report_changes(
                 .collect()
         })
     };
+    let words = |ip: &IpAddr| -> Vec<String> {
+        census
+            .get(ip)
+            .map_or_else(Vec::new, |c| claims_in_words(*ip, c))
+    };
     let send = |event: &str, ip: IpAddr, reason: Reason, macs: Vec<String>| {
         let e = ConflictEvent {
             time: crate::telemetry::events::unix_time_millis(),
@@ -263,6 +278,7 @@ fn report_changes(
             lb_ip: ip,
             reason,
             macs,
+            claims: words(&ip),
         };
         if let Ok(line) = serde_json::to_string(&e) {
             // No subscriber is fine.
@@ -284,7 +300,7 @@ fn report_changes(
         }
         tracing::warn!(
             target: "arp_guard::census",
-            lb_ip = %ip, reason = reason.as_str(), macs = ?m,
+            lb_ip = %ip, reason = reason.as_str(), macs = ?m, claims = ?words(ip),
             "responder conflict: {}",
             match reason {
                 Reason::Contested => "more than one MAC claimed this LB IP within the census window, not one after the other (split brain, stale speaker, or nodes answering that should not)",
@@ -332,6 +348,7 @@ mod tests {
         BTreeMap::from([(
             ip,
             IpCensus {
+                owner: None,
                 active: 2,
                 conflict,
                 responders: vec![],

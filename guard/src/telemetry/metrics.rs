@@ -20,6 +20,13 @@
 //! | `arp_guard_feed_stream_healthy` | gauge | stream |
 //! | `arp_guard_feed_unconfirmed_leases` | gauge | |
 //! | `arp_guard_feed_rebuilds_total` | counter | stream, reason |
+//! | `arp_guard_feed_undecodable_objects_total` | counter | stream |
+//! | `arp_guard_feed_unreadable_objects` | gauge | stream |
+//! | `arp_guard_feed_not_admitted_total` | counter | stream |
+//! | `arp_guard_memory_bytes` | gauge | kind (resident, maps) |
+//! | `arp_guard_memory_limit_bytes` | gauge | |
+//! | `arp_guard_memory_pressure` | gauge | |
+//! | `arp_guard_presence_nodes` | gauge | state (live, expired, uncovered) |
 //! | `arp_guard_responders` | gauge | lb_ip, family (current claims only, at most --metrics-max-ip-series) |
 //! | `arp_guard_responder_conflicts` | gauge | reason |
 //! | `arp_guard_census_frames_total` | counter | outcome |
@@ -53,7 +60,7 @@ use super::{
     counters::Snapshot,
     histogram::Histogram,
     ops::OPS,
-    status::{Feed, InterfaceState, Status},
+    status::{InterfaceState, Status},
     takeover::{TakeoverStats, OUTCOMES},
 };
 use crate::{
@@ -61,16 +68,9 @@ use crate::{
     telemetry::{census::CensusDoc, clients::ClientsDoc},
 };
 
-use super::family::Family;
+use super::family::Values;
+use super::feed_metrics::{by_stream, cluster, memory};
 pub use super::fold::Fold;
-
-/// One scrape's worth of values.
-#[derive(Debug, Default)]
-struct Values {
-    counters: Vec<Family<u64>>,
-    gauges: Vec<Family<f64>>,
-    histograms: Vec<Family<Histogram>>,
-}
 
 /// A histogram as it stands at this scrape.
 #[derive(Debug)]
@@ -138,6 +138,13 @@ pub const NAMES: &[&str] = &[
     "arp_guard_feed_stream_healthy",
     "arp_guard_feed_unconfirmed_leases",
     "arp_guard_feed_rebuilds_total",
+    "arp_guard_feed_undecodable_objects_total",
+    "arp_guard_feed_unreadable_objects",
+    "arp_guard_feed_not_admitted_total",
+    "arp_guard_memory_bytes",
+    "arp_guard_memory_limit_bytes",
+    "arp_guard_memory_pressure",
+    "arp_guard_presence_nodes",
     "arp_guard_responders",
     "arp_guard_responder_conflicts",
     "arp_guard_census_frames_total",
@@ -156,6 +163,7 @@ pub const NAMES: &[&str] = &[
     "arp_guard_misdirected_frames_total",
     "arp_guard_client_table_entries",
     "arp_guard_client_refreshes_total",
+    "arp_guard_kube_events_total",
 ];
 
 /// What one scrape is made of.
@@ -175,6 +183,8 @@ pub struct Scrape<'a> {
     pub takeover: Option<&'a TakeoverStats>,
     /// Misdirected and stale clients, when the census runs.
     pub clients: Option<&'a ClientsDoc>,
+    /// Presence, when it runs: nodes by state (live, expired, uncovered).
+    pub presence_nodes: Option<Vec<(&'static str, f64)>>,
 }
 
 /// The Prometheus text of one scrape.
@@ -209,6 +219,12 @@ pub fn render(scrape: Scrape<'_>) -> Result<String> {
             "Client-visible failover time: a client's last packet here after this node lost the LB IP, minus the moment of the move (observed once the client has gone quiet).",
             vec![(vec![], c.failover.clone())],
         ));
+    }
+    if let Some(m) = super::memory::latest() {
+        memory(&mut v, &m);
+    }
+    if let Some(p) = scrape.presence_nodes {
+        super::feed_metrics::presence(&mut v, p);
     }
     operations(&mut v);
     let mut registry = Registry::default();
@@ -390,36 +406,21 @@ fn takeovers(v: &mut Values, t: &TakeoverStats) {
     ));
 }
 
-/// The Kubernetes feed's health.
-fn cluster(v: &mut Values, feed: &Feed) {
-    v.gauges.push((
-        "arp_guard_feed_degraded",
-        "1 while foreign is degraded to unknown for lack of a fresh feed.",
-        vec![(vec![], f64::from(u8::from(feed.degraded)))],
-    ));
-    v.gauges.push((
-        "arp_guard_feed_stream_healthy",
-        "1 while a Kubernetes watch stream delivers (0: failing or stuck).",
-        feed.streams
-            .iter()
-            .map(|s| {
-                (
-                    vec![("stream", s.name.clone())],
-                    f64::from(u8::from(s.healthy)),
-                )
-            })
-            .collect(),
-    ));
-    v.gauges.push((
-        "arp_guard_feed_unconfirmed_leases",
-        "Leases in use past their deadline that the API has not confirmed (their holders keep their claims).",
-        vec![(vec![], feed.unconfirmed_leases as f64)],
-    ));
-}
-
 /// What the daemon did: feed events, rebuilds, map updates, errors.
 fn operations(v: &mut Values) {
     let ops = &*OPS;
+    v.counters
+        .push(super::feed_metrics::kube_events(&ops.kube_events));
+    v.counters.push((
+        "arp_guard_feed_undecodable_objects",
+        "Objects from the Kubernetes API that could not be decoded (skipped), by stream.",
+        by_stream(&ops.feed_undecodable),
+    ));
+    v.counters.push((
+        "arp_guard_feed_not_admitted",
+        "New Kubernetes objects not taken in under memory pressure, by stream.",
+        by_stream(&ops.feed_not_admitted),
+    ));
     v.counters.push((
         "arp_guard_feed_events",
         "Watch events received from the Kubernetes API, by stream.",

@@ -27,7 +27,8 @@ use crate::{
         clients::{Entry, IpState},
         fmt_mac,
         refresh::{
-            owner_from_census, refresh_frame, Claimant, Client, Facts, OwnerMac, Refresher, Skip,
+            owner_from_census, owner_with_presence, refresh_frame, Claimant, Client, Facts,
+            OwnerMac, Presence, Refresher, Skip,
         },
     },
 };
@@ -53,10 +54,20 @@ pub struct Knowledge {
     /// When each IP asked took its current state and source (its owner),
     /// on the census's clock: claims count from then.
     pub changed_ns: BTreeMap<IpAddr, u64>,
+    /// Presence (None: off): the MACs of each asked IP's owner node's live
+    /// record (none: no such record), and every live guard's MACs.
+    pub presence: Option<PresenceFacts>,
 }
 
-/// What the daemon knows about the IPs asked.
-pub type Know = Box<dyn Fn(&BTreeSet<IpAddr>) -> Knowledge + Send + Sync>;
+/// How the healer learns what the daemon knows about some LB IPs.
+pub type KnowledgeOf = Box<dyn Fn(&BTreeSet<IpAddr>) -> Knowledge + Send + Sync>;
+
+/// What presence says about the owners of the IPs asked.
+#[derive(Debug, Clone, Default)]
+pub struct PresenceFacts {
+    pub owner_macs: BTreeMap<IpAddr, BTreeSet<[u8; 6]>>,
+    pub guarded: BTreeSet<[u8; 6]>,
+}
 
 /// The healer: its socket, its per-client limits, and how to learn what
 /// the daemon knows.
@@ -66,7 +77,8 @@ pub struct Healer {
     /// `--announce-hold`: the new owner's first announcements can precede
     /// the move as the feed saw it by this much.
     pub hold: Duration,
-    pub knowledge: Know,
+    /// What the daemon knows about these LB IPs now.
+    pub knowledge: KnowledgeOf,
     /// Refreshes by outcome (`sent`, `send_failed`, or why not).
     pub outcomes: BTreeMap<&'static str, u64>,
 }
@@ -197,15 +209,35 @@ impl Read<'_> {
         let moved = state
             .and_then(|s| s.lost_ns)
             .max(self.k.changed_ns.get(&e.ip).copied());
-        let since = moved.map(|m| m.saturating_sub(self.hold_ns));
-        let owner = match (&self.k.claims, since) {
-            (None, _) => OwnerMac::Uncertain("no census read yet"),
-            (_, None) => OwnerMac::Uncertain("the moment of the move is not known"),
-            (Some(_), Some(since)) => owner_from_census(
-                self.claimants.get(&e.ip).map_or(&[][..], Vec::as_slice),
+        let Some(since) = moved.map(|m| m.saturating_sub(self.hold_ns)) else {
+            return Facts {
+                state: state.map_or(Ownership::Unknown, |s| s.state),
+                blind: self.k.blind,
+                owner: OwnerMac::Uncertain("the moment of the move is not known"),
+                local: &self.local_set,
+            };
+        };
+        let claimants = self.claimants.get(&e.ip).map_or(&[][..], Vec::as_slice);
+        let census = match &self.k.claims {
+            None => OwnerMac::Uncertain("no census read yet"),
+            Some(_) => owner_from_census(
+                claimants,
                 self.k.conflicts.contains(&e.ip),
                 since,
                 &self.local_set,
+            ),
+        };
+        let none = BTreeSet::new();
+        let owner = match &self.k.presence {
+            None => census,
+            Some(p) => owner_with_presence(
+                census,
+                claimants,
+                since,
+                Presence {
+                    owner: p.owner_macs.get(&e.ip).unwrap_or(&none),
+                    guarded: &p.guarded,
+                },
             ),
         };
         Facts {

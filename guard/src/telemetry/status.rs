@@ -23,6 +23,9 @@ pub struct Status {
     pub map_memory_bytes: u64,
     /// Present when an announcer reads the Kubernetes API.
     pub feed: Option<Feed>,
+    /// The daemon's memory against its cgroup's limit (README: Sizing).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory: Option<super::memory::MemoryStatus>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

@@ -40,7 +40,9 @@ pub const DEFAULT_TESTS: &[&str] = &[
     "cli",
     "cleanup",
     "probe",
+    "probe6",
     "doctor",
+    "doctor6",
 ];
 
 #[derive(Debug, clap::Args)]

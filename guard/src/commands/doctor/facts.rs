@@ -1,10 +1,14 @@
 //! Everything doctor gathered, and what it was asked to look at: the input
 //! of the checks, which are pure functions of these two.
 
-use std::{collections::BTreeMap, net::Ipv4Addr};
+use std::{
+    collections::BTreeMap,
+    net::{Ipv4Addr, Ipv6Addr},
+};
 
 use super::{
     guard_view::{Attached, GuardView},
+    ipv6_view::Ipv6View,
     kube_proxy::KubeProxy,
     node::Node,
 };
@@ -17,6 +21,8 @@ pub struct Facts {
     pub addrs: Result<AddrTable, String>,
     pub guard: GuardView,
     pub kube_proxy: KubeProxy,
+    /// IPv6 addresses with their DAD state, and proxy entries (netlink).
+    pub ipv6: Result<Ipv6View, String>,
 }
 
 /// What to check.
@@ -106,33 +112,50 @@ impl Facts {
         ips
     }
 
-    /// Whether the guard stops the kernel's replies for `ips` on `uplink`.
-    pub fn coverage(&self, uplink: &str, ips: &[Ipv4Addr]) -> Coverage {
+    /// IPv6 LB IPs: the global IPv6 addresses on the LB interfaces and
+    /// those in the guard's LB set, sorted.
+    pub fn lb_ips6(&self, plan: &Plan) -> Vec<Ipv6Addr> {
+        let mut ips: Vec<Ipv6Addr> = match &self.addrs {
+            Ok(t) => plan
+                .lb_ifaces
+                .iter()
+                .flat_map(|i| t.v6_of(i).iter().copied())
+                .collect(),
+            Err(_) => Vec::new(),
+        };
+        if let Some(lb) = self.guard.lb6() {
+            ips.extend(lb.keys());
+        }
+        ips.sort_unstable();
+        ips.dedup();
+        ips
+    }
+
+    /// Why the guard does not judge what leaves `uplink` (not seen, not
+    /// attached, its daemon gone), if it does.
+    fn not_judging(&self, uplink: &str) -> Option<String> {
         if !self.guard.seen() {
-            return Coverage::Not("no running arp-guard was seen".into());
+            return Some("no running arp-guard was seen".into());
         }
         match self.guard.attached(uplink, self.node.ifindex(uplink)) {
             Attached::Daemon(InterfaceState::Attached, _)
             | Attached::PinnedLink
             | Attached::Kernel(_) => {}
-            _ => return Coverage::Not(format!("arp-guard is not attached to {uplink}")),
+            _ => return Some(format!("arp-guard is not attached to {uplink}")),
         }
         if let Some((age, _, dead)) = self.guard.heartbeat() {
             if age >= dead {
-                return Coverage::Not(format!(
+                return Some(format!(
                     "the guard's daemon is gone (heartbeat {}s old): it passes everything",
                     age.as_secs()
                 ));
             }
         }
-        let Some(lb) = self.guard.lb() else {
-            return Coverage::Not("the guard's LB IP set cannot be read".into());
-        };
-        let missing: Vec<Ipv4Addr> = ips
-            .iter()
-            .filter(|ip| !lb.contains_key(ip))
-            .copied()
-            .collect();
+        None
+    }
+
+    /// The mode, once the guard covers `missing` (IPs not in its set: none).
+    fn covered(&self, missing: Vec<String>) -> Coverage {
         if !missing.is_empty() {
             return Coverage::Not(format!(
                 "not in the guard's LB IP set: {} (run it with --lb-ips-from kube-ipvs0)",
@@ -142,6 +165,41 @@ impl Facts {
         Coverage::Full {
             mode: self.guard.mode().unwrap_or_else(|| "unknown".into()),
         }
+    }
+
+    /// Whether the guard judges Neighbor Discovery for the IPv6 `ips` on
+    /// `uplink`.
+    pub fn coverage6(&self, uplink: &str, ips: &[Ipv6Addr]) -> Coverage {
+        if let Some(why) = self.not_judging(uplink) {
+            return Coverage::Not(why);
+        }
+        let Some(lb) = self.guard.lb6() else {
+            return Coverage::Not(
+                "the guard's IPv6 LB IP set is known only from its API, which does not answer here (pass --api)".into(),
+            );
+        };
+        self.covered(
+            ips.iter()
+                .filter(|ip| !lb.contains_key(ip))
+                .map(Ipv6Addr::to_string)
+                .collect(),
+        )
+    }
+
+    /// Whether the guard stops the kernel's replies for `ips` on `uplink`.
+    pub fn coverage(&self, uplink: &str, ips: &[Ipv4Addr]) -> Coverage {
+        if let Some(why) = self.not_judging(uplink) {
+            return Coverage::Not(why);
+        }
+        let Some(lb) = self.guard.lb() else {
+            return Coverage::Not("the guard's LB IP set cannot be read".into());
+        };
+        self.covered(
+            ips.iter()
+                .filter(|ip| !lb.contains_key(ip))
+                .map(Ipv4Addr::to_string)
+                .collect(),
+        )
     }
 
     /// The guard's states of `ips` ("owned 1, foreign 2").

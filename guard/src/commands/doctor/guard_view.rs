@@ -4,7 +4,7 @@
 
 use std::{
     collections::BTreeMap,
-    net::{Ipv4Addr, SocketAddr},
+    net::{Ipv4Addr, Ipv6Addr, SocketAddr},
     path::Path,
     time::Duration,
 };
@@ -133,6 +133,17 @@ impl GuardView {
             return Some(v4.collect());
         }
         self.pinned.as_ref()?.lb.clone()
+    }
+
+    /// The IPv6 LB IPs the guard enforces, with their state: from its API
+    /// only (doctor reads the pinned IPv4 map, not the IPv6 one).
+    pub fn lb6(&self) -> Option<BTreeMap<Ipv6Addr, Ownership>> {
+        let doc = self.status.as_ref()?;
+        let v6 = doc.ips.iter().filter_map(|r| match r.ip {
+            std::net::IpAddr::V6(v6) => Some((v6, r.entry.state)),
+            std::net::IpAddr::V4(_) => None,
+        });
+        Some(v6.collect())
     }
 
     /// `enforce` or `monitor`.

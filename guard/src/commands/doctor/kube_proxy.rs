@@ -85,7 +85,7 @@ pub fn parse(data: Option<&str>) -> KubeProxy {
 /// Ask the API for the ConfigMap, within `timeout`.
 pub async fn read(kubeconfig: Option<&Path>, timeout: Duration) -> KubeProxy {
     let ask = async {
-        let client = match task::client(kubeconfig, timeout).await {
+        let client = match task::client(kubeconfig).await {
             Ok(c) => c,
             Err(e) => {
                 // kube's errors repeat their sources in their text: the

@@ -1,14 +1,18 @@
-//! `arp-guard doctor`: why this node might answer ARP for LB IPs it does
-//! not own, one line per check. The gathering reads files under the given
-//! procfs and sysfs roots (`node`), addresses through netlink, the running
-//! guard through its API or pins (`guard_view`) and kube-proxy's ConfigMap
-//! (`kube_proxy`); the checks (`arp`, `path`, `guard_checks`) are pure
-//! functions of what was gathered (`facts`), unit-tested on fixture trees.
+//! `arp-guard doctor`: why this node might answer ARP (or Neighbor
+//! Discovery) for LB IPs it does not own, one line per check. The gathering
+//! reads files under the given procfs and sysfs roots (`node`), addresses,
+//! their DAD state and the proxy entries through netlink (`ipv6_view`), the
+//! running guard through its API or pins (`guard_view`) and kube-proxy's
+//! ConfigMap (`kube_proxy`); the checks (`arp`, `ipv6`, `path`,
+//! `guard_checks`) are pure functions of what was gathered (`facts`),
+//! unit-tested on fixture trees.
 
 mod arp;
 mod facts;
 mod guard_checks;
 mod guard_view;
+mod ipv6;
+mod ipv6_view;
 mod kube_proxy;
 mod node;
 mod path;
@@ -26,6 +30,7 @@ pub use report::{Check, Report, Status};
 use self::{
     facts::{default_uplinks, Facts, Plan},
     guard_view::GuardView,
+    ipv6_view::Ipv6View,
     kube_proxy::KubeProxy,
     node::Node,
 };
@@ -67,6 +72,15 @@ pub fn run_checks(f: &Facts, plan: &Plan) -> Vec<Check> {
     for u in &plan.uplinks {
         out.push(path::rp_filter(f, plan, u));
     }
+    let lb6 = f.lb_ips6(plan);
+    out.push(ipv6::lb_ips6(f, plan, &lb6));
+    if !lb6.is_empty() {
+        for u in &plan.uplinks {
+            out.push(ipv6::proxy_ndp(f, u, &lb6));
+            out.push(ipv6::accept_dad(f, u, &lb6));
+        }
+        out.push(ipv6::forwarding(f, plan));
+    }
     out.push(guard_checks::tcx(f));
     out.push(guard_checks::bpffs(f, plan));
     out.push(guard_checks::guard(f));
@@ -79,17 +93,29 @@ pub fn run_checks(f: &Facts, plan: &Plan) -> Vec<Check> {
     out
 }
 
-/// The IPv4 addresses of every interface, through netlink.
-async fn read_addrs() -> Result<AddrTable, String> {
-    let (conn, handle, _) =
-        rtnetlink::new_connection().map_err(|e| format!("cannot open an rtnetlink socket: {e}"))?;
+/// The addresses of every interface, and the IPv6 view (DAD states, proxy
+/// entries), through netlink.
+async fn read_netlink() -> (Result<AddrTable, String>, Result<Ipv6View, String>) {
+    let (conn, handle, _) = match rtnetlink::new_connection() {
+        Ok(c) => c,
+        Err(e) => {
+            let e = format!("cannot open an rtnetlink socket: {e}");
+            return (Err(e.clone()), Err(e));
+        }
+    };
     let task = tokio::spawn(conn);
-    let r = tokio::time::timeout(Duration::from_secs(5), crate::sources::addrs::dump(&handle))
+    let limit = Duration::from_secs(5);
+    let too_long = |_| "the netlink dump took more than 5 s".to_owned();
+    let addrs = tokio::time::timeout(limit, crate::sources::addrs::dump(&handle))
         .await
-        .map_err(|_| "the netlink dump took more than 5 s".to_owned())
+        .map_err(too_long)
         .and_then(|r| r.map_err(|e| format!("{e:#}")));
+    let ipv6 = tokio::time::timeout(limit, ipv6_view::read(&handle))
+        .await
+        .map_err(too_long)
+        .and_then(|r| r);
     task.abort();
-    r
+    (addrs, ipv6)
 }
 
 /// Gather what the checks need.
@@ -104,8 +130,11 @@ async fn gather(args: &DoctorArgs) -> (Facts, Plan) {
             kube_proxy::read(args.kubeconfig.as_deref(), args.kube_timeout).await
         }
     };
-    let (mut guard, kube_proxy, addrs) =
-        tokio::join!(GuardView::read(args.api, &args.pin_dir), kube, read_addrs());
+    let (mut guard, kube_proxy, (addrs, ipv6)) = tokio::join!(
+        GuardView::read(args.api, &args.pin_dir),
+        kube,
+        read_netlink()
+    );
     let mut node = Node::read(&args.proc_root, &args.sys_root);
     let (uplinks, uplinks_from) = if args.interfaces.is_empty() {
         default_uplinks(&node, &addrs, &guard, &args.lb_ips_from)
@@ -135,6 +164,7 @@ async fn gather(args: &DoctorArgs) -> (Facts, Plan) {
         addrs,
         guard,
         kube_proxy,
+        ipv6,
     };
     (facts, plan)
 }

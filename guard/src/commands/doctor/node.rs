@@ -23,6 +23,15 @@ const MAX_IFACES: usize = 65_536;
 
 /// The per-interface sysctls the checks read (`conf/<if>/<key>`).
 pub const CONF_KEYS: [&str; 4] = ["arp_ignore", "arp_announce", "rp_filter", "forwarding"];
+/// The same for IPv6 (`ipv6/conf/<if>/<key>`): what decides its Neighbor
+/// Discovery answers.
+pub const CONF6_KEYS: [&str; 5] = [
+    "disable_ipv6",
+    "forwarding",
+    "proxy_ndp",
+    "accept_dad",
+    "accept_ra",
+];
 
 /// One route of the main table (as /proc/net/route lists it).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -60,6 +69,8 @@ pub struct Node {
     pub ip_forward: Reading,
     /// `conf/<iface or all>/<key>`, for `all` and the interfaces asked for.
     pub conf: BTreeMap<(String, &'static str), Reading>,
+    /// `ipv6/conf/<iface or all>/<key>`, the same way.
+    pub conf6: BTreeMap<(String, &'static str), Reading>,
     /// Interfaces in `<sys>/class/net` with their ifindex.
     pub interfaces: Result<BTreeMap<String, Option<u32>>, String>,
     /// The main routing table, IPv4.
@@ -77,26 +88,53 @@ impl Node {
             kernel: read_file(&p("sys/kernel/osrelease"), SMALL).map(|s| s.trim().to_owned()),
             ip_forward: read_number(&p("sys/net/ipv4/ip_forward")),
             conf: BTreeMap::new(),
+            conf6: BTreeMap::new(),
             interfaces: read_interfaces(&sys_root.join("class/net")),
             routes: read_file(&p("net/route"), TABLE).map(|t| parse_routes(&t)),
             bpf_mounts: read_file(&p("mounts"), TABLE).map(|t| parse_bpf_mounts(&t)),
         }
     }
 
-    /// Read `conf/<if>/<key>` for `all` and each of `ifaces`.
+    /// Read `conf/<if>/<key>` (IPv4 and IPv6) for `all` and each of `ifaces`.
     pub fn read_conf<'a>(&mut self, ifaces: impl IntoIterator<Item = &'a str>) {
         let base = self.proc_root.join("sys/net/ipv4/conf");
+        let base6 = self.proc_root.join("sys/net/ipv6/conf");
         for iface in std::iter::once("all").chain(ifaces) {
             // A name that could leave the directory is no interface.
             let bad = iface.is_empty() || iface.contains('/') || iface == "." || iface == "..";
-            for key in CONF_KEYS {
-                let v = if bad {
+            let read = |base: &Path, key: &str| {
+                if bad {
                     Err("not an interface name".to_owned())
                 } else {
                     read_number(&base.join(iface).join(key))
-                };
-                self.conf.insert((iface.to_owned(), key), v);
+                }
+            };
+            for key in CONF_KEYS {
+                self.conf.insert((iface.to_owned(), key), read(&base, key));
             }
+            for key in CONF6_KEYS {
+                self.conf6
+                    .insert((iface.to_owned(), key), read(&base6, key));
+            }
+        }
+    }
+
+    /// `ipv6/conf/<iface>/<key>` as read (unknown if never asked for).
+    pub fn conf6(&self, iface: &str, key: &'static str) -> Reading {
+        self.conf6
+            .get(&(iface.to_owned(), key))
+            .cloned()
+            .unwrap_or_else(|| Err("not read".into()))
+    }
+
+    /// Whether IPv6 runs on `iface`: the kernel has IPv6 (`ipv6/conf/<if>`
+    /// exists) and the interface's `disable_ipv6` is 0 (writing `all`
+    /// writes every interface; the kernel reads the interface's).
+    pub fn ipv6_on(&self, iface: &str) -> Result<bool, String> {
+        match self.conf6(iface, "disable_ipv6") {
+            Ok(v) => Ok(v == 0),
+            Err(e) if e.ends_with("not found") => Ok(false),
+            Err(e) => Err(e),
         }
     }
 

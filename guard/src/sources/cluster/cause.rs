@@ -75,6 +75,11 @@ impl Cause {
         }
     }
 
+    /// A failed read of a response's body (a watch cut mid-stream).
+    pub fn of_io(e: &std::io::Error) -> Cause {
+        Cause::of_chain(e)
+    }
+
     /// An HTTP status code (or a Status object's) other than success.
     pub fn of_code(code: u16) -> Cause {
         match code {

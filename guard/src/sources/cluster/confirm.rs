@@ -6,10 +6,9 @@
 
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::coordination::v1::Lease;
-
 use super::{
     cause::{Cause, Failure, Who},
+    decode::{self, Obj},
     feed::Feed,
     model::{Key, LeaseInfo},
     objects,
@@ -26,7 +25,7 @@ const CONFIRM_RETRY: Duration = Duration::from_secs(2);
 const CONFIRM_PARALLEL: usize = 16;
 
 /// The answer to a confirming GET of a Lease.
-pub(crate) type Confirmation = Result<Option<Lease>, Failure>;
+pub(crate) type Confirmation = Result<Option<Obj<decode::Lease>>, Failure>;
 
 impl Feed {
     /// Leases to confirm now: past their deadline, unconfirmed, and not
@@ -84,7 +83,17 @@ impl Feed {
             }
         }
         match answer {
-            Ok(Some(l)) => {
+            // The API answered with a Lease the guard cannot read: not a
+            // blind guard, an unreadable Lease (its Services only).
+            Ok(Some(Obj::Bad(b))) => {
+                self.confirmed(&key);
+                if let Some(i) = self.lease_stream() {
+                    self.undecodable(i, Some(&key), &b);
+                }
+                let holder = objects::holder(b.holder.as_deref());
+                self.model.lease_unreadable(key, holder, now);
+            }
+            Ok(Some(Obj::Good(l))) => {
                 self.confirmed(&key);
                 let f = objects::lease(&l);
                 let renew = f.renew.clone();

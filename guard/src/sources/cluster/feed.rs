@@ -1,8 +1,9 @@
-//! The feed's state: what each stream delivered (kept in kube-runtime's
-//! reflector stores, which buffer a relist from `Init` and swap it in at
-//! `InitDone`), the [`Model`] built from it, each stream's health, and the
-//! confirmations of Leases that seem to expire. Pure in time: every method
-//! takes `now`, so the rules are tested without an API server (`task` runs it).
+//! The feed's state: the [`Model`] built from what each stream delivered
+//! (`apply`: only the slim objects the decisions need, a relist buffered and
+//! swapped in at its end), each stream's health, the objects it could not
+//! decode (`undecodable`), and the confirmations of Leases that seem to
+//! expire. Pure in time: every method takes `now`, so the rules are tested
+//! without an API server (`task` runs it).
 //!
 //! The guard must never take permission away because *it* is blind:
 //! - A Lease that seems to expire (no renewal seen within its duration) is
@@ -23,17 +24,12 @@ use std::{
     time::{Duration, Instant},
 };
 
-use k8s_openapi::api::{coordination::v1::Lease, core::v1::Service};
-use kube::{
-    api::DynamicObject,
-    runtime::{reflector::store::Writer, watcher},
-};
-
 use super::{
     cause::{Cause, Failure, Who},
-    model::{Key, Model},
-    objects,
-    stream::{l2status_resource, Msg, Stream, Update},
+    decode::Bad,
+    model::{Key, L2Status, Model, ServiceInfo},
+    objects::{self, LeaseFields},
+    stream::{Msg, Stream},
     FeedConfig,
 };
 use crate::{
@@ -49,35 +45,40 @@ pub const WATCH_TIMEOUT: Duration = Duration::from_secs(55);
 pub const THRESHOLD_FLOOR: Duration = Duration::from_secs(15);
 pub const THRESHOLD_CAP: Duration = Duration::from_secs(60);
 
-/// One stream's objects as kube-runtime's reflector keeps them: a relist
-/// is buffered from `Init` and swapped in whole at `InitDone`.
-enum Store {
-    Services(Writer<Service>),
-    Leases(Writer<Lease>),
-    L2(Writer<DynamicObject>),
+/// What a relist has delivered so far, as the model takes it.
+pub(super) enum Relist {
+    Services(BTreeMap<Key, Read<ServiceInfo>>),
+    Leases(BTreeMap<Key, Read<LeaseFields>>),
+    L2(BTreeMap<Key, Read<Option<L2Status>>>),
 }
 
-impl Store {
-    fn of(stream: &Stream) -> Store {
-        match stream {
-            Stream::Services => Store::Services(Writer::new(())),
-            Stream::Leases => Store::Leases(Writer::new(())),
-            Stream::L2 { .. } => Store::L2(Writer::new(l2status_resource())),
+/// One listed object: read, or not.
+pub(super) enum Read<T> {
+    Good(T),
+    Bad(Bad),
+}
+
+/// The keys of each stream's objects whose latest version could not be
+/// decoded, and the log budget.
+#[derive(Debug, Default)]
+pub(crate) struct Undecodable {
+    pub(super) keys: Vec<BTreeSet<Key>>,
+    pub(super) logged: usize,
+    pub(super) muted: bool,
+}
+
+impl Undecodable {
+    pub(crate) fn new(streams: usize) -> Self {
+        Undecodable {
+            keys: vec![BTreeSet::new(); streams],
+            ..Default::default()
         }
     }
-}
 
-/// What the store of a stream holds after its relist, as `f` reads each object.
-fn listed<K, T>(w: &Writer<K>, f: impl Fn(&K) -> Option<T>) -> BTreeMap<Key, T>
-where
-    K: kube::Resource + Clone + 'static,
-    K::DynamicType: std::hash::Hash + Eq + Clone,
-{
-    w.as_reader()
-        .state()
-        .iter()
-        .filter_map(|o| Some((objects::key_of(o.as_ref()), f(o)?)))
-        .collect()
+    /// How many objects of `stream` are unreadable now.
+    pub(crate) fn count(&self, stream: usize) -> usize {
+        self.keys.get(stream).map_or(0, BTreeSet::len)
+    }
 }
 
 /// One stream's health.
@@ -92,11 +93,15 @@ pub(crate) struct Health {
 pub(crate) struct Feed {
     pub(super) cfg: FeedConfig,
     pub(super) streams: Vec<Stream>,
-    stores: Vec<Store>,
+    /// Their names (logs, metrics, status).
+    pub(super) names: Vec<String>,
+    /// Per stream, the relist in progress.
+    pub(super) relists: Vec<Option<Relist>>,
     pub(super) model: Model,
     pub(super) health: Vec<Health>,
-    /// The probe (a one-item list): failing since.
+    /// The probe: failing since, and when it last answered.
     pub(super) probe_failing: Option<Instant>,
+    probe_ok: Instant,
     /// Leases whose absurd duration was logged (once each).
     pub(super) clamp_warned: BTreeSet<Key>,
     /// Confirming GETs: when the last one for a Lease was sent, and how many
@@ -114,6 +119,28 @@ pub(crate) struct Feed {
     claims_version: u64,
     /// Causes logged since the feed was last healthy (each once).
     pub(super) logged: BTreeSet<Cause>,
+    /// Objects the streams could not decode.
+    pub(super) bad: Undecodable,
+    /// Streams that did not take in a new object under memory pressure:
+    /// relisted once it is gone.
+    pub(super) not_admitted: BTreeSet<usize>,
+    /// What the last published view showed.
+    shown: Option<Shown>,
+}
+
+/// What a published view is compared by: what the daemon acts on or shows,
+/// cheap to build (an event that changes none of it publishes nothing).
+#[derive(Debug, PartialEq)]
+struct Shown {
+    claims_version: u64,
+    synced: bool,
+    degraded: bool,
+    holders_version: u64,
+    streams: Vec<StreamStatus>,
+    unconfirmed: usize,
+    blind: bool,
+    threshold: Duration,
+    problem: Option<String>,
 }
 
 impl Feed {
@@ -131,11 +158,16 @@ impl Feed {
         let model = Model::new(cfg.announcers.clone());
         Feed {
             cfg,
-            stores: streams.iter().map(Store::of).collect(),
+            names: streams.iter().map(Stream::name).collect(),
+            relists: streams.iter().map(|_| None).collect(),
+            bad: Undecodable::new(streams.len()),
+            not_admitted: BTreeSet::new(),
+            shown: None,
             streams,
             model,
             health,
             probe_failing: None,
+            probe_ok: now,
             clamp_warned: BTreeSet::new(),
             confirm_sent: BTreeMap::new(),
             confirm_failing: None,
@@ -148,10 +180,8 @@ impl Feed {
         }
     }
 
-    pub(crate) fn name(&self, stream: usize) -> String {
-        self.streams
-            .get(stream)
-            .map_or_else(|| "probe".to_owned(), Stream::name)
+    pub(crate) fn name(&self, stream: usize) -> &str {
+        self.names.get(stream).map_or("probe", String::as_str)
     }
 
     pub(super) fn lease_stream(&self) -> Option<usize> {
@@ -170,118 +200,6 @@ impl Feed {
         }
         self.model
             .upsert_lease(key, f.holder, f.duration, f.renew, now)
-    }
-
-    /// An event of `stream`: into its store, and into the model (at once
-    /// for a change, from the whole store at the end of a relist).
-    fn apply(&mut self, stream: usize, upd: Update, now: Instant) {
-        let Some(store) = self.stores.get_mut(stream) else {
-            return;
-        };
-        let done = match (store, upd) {
-            (Store::Services(w), Update::Svc(ev)) => {
-                w.apply_watcher_event(&ev);
-                let filter = &self.cfg.filter;
-                let done = matches!(*ev, watcher::Event::InitDone);
-                match *ev {
-                    watcher::Event::Apply(s) => {
-                        let key = objects::key_of(&s);
-                        self.model.set_service(key, objects::service(&s, filter));
-                    }
-                    watcher::Event::Delete(s) => {
-                        self.model.set_service(objects::key_of(&s), None);
-                    }
-                    watcher::Event::InitDone => {
-                        (self.model).replace_services(listed(w, |s| objects::service(s, filter)));
-                    }
-                    watcher::Event::Init | watcher::Event::InitApply(_) => {}
-                }
-                done
-            }
-            (Store::Leases(w), Update::Lease(ev)) => {
-                w.apply_watcher_event(&ev);
-                let relisted = matches!(*ev, watcher::Event::InitDone)
-                    .then(|| listed(w, |l| Some(objects::lease(l))));
-                self.apply_lease(*ev, relisted, now)
-            }
-            (Store::L2(w), Update::L2(ev)) => {
-                w.apply_watcher_event(&ev);
-                let namespace = match self.streams.get(stream) {
-                    Some(Stream::L2 { namespace }) => namespace.clone(),
-                    _ => return,
-                };
-                let done = matches!(*ev, watcher::Event::InitDone);
-                match *ev {
-                    watcher::Event::Apply(o) => {
-                        let key = objects::key_of(&o);
-                        self.model.set_l2(key, objects::l2status(&o));
-                    }
-                    watcher::Event::Delete(o) => {
-                        self.model.set_l2(objects::key_of(&o), None);
-                    }
-                    watcher::Event::InitDone => {
-                        // This stream owns its namespace's entries only.
-                        let listed = listed(w, objects::l2status);
-                        let gone: Vec<Key> = (self.model.l2.keys())
-                            .filter(|k| k.ns == namespace && !listed.contains_key(*k))
-                            .cloned()
-                            .collect();
-                        for k in gone {
-                            self.model.set_l2(k, None);
-                        }
-                        for (k, s) in listed {
-                            self.model.set_l2(k, Some(s));
-                        }
-                    }
-                    watcher::Event::Init | watcher::Event::InitApply(_) => {}
-                }
-                done
-            }
-            _ => false,
-        };
-        if done {
-            self.health[stream].synced = true;
-        }
-    }
-
-    /// A Lease event; `relisted`: the stream's whole store at the end of a
-    /// relist. Returns whether the relist is done.
-    fn apply_lease(
-        &mut self,
-        ev: watcher::Event<Lease>,
-        relisted: Option<BTreeMap<Key, objects::LeaseFields>>,
-        now: Instant,
-    ) -> bool {
-        match ev {
-            watcher::Event::Apply(l) => {
-                self.upsert_lease(objects::key_of(&l), objects::lease(&l), now);
-            }
-            watcher::Event::Delete(l) => {
-                let key = objects::key_of(&l);
-                self.clamp_warned.remove(&key);
-                self.model.remove_lease(&key);
-            }
-            watcher::Event::InitDone => {
-                let listed = relisted.unwrap_or_default();
-                // upsert_lease keeps the observation time of a Lease whose
-                // holder and renewTime did not change: a relist never extends
-                // a lease that stopped being renewed.
-                let gone: Vec<Key> = (self.model.leases.keys())
-                    .filter(|k| !listed.contains_key(*k))
-                    .cloned()
-                    .collect();
-                for k in gone {
-                    self.model.remove_lease(&k);
-                }
-                self.clamp_warned.retain(|k| listed.contains_key(k));
-                for (k, f) in listed {
-                    self.upsert_lease(k, f, now);
-                }
-                return true;
-            }
-            watcher::Event::Init | watcher::Event::InitApply(_) => {}
-        }
-        false
     }
 
     /// The staleness threshold: `--stale-after`, else the longest duration
@@ -343,6 +261,32 @@ impl Feed {
         self.claims_version += 1;
     }
 
+    fn stream_statuses(&self) -> Vec<StreamStatus> {
+        (self.health.iter().enumerate())
+            .map(|(i, h)| StreamStatus {
+                name: self.names[i].clone(),
+                synced: h.synced,
+                healthy: h.failing_since.is_none(),
+                error: h.failing_since.and(h.last_error.clone()),
+                undecodable: self.bad.count(i),
+            })
+            .collect()
+    }
+
+    fn shown(&self, now: Instant) -> Shown {
+        Shown {
+            claims_version: self.claims_version,
+            synced: self.synced(),
+            degraded: self.degraded(now),
+            holders_version: self.model.holders_version(),
+            streams: self.stream_statuses(),
+            unconfirmed: self.model.unconfirmed(now).len(),
+            blind: self.failing_since(now).is_some(),
+            threshold: self.threshold(),
+            problem: self.problem(),
+        }
+    }
+
     pub(crate) fn view(&mut self, now: Instant, event_at: Option<Instant>) -> ClusterView {
         self.publish_claims(now);
         let synced = self.synced();
@@ -359,24 +303,37 @@ impl Feed {
                 .collect(),
             event_at,
             failing_since: self.failing_since(now),
-            streams: self
-                .health
-                .iter()
-                .enumerate()
-                .map(|(i, h)| StreamStatus {
-                    name: self.name(i),
-                    synced: h.synced,
-                    healthy: h.failing_since.is_none(),
-                    error: h.failing_since.and(h.last_error.clone()),
-                })
-                .collect(),
+            streams: self.stream_statuses(),
             unconfirmed: self.model.unconfirmed(now).len(),
             threshold: self.threshold(),
             problem: self.problem(),
         }
     }
 
-    pub(super) fn all_healthy(&self) -> bool {
+    /// The view, if it differs from the last one this returned in what the
+    /// daemon acts on or shows (most events, a Lease renewal above all,
+    /// change none of it: nothing is built for them).
+    pub(crate) fn changed_view(
+        &mut self,
+        now: Instant,
+        event_at: Option<Instant>,
+    ) -> Option<ClusterView> {
+        self.publish_claims(now);
+        let shown = self.shown(now);
+        if self.shown.as_ref() == Some(&shown) {
+            return None;
+        }
+        self.shown = Some(shown);
+        Some(self.view(now, event_at))
+    }
+
+    /// The last sign that the API answers: a stream's progress or the
+    /// probe's answer.
+    pub(crate) fn last_alive(&self) -> Instant {
+        (self.health.iter().map(|h| h.last_progress)).fold(self.probe_ok, Instant::max)
+    }
+
+    pub(crate) fn all_healthy(&self) -> bool {
         self.probe_failing.is_none()
             && self.confirm_failing.is_none()
             && self.health.iter().all(|h| h.failing_since.is_none())
@@ -392,7 +349,10 @@ impl Feed {
                     Who::Stream(i),
                 )
             }
-            None => (self.probe_failing.take().is_some(), Who::Probe),
+            None => {
+                self.probe_ok = now;
+                (self.probe_failing.take().is_some(), Who::Probe)
+            }
         };
         if self.answered(who) && was {
             tracing::info!("Kubernetes API feed healthy again");
@@ -405,7 +365,7 @@ impl Feed {
         self.report(who, f);
         // Errors carry text from the API server: kept and logged short.
         let e = clip(&f.text, super::objects::MAX_FIELD);
-        let name = stream.map_or_else(|| "probe".to_owned(), |i| self.name(i));
+        let name = self.name(stream.unwrap_or(usize::MAX)).to_owned();
         match stream {
             Some(i) => {
                 let h = &mut self.health[i];
@@ -420,10 +380,9 @@ impl Feed {
     }
 
     pub(crate) fn on_msg(&mut self, stream: usize, msg: Msg, now: Instant) {
-        let name = self.name(stream);
         match msg {
             Msg::Update(u) => {
-                OPS.feed_event(&name);
+                OPS.feed_event(self.name(stream));
                 self.ok(Some(stream), now);
                 self.apply(stream, u, now);
             }
@@ -433,6 +392,7 @@ impl Feed {
                 self.failed(Some(stream), &f, now);
             }
             Msg::Idle(idle) => {
+                let name = self.name(stream).to_owned();
                 // Blind since the last thing it delivered, not since now.
                 let since = self.health[stream].last_progress;
                 tracing::warn!(
@@ -448,13 +408,24 @@ impl Feed {
     }
 
     pub(crate) fn take_rebuilds(&mut self) -> BTreeMap<usize, &'static str> {
+        if !self.not_admitted.is_empty() && !crate::telemetry::memory::under_pressure() {
+            tracing::info!("memory back under the limit: relisting the streams that did not take in new objects");
+            for s in std::mem::take(&mut self.not_admitted) {
+                self.rebuild.entry(s).or_insert("memory");
+            }
+        }
         std::mem::take(&mut self.rebuild)
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::super::{model::Announcer, objects::ServiceFilter, stream::IDLE_MARGIN};
+    use super::super::{
+        decode::{Lease, Obj, Seconds, Service},
+        model::Announcer,
+        objects::ServiceFilter,
+        stream::{Event, Update, IDLE_MARGIN},
+    };
     use super::*;
     use std::net::IpAddr;
 
@@ -492,20 +463,20 @@ mod tests {
 
     /// A relist of the Services stream with `services`.
     fn list_services(f: &mut Feed, t: Instant, services: Vec<Service>) {
-        use watcher::Event::*;
-        f.apply(0, Update::Svc(Box::new(Init)), t);
+        use Event::*;
+        f.apply(0, Update::Svc(Box::new(Listing)), t);
         for s in services {
-            f.apply(0, Update::Svc(Box::new(InitApply(s))), t);
+            f.apply(0, Update::Svc(Box::new(Listed(Obj::Good(s)))), t);
         }
-        f.apply(0, Update::Svc(Box::new(InitDone)), t);
+        f.apply(0, Update::Svc(Box::new(ListDone)), t);
     }
 
     fn list(f: &mut Feed, t: Instant, lease: Lease) {
-        use watcher::Event::{Init, InitApply, InitDone};
+        use Event::{ListDone, Listed, Listing};
         list_services(f, t, vec![svc()]);
-        f.apply(1, Update::Lease(Box::new(Init)), t);
-        f.apply(1, Update::Lease(Box::new(InitApply(lease))), t);
-        f.apply(1, Update::Lease(Box::new(InitDone)), t);
+        f.apply(1, Update::Lease(Box::new(Listing)), t);
+        f.apply(1, Update::Lease(Box::new(Listed(Obj::Good(lease)))), t);
+        f.apply(1, Update::Lease(Box::new(ListDone)), t);
     }
 
     /// The renewTime of the Lease as first listed.
@@ -535,7 +506,7 @@ mod tests {
 
     fn owner(f: &mut Feed, t: Instant) -> (Option<String>, bool) {
         let c = &f.view(t, None).claims.snapshot()[&IP.parse::<IpAddr>().unwrap()];
-        (c.owner.clone(), c.certain)
+        (c.owner.as_deref().map(str::to_owned), c.certain)
     }
 
     #[test]
@@ -558,7 +529,12 @@ mod tests {
         assert_eq!(f.due_confirmations(t11, 0), vec![key()]);
         assert!(f.due_confirmations(t11, 0).is_empty(), "one GET at a time");
         // The GET shows the same renewTime: expiry confirmed, no owner.
-        f.on_confirm(key(), t11, Ok(Some(lease_json("node-a", RENEWED))), t11);
+        f.on_confirm(
+            key(),
+            t11,
+            Ok(Some(Obj::Good(lease_json("node-a", RENEWED)))),
+            t11,
+        );
         assert_eq!(owner(&mut f, t11), (None, true));
         assert!(f.take_rebuilds().is_empty(), "not a stuck stream");
         // ...and a renewal seen in a relist counts as one.
@@ -584,7 +560,10 @@ mod tests {
         f.on_confirm(
             key(),
             t10,
-            Ok(Some(lease_json("node-a", "2026-11-30T10:00:09.000000Z"))),
+            Ok(Some(Obj::Good(lease_json(
+                "node-a",
+                "2026-11-30T10:00:09.000000Z",
+            )))),
             t10,
         );
         assert_eq!(owner(&mut f, t10), node_a(true), "renewed: certain again");
@@ -611,7 +590,7 @@ mod tests {
     /// re-created, nor revives one the watch deleted.
     #[test]
     fn an_overtaken_confirmation_is_ignored() {
-        use watcher::Event::*;
+        use Event::*;
         let t0 = Instant::now();
         let mut f = synced(t0);
         let (t10, t11, t12) = (secs(t0, 10), secs(t0, 11), secs(t0, 12));
@@ -619,14 +598,14 @@ mod tests {
         // The watch delivers a renewal after the GET went out...
         f.apply(
             1,
-            Update::Lease(Box::new(Apply(lease_json(
+            Update::Lease(Box::new(Apply(Obj::Good(lease_json(
                 "node-a",
                 "2026-11-30T10:00:11.000000Z",
-            )))),
+            ))))),
             t11,
         );
         // ...then the GET's answer, from before it, arrives: ignored.
-        let old = Ok(Some(lease_json("node-a", RENEWED)));
+        let old = Ok(Some(Obj::Good(lease_json("node-a", RENEWED))));
         f.on_confirm(key(), t10, old, t12);
         assert_eq!(owner(&mut f, t12), node_a(true));
         assert!(f.take_rebuilds().is_empty(), "no false alarm");
@@ -635,20 +614,23 @@ mod tests {
         // Deleted by the watch after the GET went out: not revived.
         f.apply(
             1,
-            Update::Lease(Box::new(Delete(lease_json(
+            Update::Lease(Box::new(Delete(Obj::Good(lease_json(
                 "node-a",
                 "2026-11-30T10:00:11.000000Z",
-            )))),
+            ))))),
             t12,
         );
-        let renewed = Ok(Some(lease_json("node-a", "2026-11-30T10:00:12.000000Z")));
+        let renewed = Ok(Some(Obj::Good(lease_json(
+            "node-a",
+            "2026-11-30T10:00:12.000000Z",
+        ))));
         f.on_confirm(key(), t11, renewed, t12);
         assert!(f.model.leases.is_empty());
     }
 
     #[test]
     fn a_relist_swaps_in_whole_and_only_at_its_end() {
-        use watcher::Event::*;
+        use Event::*;
         let t0 = Instant::now();
         let mut f = synced(t0);
         let ips = |f: &mut Feed| -> Vec<String> {
@@ -667,12 +649,12 @@ mod tests {
             "status": {"loadBalancer": {"ingress": [{"ip": "198.51.100.20"}]}}
         }))
         .unwrap();
-        f.apply(0, Update::Svc(Box::new(Init)), t0);
-        f.apply(0, Update::Svc(Box::new(InitApply(api))), t0);
+        f.apply(0, Update::Svc(Box::new(Listing)), t0);
+        f.apply(0, Update::Svc(Box::new(Listed(Obj::Good(api)))), t0);
         // Half-way through, the last known state holds (nothing vanishes
         // because a list is in progress).
         assert_eq!(ips(&mut f), ["198.51.100.10"]);
-        f.apply(0, Update::Svc(Box::new(InitDone)), t0);
+        f.apply(0, Update::Svc(Box::new(ListDone)), t0);
         assert_eq!(ips(&mut f), ["198.51.100.20"]);
     }
 
@@ -767,7 +749,7 @@ mod tests {
     /// expiry happens to be confirmed).
     #[test]
     fn a_failed_confirmation_is_moot_once_the_watch_shows_the_renewal() {
-        use watcher::Event::Apply;
+        use Event::Apply;
         let t0 = Instant::now();
         let mut f = synced(t0);
         let (t10, t11, t12) = (secs(t0, 10), secs(t0, 11), secs(t0, 12));
@@ -778,7 +760,7 @@ mod tests {
         assert!(f.due_confirmations(t11, 0).is_empty(), "backing off");
         assert_eq!(f.view(t11, None).failing_since, Some(t10));
         let renewed = lease_json("node-a", "2026-11-30T10:00:12.000000Z");
-        f.apply(1, Update::Lease(Box::new(Apply(renewed))), t12);
+        f.apply(1, Update::Lease(Box::new(Apply(Obj::Good(renewed)))), t12);
         assert!(f.due_confirmations(t12, 0).is_empty());
         let v = f.view(t12, None);
         assert_eq!((v.failing_since, v.problem), (None, None));
@@ -792,7 +774,7 @@ mod tests {
         let t0 = Instant::now();
         let mut f = feed(t0);
         let mut l = lease_json("node-a", RENEWED);
-        l.spec.as_mut().unwrap().lease_duration_seconds = Some(2147483647);
+        l.spec.as_mut().unwrap().lease_duration_seconds = Some(Seconds(2147483647));
         list(&mut f, t0, l);
         assert_eq!(f.threshold(), THRESHOLD_CAP);
         f.failed(Some(0), &Failure::new(Cause::Server, "500"), t0);

@@ -10,10 +10,11 @@ use std::{
     collections::{btree_map::Entry, BTreeMap, BTreeSet},
     net::IpAddr,
     ops::Bound::{Excluded, Included},
+    sync::Arc,
     time::Instant,
 };
 
-use super::model::{Announcer, Claim, Key, L2Status, LeaseInfo, Model, ServiceInfo};
+use super::model::{Announcer, Claim, Key, L2Status, LeaseInfo, LeaseState, Model, ServiceInfo};
 
 fn count<K: Ord>(m: &mut BTreeMap<K, usize>, k: K, add: bool) {
     match m.entry(k) {
@@ -33,8 +34,8 @@ fn count<K: Ord>(m: &mut BTreeMap<K, usize>, k: K, add: bool) {
     }
 }
 
-fn named(n: Option<&str>) -> Option<String> {
-    n.filter(|n| !n.is_empty()).map(str::to_owned)
+fn named(n: Option<&Arc<str>>) -> Option<Arc<str>> {
+    n.filter(|n| !n.is_empty()).cloned()
 }
 
 impl Model {
@@ -46,7 +47,7 @@ impl Model {
     }
 
     /// The claims as of the last [`Model::refresh`].
-    pub fn claims(&self) -> &BTreeMap<IpAddr, Claim> {
+    pub fn claims(&self) -> &BTreeMap<IpAddr, Arc<Claim>> {
         &self.idx.claims
     }
 
@@ -59,9 +60,34 @@ impl Model {
         let Some(l) = self.leases.get(lease) else {
             return;
         };
-        count(&mut self.idx.durations, l.duration, add);
-        if let Some(h) = named(l.holder.as_deref()) {
-            count(&mut self.idx.holders, h, add);
+        if !l.unreadable {
+            count(&mut self.idx.durations, l.duration, add);
+        }
+        if let Some(h) = named(l.holder.as_ref()) {
+            self.count_holder(h, add);
+        }
+    }
+
+    /// The one copy of a node name (names no one uses any more are dropped
+    /// once as many have gathered as are in use).
+    pub(super) fn intern(&mut self, name: impl AsRef<str> + Into<Arc<str>>) -> Arc<str> {
+        if let Some(a) = self.names.get(name.as_ref()) {
+            return a.clone();
+        }
+        if self.names.len() >= 2 * self.idx.holders.len() + 64 {
+            self.names.retain(|a| Arc::strong_count(a) > 1);
+        }
+        let a: Arc<str> = name.into();
+        self.names.insert(a.clone());
+        a
+    }
+
+    /// One more (or one fewer) Lease held by, or status naming, `h`.
+    fn count_holder(&mut self, h: Arc<str>, add: bool) {
+        let before = self.idx.holders.len();
+        count(&mut self.idx.holders, h, add);
+        if self.idx.holders.len() != before {
+            self.idx.holders_version += 1;
         }
     }
 
@@ -112,8 +138,9 @@ impl Model {
         self.services.insert(key, info);
     }
 
-    /// Replace every Service (the end of a relist): only those that differ
-    /// are re-derived.
+    /// Replace every Service (a relist, as the feed's `apply` does it): only
+    /// those that differ are re-derived.
+    #[cfg(test)]
     pub fn replace_services(&mut self, listed: BTreeMap<Key, ServiceInfo>) {
         let gone: Vec<Key> = (self.services.keys())
             .filter(|k| !listed.contains_key(*k))
@@ -130,7 +157,7 @@ impl Model {
     /// Insert, replace (Some) or remove (None) a Lease as recorded.
     pub(super) fn set_lease(&mut self, key: Key, info: Option<LeaseInfo>) {
         self.account(&key, false);
-        if let Some(old) = self.leases.remove(&key) {
+        if let Some(old) = self.leases.remove(&key).filter(|l| !l.unreadable) {
             if let Entry::Occupied(mut o) = self.idx.deadlines.entry(old.deadline()) {
                 o.get_mut().remove(&key);
                 if o.get().is_empty() {
@@ -139,12 +166,50 @@ impl Model {
             }
         }
         if let Some(info) = info {
-            let at = info.deadline();
-            (self.idx.deadlines.entry(at).or_default()).insert(key.clone());
+            // An unreadable Lease has no deadline the guard could know.
+            if !info.unreadable {
+                let at = info.deadline();
+                (self.idx.deadlines.entry(at).or_default()).insert(key.clone());
+            }
             self.leases.insert(key.clone(), info);
         }
         self.account(&key, true);
         self.lease_touched(&key);
+    }
+
+    /// A renewal (or a resync) that changes no claim: the same readable
+    /// holder and duration, live before and after. Only its times and its
+    /// place among the deadlines move; nothing is marked to re-derive. The
+    /// Lease back when it is not such a renewal.
+    pub(super) fn renew_in_place(
+        &mut self,
+        key: &Key,
+        info: LeaseInfo,
+        now: Instant,
+    ) -> Option<LeaseInfo> {
+        let Some(old) = self.leases.get_mut(key) else {
+            return Some(info);
+        };
+        let live = |l: &LeaseInfo| matches!(l.state(now), LeaseState::Live(_));
+        let same = !old.unreadable
+            && !info.unreadable
+            && old.holder == info.holder
+            && old.duration == info.duration;
+        if !same || !live(old) || !live(&info) {
+            return Some(info);
+        }
+        let (from, to) = (old.deadline(), info.deadline());
+        *old = info;
+        if from != to {
+            if let Entry::Occupied(mut o) = self.idx.deadlines.entry(from) {
+                o.get_mut().remove(key);
+                if o.get().is_empty() {
+                    o.remove();
+                }
+            }
+            (self.idx.deadlines.entry(to).or_default()).insert(key.clone());
+        }
+        None
     }
 
     pub fn remove_lease(&mut self, key: &Key) {
@@ -161,6 +226,10 @@ impl Model {
 
     /// Insert, replace (Some) or remove (None) a ServiceL2Status.
     pub fn set_l2(&mut self, key: Key, s: Option<L2Status>) {
+        let s = s.map(|s| L2Status {
+            node: s.node.map(|n| self.intern(n)),
+            ..s
+        });
         if self.l2.get(&key) == s.as_ref() {
             return;
         }
@@ -171,15 +240,15 @@ impl Model {
                     o.remove();
                 }
             }
-            if let Some(n) = named(old.node.as_deref()) {
-                count(&mut self.idx.holders, n, false);
+            if let Some(n) = named(old.node.as_ref()) {
+                self.count_holder(n, false);
             }
             self.idx.dirty_services.insert(old.service);
         }
         let Some(s) = s else { return };
         (self.idx.l2_of_service.entry(s.service.clone()).or_default()).insert(key.clone());
-        if let Some(n) = named(s.node.as_deref()) {
-            count(&mut self.idx.holders, n, true);
+        if let Some(n) = named(s.node.as_ref()) {
+            self.count_holder(n, true);
         }
         self.idx.dirty_services.insert(s.service.clone());
         self.l2.insert(key, s);
@@ -213,11 +282,11 @@ impl Model {
         let mut changed = BTreeSet::new();
         for ip in ips {
             let claim = self.claim_of(&ip, now);
-            if self.idx.claims.get(&ip) == claim.as_ref() {
+            if self.idx.claims.get(&ip).map(|c| &**c) == claim.as_ref() {
                 continue;
             }
             match claim {
-                Some(c) => self.idx.claims.insert(ip, c),
+                Some(c) => self.idx.claims.insert(ip, Arc::new(c)),
                 None => self.idx.claims.remove(&ip),
             };
             changed.insert(ip);
@@ -244,7 +313,6 @@ impl Model {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sources::cluster::model::LeaseState;
     use std::time::Duration;
 
     /// xorshift64*: deterministic, no dependency.
@@ -284,7 +352,10 @@ mod tests {
     }
 
     fn check(m: &Model, a: &[Announcer], now: Instant) {
-        assert_eq!(m.claims(), &m.ownership(a, now));
+        let claims: BTreeMap<IpAddr, Claim> = (m.claims().iter())
+            .map(|(ip, c)| (*ip, Claim::clone(c)))
+            .collect();
+        assert_eq!(claims, m.ownership(a, now));
         let used = referenced(m, a);
         let holders: BTreeSet<&str> = (used.iter())
             .filter_map(|k| m.leases.get(k)?.holder.as_deref())
@@ -295,6 +366,7 @@ mod tests {
         let max = used
             .iter()
             .filter_map(|k| m.leases.get(k))
+            .filter(|l| !l.unreadable)
             .map(|l| l.duration)
             .max();
         assert_eq!(m.max_lease_duration(), max);
@@ -342,6 +414,7 @@ mod tests {
                         let info = ServiceInfo {
                             ips,
                             kube_vip_lease: r.pick(&vip).map(Into::into),
+                            unreadable: r.below(8) == 0,
                         };
                         m.set_service(svc_key(&mut r), Some(info));
                     }
@@ -361,6 +434,8 @@ mod tests {
                         };
                         if r.below(5) == 0 {
                             m.remove_lease(&key);
+                        } else if r.below(8) == 0 {
+                            m.lease_unreadable(key, r.pick(&NODES).map(Into::into), now);
                         } else {
                             let holder = r.pick(&NODES).map(Into::into);
                             let d = Duration::from_secs(*r.pick(&[5, 10, 15]));
@@ -376,6 +451,7 @@ mod tests {
                         let s = (r.below(4) > 0).then(|| L2Status {
                             node: r.pick(&NODES).map(Into::into),
                             service: svc_key(&mut r),
+                            unreadable: r.below(6) == 0,
                         });
                         m.set_l2(key, s);
                     }

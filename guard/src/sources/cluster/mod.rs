@@ -2,21 +2,31 @@
 //! node owns each (Cilium and kube-vip Leases, MetalLB ServiceL2Status).
 //!
 //! `cause` classifies failed requests (what to fix), `problems` logs each
-//! cause once and keeps the guard's own problem,
-//! `objects` turns API objects into the `model`'s plain types, `model` holds
-//! the ownership rules (pure), `stream` drives one list+watch, `feed` keeps
-//! what the streams delivered and their health (pure in time), and `task`
-//! runs them all and publishes a `ClusterView`.
+//! cause once and keeps the guard's own problem, `wire` makes the requests
+//! and `decode` reads their bodies object by object into slim types,
+//! `objects` turns those into the `model`'s plain types, `model` holds
+//! the ownership rules (pure), `stream` and `driver` run one list+watch,
+//! `feed` keeps what the streams delivered and their health (pure in time;
+//! `apply` and `undecodable`), and `task` runs them all and publishes a
+//! `ClusterView`.
 
+mod apply;
 pub mod cause;
 pub mod confirm;
+#[cfg(feature = "testing")]
+pub mod cost;
+pub mod decode;
+mod driver;
 pub mod feed;
 pub mod index;
+mod keys;
 pub mod model;
 pub mod objects;
 pub mod problems;
 pub mod stream;
 pub mod task;
+mod undecodable;
+pub mod wire;
 
 use std::time::Duration;
 

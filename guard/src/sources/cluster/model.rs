@@ -8,32 +8,19 @@
 use std::{
     collections::{BTreeMap, BTreeSet},
     net::IpAddr,
+    sync::Arc,
     time::{Duration, Instant},
 };
 
+pub use super::keys::{Key, Keys};
+
 pub use crate::model::cluster::Claim;
 
-/// namespace/name of a namespaced object.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct Key {
-    pub ns: String,
-    pub name: String,
-}
-
-impl Key {
-    pub fn new(ns: impl Into<String>, name: impl Into<String>) -> Self {
-        Key {
-            ns: ns.into(),
-            name: name.into(),
-        }
-    }
-}
-
-impl std::fmt::Display for Key {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}/{}", self.ns, self.name)
-    }
-}
+/// Lease durations the guard believes: client-go's default when unset or
+/// not positive; at most an hour (a holder that claims more cannot make a
+/// guard wait that long to notice it is gone).
+pub const DEFAULT_LEASE: Duration = Duration::from_secs(15);
+pub const MAX_LEASE: Duration = Duration::from_secs(3600);
 
 /// A Service of type LoadBalancer that passed the class/label filters.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -42,16 +29,22 @@ pub struct ServiceInfo {
     pub ips: Vec<IpAddr>,
     /// The `kube-vip.io/leaseName` annotation: `name` or `ns/name`.
     pub kube_vip_lease: Option<String>,
+    /// Its latest version could not be decoded: this is the last good one,
+    /// and its IPs' claims are not trusted (owned stays owned, foreign is
+    /// judged unknown) until a readable version comes.
+    pub unreadable: bool,
 }
 
 /// A Lease as this guard observed it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LeaseInfo {
-    pub holder: Option<String>,
+    /// Shared with every claim that names it (one copy per node name).
+    pub holder: Option<Arc<str>>,
     pub duration: Duration,
-    /// spec.renewTime as written by the holder; compared, never interpreted:
-    /// the holder's clock is not ours.
-    pub renew: Option<String>,
+    /// spec.renewTime as written by the holder, kept as a 64-bit digest
+    /// ([`renew_digest`]): only ever compared, never interpreted (the
+    /// holder's clock is not ours).
+    pub renew: Option<u64>,
     /// When *this guard* last saw holder or renewTime change (client-go's
     /// `observedTime`). The lease is live until `observed + duration`.
     pub observed: Instant,
@@ -59,21 +52,28 @@ pub struct LeaseInfo {
     /// GET), changed or not. An expiry counts only once the API has been
     /// asked after the deadline: until then the guard may simply be blind.
     pub checked: Instant,
+    /// Its latest version could not be decoded: `holder` is what could
+    /// still be read of it (or the last good holder). Neither live nor
+    /// expired as far as the guard can tell: its claims are not trusted
+    /// (the holder keeps an uncertain claim) and it has no deadline.
+    pub unreadable: bool,
 }
 
 /// What a Lease says at a moment, as far as this guard can tell.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LeaseState<'a> {
     /// Renewed within its duration.
-    Live(&'a str),
+    Live(&'a Arc<str>),
     /// Its duration passed without a renewal we saw, and the API has not
     /// been heard from since: the holder may have stopped, or we may be
     /// blind (a stuck watch). Not yet a reason to take permission away.
-    Unconfirmed(&'a str),
+    Unconfirmed(&'a Arc<str>),
     /// The API confirmed, after the deadline, that it was not renewed.
     Expired,
     /// No holder.
     Vacant,
+    /// Its latest version could not be read; the holder as far as known.
+    Unreadable(Option<&'a Arc<str>>),
 }
 
 impl LeaseInfo {
@@ -82,7 +82,10 @@ impl LeaseInfo {
     }
 
     pub fn state(&self, now: Instant) -> LeaseState<'_> {
-        let Some(holder) = self.holder.as_deref().filter(|h| !h.is_empty()) else {
+        if self.unreadable {
+            return LeaseState::Unreadable(self.holder.as_ref().filter(|h| !h.is_empty()));
+        }
+        let Some(holder) = self.holder.as_ref().filter(|h| !h.is_empty()) else {
             return LeaseState::Vacant;
         };
         if now < self.deadline() {
@@ -98,8 +101,11 @@ impl LeaseInfo {
 /// A MetalLB ServiceL2Status: `node` announces the Service.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct L2Status {
-    pub node: Option<String>,
+    pub node: Option<Arc<str>>,
     pub service: Key,
+    /// Its latest version could not be decoded: this is the last good one,
+    /// not trusted (the node keeps an uncertain claim).
+    pub unreadable: bool,
 }
 
 /// Which announcer's records say who owns a Service's IPs.
@@ -131,22 +137,24 @@ impl Announcer {
 pub struct Index {
     pub(super) announcers: Vec<Announcer>,
     /// LB IP -> the Services that carry it (an IP can be shared).
-    pub(super) ip_services: BTreeMap<IpAddr, BTreeSet<Key>>,
+    pub(super) ip_services: BTreeMap<IpAddr, Keys>,
     /// Lease -> the Services it decides (for the announcers in use). Its
     /// keys are the Leases in use.
-    pub(super) lease_services: BTreeMap<Key, BTreeSet<Key>>,
+    pub(super) lease_services: BTreeMap<Key, Keys>,
     /// Service -> the ServiceL2Status objects naming it.
-    pub(super) l2_of_service: BTreeMap<Key, BTreeSet<Key>>,
+    pub(super) l2_of_service: BTreeMap<Key, Keys>,
     /// Lease deadline -> Leases.
-    pub(super) deadlines: BTreeMap<Instant, BTreeSet<Key>>,
+    pub(super) deadlines: BTreeMap<Instant, Keys>,
     /// Holders of Leases in use and announcing nodes, counted.
-    pub(super) holders: BTreeMap<String, usize>,
+    pub(super) holders: BTreeMap<Arc<str>, usize>,
+    /// Bumped whenever the set of `holders` changes.
+    pub(super) holders_version: u64,
     /// Durations of the Leases in use, counted.
     pub(super) durations: BTreeMap<Duration, usize>,
     pub(super) dirty_services: BTreeSet<Key>,
     pub(super) dirty_ips: BTreeSet<IpAddr>,
     /// Every LB IP's claim as of `evaluated`.
-    pub(super) claims: BTreeMap<IpAddr, Claim>,
+    pub(super) claims: BTreeMap<IpAddr, Arc<Claim>>,
     pub(super) evaluated: Option<Instant>,
 }
 
@@ -159,6 +167,17 @@ pub struct Model {
     pub leases: BTreeMap<Key, LeaseInfo>,
     pub l2: BTreeMap<Key, L2Status>,
     pub(super) idx: Index,
+    /// Node names, one copy each, shared by Leases, statuses and claims.
+    pub(super) names: BTreeSet<Arc<str>>,
+}
+
+/// A digest of a renewTime for comparisons (keyed per process, so that no
+/// one can make two renewTimes collide on purpose).
+pub fn renew_digest(renew: &str) -> u64 {
+    use std::hash::BuildHasher as _;
+    static KEY: std::sync::OnceLock<std::collections::hash_map::RandomState> =
+        std::sync::OnceLock::new();
+    KEY.get_or_init(Default::default).hash_one(renew)
 }
 
 impl Model {
@@ -174,6 +193,8 @@ impl Model {
         renew: Option<String>,
         now: Instant,
     ) -> bool {
+        let holder = holder.map(|h| self.intern(h));
+        let renew = renew.as_deref().map(renew_digest);
         let (observed, renewed) = match self.leases.get(&key) {
             Some(old) if old.holder == holder && old.renew == renew => (old.observed, false),
             Some(_) => (now, true),
@@ -185,9 +206,35 @@ impl Model {
             renew,
             observed,
             checked: now,
+            unreadable: false,
+        };
+        if let Some(info) = self.renew_in_place(&key, info, now) {
+            self.set_lease(key, Some(info));
+        }
+        renewed
+    }
+
+    /// A Lease whose latest version could not be decoded: `holder` is what
+    /// could be read of it (else the last good holder stays).
+    pub fn lease_unreadable(&mut self, key: Key, holder: Option<String>, now: Instant) {
+        let holder = holder.map(|h| self.intern(h));
+        let info = match self.leases.get(&key) {
+            Some(old) => LeaseInfo {
+                holder: holder.or_else(|| old.holder.clone()),
+                unreadable: true,
+                checked: now,
+                ..old.clone()
+            },
+            None => LeaseInfo {
+                holder,
+                duration: DEFAULT_LEASE,
+                renew: None,
+                observed: now,
+                checked: now,
+                unreadable: true,
+            },
         };
         self.set_lease(key, Some(info));
-        renewed
     }
 
     /// The longest duration of the Leases in use (the feed's default
@@ -255,30 +302,46 @@ impl Model {
             let lease = self.leases.get(&key)?;
             Some(match lease.state(now) {
                 LeaseState::Live(h) => Claim {
-                    owner: Some(h.to_owned()),
-                    why: format!("Lease {key} held by {h}"),
+                    owner: Some(h.clone()),
+                    why: format!("Lease {key} held by {h}").into(),
                     certain: true,
+                    service: None,
                 },
                 LeaseState::Unconfirmed(h) => Claim {
-                    owner: Some(h.to_owned()),
+                    owner: Some(h.clone()),
                     why: format!(
                         "Lease {key} held by {h}, not renewed within its duration as far as \
                          this guard saw; waiting for the API to confirm"
-                    ),
+                    )
+                    .into(),
                     certain: false,
+                    service: None,
                 },
                 LeaseState::Expired => Claim {
                     owner: None,
                     why: format!(
                         "Lease {key} expired (holder {} stopped renewing)",
                         lease.holder.as_deref().unwrap_or("")
-                    ),
+                    )
+                    .into(),
                     certain: true,
+                    service: None,
                 },
                 LeaseState::Vacant => Claim {
                     owner: None,
-                    why: format!("Lease {key} has no holder"),
+                    why: format!("Lease {key} has no holder").into(),
                     certain: true,
+                    service: None,
+                },
+                LeaseState::Unreadable(h) => Claim {
+                    owner: h.cloned(),
+                    why: format!(
+                        "Lease {key} cannot be decoded (holder as last read: {}); not trusted",
+                        h.map_or("none", |h| &**h)
+                    )
+                    .into(),
+                    certain: false,
+                    service: None,
                 },
             })
         };
@@ -286,34 +349,48 @@ impl Model {
             Announcer::Cilium { .. }
             | Announcer::KubeVipPerService
             | Announcer::KubeVipGlobal { .. } => lease_claim(Self::lease_key(svc, info, a)?),
-            Announcer::MetalLb { namespace } => {
-                let nodes: BTreeSet<&str> = (self.idx.l2_of_service.get(svc))
-                    .into_iter()
-                    .flatten()
-                    .filter(|k| &k.ns == namespace)
-                    .filter_map(|k| self.l2.get(k)?.node.as_deref())
-                    .collect();
-                match nodes.len() {
-                    0 => None,
-                    1 => {
-                        let n = nodes.iter().next().copied().unwrap_or_default();
-                        Some(Claim {
-                            owner: Some(n.to_owned()),
-                            why: format!("ServiceL2Status for {svc}: node {n}"),
-                            certain: true,
-                        })
-                    }
-                    _ => Some(Claim {
-                        owner: None,
-                        why: format!(
-                            "ServiceL2Status for {svc} names several nodes ({}): owner unknown",
-                            nodes.into_iter().collect::<Vec<_>>().join(", ")
-                        ),
-                        certain: true,
-                    }),
-                }
-            }
+            Announcer::MetalLb { namespace } => self.metallb_claim(svc, namespace),
         }
+    }
+
+    /// MetalLB's claim on one Service: the node its ServiceL2Status objects
+    /// (in `namespace`) name, if they agree.
+    fn metallb_claim(&self, svc: &Key, namespace: &str) -> Option<Claim> {
+        let statuses = (self.idx.l2_of_service.get(svc))
+            .into_iter()
+            .flatten()
+            .filter(|k| &*k.ns == namespace)
+            .filter_map(|k| self.l2.get(k));
+        let (mut nodes, mut readable) = (BTreeSet::<&Arc<str>>::new(), true);
+        for s in statuses {
+            readable &= !s.unreadable;
+            nodes.extend(s.node.as_ref());
+        }
+        let n = *nodes.first()?;
+        if nodes.len() > 1 {
+            let all: Vec<&str> = nodes.iter().map(|n| &***n).collect();
+            return Some(Claim {
+                owner: None,
+                why: format!(
+                    "ServiceL2Status for {svc} names several nodes ({}): owner unknown",
+                    all.join(", ")
+                )
+                .into(),
+                certain: readable,
+                service: None,
+            });
+        }
+        let why = if readable {
+            format!("ServiceL2Status for {svc}: node {n}")
+        } else {
+            format!("ServiceL2Status for {svc}: node {n} as last read; it cannot be decoded now, not trusted")
+        };
+        Some(Claim {
+            owner: Some(n.clone()),
+            why: why.into(),
+            certain: readable,
+            service: None,
+        })
     }
 
     /// The claim of one Service: the first announcer (in the order given)
@@ -325,14 +402,27 @@ impl Model {
         announcers: &[Announcer],
         now: Instant,
     ) -> Claim {
-        announcers
+        let mut claim = announcers
             .iter()
             .find_map(|a| self.service_claim(svc, info, a, now))
             .unwrap_or_else(|| Claim {
                 owner: None,
-                why: format!("Service {svc}: no announcer record"),
+                why: format!("Service {svc}: no announcer record").into(),
                 certain: true,
-            })
+                service: None,
+            });
+        claim.service = Some(crate::model::cluster::ServiceRef {
+            namespace: svc.ns.clone(),
+            name: svc.name.clone(),
+        });
+        if info.unreadable {
+            claim.certain = false;
+            claim.why = format!(
+                "{}; Service {svc} cannot be decoded now (its last good version is used), not trusted",
+                claim.why
+            ).into();
+        }
+        claim
     }
 
     /// Fold the claim of one more Service carrying an IP into the IP's
@@ -349,8 +439,10 @@ impl Model {
                 why: format!(
                     "IP shared by Services whose owners disagree: {} / {}",
                     prev.why, claim.why
-                ),
+                )
+                .into(),
                 certain: prev.certain && claim.certain,
+                service: prev.service,
             },
         }
     }
@@ -374,10 +466,15 @@ impl Model {
         out
     }
 
+    /// Changes whenever [`Model::named_nodes`] does.
+    pub fn holders_version(&self) -> u64 {
+        self.idx.holders_version
+    }
+
     /// Every holder of a Lease in use and every announcing node (to spot a
     /// node name that matches none of them).
     pub fn named_nodes(&self) -> BTreeSet<&str> {
-        self.idx.holders.keys().map(String::as_str).collect()
+        self.idx.holders.keys().map(|h| &**h).collect()
     }
 }
 
@@ -395,6 +492,7 @@ mod tests {
             Some(ServiceInfo {
                 ips: ips.iter().map(|s| ip(s)).collect(),
                 kube_vip_lease: None,
+                unreadable: false,
             }),
         );
     }
@@ -508,6 +606,7 @@ mod tests {
             Some(ServiceInfo {
                 ips: vec![ip("198.51.100.21")],
                 kube_vip_lease: Some("custom".into()),
+                unreadable: false,
             }),
         );
         m.set_service(
@@ -515,6 +614,7 @@ mod tests {
             Some(ServiceInfo {
                 ips: vec![ip("198.51.100.22")],
                 kube_vip_lease: Some("infra/pay-lock".into()),
+                unreadable: false,
             }),
         );
         m.upsert_lease(
@@ -577,6 +677,7 @@ mod tests {
             Some(L2Status {
                 node: Some("n1".into()),
                 service: Key::new("default", "web"),
+                unreadable: false,
             }),
         );
         assert_eq!(
@@ -589,6 +690,7 @@ mod tests {
             Some(L2Status {
                 node: Some("n7".into()),
                 service: Key::new("default", "web"),
+                unreadable: false,
             }),
         );
         assert_eq!(
@@ -601,6 +703,7 @@ mod tests {
             Some(L2Status {
                 node: Some("n2".into()),
                 service: Key::new("default", "web"),
+                unreadable: false,
             }),
         );
         let c = &m.ownership(&mlb, t0)[&ip("198.51.100.30")];
@@ -622,6 +725,7 @@ mod tests {
             Some(L2Status {
                 node: Some("n1".into()),
                 service: Key::new("a", "tcp"),
+                unreadable: false,
             }),
         );
         m.set_l2(
@@ -629,6 +733,7 @@ mod tests {
             Some(L2Status {
                 node: Some("n1".into()),
                 service: Key::new("a", "udp"),
+                unreadable: false,
             }),
         );
         assert_eq!(
@@ -640,6 +745,7 @@ mod tests {
             Some(L2Status {
                 node: Some("n2".into()),
                 service: Key::new("a", "udp"),
+                unreadable: false,
             }),
         );
         assert_eq!(m.ownership(&mlb, t0)[&ip("198.51.100.40")].owner, None);
@@ -663,6 +769,7 @@ mod tests {
             Some(L2Status {
                 node: Some("n2".into()),
                 service: Key::new("default", "web"),
+                unreadable: false,
             }),
         );
         assert_eq!(

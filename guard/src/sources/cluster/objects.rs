@@ -1,12 +1,13 @@
-//! Kubernetes objects -> the plain model types. Everything an object can get
-//! wrong (no IP, a hostname ingress, a missing field) is decided here.
+//! The API's objects (as `decode` reads them) -> the plain model types.
+//! Everything an object can get wrong (no IP, a hostname ingress, a missing
+//! field, an absurd duration) is decided here.
 
 use std::{net::IpAddr, time::Duration};
 
-use k8s_openapi::api::{coordination::v1::Lease, core::v1::Service};
-use kube::{api::DynamicObject, ResourceExt as _};
-
-use super::model::{Key, L2Status, ServiceInfo};
+use super::{
+    decode,
+    model::{Key, L2Status, ServiceInfo},
+};
 use crate::sources::file::clip;
 
 /// Which Services count: type LoadBalancer, the asked-for class, and (when
@@ -18,19 +19,22 @@ pub struct ServiceFilter {
     pub external_ips: bool,
 }
 
-pub const KUBE_VIP_LEASE_ANNOTATION: &str = "kube-vip.io/leaseName";
+pub use super::decode::KUBE_VIP_LEASE_ANNOTATION;
 
-pub fn key_of<K: kube::Resource>(o: &K) -> Key {
-    Key::new(
-        field(&o.namespace().unwrap_or_default()),
-        field(&o.name_any()),
-    )
+/// namespace/name, clipped.
+pub fn key(ns: &str, name: &str) -> Key {
+    Key::new(field(ns), field(name))
+}
+
+/// The key of an object (None when even its name cannot be read).
+pub fn key_of<T: decode::Object>(o: &decode::Obj<T>) -> Option<Key> {
+    o.names().map(|(ns, name)| key(ns, name))
 }
 
 /// The Service's LB IPs, or None if it is not an LB Service we guard.
-pub fn service(svc: &Service, filter: &ServiceFilter) -> Option<ServiceInfo> {
+pub fn service(svc: &decode::Service, filter: &ServiceFilter) -> Option<ServiceInfo> {
     let spec = svc.spec.as_ref()?;
-    if spec.type_.as_deref() != Some("LoadBalancer") {
+    if !svc.is_load_balancer() {
         return None;
     }
     if let Some(want) = &filter.lb_class {
@@ -38,9 +42,7 @@ pub fn service(svc: &Service, filter: &ServiceFilter) -> Option<ServiceInfo> {
             return None;
         }
     }
-    let mut ips: Vec<IpAddr> = svc
-        .status
-        .as_ref()
+    let mut ips: Vec<IpAddr> = (svc.status.as_ref())
         .and_then(|s| s.load_balancer.as_ref())
         .and_then(|lb| lb.ingress.as_ref())
         .into_iter()
@@ -49,23 +51,18 @@ pub fn service(svc: &Service, filter: &ServiceFilter) -> Option<ServiceInfo> {
         .filter_map(|i| i.ip.as_deref()?.parse().ok())
         .collect();
     if filter.external_ips {
-        ips.extend(
-            spec.external_ips
-                .iter()
-                .flatten()
-                .filter_map(|s| s.parse::<IpAddr>().ok()),
-        );
+        ips.extend((spec.external_ips.iter().flatten()).filter_map(|s| s.parse::<IpAddr>().ok()));
     }
     ips.sort();
     ips.dedup();
-    let kube_vip_lease = svc
-        .annotations()
+    let kube_vip_lease = (svc.metadata.annotations)
         .get(KUBE_VIP_LEASE_ANNOTATION)
         .filter(|s| !s.is_empty())
         .map(|s| clip(s, 2 * MAX_FIELD + 1));
     Some(ServiceInfo {
         ips,
         kube_vip_lease,
+        unreadable: false,
     })
 }
 
@@ -79,6 +76,11 @@ fn field(s: &str) -> String {
     clip(s, MAX_FIELD)
 }
 
+/// A holder as the model keeps it: None when empty, clipped.
+pub fn holder(h: Option<&str>) -> Option<String> {
+    h.filter(|h| !h.is_empty()).map(field)
+}
+
 /// A Lease as the model reads it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LeaseFields {
@@ -87,63 +89,51 @@ pub struct LeaseFields {
     pub renew: Option<String>,
     /// leaseDurationSeconds when it was absurd (not set, at most 0, or
     /// above an hour) and replaced: the value found.
-    pub clamped: Option<i32>,
+    pub clamped: Option<i64>,
 }
 
-/// Lease durations the guard believes: client-go's default when unset or
-/// not positive; at most an hour (a holder that claims more cannot make a
-/// guard wait that long to notice it is gone).
-pub const DEFAULT_LEASE: Duration = Duration::from_secs(15);
-pub const MAX_LEASE: Duration = Duration::from_secs(3600);
+pub use super::model::{DEFAULT_LEASE, MAX_LEASE};
 
 /// The fields of a Lease, strings clipped, duration made sane.
-pub fn lease(l: &Lease) -> LeaseFields {
+pub fn lease(l: &decode::Lease) -> LeaseFields {
     let spec = l.spec.as_ref();
-    let holder = spec
-        .and_then(|s| s.holder_identity.as_deref())
-        .filter(|h| !h.is_empty())
-        .map(field);
-    let raw = spec.and_then(|s| s.lease_duration_seconds);
+    let raw = spec.and_then(|s| s.lease_duration_seconds).map(|s| s.0);
     let (duration, clamped) = match raw {
         None => (DEFAULT_LEASE, None),
         Some(d) if d <= 0 => (DEFAULT_LEASE, Some(d)),
-        Some(d) if u64::try_from(d).is_ok_and(|d| d > MAX_LEASE.as_secs()) => (MAX_LEASE, Some(d)),
-        Some(d) => (Duration::from_secs(d as u64), None),
+        Some(d) if d.unsigned_abs() > MAX_LEASE.as_secs() => (MAX_LEASE, Some(d)),
+        Some(d) => (Duration::from_secs(d.unsigned_abs()), None),
     };
-    let renew = spec
-        .and_then(|s| s.renew_time.as_ref())
-        .map(|t| t.0.to_string());
     LeaseFields {
-        holder,
+        holder: holder(spec.and_then(|s| s.holder_identity.as_deref())),
         duration,
-        renew,
+        // Compared, never shown in full: clipped like any field.
+        renew: (spec.and_then(|s| s.renew_time.as_deref())).map(field),
         clamped,
     }
 }
 
 /// MetalLB's ServiceL2Status: status.node/serviceName/serviceNamespace, with
 /// the labels as a fallback (older speakers filled only those).
-pub fn l2status(o: &DynamicObject) -> Option<L2Status> {
-    let status = o.data.get("status");
-    let status_field = |f: &str| {
-        status
-            .and_then(|s| s.get(f))
-            .and_then(|v| v.as_str())
+pub fn l2status(o: &decode::L2Status) -> Option<L2Status> {
+    let status = o.status.as_ref();
+    let nonempty = |s: Option<&String>| s.filter(|s| !s.is_empty()).map(|s| field(s));
+    let label = |l: &str| {
+        o.metadata
+            .labels
+            .get(l)
             .filter(|s| !s.is_empty())
             .map(field)
     };
-    let label = |l: &str| {
-        o.labels()
-            .get(l)
-            .filter(|s| !s.is_empty())
-            .map(|s| field(s))
-    };
-    let name = status_field("serviceName").or_else(|| label("metallb.io/service-name"))?;
-    let ns = status_field("serviceNamespace").or_else(|| label("metallb.io/service-namespace"))?;
-    let node = status_field("node").or_else(|| label("metallb.io/node"));
+    let name = nonempty(status.and_then(|s| s.service_name.as_ref()))
+        .or_else(|| label("metallb.io/service-name"))?;
+    let ns = nonempty(status.and_then(|s| s.service_namespace.as_ref()))
+        .or_else(|| label("metallb.io/service-namespace"))?;
+    let node = nonempty(status.and_then(|s| s.node.as_ref())).or_else(|| label("metallb.io/node"));
     Some(L2Status {
-        node,
+        node: node.map(Into::into),
         service: Key::new(ns, name),
+        unreadable: false,
     })
 }
 
@@ -152,7 +142,11 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    fn svc(v: serde_json::Value) -> Service {
+    fn svc(v: serde_json::Value) -> decode::Service {
+        serde_json::from_value(v).unwrap()
+    }
+
+    fn lease_of(v: serde_json::Value) -> decode::Lease {
         serde_json::from_value(v).unwrap()
     }
 
@@ -181,7 +175,10 @@ mod tests {
         )
         .unwrap();
         assert!(with_ext.ips.contains(&"203.0.113.9".parse().unwrap()));
-        assert_eq!(key_of(&s), Key::new("default", "web"));
+        assert_eq!(
+            key_of(&decode::Obj::Good(s)),
+            Some(Key::new("default", "web"))
+        );
     }
 
     #[test]
@@ -209,21 +206,17 @@ mod tests {
 
     #[test]
     fn leases() {
-        let l: Lease = serde_json::from_value(json!({
+        let l = lease_of(json!({
             "metadata": {"name": "x", "namespace": "kube-system"},
             "spec": {"holderIdentity": "node-a", "leaseDurationSeconds": 20, "renewTime": "2026-11-30T10:00:01.123456Z"}
-        }))
-        .unwrap();
+        }));
         let f = lease(&l);
         assert_eq!(
             (f.holder.as_deref(), f.duration, f.clamped),
             (Some("node-a"), Duration::from_secs(20), None)
         );
         assert!(f.renew.unwrap().starts_with("2026-11-30T10:00:01"));
-        let empty: Lease = serde_json::from_value(
-            json!({"metadata": {"name": "x"}, "spec": {"holderIdentity": ""}}),
-        )
-        .unwrap();
+        let empty = lease_of(json!({"metadata": {"name": "x"}, "spec": {"holderIdentity": ""}}));
         assert_eq!(
             lease(&empty),
             LeaseFields {
@@ -237,15 +230,17 @@ mod tests {
 
     #[test]
     fn absurd_durations_and_huge_fields_are_tamed() {
-        let with = |d: i32, holder: &str| -> Lease {
-            serde_json::from_value(json!({
+        let with = |d: i64, holder: &str| {
+            lease_of(json!({
                 "metadata": {"name": "x", "namespace": "kube-system"},
                 "spec": {"holderIdentity": holder, "leaseDurationSeconds": d}
             }))
-            .unwrap()
         };
         let f = lease(&with(2147483647, "n1"));
         assert_eq!((f.duration, f.clamped), (MAX_LEASE, Some(2147483647)));
+        // Past i32 (which a real server would refuse): clamped the same.
+        let f = lease(&with(1 << 40, "n1"));
+        assert_eq!((f.duration, f.clamped), (MAX_LEASE, Some(1 << 40)));
         let f = lease(&with(0, "n1"));
         assert_eq!((f.duration, f.clamped), (DEFAULT_LEASE, Some(0)));
         let f = lease(&with(-5, "n1"));
@@ -259,7 +254,7 @@ mod tests {
 
     #[test]
     fn l2status_fields_and_label_fallback() {
-        let o: DynamicObject = serde_json::from_value(json!({
+        let o: decode::L2Status = serde_json::from_value(json!({
             "apiVersion": "metallb.io/v1beta1", "kind": "ServiceL2Status",
             "metadata": {"name": "l2-abc", "namespace": "metallb-system"},
             "status": {"node": "n1", "serviceName": "web", "serviceNamespace": "default"}
@@ -269,10 +264,11 @@ mod tests {
             l2status(&o),
             Some(L2Status {
                 node: Some("n1".into()),
-                service: Key::new("default", "web")
+                service: Key::new("default", "web"),
+                unreadable: false,
             })
         );
-        let o: DynamicObject = serde_json::from_value(json!({
+        let o: decode::L2Status = serde_json::from_value(json!({
             "apiVersion": "metallb.io/v1beta1", "kind": "ServiceL2Status",
             "metadata": {"name": "l2-abc", "namespace": "metallb-system",
                 "labels": {"metallb.io/node": "n2", "metallb.io/service-name": "web", "metallb.io/service-namespace": "default"}}

@@ -15,7 +15,7 @@ impl Feed {
     pub(super) fn report(&mut self, who: Who, f: &Failure) {
         let text = clip(&f.text, super::objects::MAX_FIELD);
         let name = match who {
-            Who::Stream(i) => self.name(i),
+            Who::Stream(i) => self.name(i).to_owned(),
             Who::Probe => "probe".into(),
             Who::Confirm => "lease confirmation".into(),
         };

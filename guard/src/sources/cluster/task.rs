@@ -3,13 +3,13 @@
 //! every change and at every deadline.
 
 use std::{
-    sync::Arc,
+    sync::{atomic::AtomicBool, Arc},
     time::{Duration, Instant},
 };
 
 use anyhow::{Context as _, Result};
 use k8s_openapi::api::{coordination::v1::Lease, core::v1::Service};
-use kube::{api::ListParams, Api, Client};
+use kube::{Client, Resource as _};
 use tokio::{
     sync::{mpsc, watch},
     task::JoinHandle,
@@ -18,14 +18,22 @@ use tokio::{
 use super::{
     cause::Failure,
     confirm::{Confirmation, CONFIRM_TIMEOUT},
+    decode, driver,
     feed::Feed,
     model::Key,
-    stream::{self, Msg, StreamCtl, StreamMsg, IDLE_MARGIN},
-    FeedConfig,
+    stream::{Msg, StreamCtl, StreamMsg},
+    wire, ClusterConfig, FeedConfig,
 };
 use crate::{model::cluster::ClusterView, telemetry::ops::OPS};
 
+/// The probe (is the API there at all?): at most this often...
 const PROBE_EVERY: Duration = Duration::from_secs(2);
+/// ...and, while the feed is healthy, only once nothing has shown the API
+/// alive for this long (a stream's event, bookmark or end of watch does):
+/// with Leases renewed every few seconds it never runs. Its failure makes
+/// the guard blind since that last sign of life, so a quieter probe never
+/// delays degradation.
+const PROBE_QUIET: Duration = Duration::from_secs(5);
 const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
 /// A stream failing this long while the API answers has its back-off cut
 /// short; one whose request has hung this long while the probe answers
@@ -33,12 +41,46 @@ const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
 const REBUILD_AFTER: Duration = Duration::from_secs(5);
 const HUNG_REQUEST: Duration = Duration::from_secs(30);
 
+/// Start the feed on a thread of its own, with a single-threaded runtime:
+/// the client (its connection tasks), the streams, the confirmations and the
+/// model all live there, so that a watch event wakes one thread and nothing
+/// else (the daemon's loop is woken only when the view changes). A client
+/// that cannot be configured is a start-up error.
+pub async fn start(cfg: ClusterConfig) -> Result<watch::Receiver<ClusterView>> {
+    let (tx, rx) = watch::channel(ClusterView::default());
+    let (ready_tx, ready_rx) = tokio::sync::oneshot::channel::<Result<()>>();
+    std::thread::Builder::new()
+        .name("kube-feed".into())
+        .spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build();
+            let rt = match rt {
+                Ok(rt) => rt,
+                Err(e) => {
+                    let _ = ready_tx.send(Err(e).context("the Kubernetes feed's runtime"));
+                    return;
+                }
+            };
+            rt.block_on(async move {
+                let c = client(cfg.kubeconfig.as_deref()).await;
+                let ok = c.is_ok();
+                let _ = ready_tx.send(c.as_ref().map(drop).map_err(|e| anyhow::anyhow!("{e:#}")));
+                if let (true, Ok(client)) = (ok, c) {
+                    run(client, cfg.feed, tx).await;
+                }
+            });
+        })
+        .context("starting the Kubernetes feed's thread")?;
+    ready_rx
+        .await
+        .context("the Kubernetes feed's thread ended at start")??;
+    Ok(rx)
+}
+
 /// Build a client from `kubeconfig`, else the usual inference (in-cluster
 /// service account, then $KUBECONFIG / ~/.kube/config).
-pub async fn client(
-    kubeconfig: Option<&std::path::Path>,
-    watch_timeout: Duration,
-) -> Result<Client> {
+pub async fn client(kubeconfig: Option<&std::path::Path>) -> Result<Client> {
     // Several rustls providers could be compiled in; name ours. An error only
     // means one is installed already.
     let _ = rustls::crypto::ring::default_provider().install_default();
@@ -54,16 +96,30 @@ pub async fn client(
             .await
             .context("no Kubernetes API configuration (in-cluster or kubeconfig)")?,
     };
-    // A silently dead connection must surface as an error: the server ends
-    // watches after watch_timeout on its own, so a longer read gap means trouble.
-    config.read_timeout = Some(watch_timeout + IDLE_MARGIN + Duration::from_secs(5));
+    // No read timer in the client: every request the feed makes is bounded
+    // by its own (a list page and a watch's silence by the idle deadline,
+    // a probe and a confirming GET by theirs), and a read timer re-armed for
+    // every chunk of every watch is a cost per event.
+    config.read_timeout = None;
     Client::try_from(config).context("building the Kubernetes client")
 }
 
-/// GET one Lease, bounded in time.
+/// When the probe is due: not before `next` (spacing); while the feed is
+/// `healthy`, not before [`PROBE_QUIET`] after its last sign of life.
+fn probe_at(next: Instant, healthy: bool, last_alive: Instant) -> Instant {
+    if healthy {
+        next.max(last_alive + PROBE_QUIET)
+    } else {
+        next
+    }
+}
+
+/// GET one Lease, bounded in time (decoded like the stream's: an
+/// undecodable answer is an answer, not a failure).
 async fn confirm(client: Client, key: Key) -> (Key, Confirmation) {
-    let api = Api::<Lease>::namespaced(client, &key.ns);
-    let r = match tokio::time::timeout(CONFIRM_TIMEOUT, api.get_opt(&key.name)).await {
+    let path = Lease::url_path(&(), Some(&key.ns));
+    let get = wire::get(&client, &path, &key.name, false);
+    let r = match tokio::time::timeout(CONFIRM_TIMEOUT, get).await {
         Ok(Ok(l)) => Ok(l),
         Ok(Err(e)) => Err(Failure::of("get", &e)),
         Err(_) => Err(Failure::timeout("get", CONFIRM_TIMEOUT)),
@@ -92,6 +148,8 @@ struct Task {
     next_probe: Instant,
     was_degraded: bool,
     announced_sync: bool,
+    /// The API server filters Services by type (cleared when it cannot).
+    lb_filter: Arc<AtomicBool>,
 }
 
 /// Run the feed for the life of the daemon, publishing into `tx`.
@@ -109,10 +167,19 @@ pub async fn run(client: Client, cfg: FeedConfig, tx: watch::Sender<ClusterView>
         next_probe: Instant::now() + PROBE_EVERY,
         was_degraded: false,
         announced_sync: false,
+        lb_filter: Arc::new(AtomicBool::new(true)),
     };
     t.running = (0..t.feed.streams.len()).map(|i| t.spawn(i, 0)).collect();
+    // One timer for the loop's deadlines, moved only when the next one
+    // changes (not re-armed for every event).
+    let deadline = tokio::time::sleep_until(t.wake().into());
+    tokio::pin!(deadline);
     loop {
         let mut event_at = None;
+        let wake = tokio::time::Instant::from_std(t.wake());
+        if deadline.deadline() != wake {
+            deadline.as_mut().reset(wake);
+        }
         tokio::select! {
             m = msg_rx.recv() => {
                 let Some(m) = m else { return };
@@ -132,10 +199,10 @@ pub async fn run(client: Client, cfg: FeedConfig, tx: watch::Sender<ClusterView>
                 t.in_flight -= 1;
                 t.feed.on_confirm(key, sent, answer, Instant::now());
             }
-            _ = tokio::time::sleep_until(t.wake().into()) => {}
+            _ = &mut deadline => {}
         }
         t.send_confirmations();
-        if Instant::now() >= t.next_probe {
+        if t.probe_due(Instant::now()) {
             t.probe().await;
         }
         t.rebuild();
@@ -147,7 +214,7 @@ impl Task {
     fn spawn(&self, i: usize, generation: u64) -> Running {
         let ctl = Arc::new(StreamCtl::default());
         let stream = &self.feed.streams[i];
-        let task = stream::spawn(
+        let task = driver::spawn(
             &self.client,
             &self.cfg,
             stream,
@@ -155,6 +222,7 @@ impl Task {
             generation,
             ctl.clone(),
             self.msg_tx.clone(),
+            self.lb_filter.clone(),
         );
         Running {
             task,
@@ -175,7 +243,7 @@ impl Task {
         .into_iter()
         .flatten()
         .filter(|t| *t > now)
-        .fold(self.next_probe, Instant::min)
+        .fold(self.probe_at(), Instant::min)
     }
 
     /// A message of a stream's current task (a replaced task's are ignored).
@@ -199,19 +267,37 @@ impl Task {
         }
     }
 
-    /// A one-item list: is the API there at all?
+    /// The probe is due: spaced by [`PROBE_EVERY`], and, while all is
+    /// well, only after [`PROBE_QUIET`] without a sign of life.
+    fn probe_due(&self, now: Instant) -> bool {
+        now >= self.probe_at()
+    }
+
+    /// When the probe is next due (the loop wakes then: one rule for both).
+    fn probe_at(&self) -> Instant {
+        probe_at(
+            self.next_probe,
+            self.feed.all_healthy(),
+            self.feed.last_alive(),
+        )
+    }
+
+    /// Is the API there at all? The `kubernetes` Service, from the API
+    /// server's cache (`resourceVersion=0`: no etcd read): any answer,
+    /// 404 included, is one.
     async fn probe(&mut self) {
-        let api = Api::<Service>::all(self.client.clone());
-        let lp = ListParams::default().limit(1);
-        let probe = tokio::time::timeout(PROBE_TIMEOUT, api.list_metadata(&lp)).await;
+        let since = self.feed.last_alive();
+        let path = Service::url_path(&(), Some("default"));
+        let get = wire::get::<decode::Service>(&self.client, &path, "kubernetes", true);
+        let probe = tokio::time::timeout(PROBE_TIMEOUT, get).await;
         let now = Instant::now();
         match probe {
             Ok(Ok(_)) => {
                 self.feed.ok(None, now);
                 self.unstick(now);
             }
-            Ok(Err(e)) => self.feed.failed(None, &Failure::of("list", &e), now),
-            Err(_) => (self.feed).failed(None, &Failure::timeout("list", PROBE_TIMEOUT), now),
+            Ok(Err(e)) => self.feed.failed(None, &Failure::of("get", &e), since),
+            Err(_) => (self.feed).failed(None, &Failure::timeout("get", PROBE_TIMEOUT), since),
         }
         self.next_probe = now + PROBE_EVERY;
     }
@@ -250,7 +336,7 @@ impl Task {
             if why == "api_back" {
                 tracing::info!(stream = %name, "Kubernetes API answers again, this stream's request hangs; relisting");
             }
-            OPS.feed_rebuild(&name, why);
+            OPS.feed_rebuild(name, why);
             self.running[i].task.abort();
             let generation = self.running[i].generation + 1;
             self.running[i] = self.spawn(i, generation);
@@ -260,7 +346,9 @@ impl Task {
     /// Publish the view if it changed; log entering and leaving degradation
     /// and the first sync.
     fn publish(&mut self, tx: &watch::Sender<ClusterView>, event_at: Option<Instant>) {
-        let view = self.feed.view(Instant::now(), event_at);
+        let Some(view) = self.feed.changed_view(Instant::now(), event_at) else {
+            return;
+        };
         let f = &self.feed;
         if view.degraded != self.was_degraded {
             self.was_degraded = view.degraded;
@@ -291,5 +379,27 @@ impl Task {
             *cur = view;
             true
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The loop sleeps until the probe is due, and the probe runs then: a
+    /// time in the past that the probe's rule does not call due would be a
+    /// busy loop.
+    #[test]
+    fn the_probe_runs_when_the_loop_wakes_for_it() {
+        let t0 = Instant::now();
+        let s = Duration::from_secs;
+        // Quiet and healthy: 5 s after the last sign of life, not before.
+        assert_eq!(probe_at(t0, true, t0), t0 + PROBE_QUIET);
+        // A stream delivered a moment ago: later still.
+        assert_eq!(probe_at(t0, true, t0 + s(3)), t0 + s(3) + PROBE_QUIET);
+        // Failing: every PROBE_EVERY, whatever the last sign of life.
+        assert_eq!(probe_at(t0 + s(2), false, t0 + s(9)), t0 + s(2));
+        // Spacing is kept either way.
+        assert_eq!(probe_at(t0 + s(9), true, t0), t0 + s(9));
     }
 }

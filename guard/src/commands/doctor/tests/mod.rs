@@ -4,6 +4,7 @@
 
 mod scenarios_arp;
 mod scenarios_guard;
+mod scenarios_ipv6;
 mod scenarios_path;
 
 use std::path::PathBuf;
@@ -13,6 +14,7 @@ use serde_json::json;
 use super::{
     facts::{default_uplinks, Facts, Plan},
     guard_view::{Chain, GuardView},
+    ipv6_view::Ipv6View,
     kube_proxy::KubeProxy,
     node::Node,
     run_checks, Check, Status,
@@ -72,16 +74,27 @@ pub fn addrs(extra: &[(&str, &str, u8)]) -> AddrTable {
     t
 }
 
-/// The guard as its API shows it: `mode`, attached to `ifaces`, with `ips`.
+/// The guard as its API shows it: `mode`, attached to `ifaces`, with `ips`
+/// (the first owned, the others foreign).
 pub fn api_guard(mode: &str, ifaces: &[&str], ips: &[&str]) -> GuardView {
+    let states: Vec<(&str, &str)> = ips
+        .iter()
+        .enumerate()
+        .map(|(n, ip)| (*ip, if n == 0 { "owned" } else { "foreign" }))
+        .collect();
+    api_guard_states(mode, ifaces, &states)
+}
+
+/// The same with each IP's state given: (ip, owned|foreign|unknown).
+pub fn api_guard_states(mode: &str, ifaces: &[&str], ips: &[(&str, &str)]) -> GuardView {
     let doc = json!({
         "node": "node-a", "mode": mode,
         "interfaces": ifaces.iter().map(|i| json!({"name": i, "state": "attached", "detail": "tcx"})).collect::<Vec<_>>(),
         "lb_ips": {"total": ips.len(), "owned": ips.len().min(1), "foreign": ips.len().saturating_sub(1), "unknown": 0},
         "not_enforced": 0, "map_memory_bytes": 0, "feed": null,
         "ready": true, "not_ready": [],
-        "ips": ips.iter().enumerate().map(|(n, ip)| json!({
-            "ip": ip, "state": if n == 0 { "owned" } else { "foreign" }, "source": "file",
+        "ips": ips.iter().map(|(ip, state)| json!({
+            "ip": ip, "state": state, "source": "file",
             "since_unix": 0, "on_interfaces": [], "counters": {}
         })).collect::<Vec<_>>(),
     });
@@ -125,6 +138,10 @@ pub fn facts(t: &Tree, addrs: AddrTable, guard: GuardView) -> Facts {
             mode: "ipvs".into(),
             strict_arp: false,
         },
+        ipv6: Ok(Ipv6View {
+            addrs: Vec::new(),
+            proxies: Ok(Vec::new()),
+        }),
     }
 }
 
@@ -185,6 +202,13 @@ impl Tree {
             &format!("{v}\n"),
         )
     }
+    /// `ipv6/conf/<iface>/<key>` = value.
+    pub fn conf6(&self, iface: &str, key: &str, v: &str) -> &Self {
+        self.write(
+            &format!("proc/sys/net/ipv6/conf/{iface}/{key}"),
+            &format!("{v}\n"),
+        )
+    }
     /// An interface in sysfs, and its conf directory with kernel defaults.
     pub fn iface(&self, name: &str, index: u32) -> &Self {
         self.write(
@@ -238,7 +262,10 @@ fn rbac_lets_doctor_read_kube_proxys_configmap_and_nothing_more() {
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy");
     let rbac = std::fs::read_to_string(root.join("base/rbac.yaml")).unwrap();
     let docs: Vec<serde_json::Value> = serde_saphyr::from_str_multiple(&rbac).unwrap();
-    let roles: Vec<&serde_json::Value> = docs.iter().filter(|d| d["kind"] == "Role").collect();
+    // (The other Role, presence's, is in the guard's own namespace: tests/manifests.rs.)
+    let roles: Vec<&serde_json::Value> = (docs.iter())
+        .filter(|d| d["kind"] == "Role" && d["metadata"]["name"] == "arp-guard-doctor")
+        .collect();
     assert_eq!(roles.len(), 1, "{roles:#?}");
     let role = roles[0];
     assert_eq!(role["metadata"]["namespace"], super::kube_proxy::NAMESPACE);

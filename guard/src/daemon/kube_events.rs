@@ -1,0 +1,240 @@
+//! Kubernetes Events on the Service of an LB IP: what the daemon finds
+//! (its `/events` lines: conflicts, split-brain speakers, silent takeovers,
+//! stale clients) told where operators look, `kubectl describe svc`.
+//!
+//! The reader takes the lines from the daemon's event channel, judges them
+//! (`model::kube_events`) against what the main loop published about the
+//! IP (its Service, whether it is owned here), and hands what is due under
+//! the rate limits to the publisher, a task of its own that writes through
+//! kube-runtime's recorder (events.k8s.io/v1; a repeat within its cache is
+//! a series update of the same Event, a PATCH). Nothing here can slow the
+//! guard: the queue between them is bounded and a full one drops, every
+//! request is bounded in time, and failures are counted and logged.
+
+use std::{
+    collections::BTreeMap,
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use k8s_openapi::api::core::v1::{ObjectReference, Service};
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use tokio::sync::{broadcast, mpsc};
+
+use super::config::KubeEventsConfig;
+use crate::{
+    api::Shared,
+    model::kube_events::{
+        judge, parse, Finding, IpFacts, Limiter, Memory, Occurrence, Offered, StreamKey, Thresholds,
+    },
+    telemetry::ops::OPS,
+};
+
+/// A request to the API (a GET of the Service, a POST or PATCH of the
+/// Event) gives up after this long.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+/// Events waiting for the publisher; more are dropped (counted).
+const QUEUE: usize = 64;
+/// Service UIDs kept (kubectl finds a Service's Events by its UID).
+const MAX_UIDS: usize = 4096;
+
+/// Start the reader and the publisher (the API client is built on the
+/// publisher's task: a configuration that cannot be read is logged once,
+/// and the guard goes on without Events).
+pub(super) fn spawn(
+    cfg: KubeEventsConfig,
+    kubeconfig: Option<std::path::PathBuf>,
+    node: String,
+    shared: Arc<Shared>,
+    silent_after: Duration,
+) {
+    let (tx, rx) = mpsc::channel(QUEUE);
+    tokio::spawn(publish(kubeconfig, node.clone(), rx));
+    let events = shared.events.subscribe();
+    tokio::spawn(read(cfg, node, shared, silent_after, events, tx));
+}
+
+/// One Event to publish.
+struct Job {
+    stream: StreamKey,
+    occurrence: Occurrence,
+}
+
+/// Count one Event of `reason` with `outcome`.
+fn count(reason: &str, outcome: &'static str) {
+    OPS.kube_event(reason, outcome);
+}
+
+/// Judge every line, publish what is due.
+async fn read(
+    cfg: KubeEventsConfig,
+    node: String,
+    shared: Arc<Shared>,
+    silent_after: Duration,
+    mut events: broadcast::Receiver<String>,
+    tx: mpsc::Sender<Job>,
+) {
+    let thresholds = Thresholds {
+        split_brain_after: cfg.split_brain_after,
+        stale_clients: cfg.stale_clients,
+        silent_after,
+    };
+    let mut limiter = Limiter::new(cfg.limits, Instant::now());
+    let mut memory = Memory::default();
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    loop {
+        tokio::select! {
+            line = events.recv() => match line {
+                Ok(line) => {
+                    let Some(f) = parse(&line) else { continue };
+                    let Some((service, o)) = occurrence(&f, &node, &shared, &thresholds, &mut memory) else { continue };
+                    let reason = o.reason;
+                    if limiter.offer((service, reason), o) == Offered::Dropped {
+                        count(reason.as_str(), "dropped");
+                    }
+                }
+                // Lines missed while this task was behind: nothing to do
+                // but go on (the findings repeat while they last).
+                Err(broadcast::error::RecvError::Lagged(_)) => continue,
+                Err(broadcast::error::RecvError::Closed) => return,
+            },
+            _ = tick.tick() => memory.prune(Instant::now()),
+        }
+        for (stream, occurrence) in limiter.due(Instant::now()) {
+            let reason = occurrence.reason.as_str();
+            if tx.try_send(Job { stream, occurrence }).is_err() {
+                count(reason, "dropped");
+            }
+        }
+    }
+}
+
+/// The Service and the Event a finding makes (None: none, or the IP has no
+/// Service this node knows of: a file or kube-ipvs0 source).
+fn occurrence(
+    f: &Finding,
+    node: &str,
+    shared: &Shared,
+    t: &Thresholds,
+    memory: &mut Memory,
+) -> Option<(String, Occurrence)> {
+    let st = shared.read();
+    let entry = st.ips.get(&f.ip())?;
+    let service = entry.service.clone()?;
+    let facts = IpFacts {
+        node,
+        owned_here: entry.state == guard_common::Ownership::Owned,
+        why: &entry.source,
+    };
+    let o = judge(f, &facts, t, memory, Instant::now())?;
+    Some((service, o))
+}
+
+/// Publish what the reader hands over, one at a time, each bounded in time.
+async fn publish(
+    kubeconfig: Option<std::path::PathBuf>,
+    node: String,
+    mut rx: mpsc::Receiver<Job>,
+) {
+    let client = match crate::sources::cluster::task::client(kubeconfig.as_deref()).await {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::warn!(error = %format!("{e:#}"), "Kubernetes Events are off: no API client");
+            while let Some(job) = rx.recv().await {
+                count(job.occurrence.reason.as_str(), "failed");
+            }
+            return;
+        }
+    };
+    let reporter = Reporter {
+        controller: "arp-guard".into(),
+        instance: Some(node),
+    };
+    let recorder = Recorder::new(client.clone(), reporter);
+    let mut uids: BTreeMap<String, Option<String>> = BTreeMap::new();
+    let mut failing = false;
+    while let Some(job) = rx.recv().await {
+        let reason = job.occurrence.reason.as_str();
+        let reference = service_ref(&client, &job.stream.0, &mut uids).await;
+        let ev = Event {
+            type_: if job.occurrence.reason.warning() {
+                EventType::Warning
+            } else {
+                EventType::Normal
+            },
+            reason: reason.into(),
+            note: Some(truncate(job.occurrence.note, 1024)),
+            action: job.occurrence.reason.action().into(),
+            secondary: job.occurrence.node_at_fault.map(|n| ObjectReference {
+                api_version: Some("v1".into()),
+                kind: Some("Node".into()),
+                name: Some(n),
+                ..Default::default()
+            }),
+        };
+        let outcome = match tokio::time::timeout(REQUEST_TIMEOUT, recorder.publish(&ev, &reference))
+            .await
+        {
+            Ok(Ok(())) => "published",
+            Ok(Err(e)) => {
+                if !failing {
+                    tracing::warn!(service = %job.stream.0, reason, error = %e, "cannot publish a Kubernetes Event (guarding is not affected; said once until one succeeds)");
+                }
+                "failed"
+            }
+            Err(_) => {
+                if !failing {
+                    tracing::warn!(service = %job.stream.0, reason, "publishing a Kubernetes Event timed out (guarding is not affected)");
+                }
+                "timeout"
+            }
+        };
+        failing = outcome != "published";
+        count(reason, outcome);
+    }
+}
+
+/// The reference of a Service ("namespace/name"), with its UID when the API
+/// gives it (kubectl describe selects a Service's Events by UID).
+async fn service_ref(
+    client: &kube::Client,
+    service: &str,
+    uids: &mut BTreeMap<String, Option<String>>,
+) -> ObjectReference {
+    let (ns, name) = service.split_once('/').unwrap_or(("default", service));
+    if !uids.contains_key(service) {
+        let api: kube::Api<Service> = kube::Api::namespaced(client.clone(), ns);
+        let uid = match tokio::time::timeout(REQUEST_TIMEOUT, api.get(name)).await {
+            Ok(Ok(m)) => m.metadata.uid,
+            _ => None,
+        };
+        if uids.len() >= MAX_UIDS {
+            uids.clear();
+        }
+        // A Service not found now is asked for again next time.
+        if uid.is_some() {
+            uids.insert(service.to_owned(), uid);
+        }
+    }
+    ObjectReference {
+        api_version: Some("v1".into()),
+        kind: Some("Service".into()),
+        namespace: Some(ns.to_owned()),
+        name: Some(name.to_owned()),
+        uid: uids.get(service).cloned().flatten(),
+        ..Default::default()
+    }
+}
+
+/// The API takes at most 1 kB of note.
+fn truncate(mut s: String, max: usize) -> String {
+    if s.len() > max {
+        let mut end = max.saturating_sub(3);
+        while !s.is_char_boundary(end) {
+            end -= 1;
+        }
+        s.truncate(end);
+        s.push_str("...");
+    }
+    s
+}

@@ -1,0 +1,103 @@
+//! Presence started for the daemon: the record it publishes is read from
+//! the state the main loop publishes (the interfaces it guards, their MACs,
+//! its mode and readiness), and what presence reads goes back there for
+//! the API and the census.
+
+use std::{collections::BTreeSet, net::IpAddr, sync::Arc};
+
+use guard_common::Mode;
+
+use super::Daemon;
+use crate::{
+    api::Shared,
+    datapath::sys::{ifindex, link_macs_by_index},
+    model::{
+        census::Who,
+        fmt_mac,
+        presence::{Iface, Record},
+    },
+    sources::presence::{self, Handle, Hooks},
+};
+
+impl Daemon {
+    /// Start presence when configured; a failure to start is said and
+    /// guarding goes on without it.
+    pub(super) fn start_presence(&self) -> Option<Handle> {
+        let mut cfg = self.cfg.presence.clone()?;
+        cfg.node = self.node.clone();
+        let (read, write, node) = (self.shared.clone(), self.shared.clone(), self.node.clone());
+        let hooks = Hooks {
+            record: Box::new(move || {
+                let st = read.read();
+                let macs = link_macs_by_index();
+                let interfaces = (st.interfaces.keys())
+                    .filter_map(|name| {
+                        let mac = macs.get(&ifindex(name).ok()?)?;
+                        Some(Iface {
+                            name: name.clone(),
+                            mac: fmt_mac(mac),
+                        })
+                    })
+                    .collect();
+                let monitor = st.mode == Some(Mode::Monitor);
+                Record {
+                    node: node.clone(),
+                    mode: if monitor { "monitor" } else { "enforce" }.into(),
+                    version: env!("CARGO_PKG_VERSION").into(),
+                    health: match (st.not_ready.is_empty(), monitor) {
+                        (false, _) => "degraded",
+                        (true, true) => "monitoring",
+                        (true, false) => "enforcing",
+                    }
+                    .into(),
+                    interfaces,
+                }
+            }),
+            publish: Box::new(move |seen| write.write().presence = Some(seen)),
+        };
+        match presence::start(cfg, hooks) {
+            Ok(h) => Some(h),
+            Err(e) => {
+                tracing::warn!(error = %format!("{e:#}"), "presence cannot start; guarding without it");
+                None
+            }
+        }
+    }
+}
+
+/// For the census: who the claimants of some LB IPs are, from the
+/// presence records and the owners the main loop published.
+pub(super) fn who_is(shared: Arc<Shared>) -> crate::telemetry::census::WhoIs {
+    Box::new(move |ips: &BTreeSet<IpAddr>| {
+        let st = shared.read();
+        let now = crate::api::state::unix_now() as i64;
+        Who {
+            on: st.presence.is_some(),
+            macs: (st.presence.as_ref())
+                .map(|p| p.table.macs(now))
+                .unwrap_or_default(),
+            owners: (ips.iter())
+                .filter_map(|ip| Some((*ip, st.ips.get(ip)?.owner.clone()?)))
+                .collect(),
+        }
+    })
+}
+
+/// For the healer: the MACs of the owner node's live record for each of
+/// `ips`, and every live guard's MACs (None: presence off).
+pub(super) fn presence_facts(
+    st: &crate::api::state::ApiState,
+    ips: &BTreeSet<IpAddr>,
+) -> Option<crate::telemetry::refresh::PresenceFacts> {
+    let p = st.presence.as_ref()?;
+    let now = crate::api::state::unix_now() as i64;
+    Some(crate::telemetry::refresh::PresenceFacts {
+        owner_macs: (ips.iter())
+            .filter_map(|ip| {
+                let owner = st.ips.get(ip)?.owner.as_deref()?;
+                Some((*ip, p.table.macs_of(owner, now)?))
+            })
+            .collect(),
+        guarded: p.table.macs(now).into_keys().collect(),
+    })
+}

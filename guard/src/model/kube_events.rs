@@ -1,0 +1,416 @@
+//! Kubernetes Events about LB IPs, decided: which of the daemon's findings
+//! (its `/events` lines) become an Event on the IP's Service, under which
+//! reason and in which words, and how often one may be published. Pure:
+//! the publisher (`daemon/kube_events.rs`) hands it lines and the clock.
+
+use std::{
+    collections::BTreeMap,
+    net::IpAddr,
+    time::{Duration, Instant},
+};
+
+/// The reason of an Event: one Event stream per Service and reason.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Reason {
+    ResponderConflict,
+    ResponderConflictResolved,
+    SplitBrainSpeaker,
+    SilentTakeover,
+    StaleClients,
+}
+
+impl Reason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Reason::ResponderConflict => "ResponderConflict",
+            Reason::ResponderConflictResolved => "ResponderConflictResolved",
+            Reason::SplitBrainSpeaker => "SplitBrainSpeaker",
+            Reason::SilentTakeover => "SilentTakeover",
+            Reason::StaleClients => "StaleClients",
+        }
+    }
+
+    /// Everything but a resolved conflict is a Warning.
+    pub fn warning(self) -> bool {
+        self != Reason::ResponderConflictResolved
+    }
+
+    /// The Event's action: what arp-guard did that found it.
+    pub fn action(self) -> &'static str {
+        match self {
+            Reason::ResponderConflict | Reason::ResponderConflictResolved => "Census",
+            Reason::SplitBrainSpeaker => "StopAnnouncement",
+            Reason::SilentTakeover => "TimeTakeover",
+            Reason::StaleClients => "WatchClients",
+        }
+    }
+}
+
+/// One finding about one LB IP, read from an `/events` line.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Finding {
+    /// The census: more than one MAC claims the IP (`ended`: no longer seen).
+    Conflict {
+        ip: IpAddr,
+        claimed_elsewhere: bool,
+        macs: Vec<String>,
+        ended: bool,
+    },
+    /// The guard stopped (or, in monitor mode, would have stopped) a
+    /// speaker's announcement of an IP this node does not own.
+    SpeakerStopped {
+        ip: IpAddr,
+        stopped: bool,
+        interface: String,
+    },
+    SilentTakeover {
+        ip: IpAddr,
+    },
+    StaleClient {
+        ip: IpAddr,
+        client_ip: String,
+        mac: String,
+    },
+}
+
+impl Finding {
+    pub fn ip(&self) -> IpAddr {
+        match self {
+            Finding::Conflict { ip, .. }
+            | Finding::SpeakerStopped { ip, .. }
+            | Finding::SilentTakeover { ip }
+            | Finding::StaleClient { ip, .. } => *ip,
+        }
+    }
+}
+
+/// The finding an `/events` line carries, if it is one Events are made of.
+pub fn parse(line: &str) -> Option<Finding> {
+    // Drop events are most of the lines (a flood is thousands a second):
+    // only a speaker's announcement of a foreign IP matters; the rest is
+    // not decoded at all.
+    if line.contains("\"verdict\":") && !line.contains("\"state\":\"foreign\"") {
+        return None;
+    }
+    let v: serde_json::Value = serde_json::from_str(line).ok()?;
+    let s = |k: &str| v.get(k).and_then(|x| x.as_str()).unwrap_or_default();
+    let ip: IpAddr = s("lb_ip").parse().ok()?;
+    match s("event") {
+        "" => {
+            let speaker = matches!(s("origin"), "speaker" | "redirect");
+            let verdict = s("verdict");
+            (speaker && matches!(verdict, "dropped" | "would_drop")).then(|| {
+                Finding::SpeakerStopped {
+                    ip,
+                    stopped: verdict == "dropped",
+                    interface: s("interface").to_owned(),
+                }
+            })
+        }
+        e @ ("responder_conflict" | "responder_conflict_ended") => Some(Finding::Conflict {
+            ip,
+            claimed_elsewhere: s("reason") == "claimed_elsewhere",
+            macs: (v
+                .get("macs")
+                .and_then(|m| m.as_array())
+                .into_iter()
+                .flatten())
+            .filter_map(|m| m.as_str().map(str::to_owned))
+            .collect(),
+            ended: e == "responder_conflict_ended",
+        }),
+        "silent_takeover" => Some(Finding::SilentTakeover { ip }),
+        "stale_client" => Some(Finding::StaleClient {
+            ip,
+            client_ip: s("client_ip").to_owned(),
+            mac: s("mac").to_owned(),
+        }),
+        _ => None,
+    }
+}
+
+/// What this node knows of the IP a finding is about.
+#[derive(Debug, Clone)]
+pub struct IpFacts<'a> {
+    pub node: &'a str,
+    /// This node owns the IP.
+    pub owned_here: bool,
+    /// Which object says who owns it (the feed's words).
+    pub why: &'a str,
+}
+
+/// An Event to publish: its reason, its message, and the node at fault
+/// (`related`), if one is.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Occurrence {
+    pub reason: Reason,
+    pub note: String,
+    pub node_at_fault: Option<String>,
+}
+
+/// Thresholds of the findings that need one.
+#[derive(Debug, Clone, Copy)]
+pub struct Thresholds {
+    /// A speaker stopped this long without a pause is split brain.
+    pub split_brain_after: Duration,
+    /// This many clients gone stale for one IP make an Event.
+    pub stale_clients: usize,
+    /// `--silent-takeover-after`, for the message.
+    pub silent_after: Duration,
+}
+
+/// A speaker's run of stopped announcements ends after this long without one.
+const RUN_GAP: Duration = Duration::from_secs(60);
+
+/// What is remembered between findings: runs of stopped announcements and
+/// stale clients per IP (bounded: entries quiet for [`RUN_GAP`] go).
+#[derive(Debug, Default)]
+pub struct Memory {
+    runs: BTreeMap<IpAddr, (Instant, Instant, u64)>,
+    stale: BTreeMap<IpAddr, (Instant, Vec<String>)>,
+}
+
+/// At most this many IPs are remembered (a flood over many IPs).
+const MAX_REMEMBERED: usize = 65_536;
+
+impl Memory {
+    /// Forget what has been quiet for long.
+    pub fn prune(&mut self, now: Instant) {
+        self.runs
+            .retain(|_, (_, last, _)| now.duration_since(*last) < RUN_GAP);
+        self.stale
+            .retain(|_, (last, _)| now.duration_since(*last) < RUN_GAP);
+    }
+}
+
+/// The Event a finding makes, if it makes one now.
+pub fn judge(
+    f: &Finding,
+    facts: &IpFacts<'_>,
+    t: &Thresholds,
+    m: &mut Memory,
+    now: Instant,
+) -> Option<Occurrence> {
+    let node = facts.node;
+    let ip = f.ip();
+    match f {
+        Finding::Conflict {
+            claimed_elsewhere,
+            macs,
+            ended,
+            ..
+        } => conflict(ip, *claimed_elsewhere, macs, *ended, facts),
+        Finding::SpeakerStopped {
+            stopped, interface, ..
+        } => speaker_stopped(ip, *stopped, interface, facts, t, m, now),
+        Finding::SilentTakeover { .. } => Some(Occurrence {
+            reason: Reason::SilentTakeover,
+            note: format!(
+                "{node} took over {ip} and sent no announcement within {}s: clients keep the old MAC until they ask again (does the announcer on {node} announce, on a guarded interface?)",
+                t.silent_after.as_secs_f64()
+            ),
+            node_at_fault: Some(node.to_owned()),
+        }),
+        Finding::StaleClient { client_ip, mac, .. } => {
+            stale_client(ip, client_ip, mac, facts, t, m, now)
+        }
+    }
+}
+
+/// A conflict is reported by the IP's owner: every node's census sees a
+/// broadcast claim, and one conflict must not make an Event per node.
+fn conflict(
+    ip: IpAddr,
+    claimed_elsewhere: bool,
+    macs: &[String],
+    ended: bool,
+    facts: &IpFacts<'_>,
+) -> Option<Occurrence> {
+    if !facts.owned_here {
+        return None;
+    }
+    let (node, macs) = (facts.node, macs.join(", "));
+    let (reason, note) = if ended {
+        (
+            Reason::ResponderConflictResolved,
+            format!(
+                "{ip} is claimed by one MAC again, as seen from its owner {node} (was: {macs})"
+            ),
+        )
+    } else if claimed_elsewhere {
+        (
+            Reason::ResponderConflict,
+            format!("{node} owns {ip} and another MAC claims it too ({macs}): a rogue host or a speaker on another node that did not step down; clients may send to the wrong one"),
+        )
+    } else {
+        (
+            Reason::ResponderConflict,
+            format!("more than one MAC claims {ip} at once ({macs}), as seen from its owner {node}: split brain or a node answering that should not"),
+        )
+    };
+    Some(Occurrence {
+        reason,
+        note,
+        node_at_fault: None,
+    })
+}
+
+/// A speaker's announcements of a foreign IP, stopped without a pause for
+/// the threshold: split brain on this node.
+fn speaker_stopped(
+    ip: IpAddr,
+    stopped: bool,
+    interface: &str,
+    facts: &IpFacts<'_>,
+    t: &Thresholds,
+    m: &mut Memory,
+    now: Instant,
+) -> Option<Occurrence> {
+    if m.runs.len() >= MAX_REMEMBERED && !m.runs.contains_key(&ip) {
+        return None;
+    }
+    let run = m.runs.entry(ip).or_insert((now, now, 0));
+    if now.duration_since(run.1) >= RUN_GAP {
+        *run = (now, now, 0);
+    }
+    run.1 = now;
+    run.2 += 1;
+    let lasted = now.duration_since(run.0);
+    if lasted < t.split_brain_after {
+        return None;
+    }
+    let node = facts.node;
+    let what = if stopped {
+        format!("arp-guard stopped {} of them", run.2)
+    } else {
+        format!("monitor mode: {} of them were NOT stopped", run.2)
+    };
+    Some(Occurrence {
+        reason: Reason::SplitBrainSpeaker,
+        note: format!(
+            "a speaker on {node} ({interface}) has announced {ip} for {}s although {node} does not own it ({}); {what}: split brain (check the announcer's leader election on {node})",
+            lasted.as_secs(),
+            facts.why
+        ),
+        node_at_fault: Some(node.to_owned()),
+    })
+}
+
+/// Clients gone stale for one IP on this node, from the threshold on.
+fn stale_client(
+    ip: IpAddr,
+    client_ip: &str,
+    mac: &str,
+    facts: &IpFacts<'_>,
+    t: &Thresholds,
+    m: &mut Memory,
+    now: Instant,
+) -> Option<Occurrence> {
+    if m.stale.len() >= MAX_REMEMBERED && !m.stale.contains_key(&ip) {
+        return None;
+    }
+    let (last, clients) = m.stale.entry(ip).or_insert((now, Vec::new()));
+    *last = now;
+    let who = format!("{client_ip} ({mac})");
+    if !clients.contains(&who) && clients.len() < 8 {
+        clients.push(who);
+    }
+    if clients.len() < t.stale_clients.max(1) {
+        return None;
+    }
+    let (node, list) = (facts.node, std::mem::take(clients).join(", "));
+    Some(Occurrence {
+        reason: Reason::StaleClients,
+        note: format!(
+            "clients still send {ip}'s traffic to {node}, which does not own it ({}): {list}; their neighbour caches hold {node}'s MAC",
+            facts.why
+        ),
+        node_at_fault: Some(node.to_owned()),
+    })
+}
+
+/// How often Events may be published from one node.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    /// At most one per Service and reason this often.
+    pub per_stream: Duration,
+    /// At most this many per minute in all.
+    pub per_minute: u32,
+}
+
+/// One Event stream: a Service (namespace/name) and a reason.
+pub type StreamKey = (String, Reason);
+
+/// At most this many streams wait for their turn; more are dropped.
+pub const MAX_PENDING: usize = 1024;
+
+/// The rate limits: an occurrence is published at once when its stream and
+/// the node's budget allow it; otherwise it waits (the latest of a stream
+/// replaces the one waiting) and goes when they do. A flapping IP costs the
+/// API server one Event (or one series update) per stream and period.
+#[derive(Debug)]
+pub struct Limiter {
+    limits: Limits,
+    last: BTreeMap<StreamKey, Instant>,
+    pending: BTreeMap<StreamKey, Occurrence>,
+    minute: (Instant, u32),
+}
+
+/// What became of an occurrence offered to the limiter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Offered {
+    /// Waiting for its turn (possibly replacing an earlier one).
+    Waiting,
+    /// Dropped: too many streams wait already.
+    Dropped,
+}
+
+impl Limiter {
+    pub fn new(limits: Limits, now: Instant) -> Self {
+        Limiter {
+            limits,
+            last: BTreeMap::new(),
+            pending: BTreeMap::new(),
+            minute: (now, 0),
+        }
+    }
+
+    pub fn offer(&mut self, key: StreamKey, o: Occurrence) -> Offered {
+        if self.pending.len() >= MAX_PENDING && !self.pending.contains_key(&key) {
+            return Offered::Dropped;
+        }
+        self.pending.insert(key, o);
+        Offered::Waiting
+    }
+
+    /// The occurrences whose turn has come, taken out.
+    pub fn due(&mut self, now: Instant) -> Vec<(StreamKey, Occurrence)> {
+        if now.duration_since(self.minute.0) >= Duration::from_secs(60) {
+            self.minute = (now, 0);
+        }
+        let per = self.limits.per_stream;
+        self.last.retain(|_, t| now.duration_since(*t) < per);
+        let ready: Vec<StreamKey> = (self.pending.keys())
+            .filter(|k| !self.last.contains_key(*k))
+            .take(self.limits.per_minute.saturating_sub(self.minute.1) as usize)
+            .cloned()
+            .collect();
+        let mut out = Vec::with_capacity(ready.len());
+        for k in ready {
+            if let Some(o) = self.pending.remove(&k) {
+                self.last.insert(k.clone(), now);
+                self.minute.1 += 1;
+                out.push((k, o));
+            }
+        }
+        out
+    }
+
+    #[cfg(test)]
+    pub fn waiting(&self) -> usize {
+        self.pending.len()
+    }
+}
+
+#[cfg(test)]
+mod tests;

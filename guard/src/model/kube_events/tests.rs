@@ -1,0 +1,166 @@
+use super::*;
+
+const IP: &str = "198.51.100.100";
+
+fn facts(owned_here: bool) -> IpFacts<'static> {
+    IpFacts {
+        node: "node-b",
+        owned_here,
+        why: "Lease default/kubevip-web held by node-a",
+    }
+}
+
+fn thresholds() -> Thresholds {
+    Thresholds {
+        split_brain_after: Duration::from_secs(10),
+        stale_clients: 2,
+        silent_after: Duration::from_secs(3),
+    }
+}
+
+fn drop_line(origin: &str, state: &str, verdict: &str) -> String {
+    serde_json::json!({
+        "time": "1.0", "interface": "eth0", "lb_ip": IP, "family": "ipv4",
+        "requester_ip": IP, "requester_mac": "02:00:00:00:00:02", "kind": "gratuitous",
+        "origin": origin, "state": state, "verdict": verdict,
+    })
+    .to_string()
+}
+
+#[test]
+fn only_a_speakers_stopped_announcement_of_a_foreign_ip_is_a_finding() {
+    assert!(matches!(
+        parse(&drop_line("speaker", "foreign", "dropped")),
+        Some(Finding::SpeakerStopped { stopped: true, .. })
+    ));
+    assert!(matches!(
+        parse(&drop_line("redirect", "foreign", "would_drop")),
+        Some(Finding::SpeakerStopped { stopped: false, .. })
+    ));
+    assert_eq!(parse(&drop_line("kernel", "foreign", "dropped")), None);
+    assert_eq!(parse(&drop_line("speaker", "unknown", "dropped")), None);
+    assert_eq!(parse(&drop_line("speaker", "foreign", "rewritten")), None);
+    let line = r#"{"event":"silent_takeover","lb_ip":"198.51.100.100","time":"1.0"}"#;
+    assert_eq!(
+        parse(line),
+        Some(Finding::SilentTakeover {
+            ip: IP.parse().unwrap()
+        })
+    );
+    let line = r#"{"event":"takeover_announced","lb_ip":"198.51.100.100"}"#;
+    assert_eq!(parse(line), None);
+}
+
+#[test]
+fn a_split_brain_speaker_counts_once_stopped_for_the_threshold() {
+    let (t, mut m, t0) = (thresholds(), Memory::default(), Instant::now());
+    let f = parse(&drop_line("speaker", "foreign", "dropped")).unwrap();
+    // A takeover's early announcement, held and re-sent, is no split brain.
+    assert_eq!(judge(&f, &facts(false), &t, &mut m, t0), None);
+    let at = |s| t0 + Duration::from_secs(s);
+    assert_eq!(judge(&f, &facts(false), &t, &mut m, at(5)), None);
+    let o = judge(&f, &facts(false), &t, &mut m, at(10)).unwrap();
+    assert_eq!(o.reason, Reason::SplitBrainSpeaker);
+    assert_eq!(o.node_at_fault.as_deref(), Some("node-b"));
+    assert!(o.note.contains("stopped 3 of them"), "{}", o.note);
+    // After a long pause a new run starts from zero.
+    assert_eq!(judge(&f, &facts(false), &t, &mut m, at(80)), None);
+}
+
+#[test]
+fn only_the_owner_reports_a_conflict() {
+    let (t, mut m, now) = (thresholds(), Memory::default(), Instant::now());
+    let f = Finding::Conflict {
+        ip: IP.parse().unwrap(),
+        claimed_elsewhere: true,
+        macs: vec!["02:00:00:00:00:99".into()],
+        ended: false,
+    };
+    assert_eq!(judge(&f, &facts(false), &t, &mut m, now), None);
+    let o = judge(&f, &facts(true), &t, &mut m, now).unwrap();
+    assert_eq!(o.reason, Reason::ResponderConflict);
+    assert!(o.reason.warning());
+    let ended = Finding::Conflict {
+        ip: IP.parse().unwrap(),
+        claimed_elsewhere: true,
+        macs: vec![],
+        ended: true,
+    };
+    let o = judge(&ended, &facts(true), &t, &mut m, now).unwrap();
+    assert_eq!(o.reason, Reason::ResponderConflictResolved);
+    assert!(!o.reason.warning());
+}
+
+#[test]
+fn stale_clients_count_from_the_threshold() {
+    let (t, mut m, now) = (thresholds(), Memory::default(), Instant::now());
+    let client = |c: &str| Finding::StaleClient {
+        ip: IP.parse().unwrap(),
+        client_ip: c.into(),
+        mac: "02:00:00:00:00:01".into(),
+    };
+    assert_eq!(judge(&client("a"), &facts(false), &t, &mut m, now), None);
+    assert_eq!(judge(&client("a"), &facts(false), &t, &mut m, now), None);
+    let o = judge(&client("b"), &facts(false), &t, &mut m, now).unwrap();
+    assert_eq!(o.reason, Reason::StaleClients);
+}
+
+fn occ(reason: Reason) -> Occurrence {
+    Occurrence {
+        reason,
+        note: String::new(),
+        node_at_fault: None,
+    }
+}
+
+#[test]
+fn the_limiter_spaces_each_stream_and_caps_the_node() {
+    let t0 = Instant::now();
+    let limits = Limits {
+        per_stream: Duration::from_secs(60),
+        per_minute: 3,
+    };
+    let mut l = Limiter::new(limits, t0);
+    let key = |s: &str, r| (s.to_owned(), r);
+    // A flapping IP: many occurrences, one publish per stream and period.
+    for _ in 0..100 {
+        l.offer(
+            key("default/web", Reason::SilentTakeover),
+            occ(Reason::SilentTakeover),
+        );
+    }
+    assert_eq!(l.due(t0).len(), 1);
+    l.offer(
+        key("default/web", Reason::SilentTakeover),
+        occ(Reason::SilentTakeover),
+    );
+    assert!(l.due(t0 + Duration::from_secs(30)).is_empty());
+    assert_eq!(l.due(t0 + Duration::from_secs(60)).len(), 1);
+    // The node's budget: 3 a minute, the rest wait.
+    for i in 0..5 {
+        l.offer(
+            key(&format!("default/s{i}"), Reason::SilentTakeover),
+            occ(Reason::SilentTakeover),
+        );
+    }
+    // (the minute that began at t0 + 60 s has one publish in it already)
+    assert_eq!(l.due(t0 + Duration::from_secs(61)).len(), 2);
+    assert_eq!(l.waiting(), 3);
+    assert!(l.due(t0 + Duration::from_secs(90)).is_empty());
+    assert_eq!(l.due(t0 + Duration::from_secs(121)).len(), 3);
+    assert_eq!(l.waiting(), 0);
+    // Waiting streams are bounded.
+    for i in 0..MAX_PENDING + 10 {
+        l.offer(
+            key(&format!("x/{i}"), Reason::StaleClients),
+            occ(Reason::StaleClients),
+        );
+    }
+    assert_eq!(
+        l.offer(
+            key("x/new", Reason::StaleClients),
+            occ(Reason::StaleClients)
+        ),
+        Offered::Dropped
+    );
+}

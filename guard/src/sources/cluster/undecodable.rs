@@ -1,0 +1,74 @@
+//! Objects the API serves that the guard cannot decode: each is counted
+//! (`arp_guard_feed_undecodable_objects_total`), logged once while it stays
+//! unreadable (at most [`LOG_MAX`] lines until every stream reads cleanly
+//! again), and shown per stream in the status. What the model does with
+//! them is `apply`'s.
+
+use std::collections::BTreeSet;
+
+use super::{decode::Bad, feed::Feed, model::Key, stream::Stream};
+use crate::telemetry::ops::OPS;
+
+/// Distinct undecodable objects logged one by one; past it, one line says
+/// that more are not.
+pub const LOG_MAX: usize = 20;
+
+/// What an unreadable object of this stream means for the guard.
+fn consequence(s: Option<&Stream>) -> &'static str {
+    match s {
+        Some(Stream::Leases) => {
+            "the IPs of the Services it decides are not trusted until it can be read \
+             (this node keeps an IP it holds; another holder's is judged unknown)"
+        }
+        Some(Stream::Services) => {
+            "its last good version is kept, not trusted (a Service never read is not guarded: its frames pass)"
+        }
+        _ => "its last good version is kept, not trusted",
+    }
+}
+
+impl Feed {
+    /// `stream` delivered an object it cannot decode.
+    pub(super) fn undecodable(&mut self, stream: usize, key: Option<&Key>, b: &Bad) {
+        OPS.feed_undecodable(&self.names[stream]);
+        let new = match (key, self.bad.keys.get_mut(stream)) {
+            (Some(k), Some(keys)) => keys.insert(k.clone()),
+            _ => true,
+        };
+        if !new {
+            return;
+        }
+        if self.bad.logged < LOG_MAX {
+            self.bad.logged += 1;
+            let object = key.map_or_else(|| "(no readable name)".to_owned(), Key::to_string);
+            tracing::warn!(
+                stream = %self.names[stream],
+                object = %object,
+                resource_version = b.resource_version.as_deref().unwrap_or(""),
+                error = %b.error,
+                consequence = consequence(self.streams.get(stream)),
+                "an object from the Kubernetes API cannot be decoded: skipped, the rest of the stream is read"
+            );
+        } else if !std::mem::replace(&mut self.bad.muted, true) {
+            tracing::warn!(
+                logged = LOG_MAX,
+                "more objects from the Kubernetes API cannot be decoded; not logged one by one \
+                 (arp_guard_feed_undecodable_objects_total counts them, the status shows how many per stream)"
+            );
+        }
+    }
+
+    /// `stream` read the object `key` (or saw it deleted): no longer unreadable.
+    pub(super) fn readable(&mut self, stream: usize, key: &Key) {
+        let Some(keys) = self.bad.keys.get_mut(stream) else {
+            return;
+        };
+        if keys.is_empty() || !keys.remove(key) {
+            return;
+        }
+        tracing::info!(stream = %self.names[stream], object = %key, "the object can be read again");
+        if self.bad.keys.iter().all(BTreeSet::is_empty) {
+            (self.bad.logged, self.bad.muted) = (0, false);
+        }
+    }
+}

@@ -1,0 +1,336 @@
+//! Presence: every guard publishes who it is (node, guarded interfaces and
+//! their MACs, mode, health) as a Lease in its namespace, and reads
+//! everyone's. Two guarded nodes of a ClusterBed, with the DaemonSet's
+//! privileges, against the fake API: the Leases' content, `/cluster` and
+//! `status --cluster` (coverage: a node without a guard), deletion on
+//! SIGTERM and expiry after SIGKILL, hostile records, the API down.
+
+use std::{net::Ipv4Addr, time::Duration};
+
+use serde_json::Value;
+use testbed::{
+    cluster_bed::{check, ClusterBed},
+    deploy::daemonset_wrapper,
+    fake_api::{objects, Resource},
+    guard_binary, wait_for, ArpSpec, Daemon, RawSocket,
+};
+
+const LB: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 100);
+const NS: &str = "arp-guard";
+/// A MAC no guard lists: a device outside the cluster.
+const STRANGER: [u8; 6] = [0x02, 0, 0x5e, 0, 0x53, 0x66];
+const ARGS: &[&str] = &[
+    "--announcer",
+    "cilium",
+    "--presence-period",
+    "1s",
+    "--presence-namespace",
+    NS,
+];
+
+fn mac(m: [u8; 6]) -> String {
+    m.iter()
+        .map(|b| format!("{b:02x}"))
+        .collect::<Vec<_>>()
+        .join(":")
+}
+
+/// A bed whose LB IP node-a owns (Cilium Lease), with Nodes node-a, node-b
+/// and node-c (which runs no guard).
+fn bed(tag: &str) -> ClusterBed {
+    let bed = ClusterBed::new(tag, &[LB]).unwrap();
+    bed.api.apply(
+        Resource::Services,
+        objects::service("default", "web", &["198.51.100.100"]),
+    );
+    bed.api.apply(
+        Resource::Leases,
+        objects::lease(
+            "kube-system",
+            "cilium-l2announce-default-web",
+            "node-a",
+            3600,
+            "2026-11-30T10:00:00.000000Z",
+        ),
+    );
+    for n in ["node-a", "node-b", "node-c"] {
+        bed.api.apply(Resource::Nodes, objects::node(n));
+    }
+    bed
+}
+
+fn start(bed: &ClusterBed, i: usize) -> Daemon {
+    start_with(bed, i, &[])
+}
+
+fn start_with(bed: &ClusterBed, i: usize, more: &[&str]) -> Daemon {
+    let args: Vec<&str> = ARGS.iter().chain(more).copied().collect();
+    bed.start_on_wrapped(i, &daemonset_wrapper(), &args, Duration::from_secs(20))
+        .unwrap()
+}
+
+/// Node `i`'s census of `ip` once `ok` holds for it.
+fn census_of(bed: &ClusterBed, i: usize, ip: Ipv4Addr, ok: impl Fn(&Value) -> bool) -> Value {
+    let get = || {
+        let (_, body) = bed.nodes[i]
+            .ns
+            .enter(|| guard::testing::get("127.0.0.1:9477".parse().unwrap(), "/responders"))
+            .unwrap();
+        serde_json::from_str::<Value>(&body).unwrap()
+    };
+    wait_for(Duration::from_secs(15), || {
+        let e = get()["ips"][ip.to_string()].clone();
+        ok(&e).then_some(e)
+    })
+    .unwrap_or_else(|| panic!("census of {ip} on node {i}: {:#}", get()))
+}
+
+/// Node `i`'s `/cluster`.
+fn cluster(bed: &ClusterBed, i: usize) -> Value {
+    let (code, body) = bed.nodes[i]
+        .ns
+        .enter(|| guard::testing::get("127.0.0.1:9477".parse().unwrap(), "/cluster"))
+        .unwrap();
+    assert_eq!(code, 200, "{body}");
+    serde_json::from_str(&body).unwrap()
+}
+
+/// Wait until node `i`'s `/cluster` satisfies `ok`; the last document.
+fn cluster_until(bed: &ClusterBed, i: usize, ok: impl Fn(&Value) -> bool) -> Value {
+    let mut last = Value::Null;
+    let r = wait_for(Duration::from_secs(15), || {
+        last = cluster(bed, i);
+        ok(&last).then_some(())
+    });
+    assert!(r.is_some(), "node {i}'s /cluster never got there: {last:#}");
+    last
+}
+
+fn guard_row<'a>(doc: &'a Value, node: &str) -> Option<&'a Value> {
+    doc["guards"].as_array()?.iter().find(|g| g["node"] == node)
+}
+
+fn live(doc: &Value, node: &str) -> bool {
+    guard_row(doc, node).is_some_and(|g| g["expired"] == false)
+}
+
+fn lease(bed: &ClusterBed, node: &str) -> Option<Value> {
+    bed.api
+        .object(Resource::Leases, NS, &format!("arp-guard-{node}"))
+}
+
+/// The record in a presence Lease.
+fn record(l: &Value) -> Value {
+    let text = l["metadata"]["annotations"]["arp-guard.io/presence"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no record in {l:#}"));
+    serde_json::from_str(text).unwrap()
+}
+
+#[test]
+fn two_guards_publish_their_macs_and_see_each_other_and_the_node_without_one() {
+    testbed::require_root();
+    let bed = bed("prs");
+    let _a = start(&bed, 0);
+    let _b = start(&bed, 1);
+    for (i, node) in ["node-a", "node-b"].iter().enumerate() {
+        let l = wait_for(Duration::from_secs(10), || lease(&bed, node))
+            .unwrap_or_else(|| panic!("no presence Lease for {node}"));
+        assert_eq!(
+            l["metadata"]["labels"]["app.kubernetes.io/component"],
+            "arp-guard-presence"
+        );
+        assert_eq!(l["spec"]["holderIdentity"], *node);
+        assert_eq!(l["spec"]["leaseDurationSeconds"], 3, "3 periods");
+        let r = record(&l);
+        assert_eq!(r["node"], *node);
+        assert_eq!(r["mode"], "enforce");
+        assert_eq!(r["interfaces"][0]["name"], "eth0");
+        assert_eq!(r["interfaces"][0]["mac"], mac(bed.nodes[i].mac));
+        assert_eq!(r["interfaces"].as_array().unwrap().len(), 1, "{r}");
+    }
+    // Renewed: the resourceVersion moves (a replace at the version it saw).
+    let rv =
+        |bed: &ClusterBed| lease(bed, "node-a").unwrap()["metadata"]["resourceVersion"].clone();
+    let first = rv(&bed);
+    assert!(wait_for(Duration::from_secs(5), || (rv(&bed) != first).then_some(())).is_some());
+    // Each sees the other, and node-c uncovered.
+    for i in 0..2 {
+        let doc = cluster_until(&bed, i, |d| {
+            live(d, "node-a")
+                && live(d, "node-b")
+                && d["guards"]
+                    .as_array()
+                    .is_some_and(|g| g.iter().all(|g| g["health"] == "enforcing"))
+                && d["uncovered"].as_array().is_some()
+        });
+        assert_eq!(doc["uncovered"], serde_json::json!(["node-c"]), "{doc:#}");
+        assert_eq!(doc["namespace"], NS);
+        assert_eq!(
+            guard_row(&doc, "node-b").unwrap()["interfaces"][0]["mac"],
+            mac(bed.nodes[1].mac)
+        );
+    }
+    // The CLI says the same, and exits 1 for the uncovered node.
+    let out = bed.nodes[0]
+        .ns
+        .exec_output(&[&guard_binary().to_string_lossy(), "status", "--cluster"])
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    assert!(
+        text.contains("nodes without a live guard (1): node-c"),
+        "{text}"
+    );
+    assert!(text.contains(&mac(bed.nodes[1].mac)), "{text}");
+    // Guarding is what it was: only the owner answers.
+    check(bed.wait_answer(LB, Some("node-a"), Duration::from_secs(8)));
+}
+
+#[test]
+fn a_record_is_deleted_on_sigterm_and_expires_after_sigkill() {
+    testbed::require_root();
+    let bed = bed("prx");
+    let _a = start(&bed, 0);
+    let mut b = start(&bed, 1);
+    cluster_until(&bed, 0, |d| live(d, "node-b"));
+    b.stop(libc::SIGTERM, Duration::from_secs(10)).unwrap();
+    assert!(lease(&bed, "node-b").is_none(), "deleted at a clean exit");
+    let doc = cluster_until(&bed, 0, |d| guard_row(d, "node-b").is_none());
+    assert!(live(&doc, "node-a"));
+    // Killed: the Lease stays and expires after 3 periods; node-b uncovered.
+    let mut b = start(&bed, 1);
+    cluster_until(&bed, 0, |d| live(d, "node-b"));
+    b.stop(libc::SIGKILL, Duration::from_secs(10)).unwrap();
+    assert!(lease(&bed, "node-b").is_some());
+    let doc = cluster_until(&bed, 0, |d| {
+        guard_row(d, "node-b").is_some_and(|g| g["expired"] == true)
+            && d["uncovered"]
+                .as_array()
+                .is_some_and(|u| u.iter().any(|n| n == "node-b"))
+    });
+    assert!(live(&doc, "node-a"), "{doc:#}");
+}
+
+#[test]
+fn hostile_records_are_skipped_and_a_dead_api_leaves_guarding_alone() {
+    testbed::require_root();
+    let bed = bed("prh");
+    let hostile = |name: &str, text: Value| {
+        serde_json::json!({
+            "metadata": {"name": name, "namespace": NS,
+                "labels": {"app.kubernetes.io/component": "arp-guard-presence"},
+                "annotations": {"arp-guard.io/presence": text}},
+            "spec": {"renewTime": "2026-11-30T10:00:00.000000Z", "leaseDurationSeconds": 30},
+        })
+    };
+    bed.api.apply(
+        Resource::Leases,
+        hostile("arp-guard-junk", "{not json".into()),
+    );
+    bed.api.apply(
+        Resource::Leases,
+        hostile("arp-guard-huge", "x".repeat(200 * 1024).into()),
+    );
+    // A record naming node-a in another Lease: not node-a's.
+    let forged = serde_json::json!({"node": "node-a", "mode": "enforce", "version": "0",
+        "health": "enforcing", "interfaces": [{"name": "eth0", "mac": "02:00:5e:00:53:66"}]});
+    bed.api.apply(
+        Resource::Leases,
+        hostile("arp-guard-node-x", forged.to_string().into()),
+    );
+    let a = start(&bed, 0);
+    let _b = start(&bed, 1);
+    let doc = cluster_until(&bed, 0, |d| live(d, "node-a") && d["skipped"] == 3);
+    let macs = &guard_row(&doc, "node-a").unwrap()["interfaces"];
+    assert_eq!(
+        macs[0]["mac"],
+        mac(bed.nodes[0].mac),
+        "the forged MAC is not node-a's: {doc:#}"
+    );
+    // The API down: presence fails (said, counted), guarding goes on.
+    bed.api.set_down(true);
+    cluster_until(&bed, 0, |d| d["errors"]["write"].is_string());
+    check(bed.wait_answer(LB, Some("node-a"), Duration::from_secs(8)));
+    let (code, _) = bed.nodes[0]
+        .ns
+        .enter(|| guard::testing::get("127.0.0.1:9477".parse().unwrap(), "/healthz"))
+        .unwrap();
+    assert_eq!(code, 200);
+    // Said once per kind of request (write, list, nodes), not every period.
+    std::thread::sleep(Duration::from_secs(3));
+    let said = a.count_log("presence: request failed");
+    assert!((1..=3).contains(&said), "{said} lines:\n{}", a.log_text());
+    bed.api.set_down(false);
+    cluster_until(&bed, 0, |d| d["errors"].is_null() && live(d, "node-a"));
+}
+
+#[test]
+fn a_rogue_node_and_a_stranger_are_named_on_the_owner() {
+    testbed::require_root();
+    let bed = bed("prr");
+    let a = start(&bed, 0);
+    // node-b in monitor mode: its guard lets its own speaker's claims out.
+    let _b = start_with(&bed, 1, &["--mode", "monitor"]);
+    let doc = cluster_until(&bed, 0, |d| live(d, "node-a") && live(d, "node-b"));
+    assert_eq!(guard_row(&doc, "node-b").unwrap()["mode"], "monitor");
+    assert_eq!(guard_row(&doc, "node-b").unwrap()["health"], "monitoring");
+    // Claims in node-a's first seconds as owner are a predecessor's last words.
+    std::thread::sleep(Duration::from_secs(3));
+    let garp = ArpSpec::gratuitous(1, bed.nodes[1].mac, LB).to_bytes();
+    let speaker = RawSocket::open(&bed.nodes[1].ns, "eth0").unwrap();
+    assert!(speaker.send(&garp).unwrap());
+    let e = census_of(&bed, 0, LB, |e| !e["conflict"].is_null());
+    assert_eq!(e["conflict"], "claimed_elsewhere", "{e:#}");
+    assert_eq!(e["owner"], "node-a", "{e:#}");
+    let r = &e["responders"][0];
+    assert_eq!(
+        (&r["node"], &r["node_interface"]),
+        (&"node-b".into(), &"eth0".into()),
+        "{e:#}"
+    );
+    let said = format!(
+        "node-b (eth0, {}) claims {LB} owned by node-a",
+        mac(bed.nodes[1].mac)
+    );
+    let line = a.expect_log("responder conflict:", Duration::from_secs(5));
+    assert!(line.contains(&said), "{line}");
+    let out = bed.nodes[0]
+        .ns
+        .exec_output(&[&guard_binary().to_string_lossy(), "responders"])
+        .unwrap();
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(table.contains(&said), "{table}");
+    // A MAC no guard lists, from the peer: named as outside.
+    let wire = RawSocket::open(&bed.peer, "eth0").unwrap();
+    assert!(wire
+        .send(&ArpSpec::gratuitous(1, STRANGER, LB).to_bytes())
+        .unwrap());
+    let e = census_of(&bed, 0, LB, |e| {
+        e["responders"]
+            .as_array()
+            .is_some_and(|rs| rs.iter().any(|r| r["outside"] == true))
+    });
+    let stranger = e["responders"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["mac"] == mac(STRANGER))
+        .unwrap();
+    assert!(stranger["node"].is_null(), "{e:#}");
+    // Its words, as the `/events` stream and the log give them.
+    let out = bed.nodes[0]
+        .ns
+        .exec_output(&[
+            &guard_binary().to_string_lossy(),
+            "responders",
+            "-o",
+            "json",
+        ])
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("\"outside\":true") || text.contains("\"outside\": true"),
+        "{text}"
+    );
+}

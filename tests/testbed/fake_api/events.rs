@@ -1,0 +1,160 @@
+//! Events (events.k8s.io/v1, namespaced) as the guard's recorder writes
+//! them: POST creates one (409 if its name is taken), PATCH merges a patch
+//! into one (a series update: `series.count`, `series.lastObservedTime`).
+//! Stored apart from the watched resources; tests read them with
+//! [`FakeApi::events`] and can make the server refuse them
+//! ([`FakeApi::set_events_refused`]) while everything else works.
+
+use std::collections::BTreeMap;
+
+use serde_json::{json, Value};
+
+use super::{status, FakeApi, Inner};
+
+const PREFIX: &str = "/apis/events.k8s.io/v1/namespaces/";
+
+#[derive(Default)]
+pub(super) struct Store {
+    events: BTreeMap<(String, String), Value>,
+    /// Every request to events answers this status (None: served).
+    refused: Option<u16>,
+    /// Requests to events: (POSTs, PATCHes), refused ones included.
+    requests: (u64, u64),
+    /// Every request to events: method, path, status answered.
+    log: Vec<(String, String, u16)>,
+}
+
+impl FakeApi {
+    /// Every Event stored, in (namespace, name) order.
+    pub fn events(&self) -> Vec<Value> {
+        let store = self.inner.events.lock().unwrap();
+        store.events.values().cloned().collect()
+    }
+
+    /// Requests to events so far: (POSTs, PATCHes), refused ones included.
+    pub fn event_requests(&self) -> (u64, u64) {
+        self.inner.events.lock().unwrap().requests
+    }
+
+    /// Every request to events so far: method, path, status answered.
+    pub fn event_log(&self) -> Vec<(String, String, u16)> {
+        self.inner.events.lock().unwrap().log.clone()
+    }
+
+    /// Answer every request to events with `code` (403: the guard's role
+    /// lacks the verbs), or serve them again (None).
+    pub fn set_events_refused(&self, code: Option<u16>) {
+        self.inner.events.lock().unwrap().refused = code;
+    }
+}
+
+/// The answer to a request for events (None: not a request for events).
+pub(super) fn handle(inner: &Inner, method: &str, path: &str, body: &[u8]) -> Option<(u16, Value)> {
+    let rest = path.strip_prefix(PREFIX)?;
+    let answer = serve(inner, method, path, rest, body)?;
+    let mut store = inner.events.lock().unwrap();
+    store
+        .log
+        .push((method.to_owned(), path.to_owned(), answer.0));
+    Some(answer)
+}
+
+fn serve(inner: &Inner, method: &str, path: &str, rest: &str, body: &[u8]) -> Option<(u16, Value)> {
+    let (ns, name) = match rest.split('/').collect::<Vec<_>>().as_slice() {
+        [ns, "events"] => (ns.to_string(), None),
+        [ns, "events", name] => (ns.to_string(), Some(name.to_string())),
+        _ => return None,
+    };
+    let mut store = inner.events.lock().unwrap();
+    match method {
+        "POST" => store.requests.0 += 1,
+        "PATCH" => store.requests.1 += 1,
+        _ => {}
+    }
+    if let Some(code) = store.refused {
+        let reason = if code == 403 {
+            "Forbidden"
+        } else {
+            "InternalError"
+        };
+        return Some((
+            code,
+            status(code, reason, &format!("fake API: {reason} for {path}")),
+        ));
+    }
+    let Ok(body) = serde_json::from_slice::<Value>(body) else {
+        return match method {
+            "GET" => Some((
+                200,
+                json!({"kind": "EventList", "apiVersion": "events.k8s.io/v1", "metadata": {}, "items": store.events.values().collect::<Vec<_>>()}),
+            )),
+            _ => Some((400, status(400, "BadRequest", "the body is not JSON"))),
+        };
+    };
+    let rv = {
+        let mut st = inner.state.lock().unwrap();
+        st.rv += 1;
+        st.rv
+    };
+    match (method, name) {
+        ("POST", None) => {
+            let mut ev = body;
+            let Some(name) = ev["metadata"]["name"].as_str().map(str::to_owned) else {
+                return Some((422, status(422, "Invalid", "metadata.name: Required value")));
+            };
+            let key = (ns.clone(), name.clone());
+            if store.events.contains_key(&key) {
+                return Some((
+                    409,
+                    status(
+                        409,
+                        "AlreadyExists",
+                        &format!("events \"{name}\" already exists"),
+                    ),
+                ));
+            }
+            ev["apiVersion"] = json!("events.k8s.io/v1");
+            ev["kind"] = json!("Event");
+            ev["metadata"]["namespace"] = json!(ns);
+            ev["metadata"]["resourceVersion"] = json!(rv.to_string());
+            ev["metadata"]["uid"] = json!(format!("uid-event-{rv}"));
+            store.events.insert(key, ev.clone());
+            Some((201, ev))
+        }
+        ("PATCH", Some(name)) => match store.events.get_mut(&(ns, name.clone())) {
+            Some(ev) => {
+                merge(ev, &body);
+                ev["metadata"]["resourceVersion"] = json!(rv.to_string());
+                Some((200, ev.clone()))
+            }
+            None => Some((
+                404,
+                status(404, "NotFound", &format!("events \"{name}\" not found")),
+            )),
+        },
+        _ => Some((
+            405,
+            status(405, "MethodNotAllowed", &format!("{method} {path}")),
+        )),
+    }
+}
+
+/// A JSON merge patch (RFC 7386): objects merge key by key, null removes,
+/// anything else replaces.
+fn merge(target: &mut Value, patch: &Value) {
+    let Some(p) = patch.as_object() else {
+        *target = patch.clone();
+        return;
+    };
+    if !target.is_object() {
+        *target = json!({});
+    }
+    let t = target.as_object_mut().expect("an object");
+    for (k, v) in p {
+        if v.is_null() {
+            t.remove(k);
+        } else {
+            merge(t.entry(k.clone()).or_insert(Value::Null), v);
+        }
+    }
+}

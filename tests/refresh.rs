@@ -280,7 +280,7 @@ fn with_presence_the_owner_is_taught_beside_a_rogue() {
 
 /// IPv6: a client sending to an LB IP this node never owned (the file says
 /// another node does) is taught the MAC that alone advertised it, by a
-/// solicited, overriding Neighbor Advertisement addressed to it.
+/// overriding Neighbor Advertisement sent to its MAC.
 #[test]
 fn an_ipv6_client_is_taught_by_an_advertisement() {
     use guard_common::ndp_build::NdSpec;

@@ -7,9 +7,10 @@
 //! - only when the owner's MAC is known with certainty ([`OwnerMac`]): the
 //!   census saw exactly one MAC, not this node's, begin claiming the IP since the
 //!   move (and no conflict), while the ownership source says another node
-//!   owns it (a silent owner beside a lone rogue announcer is the one case
-//!   the census cannot tell; a record each guard publishes of its own MACs
-//!   would close it);
+//!   owns it; with presence, the owner node's own record confirms that MAC
+//!   or, for a silent owner nobody else claims for, names its only MAC
+//!   ([`owner_with_presence`]: presence confirms or vetoes, never overrules
+//!   the census);
 //! - never for an IP that is not `foreign` here, and never while the guard
 //!   is blind (its `foreign` may be old news);
 //! - never with one of this node's MACs (that is exactly what the guard
@@ -75,40 +76,54 @@ pub struct Presence<'a> {
     pub guarded: &'a BTreeSet<[u8; 6]>,
 }
 
-/// The owner's MAC with presence beside the census (`census`: what
-/// [`owner_from_census`] found). The owner node's live record decides:
-/// one of its MACs that claimed the IP since the move, alone, or else its
-/// only MAC. Without such a record the census's answer stands, unless that
-/// MAC is another guarded node's: a rogue, never taught.
+/// The owner's MAC with presence beside a census that was read
+/// (`census`: what [`owner_from_census`] found). Presence confirms or
+/// vetoes, it never overrules what the census saw:
+///
+/// - one of the owner's MACs (its node's live record) claimed the IP since
+///   the move, alone among them: that MAC (a rogue beside it is not taught);
+/// - none of them did: its only MAC, if no other MAC began claiming since
+///   the move either (a silent owner); a MAC outside the record claiming
+///   means the record or the segment is not what it says: nothing;
+/// - no record of the owner: the census's answer, unless it names another
+///   guarded node's MAC (a rogue node).
+///
+/// The owner's own MACs count by their latest claim (it may have claimed
+/// the IP before, at an earlier turn); others by the start of their run.
 pub fn owner_with_presence(
     census: OwnerMac,
     claimants: &[Claimant],
     since_ns: u64,
+    local: &BTreeSet<[u8; 6]>,
     p: Presence<'_>,
 ) -> OwnerMac {
     let certain = |mac| OwnerMac::Certain {
         mac,
         evidence: Evidence::Presence,
     };
-    if !p.owner.is_empty() {
-        let mut seen: Vec<[u8; 6]> = (claimants.iter())
-            .filter(|c| c.last_ns >= since_ns && p.owner.contains(&c.mac))
-            .map(|c| c.mac)
-            .collect();
-        seen.sort_unstable();
-        seen.dedup();
-        if let [mac] = seen.as_slice() {
-            return certain(*mac);
-        }
-        if p.owner.len() == 1 {
-            return p.owner.iter().next().map_or(census, |m| certain(*m));
-        }
+    if p.owner.is_empty() {
+        return match census {
+            OwnerMac::Certain { mac, .. } if p.guarded.contains(&mac) => {
+                OwnerMac::Uncertain("the only claimant is another guarded node's MAC (a rogue)")
+            }
+            other => other,
+        };
     }
-    match census {
-        OwnerMac::Certain { mac, .. } if p.guarded.contains(&mac) && !p.owner.contains(&mac) => {
-            OwnerMac::Uncertain("the only claimant is another guarded node's MAC (a rogue)")
-        }
-        other => other,
+    let mut owners: Vec<[u8; 6]> = (claimants.iter())
+        .filter(|c| c.last_ns >= since_ns && p.owner.contains(&c.mac))
+        .map(|c| c.mac)
+        .collect();
+    owners.sort_unstable();
+    owners.dedup();
+    let others = (claimants.iter())
+        .any(|c| c.first_ns >= since_ns && !p.owner.contains(&c.mac) && !local.contains(&c.mac));
+    match (owners.as_slice(), p.owner.len()) {
+        ([mac], _) => certain(*mac),
+        ([], 1) if !others => p.owner.iter().next().map_or(census, |m| certain(*m)),
+        ([], _) if others => OwnerMac::Uncertain(
+            "a MAC outside the owner's presence record claims the IP, and none of the owner's",
+        ),
+        _ => OwnerMac::Uncertain("the owner's presence record does not say which of its MACs"),
     }
 }
 
@@ -184,39 +199,72 @@ mod presence_tests {
             owner,
             guarded: &guarded,
         };
-        // The owner's only MAC, even while a rogue node claims alone.
-        let got = owner_with_presence(census_r, &[claim(R, 10)], 5, p(&one));
+        let local = BTreeSet::new();
+        let with = |census, claims: &[Claimant], owner| {
+            owner_with_presence(census, claims, 5, &local, p(owner))
+        };
+        // The owner's MAC claimed since the move: certain, rogue beside it
+        // or not.
+        let both = [claim(X, 10), claim(R, 10)];
         assert_eq!(
-            got,
+            with(census_r, &both, &one),
             OwnerMac::Certain {
                 mac: X,
                 evidence: Evidence::Presence
             }
         );
         // Two MACs in its record: the one that claimed since the move.
-        let got = owner_with_presence(census_r, &[claim(Y, 10), claim(X, 1)], 5, p(&two));
         assert_eq!(
-            got,
+            with(census_r, &[claim(Y, 10), claim(X, 1)], &two),
             OwnerMac::Certain {
                 mac: Y,
                 evidence: Evidence::Presence
             }
         );
-        // Two MACs, none seen: the census's answer, which is a rogue node's.
+        // A silent owner with one MAC: that MAC, while nobody else claims.
+        assert_eq!(
+            with(OwnerMac::Uncertain("none"), &[], &one),
+            OwnerMac::Certain {
+                mac: X,
+                evidence: Evidence::Presence
+            }
+        );
+        // A silent owner while another MAC claims (a rogue node, or the
+        // owner announcing from a NIC its record does not list): nothing.
         assert!(matches!(
-            owner_with_presence(census_r, &[claim(R, 10)], 5, p(&two)),
-            OwnerMac::Uncertain(why) if why.contains("rogue")
+            with(census_r, &[claim(R, 10)], &one),
+            OwnerMac::Uncertain(_)
+        ));
+        let stranger_mac = [2, 0, 0, 0, 0, 0x77];
+        let census_s = OwnerMac::Certain {
+            mac: stranger_mac,
+            evidence: Evidence::Census,
+        };
+        assert!(matches!(
+            with(census_s, &[claim(stranger_mac, 10)], &one),
+            OwnerMac::Uncertain(_)
+        ));
+        // One that claimed before the move does not stop a silent owner.
+        let old = Claimant {
+            mac: R,
+            first_ns: 1,
+            last_ns: 10,
+        };
+        assert!(matches!(
+            with(census_r, &[old], &one),
+            OwnerMac::Certain { mac: X, .. }
+        ));
+        // Two MACs, none seen: nothing.
+        assert!(matches!(
+            with(census_r, &[claim(R, 10)], &two),
+            OwnerMac::Uncertain(_)
         ));
         // No record of the owner: the census stands unless it names a guarded node.
         assert!(matches!(
-            owner_with_presence(census_r, &[], 5, p(&none)),
-            OwnerMac::Uncertain(_)
+            with(census_r, &[], &none),
+            OwnerMac::Uncertain(why) if why.contains("rogue")
         ));
-        let stranger = OwnerMac::Certain {
-            mac: [2, 0, 0, 0, 0, 0x77],
-            evidence: Evidence::Census,
-        };
-        assert_eq!(owner_with_presence(stranger, &[], 5, p(&none)), stranger);
+        assert_eq!(with(census_s, &[], &none), census_s);
     }
 }
 
@@ -341,6 +389,10 @@ impl Refresher {
         };
         if f.local.contains(&mac) {
             return Err(Skip::OwnMac);
+        }
+        // A group or all-zero address is nobody's interface.
+        if mac[0] & 1 != 0 || mac == [0; 6] {
+            return Err(Skip::OwnerUncertain("not a unicast MAC"));
         }
         let times = self.sent.entry((c.ip, c.mac)).or_default();
         while times

@@ -310,7 +310,16 @@ impl Task {
             let mut lp = ListParams::default()
                 .labels(&format!("{}={}", presence::LABEL, presence::LABEL_VALUE))
                 .limit(PAGE);
-            lp.continue_token = cont.take();
+            // Every guard lists every record each period: the first page
+            // from the API server's cache (resourceVersion=0), never a
+            // quorum read of etcd; a continuation carries no version.
+            lp = match cont.take() {
+                None => lp.match_any(),
+                Some(c) => {
+                    lp.continue_token = Some(c);
+                    lp
+                }
+            };
             let req = build(Request::new(self.path()).list(&lp))?;
             let text = timed(self.client.request_text(req)).await?;
             let page: Page = serde_json::from_str(&text).context("a list of Leases")?;

@@ -7,9 +7,10 @@
 //! that mark out: they do not teach "LB IP -> this node").
 //!
 //! What stays safe when this is blind: no census read yet, the census sees
-//! two claimants or a conflict, the feed blind or degraded, the IP not
-//! `foreign` here: nothing is sent (a client keeps what it has, as without
-//! this option).
+//! two claimants or a conflict (unless the owner's presence record names
+//! one of them), the feed blind or degraded, the main loop stalled, the IP
+//! not `foreign` here: nothing is sent (a client keeps what it has, as
+//! without this option).
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -228,17 +229,19 @@ impl Read<'_> {
             ),
         };
         let none = BTreeSet::new();
-        let owner = match &self.k.presence {
-            None => census,
-            Some(p) => owner_with_presence(
+        // Presence stands beside a census that was read, never in its place.
+        let owner = match (&self.k.presence, &self.k.claims) {
+            (Some(p), Some(_)) => owner_with_presence(
                 census,
                 claimants,
                 since,
+                &self.local_set,
                 Presence {
                     owner: p.owner_macs.get(&e.ip).unwrap_or(&none),
                     guarded: &p.guarded,
                 },
             ),
+            _ => census,
         };
         Facts {
             state: state.map_or(Ownership::Unknown, |s| s.state),

@@ -107,11 +107,18 @@ fn metrics_status_explain_and_health() {
         m.contains("# TYPE arp_guard_arp_frames_total counter"),
         "{m}"
     );
-    // Without a feed its families are absent; without a memory limit found
-    // (this machine's cgroups may have none), so is the limit's.
+    // Without a feed its families are absent, and presence's (it needs the
+    // API); without a memory limit found (this machine's cgroups may have
+    // none), so is the limit's; the refreshes of stale clients only with
+    // --refresh-stale-clients (tests/refresh.rs, tests/presence.rs).
+    let absent_here = [
+        "arp_guard_memory_limit_bytes",
+        "arp_guard_presence_nodes",
+        "arp_guard_client_refreshes_total",
+    ];
     for name in guard::testing::METRIC_NAMES
         .iter()
-        .filter(|n| !n.contains("feed") && **n != "arp_guard_memory_limit_bytes")
+        .filter(|n| !n.contains("feed") && !absent_here.contains(*n))
     {
         assert!(
             m.contains(&format!("# TYPE {name}")),

@@ -18,7 +18,6 @@ use std::time::Duration;
 use serde_json::Value;
 use testbed::{
     fake_api::{objects, Resource},
-    netns::Netns,
     takeover::{Style, TakeoverBed, LB},
     ArpSpec,
 };
@@ -85,16 +84,6 @@ fn silent_takeover(t: &TakeoverBed) {
             "2026-11-30T10:00:01.000000Z",
         ),
     );
-}
-
-/// A counter of `/metrics` on a node (0 when absent).
-fn metric(ns: &Netns, series: &str) -> f64 {
-    let (_, text) = ns
-        .enter(|| Ok(testbed::http_get("127.0.0.1:9477", "/metrics")))
-        .unwrap();
-    text.lines()
-        .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
-        .unwrap_or(0.0)
 }
 
 /// The Event is on the Service `default/web` (with its UID, which kubectl
@@ -232,7 +221,7 @@ fn a_flood_stays_within_the_rate_limit() {
     );
     let published =
         "arp_guard_kube_events_total{reason=\"SplitBrainSpeaker\",outcome=\"published\"}";
-    assert_eq!(metric(&t.bed.nodes[1].ns, published), 1.0);
+    assert_eq!(testbed::counter(&t.bed.nodes[1].ns, published), 1.0);
 }
 
 #[test]
@@ -262,7 +251,8 @@ fn refused_events_are_counted_and_guarding_goes_on() {
     let failed = "arp_guard_kube_events_total{reason=\"SilentTakeover\",outcome=\"failed\"}";
     let node_b = &t.bed.nodes[1].ns;
     assert!(
-        testbed::wait_until(Duration::from_secs(10), || metric(node_b, failed) >= 1.0),
+        testbed::wait_until(Duration::from_secs(10), || testbed::counter(node_b, failed)
+            >= 1.0),
         "{}",
         t.guards[1].log_text()
     );

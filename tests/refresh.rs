@@ -32,15 +32,6 @@ use testbed::{
 const HEALED_WITHIN: Duration = Duration::from_secs(2);
 const ROGUE: [u8; 6] = [0x02, 0, 0x5e, 0, 0x53, 0x66];
 
-fn metric(ns: &Netns, series: &str) -> f64 {
-    let (_, text) = ns
-        .enter(|| Ok(testbed::http_get("127.0.0.1:9477", "/metrics")))
-        .unwrap();
-    text.lines()
-        .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
-        .unwrap_or(0.0)
-}
-
 /// The client ignores gratuitous ARP for the LB IP (any ARP whose target
 /// is the LB IP): only a frame addressed to it can change its entry.
 fn ignore_gratuitous(client: &Netns) {
@@ -146,7 +137,7 @@ fn a_stale_client_is_taught_the_new_owner_with_the_flag() {
         "healed after {healed:?}, over {HEALED_WITHIN:?}"
     );
     assert!(
-        metric(old, "arp_guard_client_refreshes_total{outcome=\"sent\"}") >= 1.0,
+        testbed::counter(old, "arp_guard_client_refreshes_total{outcome=\"sent\"}") >= 1.0,
         "the refresh is counted"
     );
     assert!(
@@ -160,7 +151,7 @@ fn a_stale_client_is_taught_the_new_owner_with_the_flag() {
     // The client moved and stopped arriving at node-a: no more refreshes
     // than the per-minute limit, ever.
     std::thread::sleep(Duration::from_secs(1));
-    assert!(metric(old, "arp_guard_client_refreshes_total{outcome=\"sent\"}") <= 3.0);
+    assert!(testbed::counter(old, "arp_guard_client_refreshes_total{outcome=\"sent\"}") <= 3.0);
     eprintln!("healed after {healed:?}");
 }
 
@@ -235,7 +226,7 @@ fn with_a_rogue(tag: &str, from_before: bool, presence: bool) -> (TakeoverBed, T
         assert_ne!(cached(&t), Some(ROGUE), "the rogue's MAC is never taught");
         std::thread::sleep(Duration::from_millis(200));
     }
-    let sent = metric(
+    let sent = testbed::counter(
         &t.bed.nodes[0].ns,
         "arp_guard_client_refreshes_total{outcome=\"sent\"}",
     );
@@ -249,7 +240,7 @@ fn a_rogue_beside_the_owner_is_never_taught() {
     assert_eq!(cached(&t), Some(t.bed.nodes[0].mac), "nobody taught");
     assert_eq!(sent, 0.0);
     assert!(
-        metric(
+        testbed::counter(
             &t.bed.nodes[0].ns,
             "arp_guard_client_refreshes_total{outcome=\"owner_uncertain\"}"
         ) >= 1.0,
@@ -328,7 +319,7 @@ fn an_ipv6_client_is_taught_by_an_advertisement() {
         bed.peer_entry(FOREIGN6)
     );
     assert!(
-        metric(
+        testbed::counter(
             &bed.node,
             "arp_guard_client_refreshes_total{outcome=\"sent\"}"
         ) >= 1.0,

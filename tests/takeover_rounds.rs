@@ -15,23 +15,11 @@
 
 use std::time::Duration;
 
-use testbed::{
-    takeover::{Style, TakeoverBed},
-    Netns,
-};
+use testbed::takeover::{Style, TakeoverBed};
 
 const ROUNDS: usize = 20;
 /// The client's entry must hold the new owner's MAC within this long.
 const MOVED_WITHIN: Duration = Duration::from_secs(1);
-
-fn metric(ns: &Netns, series: &str) -> f64 {
-    let (_, text) = ns
-        .enter(|| Ok(testbed::http_get("127.0.0.1:9477", "/metrics")))
-        .unwrap();
-    text.lines()
-        .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
-        .unwrap_or(0.0)
-}
 
 /// 20 takeovers back and forth; each must move the client within a second.
 /// Returns the re-sent announcements counted on both nodes.
@@ -47,7 +35,7 @@ fn every_takeover_reaches_the_client(tag: &str, style: Style) -> f64 {
     }
     let replayed: f64 = (0..2)
         .map(|i| {
-            metric(
+            testbed::counter(
                 &t.bed.nodes[i].ns,
                 "arp_guard_announce_total{outcome=\"replayed\"}",
             )
@@ -63,9 +51,9 @@ fn every_takeover_reaches_the_client(tag: &str, style: Style) -> f64 {
     // owned the IP when its guard started, which is not a takeover (nor a
     // silent one), as after any restart.
     for i in 0..2 {
-        let n = metric(&t.bed.nodes[i].ns, "arp_guard_takeovers_total");
+        let n = testbed::counter(&t.bed.nodes[i].ns, "arp_guard_takeovers_total");
         assert_eq!(n, (ROUNDS / 2) as f64, "node {i}: {n} takeovers");
-        let silent = metric(&t.bed.nodes[i].ns, "arp_guard_silent_takeovers_total");
+        let silent = testbed::counter(&t.bed.nodes[i].ns, "arp_guard_silent_takeovers_total");
         assert_eq!(silent, 0.0, "node {i}: silent takeovers");
     }
     replayed

@@ -47,6 +47,17 @@ pub fn guard_binary() -> std::path::PathBuf {
 }
 
 /// The integration tests create namespaces and load BPF programs.
+/// A counter or gauge of the guard's `/metrics` in `ns` (its API on the
+/// loopback), by its whole series (`name{labels}`); 0 when absent.
+pub fn counter(ns: &Netns, series: &str) -> f64 {
+    let (_, text) = ns
+        .enter(|| Ok(http_get("127.0.0.1:9477", "/metrics")))
+        .expect("entering the namespace");
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
+        .unwrap_or(0.0)
+}
+
 pub fn require_root() {
     // SAFETY: geteuid has no preconditions.
     let uid = unsafe { libc::geteuid() };

@@ -110,11 +110,16 @@ fn metrics_status_explain_and_health() {
     // Without a feed its families are absent, and presence's (it needs the
     // API); without a memory limit found (this machine's cgroups may have
     // none), so is the limit's; the refreshes of stale clients only with
-    // --refresh-stale-clients (tests/refresh.rs, tests/presence.rs).
+    // --refresh-stale-clients (tests/refresh.rs, tests/presence.rs); the
+    // active census's only with presence (tests/probing.rs).
     let absent_here = [
         "arp_guard_memory_limit_bytes",
         "arp_guard_presence_nodes",
         "arp_guard_client_refreshes_total",
+        "arp_guard_probes_sent_total",
+        "arp_guard_probe_send_errors_total",
+        "arp_guard_probe_ips",
+        "arp_guard_probe_interval_seconds",
     ];
     for name in guard::testing::METRIC_NAMES
         .iter()

@@ -9,7 +9,10 @@ pub static FIXTURES: &[u8] =
 pub use crate::{
     api::{client::get_blocking as get, HEADER_TIMEOUT, MAX_CONNECTIONS},
     datapath::{maps::ApplyReport, monotonic_ns, Datapath, DatapathConfig, Gate},
-    model::view::{LbIp, Provenance, View},
+    model::{
+        probing::askers as probe_askers,
+        view::{LbIp, Provenance, View},
+    },
     sources::{
         cluster::cost::{costs as feed_costs, feed_bytes, Costs as FeedCosts},
         file::parse as parse_ownership_file,

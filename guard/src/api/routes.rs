@@ -39,7 +39,7 @@ pub struct Streaming(pub Arc<AtomicBool>);
 
 /// What `router` serves, for the start-up log line.
 pub const ALL_PATHS: &str =
-    "/metrics /healthz /readyz /status /explain /events /counters /responders /clients /cluster";
+    "/metrics /healthz /readyz /status /explain /events /counters /responders /clients /cluster /probes";
 
 /// `/metrics` alone: what `--metrics-listen` exposes off the node.
 pub fn metrics_router(shared: Arc<Shared>) -> Router {
@@ -60,6 +60,7 @@ pub fn router(shared: Arc<Shared>) -> Router {
         .route("/events", get(events))
         .route("/responders", get(responders))
         .route("/clients", get(clients))
+        .route("/probes", get(probes))
         .route("/cluster", get(cluster))
         .fallback(not_found)
         .with_state(shared)
@@ -82,7 +83,7 @@ fn json(v: &impl Serialize) -> Response {
 async fn not_found() -> Response {
     text(
         StatusCode::NOT_FOUND,
-        "not found: try /metrics /healthz /readyz /status /explain?ip= /events /counters /responders[?ip=] /clients[?ip=] /cluster\n",
+        "not found: try /metrics /healthz /readyz /status /explain?ip= /events /counters /responders[?ip=] /clients[?ip=] /cluster /probes\n",
     )
 }
 
@@ -146,6 +147,7 @@ async fn metrics_route(State(shared): State<Arc<Shared>>) -> Response {
                     ("uncovered", doc.uncovered.map_or(0, |u| u.len()) as f64),
                 ]
             }),
+            probes: st.probes.as_ref(),
         })
     });
     match rendered {
@@ -307,6 +309,18 @@ async fn responders(
                 .into_iter()
                 .collect(),
         }),
+    }
+}
+
+/// The active census: this node's share of the LB IPs and their verdicts.
+/// 404 when it does not run.
+async fn probes(State(shared): State<Arc<Shared>>) -> Response {
+    match shared.read().probes.as_ref() {
+        Some(doc) => json(doc),
+        None => text(
+            StatusCode::NOT_FOUND,
+            "the active census does not run (--probe-interval 0, presence off, or the census off: see the log)\n",
+        ),
     }
 }
 

@@ -50,6 +50,8 @@ pub struct ApiState {
     pub clients: Option<ClientsDoc>,
     /// Every guard's presence record, and the cluster's nodes (None: off).
     pub presence: Option<crate::model::presence::Seen>,
+    /// The active census, while it runs.
+    pub probes: Option<crate::telemetry::probing::ProbesDoc>,
 }
 
 /// Everything the API serves from, shared with the main loop.

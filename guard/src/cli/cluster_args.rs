@@ -19,6 +19,46 @@ pub struct PresenceArgs {
     /// the downward API), else the service account's, else the kubeconfig's.
     #[arg(long, env = "POD_NAMESPACE", value_name = "NS")]
     pub presence_namespace: Option<String>,
+    #[command(flatten)]
+    pub probing: ProbeArgs,
+}
+
+/// The active census: each guard asks (ARP, NS) about a share of the LB IPs
+/// it does not own, so that unicast answers and silence are seen too.
+#[derive(Debug, Clone, Args)]
+pub struct ProbeArgs {
+    /// How often each LB IP is asked about (jittered; stretched by the caps
+    /// below). Needs presence (the share is computed over the live guards)
+    /// and the census; 0 turns the active census off.
+    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = parse_duration)]
+    pub probe_interval: Duration,
+    /// Guards asking about each LB IP (chosen by rendezvous hashing over the
+    /// live guards, never the owner).
+    #[arg(long, value_name = "N", default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=8))]
+    pub probe_askers: u32,
+    /// At most this many requests a second from this node.
+    #[arg(long, value_name = "N", default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    pub probe_max_per_second: u32,
+    /// At most this many requests a second from all guards together (the
+    /// interval stretches to keep the segment's broadcast load under it).
+    #[arg(long, value_name = "N", default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..=10000))]
+    pub probe_cluster_max_per_second: u32,
+    /// Requests in a row without the owner's answer that make it a silent owner.
+    #[arg(long, value_name = "N", default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=100))]
+    pub probe_silent_after: u32,
+}
+
+impl ProbeArgs {
+    /// The pace, or None when off.
+    pub fn pace(&self) -> Option<crate::model::probing::Pace> {
+        (!self.probe_interval.is_zero()).then_some(crate::model::probing::Pace {
+            interval: self.probe_interval,
+            askers: self.probe_askers as usize,
+            node_max: self.probe_max_per_second,
+            cluster_max: self.probe_cluster_max_per_second,
+            silent_after: self.probe_silent_after,
+        })
+    }
 }
 
 #[derive(Debug, Args)]

@@ -40,6 +40,7 @@ impl RunArgs {
                 refresh_per_minute: self.refresh(),
             },
             kube_events: self.kube_events.config(),
+            probing: self.presence.probing.pace(),
         })
     }
 

@@ -80,6 +80,9 @@ pub struct RunConfig {
     pub api: ApiConfig,
     pub clients: ClientsConfig,
     pub kube_events: KubeEventsConfig,
+    /// The active census (None: `--probe-interval 0`). It also needs
+    /// presence and the census, checked at start.
+    pub probing: Option<crate::model::probing::Pace>,
 }
 
 /// Kubernetes Events on the Service of an LB IP.

@@ -12,6 +12,7 @@ pub mod config;
 mod kube_events;
 mod preflight;
 mod presence;
+mod probing;
 mod publish;
 mod startup;
 mod status_file;

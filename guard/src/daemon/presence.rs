@@ -39,6 +39,24 @@ impl Daemon {
                         })
                     })
                     .collect();
+                // The node's other physical NICs (sysfs says which have a
+                // device): where an owner answering from the wrong one is.
+                let other = (crate::datapath::sys::interface_names().into_iter())
+                    .filter(|n| !st.interfaces.contains_key(n))
+                    .filter(|n| {
+                        std::path::Path::new("/sys/class/net")
+                            .join(n)
+                            .join("device")
+                            .exists()
+                    })
+                    .filter_map(|name| {
+                        let mac = macs.get(&ifindex(&name).ok()?)?;
+                        Some(Iface {
+                            mac: fmt_mac(mac),
+                            name,
+                        })
+                    })
+                    .collect();
                 let monitor = st.mode == Some(Mode::Monitor);
                 Record {
                     node: node.clone(),
@@ -51,6 +69,7 @@ impl Daemon {
                     }
                     .into(),
                     interfaces,
+                    other,
                 }
             }),
             publish: Box::new(move |seen| write.write().presence = Some(seen)),

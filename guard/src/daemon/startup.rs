@@ -263,6 +263,7 @@ impl Daemon {
         };
         self.start_census();
         self.start_clients();
+        self.start_probing();
         self.start_memory_watch();
         // Events need the Service of each IP: only the cluster feed knows it.
         if let (true, Some(c)) = (self.cfg.kube_events.enabled, &self.cfg.sources.cluster) {
@@ -393,20 +394,9 @@ impl Daemon {
             hold: self.cfg.daemon.takeover.hold,
             knowledge: Box::new(move |asked| {
                 let now_ns = crate::datapath::monotonic_ns();
-                let heartbeat = shared
-                    .heartbeat_ns
-                    .load(std::sync::atomic::Ordering::Relaxed);
                 let st = shared.read();
-                let feed = st.status.as_ref().and_then(|s| s.feed.as_ref());
                 refresh::Knowledge {
-                    // A feed that has not listed everything, or cannot see
-                    // now, may call an IP foreign that is not; a main loop
-                    // that stopped publishing leaves old states (the
-                    // program stops trusting `foreign` then too).
-                    blind: st.feed_failing_since.is_some()
-                        || feed.is_some_and(|f| !f.synced || f.blind || f.degraded)
-                        || (st.feed_enabled && feed.is_none())
-                        || now_ns.saturating_sub(heartbeat) > stale_after,
+                    blind: super::probing::blind(&shared, &st, stale_after).is_some(),
                     claims: st.census.as_ref().map(|c| c.claims.clone()),
                     conflicts: (st.census.iter())
                         .flat_map(|c| c.ips.iter())

@@ -98,3 +98,32 @@ pub fn link_macs_by_index() -> std::collections::BTreeMap<u32, [u8; 6]> {
     }
     out
 }
+
+/// The IPv6 link-local address (fe80::/10) of every interface that has
+/// one, by interface index (getifaddrs; the first one listed wins).
+pub fn link_locals_by_index() -> std::collections::BTreeMap<u32, std::net::Ipv6Addr> {
+    let mut out = std::collections::BTreeMap::new();
+    let mut list: *mut libc::ifaddrs = std::ptr::null_mut();
+    // SAFETY: getifaddrs fills `list` with a linked list we free below; each
+    // AF_INET6 entry's address is a sockaddr_in6; the name is NUL-terminated.
+    unsafe {
+        if libc::getifaddrs(&mut list) != 0 {
+            return out;
+        }
+        let mut p = list;
+        while !p.is_null() {
+            let a = (*p).ifa_addr;
+            if !a.is_null() && i32::from((*a).sa_family) == libc::AF_INET6 {
+                let sin6 = &*(a as *const libc::sockaddr_in6);
+                let ip = std::net::Ipv6Addr::from(sin6.sin6_addr.s6_addr);
+                let index = libc::if_nametoindex((*p).ifa_name);
+                if ip.segments()[0] & 0xffc0 == 0xfe80 && index != 0 {
+                    out.entry(index).or_insert(ip);
+                }
+            }
+            p = (*p).ifa_next;
+        }
+        libc::freeifaddrs(list);
+    }
+    out
+}

@@ -3,6 +3,8 @@
 //! reason and in which words, and how often one may be published. Pure:
 //! the publisher (`daemon/kube_events.rs`) hands it lines and the clock.
 
+use probe::probe;
+pub use probe::ProbeVerdict;
 use std::{
     collections::BTreeMap,
     net::IpAddr,
@@ -17,6 +19,8 @@ pub enum Reason {
     SplitBrainSpeaker,
     SilentTakeover,
     StaleClients,
+    SilentOwner,
+    OwnerWrongInterface,
 }
 
 impl Reason {
@@ -27,6 +31,8 @@ impl Reason {
             Reason::SplitBrainSpeaker => "SplitBrainSpeaker",
             Reason::SilentTakeover => "SilentTakeover",
             Reason::StaleClients => "StaleClients",
+            Reason::SilentOwner => "SilentOwner",
+            Reason::OwnerWrongInterface => "OwnerWrongInterface",
         }
     }
 
@@ -42,6 +48,7 @@ impl Reason {
             Reason::SplitBrainSpeaker => "StopAnnouncement",
             Reason::SilentTakeover => "TimeTakeover",
             Reason::StaleClients => "WatchClients",
+            Reason::SilentOwner | Reason::OwnerWrongInterface => "Probe",
         }
     }
 }
@@ -71,6 +78,16 @@ pub enum Finding {
         client_ip: String,
         mac: String,
     },
+    /// The active census: a verdict about an IP this node asks about.
+    Probe {
+        ip: IpAddr,
+        verdict: ProbeVerdict,
+        ended: bool,
+        owner: Option<String>,
+        answered_by: Vec<String>,
+        unanswered: u64,
+        interface: String,
+    },
 }
 
 impl Finding {
@@ -79,7 +96,8 @@ impl Finding {
             Finding::Conflict { ip, .. }
             | Finding::SpeakerStopped { ip, .. }
             | Finding::SilentTakeover { ip }
-            | Finding::StaleClient { ip, .. } => *ip,
+            | Finding::StaleClient { ip, .. }
+            | Finding::Probe { ip, .. } => *ip,
         }
     }
 }
@@ -120,6 +138,31 @@ pub fn parse(line: &str) -> Option<Finding> {
             ended: e == "responder_conflict_ended",
         }),
         "silent_takeover" => Some(Finding::SilentTakeover { ip }),
+        e if e.starts_with("probe_conflict")
+            || e.starts_with("silent_owner")
+            || e.starts_with("owner_wrong_interface") =>
+        {
+            let list = |k: &str| -> Vec<String> {
+                (v.get(k).and_then(|m| m.as_array()).into_iter().flatten())
+                    .filter_map(|m| m.as_str().map(str::to_owned))
+                    .collect()
+            };
+            Some(Finding::Probe {
+                ip,
+                verdict: if e.starts_with("probe_conflict") {
+                    ProbeVerdict::Conflict
+                } else if e.starts_with("silent_owner") {
+                    ProbeVerdict::SilentOwner
+                } else {
+                    ProbeVerdict::WrongInterface
+                },
+                ended: e.ends_with("_ended"),
+                owner: v.get("owner").and_then(|o| o.as_str()).map(str::to_owned),
+                answered_by: list("answered_by"),
+                unanswered: v.get("unanswered").and_then(|n| n.as_u64()).unwrap_or(0),
+                interface: s("interface").to_owned(),
+            })
+        }
         "stale_client" => Some(Finding::StaleClient {
             ip,
             client_ip: s("client_ip").to_owned(),
@@ -214,6 +257,24 @@ pub fn judge(
         Finding::StaleClient { client_ip, mac, .. } => {
             stale_client(ip, client_ip, mac, facts, t, m, now)
         }
+        Finding::Probe {
+            verdict,
+            ended,
+            owner,
+            answered_by,
+            unanswered,
+            interface,
+            ..
+        } => probe(
+            ip,
+            *verdict,
+            *ended,
+            owner.as_deref(),
+            answered_by,
+            *unanswered,
+            interface,
+            node,
+        ),
     }
 }
 
@@ -412,5 +473,6 @@ impl Limiter {
     }
 }
 
+mod probe;
 #[cfg(test)]
 mod tests;

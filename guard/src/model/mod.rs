@@ -9,6 +9,7 @@ pub mod cluster;
 pub mod kube_events;
 pub mod ownership;
 pub mod presence;
+pub mod probing;
 pub mod refresh;
 pub mod takeover;
 pub mod view;

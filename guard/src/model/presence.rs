@@ -46,6 +46,10 @@ pub struct Record {
     /// `enforcing`, `monitoring`, or `degraded` (not ready: see its /readyz).
     pub health: String,
     pub interfaces: Vec<Iface>,
+    /// The node's other physical interfaces and their MACs (not guarded): an
+    /// owner answering from one of them is on the wrong interface.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub other: Vec<Iface>,
 }
 
 /// Why a presence Lease was skipped.
@@ -75,12 +79,16 @@ impl Record {
     pub fn encode(&self) -> String {
         let mut r = self.clone();
         r.interfaces.truncate(MAX_INTERFACES);
+        r.other.truncate(MAX_INTERFACES);
         loop {
             let text = serde_json::to_string(&r).unwrap_or_default();
-            if text.len() <= MAX_RECORD_BYTES || r.interfaces.is_empty() {
+            if text.len() <= MAX_RECORD_BYTES || (r.interfaces.is_empty() && r.other.is_empty()) {
                 return text;
             }
-            r.interfaces.pop();
+            // The unguarded ones go first: the guarded ones name the node.
+            if r.other.pop().is_none() {
+                r.interfaces.pop();
+            }
         }
     }
 
@@ -91,12 +99,17 @@ impl Record {
             return Err(Bad::TooLarge(text.len()));
         }
         let r: Record = serde_json::from_str(text).map_err(|e| Bad::Malformed(e.to_string()))?;
-        if r.node.is_empty() || r.node.len() > MAX_NAME || r.interfaces.len() > MAX_INTERFACES {
+        if r.node.is_empty()
+            || r.node.len() > MAX_NAME
+            || r.interfaces.len() > MAX_INTERFACES
+            || r.other.len() > MAX_INTERFACES
+        {
             return Err(Bad::Malformed(
                 "node name or interface count out of bounds".into(),
             ));
         }
-        if let Some(i) = r.interfaces.iter().find(|i| parse_mac(&i.mac).is_none()) {
+        if let Some(i) = (r.interfaces.iter().chain(&r.other)).find(|i| parse_mac(&i.mac).is_none())
+        {
             return Err(Bad::Malformed(format!("not a MAC: {:?}", i.mac)));
         }
         Ok(r)
@@ -212,6 +225,27 @@ impl Table {
         out
     }
 
+    /// The nodes with a live record.
+    pub fn live(&self, now_unix: i64) -> Vec<String> {
+        (self.nodes.iter())
+            .filter(|(_, e)| !e.expired(now_unix))
+            .map(|(n, _)| n.clone())
+            .collect()
+    }
+
+    /// The MACs of `node`'s unguarded interfaces, by MAC (empty: no live
+    /// record, or none listed).
+    pub fn other_macs_of(&self, node: &str, now_unix: i64) -> BTreeMap<[u8; 6], String> {
+        (self
+            .nodes
+            .get(node)
+            .filter(|e| !e.expired(now_unix))
+            .into_iter())
+        .flat_map(|e| &e.record.other)
+        .filter_map(|i| Some((parse_mac(&i.mac)?, i.name.clone())))
+        .collect()
+    }
+
     /// The MACs of `node`'s live record (None: no live record).
     pub fn macs_of(&self, node: &str, now_unix: i64) -> Option<BTreeSet<[u8; 6]>> {
         let e = self.nodes.get(node).filter(|e| !e.expired(now_unix))?;
@@ -263,7 +297,33 @@ mod tests {
                     mac: (*m).into(),
                 })
                 .collect(),
+            other: vec![],
         }
+    }
+
+    #[test]
+    fn unguarded_interfaces_go_first_when_a_record_is_too_long() {
+        let mut r = record("node-a", &["02:00:00:00:00:0a"]);
+        r.other = (0..40)
+            .map(|i| Iface {
+                name: format!("{i}-{}", "x".repeat(100)),
+                mac: "02:00:00:00:00:0b".into(),
+            })
+            .collect();
+        let text = r.encode();
+        assert!(text.len() <= MAX_RECORD_BYTES);
+        let back = Record::decode(Some(&text)).unwrap();
+        assert_eq!(back.interfaces, r.interfaces);
+        assert!(!back.other.is_empty() && back.other.len() < 32);
+        let mut t = Table::default();
+        t.insert(Entry {
+            record: back,
+            renew_unix: 100,
+            duration_s: 30,
+        });
+        assert_eq!(t.other_macs_of("node-a", 110).len(), 1);
+        assert_eq!(t.live(110), ["node-a"]);
+        assert!(t.live(200).is_empty() && t.other_macs_of("node-a", 200).is_empty());
     }
 
     #[test]

@@ -21,17 +21,13 @@ use std::{
 };
 
 use guard_common::{
-    build::{write_arp, ArpPacket, Ethernet, BROADCAST, FRAME_BUF},
     classify, classify_nd,
     frame::{parse, Parsed},
-    ndp_build::{write_nd, NdSpec, ND_FRAME_BUF},
     Kind, NdClass,
 };
 
-/// Room for one request: an NS, the longer of the two (an ARP request
-/// needs 60 bytes).
-pub const REQUEST_BUF: usize = ND_FRAME_BUF;
-const _: () = assert!(REQUEST_BUF >= FRAME_BUF);
+use crate::model::probing::request_frame;
+pub use crate::model::probing::REQUEST_BUF;
 
 /// The most IPs one probe asks about.
 pub const MAX_IPS: usize = 1024;
@@ -360,31 +356,10 @@ impl Prober {
     /// solicited-node group (and its multicast MAC), hop limit 255, with a
     /// source link-layer option, as the kernel sends one.
     pub fn request(&self, i: usize) -> ([u8; REQUEST_BUF], usize) {
-        let mut buf = [0; REQUEST_BUF];
-        let n = match self.targets.get(i).map(|t| t.ip) {
-            Some(IpAddr::V6(ip)) => write_nd(
-                &mut buf,
-                &NdSpec::solicit(self.mac, self.source6.octets(), ip.octets()),
-            ),
-            v4 => {
-                let tpa = match v4 {
-                    Some(IpAddr::V4(ip)) => u32::from(ip),
-                    _ => 0,
-                };
-                let eth = Ethernet {
-                    dst: BROADCAST,
-                    src: self.mac,
-                    tags: &[],
-                };
-                let arp = ArpPacket::request(self.mac, u32::from(self.source), tpa);
-                let mut frame = [0; FRAME_BUF];
-                // Without tags the frame always fits; 0 bytes would be sent otherwise.
-                let n = write_arp(&mut frame, &eth, &arp).unwrap_or(0);
-                buf[..FRAME_BUF].copy_from_slice(&frame);
-                n
-            }
-        };
-        (buf, n)
+        match self.targets.get(i) {
+            Some(t) => request_frame(self.mac, self.source, self.source6, t.ip),
+            None => ([0; REQUEST_BUF], 0),
+        }
     }
 
     /// Whether the request for target `i` went out.
@@ -475,6 +450,10 @@ impl Prober {
 mod tests {
     use super::*;
     use guard_common::build::ETH_ZLEN;
+    use guard_common::{
+        build::{write_arp, ArpPacket, Ethernet, FRAME_BUF},
+        ndp_build::{write_nd, NdSpec, ND_FRAME_BUF},
+    };
 
     const ME: [u8; 6] = [2, 0, 0, 0, 0, 1];
     const SRC: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 1);

@@ -477,6 +477,7 @@ mod tests {
                 name: "eth0".into(),
                 mac: "02:00:00:00:00:0a".into(),
             }],
+            other: vec![],
         };
         let e = entry(&lease("arp-guard-node-a", r.encode().into())).unwrap();
         assert_eq!(e.record, r);

@@ -27,6 +27,10 @@
 //! | `arp_guard_memory_limit_bytes` | gauge | |
 //! | `arp_guard_memory_pressure` | gauge | |
 //! | `arp_guard_presence_nodes` | gauge | state (live, expired, uncovered) |
+//! | `arp_guard_probes_sent_total` | counter | family (the active census's requests) |
+//! | `arp_guard_probe_send_errors_total` | counter | |
+//! | `arp_guard_probe_ips` | gauge | verdict (pending, answered, conflict, silent_owner, wrong_interface) |
+//! | `arp_guard_probe_interval_seconds` | gauge | (each LB IP asked this often now; 0 paused) |
 //! | `arp_guard_responders` | gauge | lb_ip, family (current claims only, at most --metrics-max-ip-series) |
 //! | `arp_guard_responder_conflicts` | gauge | reason |
 //! | `arp_guard_census_frames_total` | counter | outcome |
@@ -164,6 +168,10 @@ pub const NAMES: &[&str] = &[
     "arp_guard_client_table_entries",
     "arp_guard_client_refreshes_total",
     "arp_guard_kube_events_total",
+    "arp_guard_probes_sent_total",
+    "arp_guard_probe_send_errors_total",
+    "arp_guard_probe_ips",
+    "arp_guard_probe_interval_seconds",
 ];
 
 /// What one scrape is made of.
@@ -185,6 +193,8 @@ pub struct Scrape<'a> {
     pub clients: Option<&'a ClientsDoc>,
     /// Presence, when it runs: nodes by state (live, expired, uncovered).
     pub presence_nodes: Option<Vec<(&'static str, f64)>>,
+    /// The active census, while it runs.
+    pub probes: Option<&'a super::probing::ProbesDoc>,
 }
 
 /// The Prometheus text of one scrape.
@@ -225,6 +235,9 @@ pub fn render(scrape: Scrape<'_>) -> Result<String> {
     }
     if let Some(p) = scrape.presence_nodes {
         super::feed_metrics::presence(&mut v, p);
+    }
+    if let Some(p) = scrape.probes {
+        super::probing::families(&mut v, p);
     }
     operations(&mut v);
     let mut registry = Registry::default();

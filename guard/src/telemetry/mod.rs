@@ -14,6 +14,7 @@ pub mod histogram;
 pub mod memory;
 pub mod metrics;
 pub mod ops;
+pub mod probing;
 pub mod refresh;
 pub mod status;
 pub mod takeover;

@@ -164,3 +164,53 @@ fn the_limiter_spaces_each_stream_and_caps_the_node() {
         Offered::Dropped
     );
 }
+
+#[test]
+fn the_active_census_verdicts_are_events_naming_the_owner() {
+    let (t, mut m, now) = (thresholds(), Memory::default(), Instant::now());
+    let line = |event: &str, by: &[&str]| {
+        serde_json::json!({"time": "1.0", "event": event, "lb_ip": IP, "owner": "node-a",
+            "answered_by": by, "unanswered": 3, "interface": "eth1"})
+        .to_string()
+    };
+    let judge_line = |l: String, m: &mut Memory| {
+        let f = parse(&l).unwrap();
+        judge(&f, &facts(false), &t, m, now)
+    };
+    let o = judge_line(line("silent_owner", &[]), &mut m).unwrap();
+    assert_eq!(o.reason, Reason::SilentOwner);
+    assert_eq!(o.node_at_fault.as_deref(), Some("node-a"));
+    assert!(
+        o.note.contains(
+            "node-a owns 198.51.100.100 but nobody answered 3 requests in a row from node-b"
+        ),
+        "{}",
+        o.note
+    );
+    let o = judge_line(
+        line("silent_owner", &["02:00:5e:00:53:66 (not a guarded node)"]),
+        &mut m,
+    )
+    .unwrap();
+    assert!(o.note.contains("only 02:00:5e:00:53:66"), "{}", o.note);
+    let o = judge_line(
+        line("owner_wrong_interface", &["node-a (eth1, 02:..)"]),
+        &mut m,
+    )
+    .unwrap();
+    assert_eq!(o.reason, Reason::OwnerWrongInterface);
+    assert!(o.note.contains("interface eth1"), "{}", o.note);
+    // A conflict seen by an asker (not the owner) is an Event, its end a Normal one.
+    let o = judge_line(line("probe_conflict", &["a", "b"]), &mut m).unwrap();
+    assert_eq!(
+        (o.reason, o.reason.warning()),
+        (Reason::ResponderConflict, true)
+    );
+    let o = judge_line(line("probe_conflict_ended", &["a"]), &mut m).unwrap();
+    assert_eq!(
+        (o.reason, o.reason.warning()),
+        (Reason::ResponderConflictResolved, false)
+    );
+    // The end of silence is said in the log only.
+    assert_eq!(judge_line(line("silent_owner_ended", &["a"]), &mut m), None);
+}

@@ -1,0 +1,426 @@
+//! The active census run (the decisions: `model::probing`): on a thread of
+//! its own, this node asks about its share of the LB IPs it does not own,
+//! at the pace the model sets, out of every guarded interface; a few
+//! seconds later it reads what its census recorded since each request and
+//! judges it. Verdicts that begin or end are logged, sent to `/events`
+//! subscribers (and from there become Events on the Service), and the whole
+//! is published for `/probes` and the metrics.
+//!
+//! It never blocks guarding: the socket never blocks (a full queue is a
+//! send error, counted), the thread only reads the state others publish,
+//! and it pauses (sends nothing, judges nothing) while the ownership feed
+//! is blind or the presence records are not read: a verdict from a stale
+//! view of who owns what would accuse the wrong node.
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    net::{IpAddr, Ipv4Addr, Ipv6Addr},
+    sync::Arc,
+    time::Duration,
+};
+
+use serde::{Deserialize, Serialize};
+use tokio::sync::broadcast;
+
+use super::family::Values;
+use crate::{
+    datapath::{sys::monotonic_ns, wire::Wire},
+    model::{
+        census::Claim,
+        fmt_mac,
+        probing::{
+            asks, classify, in_words, request_frame, Change, IpProbe, OwnerMacs, Pace, Schedule,
+            Tracker, Verdict,
+        },
+    },
+};
+
+/// How long after a request its answers are read: a reply takes
+/// milliseconds, the census reads its table every second.
+pub const WAIT: Duration = Duration::from_millis(2500);
+/// The loop's step.
+const TICK: Duration = Duration::from_millis(100);
+/// The share is computed again this often (presence and ownership move
+/// slowly; a new owner is also seen at the next judgement).
+const REPLAN: Duration = Duration::from_secs(5);
+/// At most this many verdict lines logged per judgement.
+const LOG_PER_ROUND: usize = 20;
+
+/// What the share is computed from.
+#[derive(Debug, Clone, Default)]
+pub struct Plan {
+    /// The live guards' nodes (None: presence has not been read).
+    pub live: Option<Vec<String>>,
+    /// LB IPs owned elsewhere, with their owner node where known.
+    pub foreign: Vec<(IpAddr, Option<String>)>,
+    /// LB IPs with an owner, cluster-wide (every guard counts the same).
+    pub owned_anywhere: usize,
+    /// Why nothing may be judged now (the feed blind or not synced).
+    pub blind: Option<&'static str>,
+    /// The interfaces to ask on: ifindex, MAC, IPv6 link-local.
+    pub interfaces: Vec<(u32, [u8; 6], Option<Ipv6Addr>)>,
+}
+
+/// What the answers are judged against.
+#[derive(Debug, Clone, Default)]
+pub struct Facts {
+    /// The census's claims as last read (None: no census).
+    pub claims: Option<Arc<Vec<Claim>>>,
+    /// Every live guard's MACs: MAC -> (node, interface).
+    pub known: BTreeMap<[u8; 6], (String, String)>,
+    /// The owner's MACs for each IP asked.
+    pub owners: BTreeMap<IpAddr, OwnerMacs>,
+}
+
+/// The active census as the API serves it (`/probes`).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ProbesDoc {
+    /// Each IP is asked this often now (stretched by the caps).
+    pub interval_seconds: f64,
+    pub askers_per_ip: usize,
+    pub node_max_per_second: u32,
+    pub cluster_max_per_second: u32,
+    pub silent_after: u32,
+    /// Live guards sharing the work.
+    pub live_guards: usize,
+    /// Why it does not ask now, if it does not.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub paused: Option<String>,
+    /// Requests sent, by family, and sends that failed.
+    pub sent: BTreeMap<String, u64>,
+    pub send_errors: u64,
+    /// IPs this node asks, by verdict.
+    pub verdicts: BTreeMap<Verdict, usize>,
+    pub ips: BTreeMap<IpAddr, IpProbe>,
+}
+
+/// What the answers about some IPs are judged against, read now.
+pub type FactsOf = Box<dyn Fn(&BTreeSet<IpAddr>) -> Facts + Send>;
+
+/// The closures the task reads the daemon through.
+pub struct ProbeTask {
+    pub wire: Wire,
+    pub node: String,
+    pub pace: Pace,
+    pub plan: Box<dyn Fn() -> Plan + Send>,
+    pub facts: FactsOf,
+    pub publish: Box<dyn Fn(ProbesDoc) + Send>,
+    pub events: broadcast::Sender<String>,
+}
+
+/// Start the task on a thread of its own.
+pub fn spawn(task: ProbeTask) -> std::io::Result<()> {
+    std::thread::Builder::new()
+        .name("probing".into())
+        .spawn(move || Runner::new(task).run())
+        .map(drop)
+}
+
+/// A request out, waiting for its answers.
+struct Pending {
+    ip: IpAddr,
+    sent_ns: u64,
+    ifindexes: Vec<u32>,
+    owner: Option<String>,
+}
+
+struct Runner {
+    t: ProbeTask,
+    seed: u64,
+    schedule: Schedule,
+    tracker: Tracker,
+    pending: Vec<Pending>,
+    plan: Plan,
+    owners: BTreeMap<IpAddr, Option<String>>,
+    interval: Duration,
+    planned_ns: Option<u64>,
+    doc: ProbesDoc,
+}
+
+impl Runner {
+    fn new(t: ProbeTask) -> Self {
+        let seed = crate::model::probing::score(&t.node, IpAddr::V4(Ipv4Addr::UNSPECIFIED));
+        let doc = ProbesDoc {
+            interval_seconds: t.pace.interval.as_secs_f64(),
+            askers_per_ip: t.pace.askers,
+            node_max_per_second: t.pace.node_max,
+            cluster_max_per_second: t.pace.cluster_max,
+            silent_after: t.pace.silent_after,
+            paused: Some("starting".into()),
+            ..Default::default()
+        };
+        Runner {
+            interval: t.pace.interval,
+            t,
+            seed,
+            schedule: Schedule::default(),
+            tracker: Tracker::default(),
+            pending: Vec::new(),
+            plan: Plan::default(),
+            owners: BTreeMap::new(),
+            planned_ns: None,
+            doc,
+        }
+    }
+
+    fn run(mut self) {
+        let mut published_ns = 0;
+        loop {
+            std::thread::sleep(TICK);
+            let now = monotonic_ns();
+            if self
+                .planned_ns
+                .is_none_or(|at| now.saturating_sub(at) >= REPLAN.as_nanos() as u64)
+            {
+                self.replan(now);
+            }
+            if self.doc.paused.is_none() {
+                self.send(now);
+            }
+            // Once a second: the answers of every request due by then are
+            // judged together (one read of the census and presence).
+            if now.saturating_sub(published_ns) >= 1_000_000_000 {
+                published_ns = now;
+                if self.doc.paused.is_none() {
+                    self.judge(now);
+                }
+                self.doc.ips = self.tracker.ips.clone();
+                self.doc.verdicts = self.tracker.counts();
+                (self.t.publish)(self.doc.clone());
+            }
+        }
+    }
+
+    /// Compute this node's share and pace again.
+    fn replan(&mut self, now: u64) {
+        self.planned_ns = Some(now);
+        self.plan = (self.t.plan)();
+        let paused = match (&self.plan.live, self.plan.blind) {
+            (_, Some(why)) => Some(why.to_owned()),
+            (None, _) => Some("the presence records have not been read yet".to_owned()),
+            (Some(l), _) if !l.contains(&self.t.node) => {
+                Some("this node's own presence record is not live yet".to_owned())
+            }
+            _ if self.plan.interfaces.is_empty() => Some("no guarded interface is up".to_owned()),
+            _ => None,
+        };
+        if paused != self.doc.paused {
+            match &paused {
+                Some(why) => {
+                    tracing::info!(target: "arp_guard::probing", why = %why, "active census paused")
+                }
+                None => tracing::info!(target: "arp_guard::probing", "active census asking"),
+            }
+        }
+        self.doc.paused = paused;
+        if self.doc.paused.is_some() {
+            // Answers read against a view that may be wrong are dropped.
+            self.pending.clear();
+            return;
+        }
+        let live = self.plan.live.clone().unwrap_or_default();
+        let k = self.t.pace.askers;
+        self.owners = (self.plan.foreign.iter())
+            .filter(|(ip, owner)| asks(&self.t.node, *ip, &live, owner.as_deref(), k))
+            .map(|(ip, owner)| (*ip, owner.clone()))
+            .collect();
+        let asked: BTreeSet<IpAddr> = self.owners.keys().copied().collect();
+        self.interval = self
+            .t
+            .pace
+            .interval_for(self.plan.owned_anywhere, asked.len());
+        self.schedule.follow(&asked, self.interval, now, self.seed);
+        self.tracker.retain(&asked);
+        self.doc.interval_seconds = self.interval.as_secs_f64();
+        self.doc.live_guards = live.len();
+    }
+
+    /// Send the requests due now.
+    fn send(&mut self, now: u64) {
+        let due = self
+            .schedule
+            .take(now, self.interval, self.t.pace.node_max, self.seed);
+        for ip in due {
+            let mut ifindexes = Vec::new();
+            for (ifindex, mac, ll) in &self.plan.interfaces {
+                let source6 = match (ip, ll) {
+                    (IpAddr::V6(_), None) => continue,
+                    (_, ll) => ll.unwrap_or(Ipv6Addr::UNSPECIFIED),
+                };
+                let (frame, n) = request_frame(*mac, Ipv4Addr::UNSPECIFIED, source6, ip);
+                let family = if ip.is_ipv4() { "ipv4" } else { "ipv6" };
+                match self.t.wire.send(*ifindex, &frame[..n]) {
+                    Ok(()) => {
+                        *self.doc.sent.entry(family.into()).or_default() += 1;
+                        ifindexes.push(*ifindex);
+                    }
+                    Err(_) => self.doc.send_errors += 1,
+                }
+            }
+            if !ifindexes.is_empty() {
+                self.pending.push(Pending {
+                    ip,
+                    sent_ns: now,
+                    ifindexes,
+                    owner: self.owners.get(&ip).cloned().flatten(),
+                });
+            }
+        }
+    }
+
+    /// Judge the requests whose answers are in.
+    fn judge(&mut self, now: u64) {
+        let wait = WAIT.as_nanos() as u64;
+        let ready: Vec<Pending>;
+        (ready, self.pending) = std::mem::take(&mut self.pending)
+            .into_iter()
+            .partition(|p| now.saturating_sub(p.sent_ns) >= wait);
+        if ready.is_empty() {
+            return;
+        }
+        let ips: BTreeSet<IpAddr> = ready.iter().map(|p| p.ip).collect();
+        let facts = (self.t.facts)(&ips);
+        let Some(claims) = &facts.claims else {
+            return;
+        };
+        let local: BTreeSet<[u8; 6]> = (self.plan.interfaces.iter()).map(|(_, m, _)| *m).collect();
+        let mut by_ip: BTreeMap<IpAddr, Vec<&Claim>> = BTreeMap::new();
+        for c in claims.iter().filter(|c| ips.contains(&c.ip)) {
+            by_ip.entry(c.ip).or_default().push(c);
+        }
+        let presence = self.plan.live.is_some();
+        let mut logged = 0;
+        for p in ready {
+            let macs: BTreeSet<[u8; 6]> = (by_ip.get(&p.ip).into_iter().flatten())
+                .filter(|c| c.last_ns >= p.sent_ns && p.ifindexes.contains(&c.ifindex))
+                .filter(|c| !local.contains(&c.mac))
+                .map(|c| c.mac)
+                .collect();
+            let owner_macs = facts.owners.get(&p.ip).cloned().unwrap_or_default();
+            let answer = classify(&macs, &owner_macs);
+            let words = in_words(&macs, &facts.known, presence);
+            let change = self.tracker.record(
+                p.ip,
+                p.owner.clone(),
+                answer,
+                words,
+                self.t.pace.silent_after,
+            );
+            if let Some(c) = change {
+                logged += 1;
+                report(&c, &owner_macs, &self.t.events, logged <= LOG_PER_ROUND);
+            }
+        }
+    }
+}
+
+/// The event name of a verdict that begins (or, with `_ended`, ends).
+fn event_name(v: Verdict) -> Option<&'static str> {
+    v.bad().then_some(match v {
+        Verdict::Conflict => "probe_conflict",
+        Verdict::SilentOwner => "silent_owner",
+        _ => "owner_wrong_interface",
+    })
+}
+
+/// A verdict that began or ended: a log line and an `/events` line each.
+fn report(c: &Change, owner: &OwnerMacs, events: &broadcast::Sender<String>, log: bool) {
+    let owner_macs: Vec<String> = (owner.guarded.iter().flatten()).map(fmt_mac).collect();
+    let send = |event: String| {
+        let line = serde_json::json!({
+            "time": super::events::unix_time_millis(),
+            "event": event,
+            "lb_ip": c.ip,
+            "owner": c.owner,
+            "owner_macs": owner_macs,
+            "answered_by": c.answered_by,
+            "unanswered": c.unanswered,
+            "interface": c.interface,
+        });
+        // No subscriber is fine.
+        let _ = events.send(line.to_string());
+    };
+    if let Some(e) = event_name(c.from) {
+        send(format!("{e}_ended"));
+        if log {
+            tracing::info!(target: "arp_guard::probing", lb_ip = %c.ip, owner = ?c.owner, was = c.from.as_str(), now = c.to.as_str(), answered_by = ?c.answered_by, "probe verdict ended");
+        }
+    }
+    if let Some(e) = event_name(c.to) {
+        send(e.to_owned());
+        if log {
+            tracing::warn!(
+                target: "arp_guard::probing",
+                lb_ip = %c.ip, owner = ?c.owner, answered_by = ?c.answered_by, unanswered = c.unanswered, interface = ?c.interface,
+                "{}",
+                match c.to {
+                    Verdict::Conflict => "more than one MAC answered one request for this LB IP (split brain, a device outside the cluster, or nodes answering that should not)",
+                    Verdict::SilentOwner => "the owner of this LB IP did not answer the last requests (nobody did, or only a MAC that is not the owner's): clients that ask get no answer or the wrong one",
+                    _ => "the owner answers for this LB IP from an interface its guard does not guard (a bond slave or a second NIC)",
+                }
+            );
+        }
+    }
+}
+
+/// The families `/metrics` adds for the active census.
+pub(super) fn families(v: &mut Values, doc: &ProbesDoc) {
+    v.counters.push((
+        "arp_guard_probes_sent",
+        "Requests the active census sent (ARP for IPv4, Neighbor Solicitations for IPv6), by family.",
+        ["ipv4", "ipv6"]
+            .into_iter()
+            .map(|f| {
+                (
+                    vec![("family", f.to_owned())],
+                    doc.sent.get(f).copied().unwrap_or(0),
+                )
+            })
+            .collect(),
+    ));
+    v.counters.push((
+        "arp_guard_probe_send_errors",
+        "Requests of the active census that could not be sent.",
+        vec![(vec![], doc.send_errors)],
+    ));
+    v.gauges.push((
+        "arp_guard_probe_ips",
+        "LB IPs this node asks about, by the verdict of its latest requests (pending, answered, conflict, silent_owner, wrong_interface).",
+        Verdict::ALL
+            .iter()
+            .map(|verdict| {
+                (
+                    vec![("verdict", verdict.as_str().to_owned())],
+                    doc.verdicts.get(verdict).copied().unwrap_or(0) as f64,
+                )
+            })
+            .collect(),
+    ));
+    v.gauges.push((
+        "arp_guard_probe_interval_seconds",
+        "How often each LB IP is asked about now (the configured interval, stretched by the rate caps); 0 while paused.",
+        vec![(
+            vec![],
+            if doc.paused.is_some() {
+                0.0
+            } else {
+                doc.interval_seconds
+            },
+        )],
+    ));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_bad_verdict_has_an_event_of_its_own_and_the_good_ones_none() {
+        let names: Vec<_> = Verdict::ALL.iter().filter_map(|v| event_name(*v)).collect();
+        assert_eq!(
+            names,
+            ["probe_conflict", "silent_owner", "owner_wrong_interface"]
+        );
+        assert_eq!(event_name(Verdict::Answered), None);
+    }
+}

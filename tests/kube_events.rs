@@ -9,15 +9,23 @@
 //!   Warning `SplitBrainSpeaker`, repeats a series of the same Event;
 //! - a forged second MAC claiming the owned IP: Warning `ResponderConflict`
 //!   from the owner, then Normal `ResponderConflictResolved`;
+//! - clients that keep sending to node-b, which does not own the IP: no
+//!   Event while fewer than `--kube-events-stale-clients` are stale, then
+//!   one Warning `StaleClients` naming node-b and the clients;
 //! - a flood stays within the per-stream rate limit;
 //! - `--kube-events=false`: no request for events at all;
 //! - the API refusing events (403): counted, and guarding goes on.
 
-use std::time::Duration;
+use std::{
+    net::{Ipv4Addr, SocketAddr, UdpSocket},
+    time::Duration,
+};
 
 use serde_json::Value;
 use testbed::{
+    cluster_bed::PEER_IP,
     fake_api::{objects, Resource},
+    netns::fmt_mac,
     takeover::{Style, TakeoverBed, LB},
     ArpSpec,
 };
@@ -190,6 +198,130 @@ fn a_forged_claim_of_an_owned_ip_is_a_conflict_then_resolved() {
     assert!(events(&t, "ResponderConflict")
         .iter()
         .all(|e| e["reportingInstance"] == "node-a"));
+}
+
+/// A second client: forged frames from its own MAC and IP on the client's
+/// wire, addressed to node-b's MAC.
+const CLIENT_B: [u8; 6] = [0x02, 0, 0x5e, 0, 0x53, 0xc2];
+const CLIENT_B_IP: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 32);
+
+/// Why node-b treats the IP as it does (its `/status` row's source), the
+/// words the Event quotes.
+fn source_on(t: &TakeoverBed, i: usize) -> String {
+    let (_, body) = (t.bed.nodes[i].ns)
+        .enter(|| Ok(testbed::http_get("127.0.0.1:9477", "/status")))
+        .unwrap();
+    let v: Value = serde_json::from_str(&body).unwrap();
+    (v["ips"].as_array().into_iter().flatten())
+        .find(|r| r["ip"] == LB.to_string())
+        .and_then(|r| r["source"].as_str().map(str::to_owned))
+        .unwrap_or_else(|| panic!("no row for {LB} in {v:#}"))
+}
+
+#[test]
+fn stale_clients_beyond_the_threshold_are_a_warning_naming_the_node() {
+    testbed::require_root();
+    let t = bed(
+        "kev-sc",
+        &[
+            "--stale-client-after",
+            "1s",
+            "--kube-events-stale-clients",
+            "2",
+        ],
+    );
+    let (posts0, _) = settled(&t);
+    let (node_b, peer) = (&t.bed.nodes[1], &t.bed.peer);
+    // The client's own stack: its entry for the IP holds node-b's MAC for
+    // good, so its datagrams reach node-b, which does not own the IP.
+    peer.ip(&[
+        "neigh",
+        "replace",
+        &LB.to_string(),
+        "lladdr",
+        &fmt_mac(&node_b.mac),
+        "dev",
+        "eth0",
+        "nud",
+        "permanent",
+    ])
+    .unwrap();
+    let udp = peer
+        .enter(|| Ok(UdpSocket::bind((Ipv4Addr::UNSPECIFIED, 0))?))
+        .unwrap();
+    let forged = testbed::ip_bytes(CLIENT_B, node_b.mac, CLIENT_B_IP.into(), LB.into(), Some(9));
+    // One round of traffic every 100 ms: the client, and B when `both`.
+    let send = |both: bool| {
+        udp.send_to(b"stale?", SocketAddr::from((LB, 7777)))
+            .unwrap();
+        if both {
+            assert!(t.capture.send(&forged).unwrap());
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let stale = |n: usize| t.guards[1].count_log("stale client:") >= n;
+    // One stale client, below the threshold of two: node-b says so in its
+    // log, and no Event follows (past the 1 s stream interval and the
+    // reader's tick).
+    let one = testbed::wait_for(Duration::from_secs(10), || {
+        send(false);
+        stale(1).then_some(())
+    });
+    assert!(one.is_some(), "{}", t.guards[1].log_text());
+    for _ in 0..25 {
+        send(false);
+    }
+    assert!(
+        events(&t, "StaleClients").is_empty(),
+        "an Event below the threshold: {:#?}",
+        t.bed.api.events()
+    );
+    // A second client goes stale: the threshold is reached.
+    let e = testbed::wait_for(Duration::from_secs(10), || {
+        send(true);
+        events(&t, "StaleClients").into_iter().next()
+    })
+    .unwrap_or_else(|| {
+        panic!(
+            "no StaleClients Event; events: {:#?}\nnode-b:\n{}",
+            t.bed.api.events(),
+            t.guards[1].log_text()
+        )
+    });
+    assert!(stale(2), "{}", t.guards[1].log_text());
+    on_web_from(&e, "node-b");
+    assert_eq!(e["type"], "Warning");
+    assert_eq!(e["action"], "WatchClients");
+    assert_eq!(e["related"]["kind"], "Node");
+    assert_eq!(e["related"]["name"], "node-b");
+    let note = e["note"].as_str().unwrap();
+    // The message: who sends where, why node-b is not the owner, and the
+    // clients, each once (the peer's stack, then B, in the order they went
+    // stale).
+    let head = format!(
+        "clients still send {LB}'s traffic to node-b, which does not own it ({}): ",
+        source_on(&t, 1)
+    );
+    let list = (note.strip_prefix(&head))
+        .and_then(|n| n.strip_suffix("; their neighbour caches hold node-b's MAC"))
+        .unwrap_or_else(|| {
+            panic!("{note}\nnot of the form: {head}...; their neighbour caches hold node-b's MAC")
+        });
+    let client = format!("{PEER_IP} ({})", fmt_mac(&peer.mac("eth0").unwrap()));
+    let b = format!("{CLIENT_B_IP} ({})", fmt_mac(&CLIENT_B));
+    assert_eq!(list.split(", ").collect::<Vec<_>>(), [client, b], "{note}");
+    // The same two keep sending, and make no second Event: one Event, no
+    // series, nothing from node-a (no client reaches it).
+    for _ in 0..25 {
+        send(true);
+    }
+    let all = events(&t, "StaleClients");
+    assert_eq!(all.len(), 1, "{all:#?}");
+    assert!(all[0]["series"].is_null(), "{all:#?}");
+    assert_eq!(t.bed.api.event_requests().0 - posts0, 1);
+    let published = "arp_guard_kube_events_total{reason=\"StaleClients\",outcome=\"published\"}";
+    assert_eq!(testbed::counter(&node_b.ns, published), 1.0);
+    assert_eq!(testbed::counter(&t.bed.nodes[0].ns, published), 0.0);
 }
 
 #[test]

@@ -391,7 +391,10 @@ fn check_presence_rbac(objs: &[Value], ns: &str, sa: &str, ctx: &str) {
 
 /// `promtool check rules` on a PrometheusRule's spec (a rules file).
 fn promtool_check(spec: &Value) {
-    let dir = std::env::temp_dir().join(format!("arp-guard-rules-{}", std::process::id()));
+    // Tests run on threads of one process: a directory of each call's own.
+    static CALLS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let call = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let dir = std::env::temp_dir().join(format!("arp-guard-rules-{}-{call}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let file = dir.join("rules.json");
     std::fs::write(&file, serde_json::to_string(spec).unwrap()).unwrap();
@@ -434,7 +437,31 @@ fn the_whole_directory_adds_monitoring() {
     let dash = named(&objs, "ConfigMap", "arp-guard-dashboard");
     assert_eq!(dash["metadata"]["labels"]["grafana_dashboard"], "1");
     let json = dash["data"]["grafana-dashboard.json"].as_str().unwrap();
-    serde_json::from_str::<Value>(json).expect("the dashboard is JSON");
+    let dash: Value = serde_json::from_str(json).expect("the dashboard is JSON");
+    check_dashboard_queries(&dash);
+}
+
+/// Every panel has its own id, and every query of the dashboard is PromQL
+/// that Prometheus parses: promtool checks them as recording rules.
+fn check_dashboard_queries(dash: &Value) {
+    let panels = dash["panels"].as_array().unwrap();
+    let mut ids: Vec<u64> = panels.iter().map(|p| p["id"].as_u64().unwrap()).collect();
+    ids.sort_unstable();
+    ids.dedup();
+    assert_eq!(ids.len(), panels.len(), "panel ids repeat");
+    let rules: Vec<Value> = (panels.iter())
+        .flat_map(|p| {
+            let id = p["id"].as_u64().unwrap();
+            (p["targets"].as_array().unwrap().iter()).map(move |t| {
+                serde_json::json!({
+                    "record": format!("dashboard:panel{id}:{}", t["refId"].as_str().unwrap()),
+                    "expr": t["expr"],
+                })
+            })
+        })
+        .collect();
+    assert!(rules.len() >= 10);
+    promtool_check(&serde_json::json!({"groups": [{"name": "dashboard", "rules": rules}]}));
 }
 
 #[test]

@@ -5,7 +5,10 @@ use std::time::Duration;
 use clap::Args;
 
 use super::parse_duration;
-use crate::{daemon::KubeEventsConfig, model::kube_events::Limits};
+use crate::{
+    daemon::KubeEventsConfig,
+    model::kube_events::{Limits, MAX_STALE_LISTED},
+};
 
 #[derive(Args, Debug, Clone)]
 pub struct KubeEventsArgs {
@@ -31,8 +34,9 @@ pub struct KubeEventsArgs {
     #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = parse_duration)]
     pub split_brain_after: Duration,
 
-    /// This many stale clients of one LB IP on this node make a StaleClients Event.
-    #[arg(long, value_name = "N", default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    /// This many stale clients of one LB IP on this node make a StaleClients
+    /// Event (at most 8: the clients the Event lists).
+    #[arg(long, value_name = "N", default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=MAX_STALE_LISTED as i64))]
     pub kube_events_stale_clients: u32,
 }
 
@@ -47,5 +51,37 @@ impl KubeEventsArgs {
             split_brain_after: self.split_brain_after,
             stale_clients: self.kube_events_stale_clients as usize,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser as _;
+
+    use crate::cli::{Cli, Command};
+
+    fn run(n: &str) -> Result<Cli, clap::Error> {
+        Cli::try_parse_from([
+            "arp-guard",
+            "run",
+            "--interface",
+            "eth0",
+            "--lb-ips-from",
+            "kube-ipvs0",
+            "--kube-events-stale-clients",
+            n,
+        ])
+    }
+
+    /// A threshold above the clients an Event lists could never be
+    /// reached: refused at start, naming the flag, rather than silent.
+    #[test]
+    fn the_stale_clients_threshold_is_at_most_the_clients_listed() {
+        let Command::Run(args) = run("8").unwrap().command else {
+            panic!("not run")
+        };
+        assert_eq!(args.kube_events.config().stale_clients, 8);
+        let err = run("9").unwrap_err().to_string();
+        assert!(err.contains("--kube-events-stale-clients"), "{err}");
     }
 }

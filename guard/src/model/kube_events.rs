@@ -357,6 +357,11 @@ fn speaker_stopped(
     })
 }
 
+/// At most this many stale clients of one IP are remembered and listed in
+/// the message; so the threshold is at most this too (a larger one could
+/// never be reached: `--kube-events-stale-clients` refuses it).
+pub const MAX_STALE_LISTED: usize = 8;
+
 /// Clients gone stale for one IP on this node, from the threshold on.
 fn stale_client(
     ip: IpAddr,
@@ -373,7 +378,7 @@ fn stale_client(
     let (last, clients) = m.stale.entry(ip).or_insert((now, Vec::new()));
     *last = now;
     let who = format!("{client_ip} ({mac})");
-    if !clients.contains(&who) && clients.len() < 8 {
+    if !clients.contains(&who) && clients.len() < MAX_STALE_LISTED {
         clients.push(who);
     }
     if clients.len() < t.stale_clients.max(1) {

@@ -49,6 +49,7 @@
 //! | `arp_guard_misdirected_frames_total` | counter | outcome (recorded, new_client, insert_failed, other_host) |
 //! | `arp_guard_client_table_entries` | gauge | |
 //! | `arp_guard_client_refreshes_total` | counter | outcome (sent, send_failed, not_foreign, blind, owner_uncertain, own_mac, rate_limited, over_limit; with --refresh-stale-clients) |
+//! | `arp_guard_kube_events_total` | counter | reason, outcome (published, failed, timeout, dropped) |
 
 use std::sync::atomic::Ordering;
 

@@ -105,6 +105,31 @@ fn stale_clients_count_from_the_threshold() {
     assert_eq!(o.reason, Reason::StaleClients);
 }
 
+#[test]
+fn the_largest_stale_clients_threshold_is_reached() {
+    let t = Thresholds {
+        stale_clients: MAX_STALE_LISTED,
+        ..thresholds()
+    };
+    let (mut m, now) = (Memory::default(), Instant::now());
+    let client = |i: usize| Finding::StaleClient {
+        ip: IP.parse().unwrap(),
+        client_ip: format!("198.51.100.{}", 30 + i),
+        mac: format!("02:00:00:00:00:{i:02x}"),
+    };
+    for i in 1..MAX_STALE_LISTED {
+        assert_eq!(judge(&client(i), &facts(false), &t, &mut m, now), None);
+    }
+    let o = judge(&client(MAX_STALE_LISTED), &facts(false), &t, &mut m, now).unwrap();
+    assert_eq!(o.reason, Reason::StaleClients);
+    assert_eq!(
+        o.note.matches(" (02:").count(),
+        MAX_STALE_LISTED,
+        "{}",
+        o.note
+    );
+}
+
 fn occ(reason: Reason) -> Occurrence {
     Occurrence {
         reason,

@@ -229,6 +229,22 @@ fn two_answers_to_one_request_are_a_conflict_naming_the_node_and_the_stranger() 
         "more than one MAC answered one request",
         Duration::from_secs(5),
     );
+    // The CLI: the row, and exit 1.
+    let out = bed.nodes[1]
+        .ns
+        .exec_output(&[
+            &testbed::guard_binary().to_string_lossy(),
+            "status",
+            "--probes",
+        ])
+        .unwrap();
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{table}");
+    let row = table
+        .lines()
+        .find(|l| l.starts_with(&LB.to_string()))
+        .unwrap_or_default();
+    assert!(row.contains("conflict") && row.contains(&node_a), "{table}");
     let e = event(&bed, "ResponderConflict");
     assert_eq!(e["reportingInstance"], "node-b", "{e:#}");
     let note = e["note"].as_str().unwrap();
@@ -385,4 +401,39 @@ fn ipv6_owners_are_asked_with_neighbor_solicitations() {
     let e = verdict(&|e| e["verdict"] == "silent_owner");
     assert_eq!(e["owner"], "node-a", "{e:#}");
     drop(b);
+}
+
+#[test]
+fn a_guard_that_cannot_see_the_api_asks_nothing_and_accuses_nobody() {
+    testbed::require_root();
+    let bed = bed("pbb", &[LB], "node-a");
+    let _b = start(&bed, 1, &[]);
+    verdict_until(&bed, 1, LB, |e| e["verdict"] == "answered");
+    // The API goes away: the feed cannot tell who owns what now.
+    bed.api.set_down(true);
+    let mut last = Value::Null;
+    wait_for(Duration::from_secs(20), || {
+        last = probes(&bed, 1).unwrap_or_default();
+        last["paused"].is_string().then_some(())
+    })
+    .unwrap_or_else(|| panic!("never paused: {last:#}"));
+    // The owner stops answering meanwhile: no request goes out, and no
+    // verdict is drawn from the silence.
+    bed.nodes[0]
+        .ns
+        .ip(&["addr", "del", &format!("{LB}/32"), "dev", "kube-ipvs0"])
+        .unwrap();
+    let wire = RawSocket::open(&bed.peer, "eth0").unwrap();
+    wire.drain();
+    let seen = requests(&wire.collect_arp(Duration::from_secs(4)).unwrap());
+    assert!(seen.is_empty(), "requests while blind: {seen:?}");
+    let e = probes(&bed, 1).unwrap()["ips"][LB.to_string()].clone();
+    assert_eq!(e["verdict"], "answered", "{e:#}");
+    assert_eq!(
+        testbed::counter(&bed.nodes[1].ns, "arp_guard_probe_interval_seconds"),
+        0.0
+    );
+    // Seeing again, it asks and finds the owner silent.
+    bed.api.set_down(false);
+    verdict_until(&bed, 1, LB, |e| e["verdict"] == "silent_owner");
 }

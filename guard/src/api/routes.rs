@@ -141,11 +141,17 @@ async fn metrics_route(State(shared): State<Arc<Shared>>) -> Response {
             presence_nodes: st.presence.as_ref().map(|p| {
                 let doc = super::cluster::ClusterDoc::of(Some(p), unix_now() as i64);
                 let expired = doc.guards.iter().filter(|g| g.expired).count();
-                vec![
+                let mut v = vec![
                     ("live", (doc.guards.len() - expired) as f64),
                     ("expired", expired as f64),
-                    ("uncovered", doc.uncovered.map_or(0, |u| u.len()) as f64),
-                ]
+                ];
+                // Unknown (Nodes not read) is no series at all, not 0: the
+                // alert takes the lowest count across guards, and a 0 from
+                // a guard that cannot see would silence it.
+                if let Some(u) = doc.uncovered {
+                    v.push(("uncovered", u.len() as f64));
+                }
+                v
             }),
             probes: st.probes.as_ref(),
         })

@@ -65,8 +65,13 @@ impl ProbeArgs {
 pub struct StatusArgs {
     /// Every guard of the cluster instead: nodes with a live guard (mode,
     /// health, MACs, age of their record) and nodes without one.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "probes")]
     pub cluster: bool,
+    /// The active census instead: the LB IPs this node asks about, who
+    /// answered, and the verdicts (exit 1 for a conflict, a silent owner or
+    /// a wrong interface).
+    #[arg(long)]
+    pub probes: bool,
     #[command(flatten)]
     pub client: ClientArgs,
 }

@@ -9,6 +9,7 @@ mod clients;
 mod cluster;
 mod doctor;
 mod probe;
+mod probes;
 mod query;
 
 use std::time::Duration;
@@ -21,10 +22,12 @@ pub use doctor::doctor;
 pub use probe::probe;
 pub use query::{events, explain, responders};
 
-/// `arp-guard status [--cluster]`.
+/// `arp-guard status [--cluster | --probes]`.
 pub async fn status(args: &crate::cli::StatusArgs) -> Result<()> {
     if args.cluster {
         cluster::cluster(&args.client).await
+    } else if args.probes {
+        probes::probes(&args.client).await
     } else {
         query::status(&args.client).await
     }

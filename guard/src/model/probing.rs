@@ -114,12 +114,20 @@ impl Pace {
 /// finaliser so that close names and IPs land far apart). The same on
 /// every node and every version: a change would move every IP's askers.
 pub fn score(node: &str, ip: IpAddr) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    let ip_bytes: Vec<u8> = match ip {
-        IpAddr::V4(a) => a.octets().to_vec(),
-        IpAddr::V6(a) => a.octets().to_vec(),
+    hash(node.bytes().chain([0]).chain(ip_bytes(ip)))
+}
+
+fn ip_bytes(ip: IpAddr) -> impl Iterator<Item = u8> {
+    let (v4, v6) = match ip {
+        IpAddr::V4(a) => (Some(a.octets()), None),
+        IpAddr::V6(a) => (None, Some(a.octets())),
     };
-    for b in node.bytes().chain([0]).chain(ip_bytes) {
+    v4.into_iter().flatten().chain(v6.into_iter().flatten())
+}
+
+fn hash(bytes: impl Iterator<Item = u8>) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in bytes {
         h ^= u64::from(b);
         h = h.wrapping_mul(0x0000_0100_0000_01b3);
     }
@@ -394,8 +402,11 @@ impl Tracker {
 /// When each asked IP is due, and how many requests may go now.
 #[derive(Debug, Clone, Default)]
 pub struct Schedule {
-    /// IP -> next request (ns on the caller's clock).
-    due: BTreeMap<IpAddr, u64>,
+    /// IP -> next request (ns on the caller's clock), and the same ordered
+    /// by time: taking the due ones costs what is taken, not one look at
+    /// every IP per tick.
+    at: BTreeMap<IpAddr, u64>,
+    queue: BTreeSet<(u64, IpAddr)>,
     /// Requests this node may still send (a bucket refilled at the node's
     /// rate, at most one second's worth).
     tokens: f64,
@@ -407,13 +418,27 @@ impl Schedule {
     /// spread over one interval (so that a start or a move does not send a
     /// burst), a dropped one is forgotten.
     pub fn follow(&mut self, asked: &BTreeSet<IpAddr>, interval: Duration, now_ns: u64, seed: u64) {
-        self.due.retain(|ip, _| asked.contains(ip));
+        let queue = &mut self.queue;
+        self.at.retain(|ip, t| {
+            let keep = asked.contains(ip);
+            if !keep {
+                queue.remove(&(*t, *ip));
+            }
+            keep
+        });
         let span = interval.as_nanos().max(1) as u64;
         for ip in asked {
-            self.due
-                .entry(*ip)
-                .or_insert_with(|| now_ns + spread(seed, *ip, span));
+            if !self.at.contains_key(ip) {
+                self.set(*ip, now_ns + spread(seed, *ip, span));
+            }
         }
+    }
+
+    fn set(&mut self, ip: IpAddr, t: u64) {
+        if let Some(old) = self.at.insert(ip, t) {
+            self.queue.remove(&(old, ip));
+        }
+        self.queue.insert((t, ip));
     }
 
     /// The IPs due now, at most as many as the bucket allows at `node_max`
@@ -430,20 +455,21 @@ impl Schedule {
         let elapsed = now_ns.saturating_sub(self.last_ns) as f64 / 1e9;
         self.tokens = (self.tokens + elapsed * rate).min(rate);
         self.last_ns = now_ns;
-        let mut due: Vec<(u64, IpAddr)> = (self.due.iter())
-            .filter(|(_, at)| **at <= now_ns)
-            .map(|(ip, at)| (*at, *ip))
-            .collect();
-        due.sort();
-        let n = (self.tokens.floor() as usize).min(due.len());
-        self.tokens -= n as f64;
         let span = interval.as_nanos().max(1) as u64;
-        let out: Vec<IpAddr> = due.into_iter().take(n).map(|(_, ip)| ip).collect();
-        for ip in &out {
-            // +-10 %: the two askers of an IP drift apart, and no two IPs
-            // stay in step for long.
-            let jitter = spread(seed ^ now_ns, *ip, span / 5);
-            self.due.insert(*ip, now_ns + span - span / 10 + jitter);
+        let mut out = Vec::new();
+        while self.tokens >= 1.0 {
+            match self.queue.first() {
+                Some((t, ip)) if *t <= now_ns => {
+                    let ip = *ip;
+                    self.tokens -= 1.0;
+                    // +-10 %: the two askers of an IP drift apart, and no
+                    // two IPs stay in step for long.
+                    let jitter = spread(seed ^ now_ns, ip, span / 5);
+                    self.set(ip, now_ns + span - span / 10 + jitter);
+                    out.push(ip);
+                }
+                _ => break,
+            }
         }
         out
     }
@@ -451,7 +477,7 @@ impl Schedule {
 
 /// A point in `[0, span)` for `ip`, from `seed`.
 fn spread(seed: u64, ip: IpAddr, span: u64) -> u64 {
-    score(&seed.to_string(), ip) % span.max(1)
+    hash(seed.to_le_bytes().into_iter().chain(ip_bytes(ip))) % span.max(1)
 }
 
 #[cfg(test)]
@@ -503,6 +529,17 @@ mod tests {
                 assert_eq!(before, after, "{i} moved although node-3 did not ask it");
             }
         }
+    }
+
+    #[test]
+    fn the_rank_is_the_same_on_every_node_and_every_version() {
+        // Pinned (computed apart from this code): a change would move the
+        // askers of every IP in a cluster running two versions.
+        assert_eq!(score("node-a", ip(100)), 6_607_494_431_927_708_381);
+        assert_eq!(
+            score("node-b", "fd00::100".parse().unwrap()),
+            15_400_060_293_550_135_842
+        );
     }
 
     #[test]

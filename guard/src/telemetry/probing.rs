@@ -135,6 +135,8 @@ struct Runner {
     interval: Duration,
     planned_ns: Option<u64>,
     doc: ProbesDoc,
+    /// A verdict changed since the IPs were last copied into `doc`.
+    changed: bool,
 }
 
 impl Runner {
@@ -160,11 +162,12 @@ impl Runner {
             owners: BTreeMap::new(),
             planned_ns: None,
             doc,
+            changed: false,
         }
     }
 
     fn run(mut self) {
-        let mut published_ns = 0;
+        let (mut published_ns, mut copied_ns) = (0, 0);
         loop {
             std::thread::sleep(TICK);
             let now = monotonic_ns();
@@ -184,7 +187,14 @@ impl Runner {
                 if self.doc.paused.is_none() {
                     self.judge(now);
                 }
-                self.doc.ips = self.tracker.ips.clone();
+                // The table is copied when a verdict changed, else every
+                // 10 s (its counts of requests may lag that much): a copy
+                // of tens of thousands of IPs every second would cost more
+                // than the asking.
+                if self.changed || now.saturating_sub(copied_ns) >= 10_000_000_000 {
+                    self.doc.ips = self.tracker.ips.clone();
+                    (self.changed, copied_ns) = (false, now);
+                }
                 self.doc.verdicts = self.tracker.counts();
                 (self.t.publish)(self.doc.clone());
             }
@@ -307,6 +317,7 @@ impl Runner {
                 self.t.pace.silent_after,
             );
             if let Some(c) = change {
+                self.changed = true;
                 logged += 1;
                 report(&c, &owner_macs, &self.t.events, logged <= LOG_PER_ROUND);
             }
@@ -340,6 +351,11 @@ fn report(c: &Change, owner: &OwnerMacs, events: &broadcast::Sender<String>, log
         // No subscriber is fine.
         let _ = events.send(line.to_string());
     };
+    if c.to == Verdict::Pending {
+        // A new owner: the old verdict is void, not resolved.
+        tracing::debug!(target: "arp_guard::probing", lb_ip = %c.ip, owner = ?c.owner, was = c.from.as_str(), "probe verdict reset: the owner changed");
+        return;
+    }
     if let Some(e) = event_name(c.from) {
         send(format!("{e}_ended"));
         if log {

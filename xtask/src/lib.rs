@@ -6,6 +6,7 @@ use std::{path::PathBuf, process::Command};
 pub mod bench;
 pub mod image;
 pub mod oci;
+pub mod phases;
 pub mod promtool;
 pub mod setup;
 pub mod vm;

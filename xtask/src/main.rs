@@ -38,6 +38,61 @@ enum Task {
     VmTest(xtask::vm::VmArgs),
 }
 
+/// `cargo xtask test`: every check CI runs, each a timed phase.
+fn test_all(p: &mut xtask::phases::Phases, args: Vec<String>) -> Result<()> {
+    p.phase("setup", |_| xtask::setup::setup())?;
+    p.phase("fmt --check", |_| {
+        let mut fmt = cargo();
+        fmt.args(["fmt", "--all", "--", "--check"]);
+        run(&mut fmt)
+    })?;
+    // The house's shape: file and function sizes, layers, no import cycle.
+    p.phase("shape", |_| {
+        run(Command::new("python3")
+            .arg(workspace_root().join("scripts/shape.py"))
+            .current_dir(workspace_root()))
+    })?;
+    p.phase("clippy", |_| {
+        let mut clippy = cargo();
+        clippy.args([
+            "clippy",
+            "--workspace",
+            "--all-targets",
+            "--",
+            "-D",
+            "warnings",
+        ]);
+        run(&mut clippy)
+    })?;
+    p.phase("build", |_| {
+        let mut build = cargo();
+        build.args(["build", "-p", "guard"]);
+        run(&mut build)
+    })?;
+    p.phase("tests (build and run)", |p| {
+        let mut test = cargo();
+        test.args(["test", "--workspace", "--no-fail-fast", "--"])
+            .args(&args);
+        test.env("ARP_GUARD_BIN", guard_binary());
+        p.cargo_test(test)
+    })?;
+    // The same tests on Debian 12's kernel (no TCX: the netlink
+    // fallback), with the devices this machine's kernel lacks.
+    p.phase("VM lane 6.1", |_| {
+        xtask::vm::vm_test(&xtask::vm::VmArgs::lane("6.1"))
+    })?;
+    // Every bench in its short form, so that none can rot; the
+    // numbers are printed, never asserted.
+    p.phase("benches (short)", |_| {
+        xtask::bench::bench(&xtask::bench::BenchArgs {
+            short: true,
+            only: Vec::new(),
+            baseline: None,
+            out: None,
+        })
+    })
+}
+
 fn guard_binary() -> PathBuf {
     target_dir().join("debug").join("arp-guard")
 }
@@ -59,43 +114,10 @@ fn task(task: Task) -> Result<()> {
         Task::Bench(args) => xtask::bench::bench(&args),
         Task::VmTest(args) => xtask::vm::vm_test(&args),
         Task::Test { args } => {
-            xtask::setup::setup()?;
-            let mut fmt = cargo();
-            fmt.args(["fmt", "--all", "--", "--check"]);
-            run(&mut fmt)?;
-            // The house's shape: file and function sizes, layers, no import cycle.
-            run(Command::new("python3")
-                .arg(workspace_root().join("scripts/shape.py"))
-                .current_dir(workspace_root()))?;
-            let mut clippy = cargo();
-            clippy.args([
-                "clippy",
-                "--workspace",
-                "--all-targets",
-                "--",
-                "-D",
-                "warnings",
-            ]);
-            run(&mut clippy)?;
-            let mut build = cargo();
-            build.args(["build", "-p", "guard"]);
-            run(&mut build)?;
-            let mut test = cargo();
-            test.args(["test", "--workspace", "--no-fail-fast", "--"])
-                .args(args);
-            test.env("ARP_GUARD_BIN", guard_binary());
-            run(&mut test)?;
-            // The same tests on Debian 12's kernel (no TCX: the netlink
-            // fallback), with the devices this machine's kernel lacks.
-            xtask::vm::vm_test(&xtask::vm::VmArgs::lane("6.1"))?;
-            // Every bench in its short form, so that none can rot; the
-            // numbers are printed, never asserted.
-            xtask::bench::bench(&xtask::bench::BenchArgs {
-                short: true,
-                only: Vec::new(),
-                baseline: None,
-                out: None,
-            })
+            let mut phases = xtask::phases::Phases::default();
+            let r = test_all(&mut phases, args);
+            eprint!("{}", phases.report());
+            r
         }
         Task::Lab { duration } => {
             // SAFETY: geteuid has no preconditions.

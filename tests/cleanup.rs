@@ -50,16 +50,6 @@ fn guarded(bed: &Bed) -> bool {
     .is_none()
 }
 
-/// Whether a guard program is attached to the node's eth0, asked of the
-/// kernel (TCX query, else arp-guard's netlink filter), not of an API or of
-/// pins.
-fn attached(bed: &Bed) -> bool {
-    let bin = testbed::guard_binary();
-    let mut cmd = vec![bin.to_str().unwrap(), "counters", "-i", "eth0"];
-    cmd.extend(["--api", "127.0.0.1:1", "--pin-dir", "/nonexistent"]);
-    bed.node.exec(&cmd).is_ok()
-}
-
 /// A guard as the DaemonSet runs it: pinned (on a private bpffs), left
 /// attached when it exits.
 fn pinned_guard(tag: &str) -> (Bed, Bpffs, std::path::PathBuf, Daemon) {
@@ -85,7 +75,7 @@ fn the_cleanup_waits_for_the_guard_then_removes_everything_and_stays() {
     // The guard still runs: the clean-up waits and touches nothing.
     std::thread::sleep(Duration::from_millis(1500));
     assert!(dir.exists(), "{}", cleanup.log_text());
-    assert!(guarded(&bed) && attached(&bed));
+    assert!(guarded(&bed) && bed.guard_attached());
     assert_eq!(cleanup.count_log("removed"), 0, "{}", cleanup.log_text());
 
     // The guard's pod ends (rolling delete): it leaves everything behind...
@@ -100,7 +90,7 @@ fn the_cleanup_waits_for_the_guard_then_removes_everything_and_stays() {
         "{log}"
     );
     assert!(!dir.exists(), "{log}");
-    assert!(!attached(&bed), "{log}");
+    assert!(!bed.guard_attached(), "{log}");
     assert!(!guarded(&bed), "nothing guards any more");
     // It stays (Ready) until the DaemonSet is deleted, then exits cleanly.
     assert!(
@@ -126,6 +116,6 @@ fn the_cleanup_never_pulls_the_pins_from_a_running_guard() {
         log.contains(&format!("arp-guard pid {} holds --pin-dir", guard.pid())),
         "names the guard: {log}"
     );
-    assert!(dir.join("map_LB_IPS").exists() && attached(&bed));
+    assert!(dir.join("map_LB_IPS").exists() && bed.guard_attached());
     assert!(guarded(&bed), "the guard keeps guarding");
 }

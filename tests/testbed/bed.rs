@@ -185,6 +185,26 @@ impl Bed {
         Ok(out)
     }
 
+    /// The peer's cache flushed, it asks for `ip`: the MAC it learned
+    /// within 3 s, if any.
+    pub fn resolve(&self, ip: &str) -> Option<[u8; 6]> {
+        self.peer.flush_neigh("eth0").ok()?;
+        self.peer.poke(ip).ok()?;
+        crate::wait_for(std::time::Duration::from_secs(3), || {
+            self.peer.cached_mac("eth0", ip).ok().flatten()
+        })
+    }
+
+    /// Whether a guard program is attached to the node's eth0, asked of the
+    /// kernel (TCX query, else arp-guard's netlink filter), not of an API or
+    /// of pins.
+    pub fn guard_attached(&self) -> bool {
+        let bin = guard_binary();
+        let mut cmd = vec![bin.to_str().unwrap_or_default(), "counters", "-i", "eth0"];
+        cmd.extend(["--api", "127.0.0.1:1", "--pin-dir", "/nonexistent"]);
+        self.node.exec(&cmd).is_ok()
+    }
+
     pub fn total(&self, name: &str) -> Result<u64> {
         self.counters()?["totals"][name]
             .as_u64()

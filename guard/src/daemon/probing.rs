@@ -80,7 +80,13 @@ impl Daemon {
             node: self.node.clone(),
             pace,
             plan: Box::new(move || plan_of(&plan, stale_after)),
-            facts: Box::new(move |ips| facts_of(&facts.read(), ips)),
+            facts: Box::new(move |ips| {
+                let st = facts.read();
+                Facts {
+                    blind: blind(&facts, &st, stale_after),
+                    ..facts_of(&st, ips)
+                }
+            }),
             publish: Box::new(move |doc| publish.write().probes = Some(doc)),
             events: self.shared.events.clone(),
         });
@@ -125,6 +131,10 @@ fn facts_of(st: &ApiState, ips: &BTreeSet<IpAddr>) -> Facts {
     Facts {
         claims: st.census.as_ref().map(|c| c.claims.clone()),
         known: table.as_ref().map(|t| t.macs(now)).unwrap_or_default(),
+        owner_now: (ips.iter())
+            .map(|ip| (*ip, st.ips.get(ip).and_then(|e| e.owner.clone())))
+            .collect(),
+        blind: None,
         owners: (ips.iter())
             .filter_map(|ip| {
                 let owner = st.ips.get(ip)?.owner.as_deref()?;

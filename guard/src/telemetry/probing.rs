@@ -70,6 +70,10 @@ pub struct Facts {
     pub known: BTreeMap<[u8; 6], (String, String)>,
     /// The owner's MACs for each IP asked.
     pub owners: BTreeMap<IpAddr, OwnerMacs>,
+    /// The owner of each IP asked, now (None: no owner named).
+    pub owner_now: BTreeMap<IpAddr, Option<String>>,
+    /// Why nothing may be judged now, if so (as [`Plan::blind`]).
+    pub blind: Option<&'static str>,
 }
 
 /// The active census as the API serves it (`/probes`).
@@ -290,6 +294,13 @@ impl Runner {
         }
         let ips: BTreeSet<IpAddr> = ready.iter().map(|p| p.ip).collect();
         let facts = (self.t.facts)(&ips);
+        if let Some(why) = facts.blind {
+            // Blind since the last plan: these answers are not judged, and
+            // nothing more is sent until the next plan says it may.
+            self.doc.paused = Some(why.to_owned());
+            self.planned_ns = None;
+            return;
+        }
         let Some(claims) = &facts.claims else {
             return;
         };
@@ -300,7 +311,12 @@ impl Runner {
         }
         let presence = self.plan.live.is_some();
         let mut logged = 0;
-        for p in ready {
+        // An IP whose owner changed since its request was sent is asked
+        // again under the new owner, not judged against it.
+        for p in ready
+            .into_iter()
+            .filter(|p| facts.owner_now.get(&p.ip) == Some(&p.owner))
+        {
             let macs: BTreeSet<[u8; 6]> = (by_ip.get(&p.ip).into_iter().flatten())
                 .filter(|c| c.last_ns >= p.sent_ns && p.ifindexes.contains(&c.ifindex))
                 .filter(|c| !local.contains(&c.mac))

@@ -10,7 +10,9 @@ pub use crate::{
     api::{client::get_blocking as get, HEADER_TIMEOUT, MAX_CONNECTIONS},
     datapath::{maps::ApplyReport, monotonic_ns, Datapath, DatapathConfig, Gate},
     model::{
-        probing::askers as probe_askers,
+        probing::{
+            askers as probe_askers, asks as probe_asks, request_frame as probe_request_frame, Pace,
+        },
         view::{LbIp, Provenance, View},
     },
     sources::{
@@ -19,6 +21,21 @@ pub use crate::{
     },
     telemetry::{counters::Snapshot, metrics::NAMES as METRIC_NAMES},
 };
+
+/// The active census's pace as `run` builds it from the `--probe-*` flags
+/// `args` (none: the defaults); None when `--probe-interval 0` turns it off.
+/// What the probing bench computes its tables with, so that they follow the
+/// flags' defaults.
+pub fn probe_pace(args: &[&str]) -> Result<Option<Pace>, String> {
+    #[derive(clap::Parser)]
+    struct Flags {
+        #[command(flatten)]
+        presence: crate::cli::PresenceArgs,
+    }
+    let flags = <Flags as clap::Parser>::try_parse_from(std::iter::once(&"arp-guard").chain(args))
+        .map_err(|e| e.to_string())?;
+    Ok(flags.presence.probing.pace())
+}
 
 /// Load the guard program (not attached) with the daemon's defaults in
 /// `mode` and `leak_action`.

@@ -27,6 +27,7 @@ pub const BENCHES: &[&str] = &[
     "cluster_feed",
     "alternatives",
     "takeover",
+    "probing",
 ];
 
 #[derive(Debug, clap::Args)]

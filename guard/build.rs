@@ -1,7 +1,85 @@
+//! Builds guard-ebpf for the BPF target (aya-build: the pinned nightly and
+//! bpf-linker) and leaves the object in OUT_DIR.
+//!
+//! aya-build passes every line of the nested cargo's output up as
+//! `cargo:warning=`, so a good build would print some sixty "warnings" that
+//! are not. The build therefore runs in a second process of this build
+//! script, whose output is read here: cargo's instructions
+//! (`rerun-if-changed` and the like) go through unchanged; the nested build's
+//! lines are printed only when it fails (all of them, on stderr, which cargo
+//! shows under the failed build script) or when
+//! `ARP_GUARD_BUILD_VERBOSE=1` asks for them (as warnings, as before).
+
+use std::process::{Command, ExitCode};
+
 use anyhow::{anyhow, Context as _};
 use aya_build::{Package, Toolchain};
 
-fn main() -> anyhow::Result<()> {
+/// Set in the second process: it runs the build itself.
+const INNER: &str = "ARP_GUARD_BUILD_INNER";
+/// Print the nested build's output also when it succeeds.
+const VERBOSE: &str = "ARP_GUARD_BUILD_VERBOSE";
+
+fn main() -> ExitCode {
+    if std::env::var_os(INNER).is_some() {
+        return match build_ebpf() {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                // aya-build relays the nested cargo's stderr from a thread
+                // it does not join when the build fails: give it a moment
+                // to pass on the last lines (cargo's own error among them).
+                std::thread::sleep(std::time::Duration::from_millis(200));
+                eprintln!("error: {e:#}");
+                ExitCode::FAILURE
+            }
+        };
+    }
+    println!("cargo:rerun-if-env-changed={VERBOSE}");
+    let verbose = std::env::var(VERBOSE).is_ok_and(|v| v == "1" || v == "true");
+    match relay(verbose) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Run the build in a second process and pass its output on as described
+/// at the top of this file.
+fn relay(verbose: bool) -> anyhow::Result<()> {
+    let me = std::env::current_exe().context("the build script's own path")?;
+    let out = Command::new(&me)
+        .env(INNER, "1")
+        .output()
+        .with_context(|| format!("running {}", me.display()))?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let mut said = Vec::new();
+    for line in stdout.lines() {
+        match line.strip_prefix("cargo:warning=") {
+            Some(text) => said.push(text),
+            None => println!("{line}"),
+        }
+    }
+    if !out.status.success() {
+        for line in &said {
+            eprintln!("{line}");
+        }
+        eprint!("{}", String::from_utf8_lossy(&out.stderr));
+        return Err(anyhow!(
+            "building guard-ebpf for BPF failed ({}); its output is above",
+            out.status
+        ));
+    }
+    if verbose {
+        for line in &said {
+            println!("cargo:warning={line}");
+        }
+    }
+    Ok(())
+}
+
+fn build_ebpf() -> anyhow::Result<()> {
     let cargo_metadata::Metadata { packages, .. } = cargo_metadata::MetadataCommand::new()
         .no_deps()
         .exec()

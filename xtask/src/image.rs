@@ -254,7 +254,7 @@ pub fn build(arch: Arch) -> Result<PathBuf> {
             );
         c
     };
-    cmd.args(["--release", "--locked", "-p", "guard", "--target", &triple])
+    cmd.args(build_args(&triple))
         .env(
             format!("CARGO_TARGET_{}_RUSTFLAGS", env_triple.to_uppercase()),
             RUSTFLAGS,
@@ -262,7 +262,18 @@ pub fn build(arch: Arch) -> Result<PathBuf> {
         .env("CARGO_TARGET_DIR", target_dir())
         .current_dir(workspace_root());
     setup::run(&mut cmd)?;
-    Ok(target_dir().join(&triple).join("release").join("arp-guard"))
+    Ok(target_dir().join(built_binary(&triple)))
+}
+
+/// What follows `cargo build` for `triple`; the Dockerfile's build stage
+/// runs the same (a unit test compares them).
+pub fn build_args(triple: &str) -> [&str; 6] {
+    ["--release", "--locked", "-p", "guard", "--target", triple]
+}
+
+/// Where [`build_args`] leave the binary, under the target directory.
+pub fn built_binary(triple: &str) -> String {
+    format!("{triple}/release/arp-guard")
 }
 
 /// An ELF for `arch` without a program interpreter (statically linked).
@@ -396,6 +407,108 @@ mod tests {
         }
         let last_from = text.lines().rfind(|l| l.starts_with("FROM "));
         assert_eq!(last_from, Some("FROM scratch"));
+    }
+
+    /// The instructions of the Dockerfile's stage `name` (`FROM ... AS
+    /// name`), continuation lines joined, comments dropped.
+    fn stage(text: &str, name: &str) -> Vec<String> {
+        let mut out: Vec<String> = Vec::new();
+        let mut inside = false;
+        let mut open = false;
+        for line in text.lines().map(str::trim).filter(|l| !l.starts_with('#')) {
+            if line.starts_with("FROM ") {
+                inside = line.ends_with(&format!(" AS {name}"));
+                continue;
+            }
+            if !inside || line.is_empty() {
+                continue;
+            }
+            let (body, more) = match line.strip_suffix('\\') {
+                Some(b) => (b.trim(), true),
+                None => (line, false),
+            };
+            match out.last_mut() {
+                Some(last) if open => {
+                    last.push(' ');
+                    last.push_str(body);
+                }
+                _ => out.push(body.to_owned()),
+            }
+            open = more;
+        }
+        out
+    }
+
+    /// Days since the epoch of a `YYYY-MM-DD` date (days-from-civil, H. Hinnant).
+    fn days(date: &str) -> i64 {
+        let n: Vec<i64> = date.split('-').map(|p| p.parse().unwrap()).collect();
+        let (y, m, d) = (n[0] - i64::from(n[1] <= 2), n[1], n[2]);
+        let era = y.div_euclid(400);
+        let yoe = y - era * 400;
+        let doy = (153 * (m + if m > 2 { -3 } else { 9 }) + 2) / 5 + d - 1;
+        let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+        era * 146_097 + doe - 719_468
+    }
+
+    /// The Dockerfile's build stage runs the build `cargo xtask image` runs:
+    /// the same `cargo build` arguments, flags for the target only, the
+    /// binary taken from where that build leaves it, and the tool chain
+    /// `cargo xtask setup` installs (nightly, LLVM, bpf-linker).
+    #[test]
+    fn dockerfile_build_stage_runs_the_image_build() {
+        let text = std::fs::read_to_string(workspace_root().join("Dockerfile")).unwrap();
+        let build = stage(&text, "build");
+        let run = build
+            .iter()
+            .find(|i| i.starts_with("RUN ") && i.contains("cargo build"))
+            .unwrap_or_else(|| panic!("no `cargo build` in the build stage: {build:#?}"));
+        let (_, after) = run.split_once("cargo build").unwrap();
+        let words: Vec<&str> = after
+            .split("&&")
+            .next()
+            .unwrap()
+            .split_whitespace()
+            .map(|w| w.trim_matches('"'))
+            .collect();
+        let triple = "${triple}";
+        assert_eq!(words, build_args(triple), "{run}");
+        let native = Arch::Amd64
+            .triple()
+            .replace(Arch::Amd64.cpu(), "$(uname -m)");
+        assert!(run.contains(&format!("triple=\"{native}\"")), "{run}");
+        assert!(run.contains(&format!("_RUSTFLAGS={RUSTFLAGS}\"")), "{run}");
+        assert!(
+            run.contains(&format!(
+                "\"target/{}\" /out/arp-guard",
+                built_binary(triple)
+            )),
+            "{run}"
+        );
+        let all = build.join("\n");
+        let has = |s: &str| assert!(all.contains(s), "the build stage lacks {s:?}:\n{all}");
+        let llvm = setup::LLVM_PREFIX.rsplit('-').next().unwrap();
+        has(&format!("llvm-{llvm}-dev"));
+        has(&format!("LLVM_PREFIX={}", setup::LLVM_PREFIX));
+        has(&format!("--features llvm-{llvm}"));
+        has("cargo install bpf-linker --version \"${BPF_LINKER_VERSION}\"");
+        has("--component rust-src");
+        has("guard-ebpf/rust-toolchain.toml");
+        // A nightly is named for the day after its commit date.
+        let nightly = all
+            .lines()
+            .find_map(|l| l.strip_prefix("ARG NIGHTLY=nightly-"))
+            .expect("ARG NIGHTLY=nightly-<date>");
+        assert_eq!(days(nightly), days(setup::NIGHTLY_DATE) + 1, "{nightly}");
+    }
+
+    #[test]
+    fn days_from_civil() {
+        assert_eq!(days("1970-01-01"), 0);
+        assert_eq!(days("2000-03-01"), 11_017);
+        assert_eq!(
+            oci::rfc3339(days("2026-05-20") * 86_400),
+            "2026-05-20T00:00:00Z"
+        );
     }
 
     #[test]

@@ -7,9 +7,9 @@ use anyhow::{bail, Context as _, Result};
 
 /// The bpf-linker release whose LLVM matches the pinned nightly's LLVM 22.
 pub const BPF_LINKER_VERSION: &str = "0.13.0";
-const LLVM_PREFIX: &str = "/usr/lib/llvm-22";
+pub const LLVM_PREFIX: &str = "/usr/lib/llvm-22";
 /// The commit date of the nightly the eBPF build was checked with.
-const NIGHTLY_DATE: &str = "2026-05-19";
+pub const NIGHTLY_DATE: &str = "2026-05-19";
 
 /// The channel pinned in guard-ebpf/rust-toolchain.toml (guard/build.rs
 /// reads the same line).

@@ -7,9 +7,10 @@
 #     --build-arg CREATED="$(date -u -d @"$(git log -1 --format=%ct)" +%Y-%m-%dT%H:%M:%SZ)" .
 #
 # The same image `cargo xtask image` writes offline (xtask/src/image.rs and
-# xtask/src/oci.rs): FROM scratch, one file, /usr/local/bin/arp-guard, static
+# xtask/src/oci.rs): FROM scratch, the binary /usr/local/bin/arp-guard, static
 # (glibc with crt-static: the musl rust-std is not installable on the project's
-# machines) and stripped; user 0:0; the same entrypoint, command and labels.
+# machines) and stripped, and Debian's CA bundle; user 0:0; the same
+# entrypoint, command and labels.
 # Keep the two in step (a unit test in xtask/src/image.rs compares them).
 #
 # Not built on the project's machines: they reach no container registry, so the
@@ -61,6 +62,10 @@ LABEL org.opencontainers.image.title="arp-guard" \
       org.opencontainers.image.revision="${REVISION}" \
       org.opencontainers.image.created="${CREATED}"
 COPY --from=build /out/arp-guard /usr/local/bin/arp-guard
+# Debian's CA bundle (the rust image has ca-certificates): the roots for a
+# kubeconfig that names no CA (an API server with a publicly signed
+# certificate).
+COPY --from=build /etc/ssl/certs/ca-certificates.crt /etc/ssl/certs/ca-certificates.crt
 ENV PATH=/usr/local/bin
 # Root, with only the capabilities the DaemonSet adds: the daemon needs
 # CAP_BPF, CAP_PERFMON and CAP_NET_ADMIN, which a non-root process loses at

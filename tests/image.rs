@@ -17,12 +17,16 @@ use std::{path::Path, time::Duration};
 
 use testbed::{
     bed::{Bed, Bpffs, TempDir, FOREIGN, NODE, OTHER, OWNED},
+    cluster_bed::ClusterBed,
     container::{image_archive, runtime_default_seccomp, Container, Podman},
     deploy::Security,
+    fake_api::{objects, Resource},
     wait_for, wait_until,
 };
 
 const VERSION: &str = env!("CARGO_PKG_VERSION");
+/// Where the image carries Debian's CA bundle (xtask/src/image.rs CA_BUNDLE).
+const CA_BUNDLE: &str = "/etc/ssl/certs/ca-certificates.crt";
 
 /// Load the image into a fresh store; (store, image name).
 fn loaded(tag: &str) -> (Podman, String) {
@@ -108,7 +112,8 @@ fn image_is_only_the_static_binary_and_answers_version_and_validate() {
         assert!(v.as_str().is_some_and(|s| !s.is_empty()), "{key}: {labels}");
     }
 
-    // Its file system: the binary and the directories leading to it.
+    // Its file system: the binary, Debian's CA bundle and the directories
+    // leading to them.
     let dir = TempDir::new("image-fs").unwrap();
     let export = dir.path().join("rootfs.tar");
     podman
@@ -123,13 +128,23 @@ fn image_is_only_the_static_binary_and_answers_version_and_validate() {
         .output()
         .unwrap();
     let list = String::from_utf8_lossy(&list.stdout);
-    let files: Vec<&str> = list
+    let mut files: Vec<&str> = list
         .lines()
         .filter(|l| !l.starts_with('d'))
         .filter_map(|l| l.split_whitespace().last())
         .collect();
+    files.sort();
     // (A runtime may add empty mount points, never files.)
-    assert_eq!(files, ["usr/local/bin/arp-guard"], "{list}");
+    assert_eq!(
+        files,
+        [CA_BUNDLE.trim_start_matches('/'), "usr/local/bin/arp-guard"],
+        "{list}"
+    );
+    let bundle = list
+        .lines()
+        .find(|l| l.ends_with(&format!(" {}", CA_BUNDLE.trim_start_matches('/'))))
+        .unwrap_or_else(|| panic!("{list}"));
+    assert!(bundle.starts_with("-rw-r--r--"), "{bundle}");
     let binary = list
         .lines()
         .find(|l| l.ends_with(" usr/local/bin/arp-guard"))
@@ -313,6 +328,74 @@ fn image_runs_the_guard_with_the_daemonsets_privileges() {
 
     // SIGTERM ends it cleanly (the DaemonSet's rolling update).
     assert_eq!(guard.stop(10).unwrap(), 0, "{}", guard.logs());
+}
+
+/// A kubeconfig that names no CA, for an API over plain HTTP (the fake
+/// API): the image syncs from it with its CA bundle, and also with the
+/// bundle hidden (an empty directory over /etc/ssl/certs), since plain HTTP
+/// needs no roots (it used to fail at start: "No CA certificates were
+/// loaded from the system"). With the DaemonSet's privileges, as above.
+#[test]
+fn image_syncs_from_a_kubeconfig_that_names_no_ca() {
+    testbed::require_root();
+    let security = testbed::deploy::security();
+    let seccomp = seccomp_type();
+    let bed = ClusterBed::new("imgkc", &["198.51.100.100".parse().unwrap()]).unwrap();
+    bed.api.apply(
+        Resource::Services,
+        objects::service("default", "web", &["198.51.100.100"]),
+    );
+    let kubeconfig = std::fs::read_to_string(&bed.kubeconfig).unwrap();
+    assert!(
+        kubeconfig.contains("server: http://") && !kubeconfig.contains("certificate-authority"),
+        "{kubeconfig}"
+    );
+    let (podman, image) = loaded("kubeconfig");
+    let no_roots = TempDir::new("no-roots").unwrap();
+    let fs = Bpffs::new("imgkc").unwrap();
+    for hidden in [false, true] {
+        let mut args = security_flags(&security, &seccomp, bed.dir.path());
+        args.extend(Podman::ulimits());
+        args.extend([
+            format!("--network=ns:/run/netns/{}", bed.nodes[0].ns.name),
+            format!("--volume={}:/etc/arp-guard:ro", bed.dir.path().display()),
+            format!("--volume={}:/sys/fs/bpf:rslave", fs.path().display()),
+            "--tmpfs=/run/arp-guard".into(),
+        ]);
+        if hidden {
+            args.push(format!(
+                "--volume={}:/etc/ssl/certs:ro",
+                no_roots.path().display()
+            ));
+        }
+        args.push(image.clone());
+        args.extend(
+            [
+                "run",
+                "--interface=eth0",
+                "--node-name=node-a",
+                "--kubeconfig=/etc/arp-guard/kubeconfig",
+                "--lb-ips-from=kube-ipvs0",
+                "--announcer=cilium",
+                "--status-file=/run/arp-guard/status.json",
+                "--pin-dir=/sys/fs/bpf/arp-guard",
+            ]
+            .map(str::to_owned),
+        );
+        let name = if hidden { "no-roots" } else { "roots" };
+        let guard = Container::start(&podman, name, &args).unwrap();
+        let synced = "initial sync from the Kubernetes API done";
+        let done = wait_until(Duration::from_secs(30), || {
+            guard.logs().contains(synced) || !guard.running()
+        });
+        let logs = guard.logs();
+        assert!(
+            done && logs.contains(synced),
+            "the image did not sync from a kubeconfig naming no CA (bundle hidden: {hidden}); its log:\n{logs}"
+        );
+        assert!(!logs.contains("No CA certificates"), "{logs}");
+        assert_eq!(guard.stop(10).unwrap(), 0, "{}", guard.logs());
+    }
 }
 
 /// Not in the default run: a cold arm64 cross-build takes about 17 minutes

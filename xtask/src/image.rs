@@ -40,6 +40,11 @@ pub const IMAGE_PATH: &str = "/usr/local/bin/arp-guard";
 /// `--version`. The DaemonSet drops every other capability and sets
 /// allowPrivilegeEscalation: false.
 pub const DEFAULT_USER: &str = "0:0";
+/// The CA bundle: Debian's ca-certificates, taken from the build machine
+/// (the Dockerfile's build stage) into the same path of the image, where
+/// the Kubernetes client looks for roots when a kubeconfig names no CA (an
+/// API server with a publicly signed certificate).
+pub const CA_BUNDLE: &str = "/etc/ssl/certs/ca-certificates.crt";
 
 /// An architecture the image can hold.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -164,6 +169,7 @@ pub fn image(args: &ImageArgs) -> Result<PathBuf> {
         } else {
             Vec::new()
         },
+        files: vec![(CA_BUNDLE.into(), ca_bundle()?)],
     };
     let written = oci::write(&image, &platforms)?;
     let out = args.out.clone().unwrap_or_else(|| {
@@ -187,6 +193,17 @@ pub fn image(args: &ImageArgs) -> Result<PathBuf> {
         println!("  {arch}: manifest {digest}, layer {layer} bytes (gzip)");
     }
     Ok(out)
+}
+
+/// The build machine's CA bundle (`cargo xtask setup` installs it).
+fn ca_bundle() -> Result<Vec<u8>> {
+    let pem = std::fs::read(CA_BUNDLE)
+        .with_context(|| format!("reading {CA_BUNDLE}: run `cargo xtask setup` as root"))?;
+    ensure!(
+        String::from_utf8_lossy(&pem).contains("-----BEGIN CERTIFICATE-----"),
+        "{CA_BUNDLE} holds no certificate"
+    );
+    Ok(pem)
 }
 
 /// SOURCE_DATE_EPOCH, else the commit time of HEAD, else 0.
@@ -388,6 +405,7 @@ mod tests {
         has(&format!("ENTRYPOINT [\"{IMAGE_PATH}\"]"));
         has("CMD [\"--help\"]");
         has(&format!("USER {DEFAULT_USER}"));
+        has(&format!("COPY --from=build {CA_BUNDLE} {CA_BUNDLE}"));
         has("ENV PATH=/usr/local/bin");
         has(&format!("ARG VERSION={}", env!("CARGO_PKG_VERSION")));
         has(&format!(

@@ -1,6 +1,6 @@
 //! A reproducible OCI image archive (`oci-archive`, the OCI image layout in
-//! one tar), written by hand: one layer per platform holding only the static
-//! binary, no base image.
+//! one tar), written by hand: one layer per platform holding the static
+//! binary and a few read-only files (the CA bundle), no base image.
 //!
 //! Deterministic by construction: every mtime is [`Image::created`], owners
 //! are 0:0, gzip carries no name and mtime 0, JSON keys are sorted and blobs
@@ -40,6 +40,8 @@ pub struct Image {
     /// File capabilities for the binary (e.g. `["CAP_BPF"]`, effective bit
     /// set), written as the `security.capability` xattr; empty for none.
     pub file_caps: Vec<String>,
+    /// Other files, 0644 and root-owned: (absolute path, content).
+    pub files: Vec<(String, Vec<u8>)>,
 }
 
 /// One platform's binary.
@@ -159,18 +161,38 @@ fn pax_record(key: &str, value: &[u8]) -> Vec<u8> {
     r
 }
 
-/// The layer: the directories leading to `image.path`, then the binary
-/// (0755, root-owned, with its file capabilities if any).
+/// The layer: the directories leading to the files, the other files (0644),
+/// then the binary (0755, root-owned, with its file capabilities if any).
 fn layer_tar(image: &Image, binary: &[u8]) -> Result<Vec<u8>> {
     let path = image.path.trim_start_matches('/');
     let mut b = tar::Builder::new(Vec::new());
     let parts: Vec<&str> = path.split('/').collect();
-    for i in 1..parts.len() {
-        let dir = format!("{}/", parts[..i].join("/"));
+    let mut dirs: Vec<String> = Vec::new();
+    for p in image.files.iter().map(|f| f.0.as_str()).chain([path]) {
+        let parts: Vec<&str> = p.trim_start_matches('/').split('/').collect();
+        for i in 1..parts.len() {
+            let dir = format!("{}/", parts[..i].join("/"));
+            if !dirs.contains(&dir) {
+                dirs.push(dir);
+            }
+        }
+    }
+    for dir in &dirs {
         b.append(
-            &header(&dir, tar::EntryType::Directory, 0o755, 0, image.created),
+            &header(dir, tar::EntryType::Directory, 0o755, 0, image.created),
             std::io::empty(),
         )?;
+    }
+    for (name, data) in &image.files {
+        let name = name.trim_start_matches('/');
+        let h = header(
+            name,
+            tar::EntryType::Regular,
+            0o644,
+            data.len() as u64,
+            image.created,
+        );
+        b.append(&h, data.as_slice())?;
     }
     if !image.file_caps.is_empty() {
         // How GNU tar --xattrs, Go's archive/tar (containerd, podman) and
@@ -383,6 +405,7 @@ mod tests {
             path: "/usr/local/bin/arp-guard".into(),
             user: "0:0".into(),
             file_caps: file_caps.iter().map(|s| s.to_string()).collect(),
+            files: Vec::new(),
         }
     }
 
@@ -513,6 +536,31 @@ mod tests {
             (0, 0, 1_700_000_000)
         );
         assert!(pax.is_empty(), "no file capabilities unless asked");
+    }
+
+    #[test]
+    fn other_files_are_read_only_and_come_with_their_directories() {
+        let mut img = image(&[]);
+        img.files = vec![("/etc/ssl/certs/ca.crt".into(), b"PEM".to_vec())];
+        let w = write(&img, &[platform("amd64")]).unwrap();
+        let raw = first_layer(&w.archive, &json_blob(&w.archive, &w.digest));
+        let layer = entries(&raw);
+        let names: Vec<&str> = layer.iter().map(|e| e.0.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "etc/",
+                "etc/ssl/",
+                "etc/ssl/certs/",
+                "usr/",
+                "usr/local/",
+                "usr/local/bin/",
+                "etc/ssl/certs/ca.crt",
+                "usr/local/bin/arp-guard"
+            ]
+        );
+        let (_, h, data, _) = &layer[6];
+        assert_eq!((h.mode().unwrap(), data.as_slice()), (0o644, &b"PEM"[..]));
     }
 
     #[test]

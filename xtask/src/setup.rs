@@ -47,6 +47,8 @@ const PACKAGES: &[(&str, &str)] = &[
         "golang-github-containers-common",
         "/usr/share/containers/seccomp.json",
     ),
+    // `cargo xtask image`: the CA bundle the image ships.
+    ("ca-certificates", "/etc/ssl/certs/ca-certificates.crt"),
     // `cargo xtask image --arch arm64`: cross linker and C compiler (ring),
     // static glibc for arm64, and qemu-user to smoke-run the binary.
     ("gcc-aarch64-linux-gnu", "/usr/bin/aarch64-linux-gnu-gcc"),

@@ -8,7 +8,7 @@
 //! the ownership rules (pure), `stream` and `driver` run one list+watch,
 //! `feed` keeps what the streams delivered and their health (pure in time;
 //! `apply` and `undecodable`), and `task` runs them all and publishes a
-//! `ClusterView`.
+//! `ClusterView`; `trust` decides which CA roots the client needs.
 
 mod apply;
 pub mod cause;
@@ -25,6 +25,7 @@ pub mod objects;
 pub mod problems;
 pub mod stream;
 pub mod task;
+pub mod trust;
 mod undecodable;
 pub mod wire;
 

@@ -22,6 +22,7 @@ use super::{
     feed::Feed,
     model::Key,
     stream::{Msg, StreamCtl, StreamMsg},
+    trust::{self, Trust},
     wire, ClusterConfig, FeedConfig,
 };
 use crate::{model::cluster::ClusterView, telemetry::ops::OPS};
@@ -101,7 +102,20 @@ pub async fn client(kubeconfig: Option<&std::path::Path>) -> Result<Client> {
     // a probe and a confirming GET by theirs), and a read timer re-armed for
     // every chunk of every watch is a cost per event.
     config.read_timeout = None;
-    Client::try_from(config).context("building the Kubernetes client")
+    let url = config.cluster_url.clone();
+    match trust::settle(&mut config) {
+        Trust::System => Client::try_from(config).with_context(|| {
+            format!(
+                "building the Kubernetes client (the configuration names no CA for {url}, so \
+                 the system's CA bundle is needed: give the kubeconfig \
+                 certificate-authority(-data), or the container \
+                 /etc/ssl/certs/ca-certificates.crt or SSL_CERT_FILE)"
+            )
+        }),
+        Trust::OwnCa | Trust::Unverified => {
+            Client::try_from(config).context("building the Kubernetes client")
+        }
+    }
 }
 
 /// When the probe is due: not before `next` (spacing); while the feed is

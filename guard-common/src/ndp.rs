@@ -14,7 +14,7 @@
 //! chain longer than the parser follows passes too, counted apart
 //! ([`Parsed::Ipv6Unfollowed`]): that one is a fail-open limit.
 
-use crate::frame::{FrameReader, Parsed, MAX_VLAN_TAGS};
+use crate::frame::{FrameReader, NdFrame, Parsed, MAX_VLAN_TAGS};
 
 pub const ETH_P_IPV6: u16 = 0x86dd;
 /// The fixed IPv6 header.
@@ -42,27 +42,8 @@ pub const MAX_ND_OPTIONS: usize = 4;
 /// ICMPv6 header (4) + reserved/flags (4) + target (16): the shortest NS/NA.
 pub const ND_MIN_LEN: usize = 24;
 
-/// The fields of a Neighbor Solicitation or Advertisement the verdict needs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct NdFrame {
-    /// [`ND_NEIGHBOR_SOLICIT`] or [`ND_NEIGHBOR_ADVERT`].
-    pub icmp_type: u8,
-    /// The NA flags byte (R, S, O); 0 for a solicitation.
-    pub flags: u8,
-    pub src: [u8; 16],
-    pub dst: [u8; 16],
-    pub target: [u8; 16],
-    /// The Ethernet destination: the neighbour the message is for.
-    pub eth_dst: [u8; 6],
-    /// The Ethernet source: the sender (the census's claimant).
-    pub eth_src: [u8; 6],
-    /// Offset of the options in the frame, and their length in bytes.
-    pub opts_offset: usize,
-    pub opts_len: usize,
-    pub vlan_tags: u8,
-    pub vids: [u16; MAX_VLAN_TAGS],
-}
-
+// The type stands in `frame`, beside ARP's, so that a parse can return
+// either; what it teaches is read here.
 impl NdFrame {
     pub fn is_advert(&self) -> bool {
         self.icmp_type == ND_NEIGHBOR_ADVERT
@@ -225,8 +206,8 @@ pub fn has_option<R: FrameReader + ?Sized>(r: &R, nd: &NdFrame, wanted: u8) -> O
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::frame::parse;
     use crate::ndp_build::{write_nd, NdSpec, ND_FRAME_BUF};
+    use crate::parse::parse;
 
     const LB: [u8; 16] = [0xfd, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x01, 0x01];
     const PEER: [u8; 16] = [0xfd, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x01];

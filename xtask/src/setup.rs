@@ -5,6 +5,8 @@ use std::process::Command;
 
 use anyhow::{bail, Context as _, Result};
 
+use crate::run;
+
 /// The bpf-linker release whose LLVM matches the pinned nightly's LLVM 22.
 pub const BPF_LINKER_VERSION: &str = "0.13.0";
 const LLVM_PREFIX: &str = "/usr/lib/llvm-22";
@@ -65,16 +67,6 @@ fn ok(cmd: &mut Command) -> bool {
         .stderr(std::process::Stdio::null())
         .status()
         .is_ok_and(|s| s.success())
-}
-
-/// Run a command, echoing it; fail with its status.
-pub fn run(cmd: &mut Command) -> Result<()> {
-    eprintln!("xtask: running {cmd:?}");
-    let status = cmd.status().with_context(|| format!("spawning {cmd:?}"))?;
-    if !status.success() {
-        bail!("{cmd:?} failed with {status}");
-    }
-    Ok(())
 }
 
 fn output(cmd: &mut Command) -> Option<String> {

@@ -1,14 +1,22 @@
 #!/usr/bin/env python3
-"""The shape of the daemon's house, checked: no file over 500 lines and no
-function over 80 lines outside tests, and imports between the layers of
-guard/src flowing one way only (no cycle, no wrong-way import).
+"""The shape of the house, checked in every crate of the workspace (the
+daemon, guard-common, the eBPF program, xtask): no file over 500 lines and
+no function over 80 lines outside tests, and no import cycle between a
+crate's files; in the daemon (guard/src), imports between the layers also
+flow one way only (no wrong-way import).
 
 Usage: scripts/shape.py [--graph]   (exit status 1 on a violation)
+SHAPE_ROOT=DIR checks that one source folder as the daemon's.
 """
 import os, re, sys
 
-ROOT = os.environ.get("SHAPE_ROOT") or os.path.join(
-    os.path.dirname(os.path.abspath(__file__)), "..", "guard", "src"
+HOUSE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+# The daemon's layered source, then the other crates' (sizes and cycles).
+ROOT = os.environ.get("SHAPE_ROOT") or os.path.join(HOUSE, "guard", "src")
+CRATES = (
+    []
+    if os.environ.get("SHAPE_ROOT")
+    else [os.path.join(HOUSE, c, "src") for c in ("guard-common", "guard-ebpf", "xtask")]
 )
 MAX_FILE, MAX_FN = 500, 80
 # Each layer may import only the layers after it (lower in the house).
@@ -110,7 +118,9 @@ def expand_use(tree):
 
 
 def module_refs(me, text, modules):
-    """Modules of the crate that the file of module `me` refers to."""
+    """Modules of the crate that the file of module `me` refers to (in its
+    code: a path in a comment is no import)."""
+    text = re.sub(r"//.*", "", text)
     paths = []
     for m in re.finditer(r"\buse\s+((crate|super|self)::[^;]*);", text):
         paths += expand_use(m.group(1))
@@ -175,40 +185,57 @@ def related(a, b):
     return a[: len(b)] == b or b[: len(a)] == a
 
 
-def main():
-    bad, edges, texts = [], {}, {}
-    for dirpath, _, files in os.walk(ROOT):
+def read_crate(root, label, bad):
+    """The crate's files outside tests by module, with their size problems."""
+    texts = {}
+    for dirpath, _, files in os.walk(root):
         for f in sorted(files):
             if not f.endswith(".rs"):
                 continue
             path = os.path.join(dirpath, f)
-            rel = os.path.relpath(path, ROOT)
+            rel = os.path.relpath(path, root)
             text = strip_tests(open(path).read())
-            texts[module_of(rel)] = text
+            texts[module_of(rel)] = (rel, text)
             lines = text.splitlines()
+            shown = os.path.join(label, rel)
             if len(lines) > MAX_FILE:
-                bad.append(f"{rel}: {len(lines)} lines outside tests (at most {MAX_FILE})")
+                bad.append(f"{shown}: {len(lines)} lines outside tests (at most {MAX_FILE})")
             for name, at, length in long_functions(lines):
-                bad.append(f"{rel}:{at}: fn {name} is {length} lines (at most {MAX_FN})")
-            me = layer_of(rel)
-            for other in crate_paths(text):
-                if other != me and other in LAYERS:
-                    edges.setdefault(me, set()).add(other)
-            if me == "main":
-                for other in set(re.findall(r"\bguard::(\w+)", text)):
-                    edges.setdefault(me, set()).add(other)
+                bad.append(f"{shown}:{at}: fn {name} is {length} lines (at most {MAX_FN})")
+    return texts
+
+
+def crate_cycles(texts, label, bad):
+    modules = set(texts)
+    graph = {
+        m: {r for r in module_refs(m, t, modules) if not related(m, r)}
+        for m, (_, t) in texts.items()
+    }
+    for comp in cycles(graph):
+        bad.append(f"import cycle in {label}: " + " <-> ".join("::".join(m) for m in comp))
+
+
+def main():
+    bad, edges = [], {}
+    texts = read_crate(ROOT, "" if os.environ.get("SHAPE_ROOT") else "guard/src", bad)
+    for rel, text in texts.values():
+        me = layer_of(rel)
+        for other in crate_paths(text):
+            if other != me and other in LAYERS:
+                edges.setdefault(me, set()).add(other)
+        if me == "main":
+            for other in set(re.findall(r"\bguard::(\w+)", text)):
+                edges.setdefault(me, set()).add(other)
     for a, targets in sorted(edges.items()):
         for b in sorted(targets):
             if (a, b) in ALLOWED_UP or a == "lib":
                 continue
             if a in LAYERS and b in LAYERS and LAYERS.index(b) <= LAYERS.index(a):
                 bad.append(f"wrong-way import: {a} -> {b}")
-    modules = set(texts)
-    graph = {
-        m: {r for r in module_refs(m, t, modules) if not related(m, r)} for m, t in texts.items()
-    }
-    for comp in cycles(graph):
-        bad.append("import cycle: " + " <-> ".join("::".join(m) for m in comp))
+    crate_cycles(texts, "guard/src", bad)
+    for root in CRATES:
+        label = os.path.relpath(root, HOUSE)
+        crate_cycles(read_crate(root, label, bad), label, bad)
     if "--graph" in sys.argv:
         for a in LAYERS:
             known = [b for b in LAYERS if b in edges.get(a, ())]

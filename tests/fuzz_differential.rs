@@ -313,7 +313,7 @@ fn reference(
         || frame::is_vlan(ethertype)
         || ethertype == ndp::ETH_P_IPV6
     {
-        frame::parse(f, ethertype)
+        guard_common::parse(f, ethertype)
     } else {
         Parsed::Other
     };

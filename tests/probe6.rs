@@ -13,9 +13,10 @@ use std::{
 };
 
 use guard_common::{
-    frame::{parse, Parsed},
+    frame::Parsed,
     ndp::{ND_NEIGHBOR_SOLICIT, ND_OPT_SOURCE_LL},
     ndp_build::{multicast_mac, solicited_node},
+    parse::parse,
 };
 use serde_json::Value;
 use testbed::{guard_binary, segment::Segment, RawSocket};

@@ -1,6 +1,6 @@
 //! Writing an Ethernet/IPv4 ARP frame: the one builder that `arp-guard probe`
 //! (its requests), the test bed (`ArpSpec`, every frame the integration tests
-//! send) and the unit tests share. The parser ([`crate::frame::parse`]) reads
+//! send) and the unit tests share. The parser ([`crate::parse::parse`]) reads
 //! what this writes; the test bed reads it back with its own, independently
 //! written decoder, so the two are never checked only against each other.
 //!
@@ -124,7 +124,8 @@ pub fn write_arp(out: &mut [u8; FRAME_BUF], eth: &Ethernet<'_>, arp: &ArpPacket)
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::frame::{parse, Parsed, ETH_P_8021AD, ETH_P_8021Q};
+    use crate::frame::{Parsed, ETH_P_8021AD, ETH_P_8021Q};
+    use crate::parse::parse;
 
     const MAC: [u8; 6] = [2, 0, 0, 0, 0, 1];
     const IP_A: u32 = u32::from_be_bytes([198, 51, 100, 1]);

@@ -142,6 +142,15 @@ pub fn record(v: &mut ResponderValue, now_ns: u64, kind: Kind, ifindex: u32, win
     v.kinds |= 1 << (kind as u8);
 }
 
+#[cfg(feature = "user")]
+mod pod {
+    // SAFETY: repr(C), integers and byte arrays only, padding spelled out
+    // as fields: every bit pattern is valid.
+    unsafe impl aya::Pod for super::ResponderKey {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for super::ResponderValue {}
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,5 +1,8 @@
-//! Parsing of an outgoing Ethernet frame down to the ARP fields the policy
-//! needs (IPv6 Neighbor Discovery continues in [`crate::ndp`]).
+//! What an outgoing Ethernet frame is to the policy: the reader it is
+//! read through, the ARP fields the policy needs and their parser, and what
+//! a parse finds ([`Parsed`], ARP or Neighbor Discovery). The walk through
+//! VLAN tags that chooses between ARP and IPv6 is `parse`; IPv6 Neighbor
+//! Discovery is read by `ndp`.
 //!
 //! The parser is generic over [`FrameReader`] so that the BPF program (reading
 //! the skb with `bpf_skb_load_bytes`) and host tests (reading a `&[u8]`) run the
@@ -70,7 +73,29 @@ impl ArpFrame {
     }
 }
 
-/// What [`parse`] found.
+/// The fields of a Neighbor Solicitation or Advertisement the verdict needs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NdFrame {
+    /// 135 (a solicitation) or 136 (an advertisement): `ND_NEIGHBOR_SOLICIT`
+    /// or `ND_NEIGHBOR_ADVERT` of the ndp module.
+    pub icmp_type: u8,
+    /// The NA flags byte (R, S, O); 0 for a solicitation.
+    pub flags: u8,
+    pub src: [u8; 16],
+    pub dst: [u8; 16],
+    pub target: [u8; 16],
+    /// The Ethernet destination: the neighbour the message is for.
+    pub eth_dst: [u8; 6],
+    /// The Ethernet source: the sender (the census's claimant).
+    pub eth_src: [u8; 6],
+    /// Offset of the options in the frame, and their length in bytes.
+    pub opts_offset: usize,
+    pub opts_len: usize,
+    pub vlan_tags: u8,
+    pub vids: [u16; MAX_VLAN_TAGS],
+}
+
+/// What [`crate::parse::parse`] found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Parsed {
     /// Neither ARP nor NDP (after looking through up to two VLAN tags), or
@@ -80,8 +105,8 @@ pub enum Parsed {
     /// request/reply. Passed untouched and counted.
     Malformed,
     Arp(ArpFrame),
-    /// A Neighbor Solicitation or Advertisement (see [`crate::ndp`]).
-    Nd(crate::ndp::NdFrame),
+    /// A Neighbor Solicitation or Advertisement (read by `ndp`).
+    Nd(NdFrame),
     /// An NDP message its receiver would discard (hop limit, code, length)
     /// or cut short after its ICMPv6 type. Passed untouched and counted.
     NdMalformed,
@@ -94,7 +119,7 @@ pub enum Parsed {
 }
 
 #[inline(always)]
-fn be16(b: [u8; 2]) -> u16 {
+pub(crate) fn be16(b: [u8; 2]) -> u16 {
     u16::from_be_bytes(b)
 }
 
@@ -102,48 +127,6 @@ fn be16(b: [u8; 2]) -> u16 {
 #[inline(always)]
 pub fn is_vlan(ethertype: u16) -> bool {
     ethertype == ETH_P_8021Q || ethertype == ETH_P_8021AD
-}
-
-/// Parse an Ethernet frame. `ethertype` is the frame's outer ethertype
-/// (bytes 12..14), which the caller has already read on its fast path.
-#[inline(always)]
-pub fn parse<R: FrameReader + ?Sized>(r: &R, ethertype: u16) -> Parsed {
-    let mut proto = ethertype;
-    let mut offset = ETH_HLEN;
-    let mut tags = 0u8;
-    let mut vids = [0u16; MAX_VLAN_TAGS];
-    // Bounded loop, unrolled: the verifier sees at most MAX_VLAN_TAGS reads.
-    let mut i = 0;
-    while i < MAX_VLAN_TAGS {
-        if !is_vlan(proto) {
-            break;
-        }
-        // The tag is TCI (2 bytes) + inner ethertype (2 bytes).
-        let Some(tag) = r.read::<4>(offset) else {
-            return Parsed::Other;
-        };
-        vids[i] = be16([tag[0], tag[1]]) & VID_MASK;
-        proto = be16([tag[2], tag[3]]);
-        offset += VLAN_HLEN;
-        tags += 1;
-        i += 1;
-    }
-    if proto == crate::ndp::ETH_P_IPV6 {
-        return crate::ndp::parse_ipv6(r, offset, tags, vids);
-    }
-    if proto != ETH_P_ARP {
-        return Parsed::Other;
-    }
-    let Some(arp) = r.read::<ARP_LEN>(offset) else {
-        return Parsed::Malformed;
-    };
-    match parse_arp(&arp, offset, tags) {
-        Parsed::Arp(mut f) => {
-            f.vids = vids;
-            Parsed::Arp(f)
-        }
-        other => other,
-    }
 }
 
 /// Validate and decode a 28-byte ARP payload.
@@ -175,6 +158,7 @@ pub fn parse_arp(arp: &[u8; ARP_LEN], arp_offset: usize, vlan_tags: u8) -> Parse
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::parse::parse;
 
     fn arp(op: u16, spa: [u8; 4], tpa: [u8; 4]) -> [u8; ARP_LEN] {
         let mut a = [0u8; ARP_LEN];

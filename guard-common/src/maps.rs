@@ -459,8 +459,6 @@ mod pod {
         super::Config,
         super::DropEvent,
         super::RateLimit,
-        super::HeldFrame,
-        crate::census::ResponderKey,
-        crate::census::ResponderValue
+        super::HeldFrame
     );
 }

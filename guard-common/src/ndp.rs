@@ -14,7 +14,7 @@
 //! chain longer than the parser follows passes too, counted apart
 //! ([`Parsed::Ipv6Unfollowed`]): that one is a fail-open limit.
 
-use crate::frame::{FrameReader, Parsed, MAX_VLAN_TAGS};
+use crate::frame::{FrameReader, NdFrame, Parsed, MAX_VLAN_TAGS};
 
 pub const ETH_P_IPV6: u16 = 0x86dd;
 /// The fixed IPv6 header.
@@ -42,27 +42,8 @@ pub const MAX_ND_OPTIONS: usize = 4;
 /// ICMPv6 header (4) + reserved/flags (4) + target (16): the shortest NS/NA.
 pub const ND_MIN_LEN: usize = 24;
 
-/// The fields of a Neighbor Solicitation or Advertisement the verdict needs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct NdFrame {
-    /// [`ND_NEIGHBOR_SOLICIT`] or [`ND_NEIGHBOR_ADVERT`].
-    pub icmp_type: u8,
-    /// The NA flags byte (R, S, O); 0 for a solicitation.
-    pub flags: u8,
-    pub src: [u8; 16],
-    pub dst: [u8; 16],
-    pub target: [u8; 16],
-    /// The Ethernet destination: the neighbour the message is for.
-    pub eth_dst: [u8; 6],
-    /// The Ethernet source: the sender (the census's claimant).
-    pub eth_src: [u8; 6],
-    /// Offset of the options in the frame, and their length in bytes.
-    pub opts_offset: usize,
-    pub opts_len: usize,
-    pub vlan_tags: u8,
-    pub vids: [u16; MAX_VLAN_TAGS],
-}
-
+// The type stands in `frame`, beside ARP's, so that a parse can return
+// either; what it teaches is read here.
 impl NdFrame {
     pub fn is_advert(&self) -> bool {
         self.icmp_type == ND_NEIGHBOR_ADVERT
@@ -105,17 +86,48 @@ pub fn parse_ipv6<R: FrameReader + ?Sized>(
     vlan_tags: u8,
     vids: [u16; MAX_VLAN_TAGS],
 ) -> Parsed {
+    match follow_chain(r, offset) {
+        Chain::Icmpv6(icmp) => read_nd(r, offset, &icmp, vlan_tags, vids),
+        Chain::NotNdp => Parsed::Other,
+        Chain::Unfollowed => Parsed::Ipv6Unfollowed,
+    }
+}
+
+/// An ICMPv6 message found after the IPv6 header and its extension headers.
+struct Icmpv6At {
+    /// Offset of the ICMPv6 header in the frame.
+    off: usize,
+    /// Bytes of extension headers before it.
+    ext: usize,
+    /// The IPv6 payload length and hop limit, for the receiver's checks.
+    payload: usize,
+    hop_limit: u8,
+}
+
+/// Where the IPv6 extension-header chain leads.
+enum Chain {
+    Icmpv6(Icmpv6At),
+    /// Not IPv6, or an upper layer other than ICMPv6.
+    NotNdp,
+    /// Longer than the parser follows, or cut short: it may be NDP.
+    Unfollowed,
+}
+
+/// Follow the IPv6 packet at `offset` through at most [`MAX_EXT_HEADERS`]
+/// extension headers to its upper layer.
+#[inline(always)]
+fn follow_chain<R: FrameReader + ?Sized>(r: &R, offset: usize) -> Chain {
     // Version/class/flow (4), payload length (2), next header, hop limit.
     let Some(h) = r.read::<8>(offset) else {
-        return Parsed::Other;
+        return Chain::NotNdp;
     };
     if h[0] >> 4 != 6 {
-        return Parsed::Other;
+        return Chain::NotNdp;
     }
     let payload = u16::from_be_bytes([h[4], h[5]]) as usize;
     let (mut nh, hop_limit) = (h[6], h[7]);
     if !may_be_ndp(nh) {
-        return Parsed::Other;
+        return Chain::NotNdp;
     }
     let start = offset + IPV6_HLEN;
     let mut off = start;
@@ -126,7 +138,7 @@ pub fn parse_ipv6<R: FrameReader + ?Sized>(
             break;
         }
         let Some(e) = r.read::<2>(off) else {
-            return Parsed::Ipv6Unfollowed;
+            return Chain::Unfollowed;
         };
         nh = e[0];
         off += (e[1] as usize + 1) * 8;
@@ -134,13 +146,33 @@ pub fn parse_ipv6<R: FrameReader + ?Sized>(
     }
     if is_ext(nh) {
         // More headers than we follow: we cannot tell what it carries.
-        return Parsed::Ipv6Unfollowed;
+        return Chain::Unfollowed;
     }
     if nh != NEXTHDR_ICMPV6 {
         // Includes fragments: a fragmented NDP message is discarded by its
         // receiver (RFC 6980), so it teaches nothing.
-        return Parsed::Other;
+        return Chain::NotNdp;
     }
+    Chain::Icmpv6(Icmpv6At {
+        off,
+        ext: off - start,
+        payload,
+        hop_limit,
+    })
+}
+
+/// The Neighbor Solicitation or Advertisement at `at`, if the ICMPv6
+/// message is one and passes what every receiver checks before it believes
+/// it; `offset` is the IPv6 header's.
+#[inline(always)]
+fn read_nd<R: FrameReader + ?Sized>(
+    r: &R,
+    offset: usize,
+    at: &Icmpv6At,
+    vlan_tags: u8,
+    vids: [u16; MAX_VLAN_TAGS],
+) -> Parsed {
+    let (off, ext, payload) = (at.off, at.ext, at.payload);
     let Some(icmp) = r.read::<4>(off) else {
         return Parsed::Ipv6Unfollowed;
     };
@@ -149,8 +181,7 @@ pub fn parse_ipv6<R: FrameReader + ?Sized>(
         return Parsed::Other;
     }
     // What every receiver checks before it believes the message.
-    let ext = off - start;
-    if hop_limit != 255 || icmp[1] != 0 || payload < ext + ND_MIN_LEN {
+    if at.hop_limit != 255 || icmp[1] != 0 || payload < ext + ND_MIN_LEN {
         return Parsed::NdMalformed;
     }
     let (Some(addrs), Some(flags), Some(target), Some(eth)) = (
@@ -225,8 +256,8 @@ pub fn has_option<R: FrameReader + ?Sized>(r: &R, nd: &NdFrame, wanted: u8) -> O
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::frame::parse;
     use crate::ndp_build::{write_nd, NdSpec, ND_FRAME_BUF};
+    use crate::parse::parse;
 
     const LB: [u8; 16] = [0xfd, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x01, 0x01];
     const PEER: [u8; 16] = [0xfd, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x01];

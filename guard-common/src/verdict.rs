@@ -215,7 +215,7 @@ pub enum NdClass {
 #[inline(always)]
 pub fn classify_nd<R: crate::frame::FrameReader + ?Sized>(
     r: &R,
-    nd: &crate::ndp::NdFrame,
+    nd: &crate::frame::NdFrame,
 ) -> NdClass {
     if nd.is_advert() {
         return if nd.flags & crate::ndp::NA_FLAG_SOLICITED != 0 {

@@ -28,8 +28,9 @@ use guard_common::{
     ResponderValue, MAX_CLIENTS, MAX_RESPONDERS,
 };
 
-use crate::program::{
-    may_be_lb, outer_ethertype, worth_parsing, Skb, CONFIG, LB_IPS, LB_IPS6, PASS,
+use crate::{
+    maps::{may_be_lb, CONFIG, LB_IPS, LB_IPS6},
+    skb::{outer_ethertype, worth_parsing, Skb, PASS},
 };
 
 #[map(name = "RESPONDERS")]

@@ -10,11 +10,23 @@
 #![cfg_attr(target_arch = "bpf", no_main)]
 
 #[cfg(target_arch = "bpf")]
+mod act;
+#[cfg(target_arch = "bpf")]
+mod arp;
+#[cfg(target_arch = "bpf")]
 mod census;
+#[cfg(target_arch = "bpf")]
+mod claim;
+#[cfg(target_arch = "bpf")]
+mod maps;
 #[cfg(target_arch = "bpf")]
 mod ndp;
 #[cfg(target_arch = "bpf")]
 mod program;
+#[cfg(target_arch = "bpf")]
+mod report;
+#[cfg(target_arch = "bpf")]
+mod skb;
 
 // On the host this crate is an empty binary, so that workspace-wide commands
 // (clippy, test) do not need the BPF toolchain.

@@ -1,13 +1,19 @@
 //! IPv6 Neighbor Discovery on egress: the claimed address is looked up in
 //! the IPv6 LB set, then judged and acted on exactly as ARP is
-//! ([`crate::program::act`]). Only a solicitation from an LB IP has its
+//! ([`act`]). Only a solicitation from an LB IP has its
 //! options read (for the source link-layer address); nothing else is
 //! computed that the verdict does not need.
 
 use aya_ebpf::programs::TcContext;
 use guard_common::{classify_nd, NdClass, NdFrame, Stat};
 
-use crate::program::{act, bump, Claim, Skb, LB_IPS6, PASS};
+use crate::{
+    act::act,
+    claim::Claim,
+    maps::LB_IPS6,
+    report::bump,
+    skb::{Skb, PASS},
+};
 
 #[inline(always)]
 pub(crate) fn judge(ctx: &TcContext, nd: &NdFrame) -> i32 {

@@ -272,7 +272,7 @@ pub fn bench(args: &BenchArgs) -> Result<()> {
     if !args.short {
         build.arg("--release");
     }
-    crate::setup::run(&mut build)?;
+    crate::run(&mut build)?;
     let baseline = args.baseline.as_deref().map(baseline_object).transpose()?;
     let daemon = match (&args.baseline, names.contains(&"cluster_feed")) {
         (Some(rev), true) => Some(baseline_daemon(rev)?),
@@ -337,7 +337,7 @@ fn baseline_daemon(rev: &str) -> Result<(PathBuf, String)> {
         let _ = std::fs::remove_dir_all(&tree);
     };
     remove();
-    crate::setup::run(
+    crate::run(
         Command::new("git")
             .args(["worktree", "add", "--detach"])
             .arg(&tree)
@@ -345,7 +345,7 @@ fn baseline_daemon(rev: &str) -> Result<(PathBuf, String)> {
             .current_dir(workspace_root()),
     )?;
     let target = cache.join("target-daemon");
-    let result = crate::setup::run(
+    let result = crate::run(
         cargo()
             .args(["build", "-p", "guard", "--release", "--target-dir"])
             .arg(&target)
@@ -371,7 +371,7 @@ fn baseline_object(rev: &str) -> Result<PathBuf> {
         .current_dir(workspace_root())
         .status();
     let _ = std::fs::remove_dir_all(&tree);
-    crate::setup::run(
+    crate::run(
         Command::new("git")
             .args(["worktree", "add", "--detach"])
             .arg(&tree)
@@ -416,7 +416,7 @@ fn baseline_object(rev: &str) -> Result<PathBuf> {
         .env_remove("RUSTC")
         .env_remove("RUSTC_WORKSPACE_WRAPPER")
         .current_dir(tree.join("guard-ebpf"));
-        crate::setup::run(&mut c)?;
+        crate::run(&mut c)?;
         let obj = cache.join("target/bpfel-unknown-none/release/arp-guard-ebpf");
         let safe: String = rev
             .chars()

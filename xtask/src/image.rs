@@ -278,7 +278,7 @@ pub fn build(arch: Arch) -> Result<PathBuf> {
         )
         .env("CARGO_TARGET_DIR", target_dir())
         .current_dir(workspace_root());
-    setup::run(&mut cmd)?;
+    crate::run(&mut cmd)?;
     Ok(target_dir().join(built_binary(&triple)))
 }
 

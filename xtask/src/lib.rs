@@ -3,6 +3,8 @@
 
 use std::{path::PathBuf, process::Command};
 
+use anyhow::{bail, Context as _, Result};
+
 pub mod bench;
 pub mod image;
 pub mod oci;
@@ -31,4 +33,14 @@ pub fn cargo() -> Command {
     let mut c = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
     c.current_dir(workspace_root());
     c
+}
+
+/// Run a command, echoing it; fail with its status.
+pub fn run(cmd: &mut Command) -> Result<()> {
+    eprintln!("xtask: running {cmd:?}");
+    let status = cmd.status().with_context(|| format!("spawning {cmd:?}"))?;
+    if !status.success() {
+        bail!("{cmd:?} failed with {status}");
+    }
+    Ok(())
 }

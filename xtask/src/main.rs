@@ -2,7 +2,7 @@ use std::{path::PathBuf, process::Command};
 
 use anyhow::{bail, Result};
 use clap::{Parser, Subcommand};
-use xtask::{cargo, setup::run, target_dir, workspace_root};
+use xtask::{cargo, run, target_dir, workspace_root};
 
 #[derive(Parser)]
 #[command(about = "arp-guard project tasks")]

@@ -7,7 +7,7 @@ use std::{path::Path, process::Command};
 
 use anyhow::{bail, Context as _, Result};
 
-use crate::setup::run;
+use crate::run;
 
 /// Where the unpacked promtool goes (on PATH).
 const TARGET: &str = "/usr/local/bin/promtool";

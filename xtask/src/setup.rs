@@ -5,6 +5,8 @@ use std::process::Command;
 
 use anyhow::{bail, Context as _, Result};
 
+use crate::run;
+
 /// The bpf-linker release whose LLVM matches the pinned nightly's LLVM 22.
 pub const BPF_LINKER_VERSION: &str = "0.13.0";
 pub const LLVM_PREFIX: &str = "/usr/lib/llvm-22";
@@ -69,16 +71,6 @@ fn ok(cmd: &mut Command) -> bool {
         .is_ok_and(|s| s.success())
 }
 
-/// Run a command, echoing it; fail with its status.
-pub fn run(cmd: &mut Command) -> Result<()> {
-    eprintln!("xtask: running {cmd:?}");
-    let status = cmd.status().with_context(|| format!("spawning {cmd:?}"))?;
-    if !status.success() {
-        bail!("{cmd:?} failed with {status}");
-    }
-    Ok(())
-}
-
 fn output(cmd: &mut Command) -> Option<String> {
     cmd.output()
         .ok()
@@ -86,28 +78,45 @@ fn output(cmd: &mut Command) -> Option<String> {
         .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
 }
 
+/// Every step in order; each is a no-op when already done.
 pub fn setup() -> Result<()> {
-    // 1. System packages.
+    install_packages()?;
+    let llvm = check_nightly()?;
+    install_bpf_linker()?;
+    // promtool (tests/manifests.rs checks the alerting rules with it).
+    crate::promtool::install()?;
+    eprintln!("xtask setup: toolchain ready (nightly LLVM {llvm}, bpf-linker {BPF_LINKER_VERSION}, rust-src)");
+    Ok(())
+}
+
+/// The Debian packages of [`PACKAGES`] that are missing (root only).
+fn install_packages() -> Result<()> {
     let missing: Vec<&str> = PACKAGES
         .iter()
         .filter(|(_, file)| !std::path::Path::new(file).exists())
         .map(|(pkg, _)| *pkg)
         .collect();
-    if !missing.is_empty() {
-        // SAFETY: geteuid has no preconditions.
-        if unsafe { libc::geteuid() } != 0 {
-            bail!("missing Debian packages {missing:?}; run `cargo xtask setup` as root to install them");
-        }
-        run(Command::new("apt-get").args(["update", "-qq"]))?;
-        run(Command::new("apt-get")
-            .args(["install", "-y", "-qq", "--no-install-recommends"])
-            .args(&missing)
-            .env("DEBIAN_FRONTEND", "noninteractive"))?;
+    if missing.is_empty() {
+        return Ok(());
     }
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        bail!(
+            "missing Debian packages {missing:?}; run `cargo xtask setup` as root to install them"
+        );
+    }
+    run(Command::new("apt-get").args(["update", "-qq"]))?;
+    run(Command::new("apt-get")
+        .args(["install", "-y", "-qq", "--no-install-recommends"])
+        .args(&missing)
+        .env("DEBIAN_FRONTEND", "noninteractive"))
+}
 
-    // 2. The nightly toolchain that builds the eBPF crate, as pinned in
-    //    guard-ebpf/rust-toolchain.toml. It is preinstalled and must not
-    //    float: bpf-linker's LLVM has to be at least its LLVM.
+/// The nightly toolchain that builds the eBPF crate, as pinned in
+/// guard-ebpf/rust-toolchain.toml, with rust-src. It is preinstalled and
+/// must not float: bpf-linker's LLVM has to be at least its LLVM. Returns
+/// that LLVM's version.
+fn check_nightly() -> Result<String> {
     let channel = ebpf_channel()?;
     let nightly = output(Command::new("rustup").args(["run", &channel, "rustc", "-vV"]))
         .with_context(|| {
@@ -145,8 +154,11 @@ pub fn setup() -> Result<()> {
             &channel,
         ]))?;
     }
+    Ok(llvm)
+}
 
-    // 3. bpf-linker, built against the system's LLVM 22.
+/// bpf-linker, built against the system's LLVM 22.
+fn install_bpf_linker() -> Result<()> {
     let linker_ok = output(Command::new("bpf-linker").arg("--version"))
         .is_some_and(|v| v.contains(BPF_LINKER_VERSION));
     if !linker_ok {
@@ -166,9 +178,5 @@ pub fn setup() -> Result<()> {
     if !ok(Command::new("bpf-linker").arg("--version")) {
         bail!("bpf-linker is installed but not on PATH; add ~/.cargo/bin to PATH");
     }
-
-    // 4. promtool (tests/manifests.rs checks the alerting rules with it).
-    crate::promtool::install()?;
-    eprintln!("xtask setup: toolchain ready (nightly LLVM {llvm}, bpf-linker {BPF_LINKER_VERSION}, rust-src)");
     Ok(())
 }

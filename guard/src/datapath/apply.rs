@@ -11,13 +11,11 @@ use std::{
 use guard_common::{LbEntry, MAP_LB_FILTER, MAP_LB_IPS, MAP_LB_IPS6};
 
 use super::{
-    error::dp_err,
+    error::{dp_err, Result},
     maps::{ApplyReport, Lb6Hooks, LbHooks},
-    Datapath, DatapathError,
+    Datapath,
 };
 use crate::model::view::View;
-
-type Result<T, E = DatapathError> = std::result::Result<T, E>;
 
 impl Datapath {
     /// Make the maps hold `view`, touching only what differs. `additive`:

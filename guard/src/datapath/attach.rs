@@ -7,13 +7,12 @@ use std::io;
 use aya::programs::{tc, LinkOrder, SchedClassifier, TcAttachType};
 
 use super::{
-    error::{dp_err, errno, Ctx as _, DatapathError},
-    map_data_mut, pins,
+    error::{dp_err, errno, Ctx as _, DatapathError, Result},
+    map_data::map_data_mut,
+    pins,
     sys::ifindex,
     Datapath,
 };
-
-type Result<T, E = DatapathError> = std::result::Result<T, E>;
 
 /// How to attach (from `--attach`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

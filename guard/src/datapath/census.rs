@@ -14,12 +14,10 @@ use guard_common::{
 
 use super::{
     attach::{attach_netlink, AttachHow, AttachMode},
-    error::{dp_err, DatapathError},
+    error::{dp_err, DatapathError, Result},
     Datapath,
 };
 use crate::model::census::Claim;
-
-type Result<T, E = DatapathError> = std::result::Result<T, E>;
 
 /// The census program's name in the object file.
 pub const CENSUS_PROGRAM: &str = "arp_guard_census";
@@ -165,18 +163,6 @@ impl Datapath {
             responders: Map::LruHashMap(self.dup_map(MAP_RESPONDERS)?),
             stats: Map::PerCpuArray(self.dup_map(MAP_CENSUS_STATS)?),
         })
-    }
-
-    #[cfg(feature = "testing")]
-    /// Run the census program on `frame` (BPF_PROG_TEST_RUN, lo as the device).
-    pub fn census_test_run(&self, frame: &[u8]) -> Result<(i32, Vec<u8>)> {
-        super::test_run_on(self.census_program()?, frame, 0)
-    }
-
-    #[cfg(feature = "testing")]
-    /// Mean kernel time of one census run on `frame` (for benchmarks).
-    pub fn census_test_run_timed(&self, frame: &[u8], repeat: u32) -> Result<std::time::Duration> {
-        super::timed_on(self.census_program()?, frame, repeat)
     }
 
     #[cfg(feature = "testing")]

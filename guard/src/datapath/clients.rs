@@ -8,12 +8,10 @@ use guard_common::{
 };
 
 use super::{
-    error::{dp_err, DatapathError},
+    error::{dp_err, Result},
     Datapath,
 };
 use crate::model::clients::Entry;
-
-type Result<T, E = DatapathError> = std::result::Result<T, E>;
 
 impl Datapath {
     /// A reader of the misdirected-clients table on fds of its own.

@@ -14,6 +14,9 @@ macro_rules! dp_err {
 pub(crate) use dp_err;
 
 /// Any error, for sources kept as they are.
+/// The datapath's result: its own error unless another is named.
+pub type Result<T, E = DatapathError> = std::result::Result<T, E>;
+
 pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 
 #[derive(Debug, thiserror::Error)]

@@ -145,7 +145,7 @@ impl Bits {
 
     fn map_id(&self) -> Option<u32> {
         let m = self.map.as_ref()?;
-        Some(super::map_data(m)?.info().ok()?.id())
+        Some(super::map_data::map_data(m)?.info().ok()?.id())
     }
 }
 

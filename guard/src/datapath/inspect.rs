@@ -16,12 +16,10 @@ use netlink_packet_route::tc::{TcAttribute, TcFilterBpfOption, TcOption};
 
 use super::{
     attach::{NETLINK_HANDLE, NETLINK_PRIORITY},
-    error::{Ctx as _, DatapathError},
+    error::{Ctx as _, DatapathError, Result},
     pins::map_path,
     PROGRAM,
 };
-
-type Result<T, E = DatapathError> = std::result::Result<T, E>;
 
 /// LB IPs read from a pinned map at most (the map's largest capacity).
 const MAX_LB_READ: usize = 1_048_576;

@@ -19,11 +19,9 @@ use guard_common::{
 };
 
 use super::{
-    error::{dp_err, errno, DatapathError},
+    error::{dp_err, errno, Result},
     filter::{ForeignFilter, LbFilter},
 };
-
-type Result<T, E = DatapathError> = std::result::Result<T, E>;
 
 /// What one [`super::Datapath::apply`] changed, and what it could not.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -234,48 +232,19 @@ impl<K: Pod + Ord, V: Pod + PartialEq> Table<K, V> {
         report: &mut ApplyReport,
         hook: &mut dyn KeyHook<K, V>,
     ) {
-        let fail = |report: &mut ApplyReport, entry: String, op, error| {
-            report.failed.push(Failure { entry, op, error })
-        };
         let Some(mut map) = self.open(map, report) else {
             return;
         };
         self.status.retain(|k, _| desired.contains_key(k));
-        let mut full = Vec::new();
-        for (k, v) in desired {
-            if self.applied.get(k) == Some(v) {
-                self.status.remove(k);
-                continue;
-            }
-            match self.write(&mut map, k, v, report, hook) {
-                Err(EntryError::Full) => full.push(*k),
-                Err(e) => fail(report, (self.describe)(k), Op::Write, e),
-                Ok(()) => {}
-            }
-        }
-        if !additive {
-            let stale: Vec<K> = self
-                .applied
-                .keys()
-                .filter(|k| !desired.contains_key(k))
-                .copied()
-                .collect();
-            for k in stale {
-                match map.remove(&k) {
-                    Ok(()) => {
-                        self.applied.remove(&k);
-                        hook.after_remove(&k);
-                        report.removed += 1;
-                    }
-                    Err(e) => fail(report, (self.describe)(&k), Op::Remove, EntryError::of(&e)),
-                }
-            }
-        }
-        for k in full {
-            if let Err(e) = self.write(&mut map, &k, &desired[&k], report, hook) {
-                fail(report, (self.describe)(&k), Op::Write, e);
-            }
-        }
+        let stale: Vec<K> = self
+            .applied
+            .keys()
+            .filter(|k| !desired.contains_key(k))
+            .copied()
+            .collect();
+        let changes = desired.iter().map(|(k, v)| (*k, Some(*v)));
+        let changes = changes.chain(stale.into_iter().map(|k| (k, None)));
+        self.sync(&mut map, changes, additive, report, hook);
     }
 
     /// Bring only the entries `keys` to `desired` (None: absent), leaving
@@ -289,14 +258,28 @@ impl<K: Pod + Ord, V: Pod + PartialEq> Table<K, V> {
         report: &mut ApplyReport,
         hook: &mut dyn KeyHook<K, V>,
     ) {
-        let fail = |report: &mut ApplyReport, entry: String, op, error| {
-            report.failed.push(Failure { entry, op, error })
-        };
         let Some(mut map) = self.open(map, report) else {
             return;
         };
+        self.sync(&mut map, keys, additive, report, hook);
+    }
+
+    /// The one loop of both: every changed entry of `changes` written (None:
+    /// to be removed), then the removals (unless `additive`), then a second
+    /// write of the entries that met a full map.
+    fn sync(
+        &mut self,
+        map: &mut HashMap<&mut MapData, K, V>,
+        changes: impl Iterator<Item = (K, Option<V>)>,
+        additive: bool,
+        report: &mut ApplyReport,
+        hook: &mut dyn KeyHook<K, V>,
+    ) {
+        let fail = |report: &mut ApplyReport, entry: String, op, error| {
+            report.failed.push(Failure { entry, op, error })
+        };
         let (mut full, mut stale) = (Vec::new(), Vec::new());
-        for (k, v) in keys {
+        for (k, v) in changes {
             let Some(v) = v else {
                 self.status.remove(&k);
                 stale.push(k);
@@ -306,7 +289,7 @@ impl<K: Pod + Ord, V: Pod + PartialEq> Table<K, V> {
                 self.status.remove(&k);
                 continue;
             }
-            match self.write(&mut map, &k, &v, report, hook) {
+            match self.write(map, &k, &v, report, hook) {
                 Err(EntryError::Full) => full.push((k, v)),
                 Err(e) => fail(report, (self.describe)(&k), Op::Write, e),
                 Ok(()) => {}
@@ -326,7 +309,7 @@ impl<K: Pod + Ord, V: Pod + PartialEq> Table<K, V> {
             }
         }
         for (k, v) in full {
-            if let Err(e) = self.write(&mut map, &k, &v, report, hook) {
+            if let Err(e) = self.write(map, &k, &v, report, hook) {
                 fail(report, (self.describe)(&k), Op::Write, e);
             }
         }

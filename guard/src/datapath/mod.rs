@@ -11,6 +11,7 @@ pub mod error;
 mod filter;
 mod if_tables;
 pub mod inspect;
+mod map_data;
 pub mod maps;
 pub mod pins;
 pub mod reclaim;
@@ -24,10 +25,9 @@ pub use error::DatapathError;
 pub use reclaim::CounterReclaimer;
 pub use sys::monotonic_ns;
 #[cfg(feature = "testing")]
-pub use test_run::{test_run_on, timed_on};
+pub use test_run::timed_on;
 
-use error::{dp_err, Ctx as _};
-type Result<T, E = DatapathError> = std::result::Result<T, E>;
+use error::{dp_err, Ctx as _, Result};
 
 use aya::{
     maps::{Array, MapData},
@@ -39,6 +39,7 @@ use guard_common::{
 };
 
 use attach::Attachment;
+use map_data::map_data;
 use maps::Tables;
 pub use reclaim::counter_capacity;
 
@@ -403,25 +404,5 @@ fn program_logger(ebpf: &mut Ebpf) -> Option<aya_log::EbpfLogger<&'static dyn lo
             tracing::debug!(error = %e, "eBPF program diagnostics unavailable");
             None
         }
-    }
-}
-
-pub(super) fn map_data_mut(m: &mut aya::maps::Map) -> Option<&mut MapData> {
-    use aya::maps::Map::*;
-    match m {
-        Array(d) | HashMap(d) | LruHashMap(d) | PerCpuArray(d) | PerCpuHashMap(d) | RingBuf(d) => {
-            Some(d)
-        }
-        _ => None,
-    }
-}
-
-fn map_data(m: &aya::maps::Map) -> Option<&MapData> {
-    use aya::maps::Map::*;
-    match m {
-        Array(d) | HashMap(d) | LruHashMap(d) | PerCpuArray(d) | PerCpuHashMap(d) | RingBuf(d) => {
-            Some(d)
-        }
-        _ => None,
     }
 }

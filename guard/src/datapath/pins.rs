@@ -9,8 +9,7 @@
 //!   swaps its new program into this link in one `BPF_LINK_UPDATE`, so the
 //!   interface is never without a guard.
 
-use super::error::{dp_err, Ctx as _, DatapathError};
-type Result<T, E = DatapathError> = std::result::Result<T, E>;
+use super::error::{dp_err, Ctx as _, DatapathError, Result};
 
 use std::{
     io,
@@ -59,7 +58,7 @@ pub fn pinned_maps(lb_capacity: u32) -> [(&'static str, u32, u32, u32); 9] {
             MAP_COUNTERS,
             size_of::<CounterKey>() as u32,
             size_of::<CounterValue>() as u32,
-            crate::datapath::counter_capacity(lb_capacity),
+            super::reclaim::counter_capacity(lb_capacity),
         ),
         (MAP_STATS, 4, 8, guard_common::Stat::COUNT),
         (MAP_CONFIG, 4, size_of::<Config>() as u32, 1),

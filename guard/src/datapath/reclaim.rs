@@ -4,9 +4,7 @@
 use aya::maps::MapData;
 use guard_common::{CounterKey, CounterValue};
 
-use super::error::DatapathError;
-
-type Result<T, E = DatapathError> = std::result::Result<T, E>;
+use super::error::Result;
 
 /// Rows of the per-IP counter map for a given LB IP capacity: room for
 /// several decisions (kinds, origins, verdicts, interfaces) per IP, four per

@@ -39,6 +39,16 @@ impl Datapath {
         timed_on(self.program()?, frame, repeat)
     }
 
+    /// Run the census program on `frame` (BPF_PROG_TEST_RUN, lo as the device).
+    pub fn census_test_run(&self, frame: &[u8]) -> Result<(i32, Vec<u8>)> {
+        test_run_on(self.census_program()?, frame, 0)
+    }
+
+    /// Mean kernel time of one census run on `frame` (for benchmarks).
+    pub fn census_test_run_timed(&self, frame: &[u8], repeat: u32) -> Result<std::time::Duration> {
+        timed_on(self.census_program()?, frame, repeat)
+    }
+
     /// The egress and census programs as loaded, for the benchmarks.
     pub fn programs(&self) -> Result<[(&'static str, &SchedClassifier); 2]> {
         Ok([
@@ -58,7 +68,7 @@ impl Datapath {
 
 /// Run a loaded TC program on `frame` with BPF_PROG_TEST_RUN; see
 /// [`Datapath::test_run_from`].
-pub fn test_run_on(
+pub(super) fn test_run_on(
     prog: &SchedClassifier,
     frame: &[u8],
     ingress_ifindex: u32,

@@ -20,11 +20,7 @@ use std::{
     time::Duration,
 };
 
-use guard_common::{
-    classify, classify_nd,
-    frame::{parse, Parsed},
-    Kind, NdClass,
-};
+use guard_common::{classify, classify_nd, frame::Parsed, parse::parse, Kind, NdClass};
 
 use crate::model::probing::request_frame;
 pub use crate::model::probing::REQUEST_BUF;

@@ -296,9 +296,10 @@ mod tests {
 
     use guard_common::{
         build::{write_arp, ArpPacket, Ethernet, FRAME_BUF},
-        frame::{parse, Parsed},
+        frame::Parsed,
         ndp::{NA_FLAG_OVERRIDE, NA_FLAG_SOLICITED},
         ndp_build::{write_nd, NdSpec, ND_FRAME_BUF},
+        parse::parse,
     };
 
     use super::*;

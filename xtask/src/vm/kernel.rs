@@ -13,7 +13,7 @@ use std::{
 
 use anyhow::{bail, Context as _, Result};
 
-use crate::setup::run;
+use crate::run;
 
 /// A kernel line the project tests on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

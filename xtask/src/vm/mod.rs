@@ -8,7 +8,7 @@ use std::{path::PathBuf, time::Duration};
 
 use anyhow::{bail, Context as _, Result};
 
-use crate::{cargo, setup::run, target_dir, workspace_root};
+use crate::{cargo, run, target_dir, workspace_root};
 
 pub mod cpio;
 pub mod kernel;

@@ -39,20 +39,7 @@ fn mac(m: [u8; 6]) -> String {
 /// and node-c (which runs no guard).
 fn bed(tag: &str) -> ClusterBed {
     let bed = ClusterBed::new(tag, &[LB]).unwrap();
-    bed.api.apply(
-        Resource::Services,
-        objects::service("default", "web", &["198.51.100.100"]),
-    );
-    bed.api.apply(
-        Resource::Leases,
-        objects::lease(
-            "kube-system",
-            "cilium-l2announce-default-web",
-            "node-a",
-            3600,
-            "2026-11-30T10:00:00.000000Z",
-        ),
-    );
+    bed.cilium_service("web", &["198.51.100.100"], "node-a");
     for n in ["node-a", "node-b", "node-c"] {
         bed.api.apply(Resource::Nodes, objects::node(n));
     }

@@ -42,21 +42,7 @@ fn mac(m: [u8; 6]) -> String {
 fn bed(tag: &str, ips: &[Ipv4Addr], owner: &str) -> ClusterBed {
     let bed = ClusterBed::new(tag, ips).unwrap();
     for (i, ip) in ips.iter().enumerate() {
-        let name = format!("web{i}");
-        bed.api.apply(
-            Resource::Services,
-            objects::service("default", &name, &[&ip.to_string()]),
-        );
-        bed.api.apply(
-            Resource::Leases,
-            objects::lease(
-                "kube-system",
-                &format!("cilium-l2announce-default-{name}"),
-                owner,
-                3600,
-                "2026-11-30T10:00:00.000000Z",
-            ),
-        );
+        bed.cilium_service(&format!("web{i}"), &[&ip.to_string()], owner);
     }
     for n in ["node-a", "node-b", "node-c"] {
         bed.api.apply(Resource::Nodes, objects::node(n));
@@ -337,20 +323,7 @@ fn each_ip_is_asked_by_its_share_at_the_capped_rate_and_off_sends_nothing() {
 fn ipv6_owners_are_asked_with_neighbor_solicitations() {
     testbed::require_root();
     let bed = ClusterBed::new("pb6", &[LB]).unwrap();
-    bed.api.apply(
-        Resource::Services,
-        objects::service("default", "web", &["198.51.100.100", "fd00::100"]),
-    );
-    bed.api.apply(
-        Resource::Leases,
-        objects::lease(
-            "kube-system",
-            "cilium-l2announce-default-web",
-            "node-a",
-            3600,
-            "2026-11-30T10:00:00.000000Z",
-        ),
-    );
+    bed.cilium_service("web", &["198.51.100.100", "fd00::100"], "node-a");
     // IPv6 on the segment (the bed turns it off): node-b asks from its
     // link-local address; node-a holds the address on eth0, as an
     // announcer puts it there (the kernel answers NS only for an address

@@ -240,6 +240,25 @@ impl ClusterBed {
         )
     }
 
+    /// A Service `default/<name>` on `ips`, announced as Cilium does: its
+    /// Lease `cilium-l2announce-default-<name>` in kube-system held by
+    /// `holder` for an hour.
+    pub fn cilium_service(&self, name: &str, ips: &[&str], holder: &str) {
+        use crate::fake_api::{objects, Resource};
+        self.api
+            .apply(Resource::Services, objects::service("default", name, ips));
+        self.api.apply(
+            Resource::Leases,
+            objects::lease(
+                "kube-system",
+                &format!("cilium-l2announce-default-{name}"),
+                holder,
+                3600,
+                "2026-11-30T10:00:00.000000Z",
+            ),
+        );
+    }
+
     /// Poll `who_answers` until it gives `want` (ownership changes take a moment to arrive).
     pub fn wait_answer(
         &self,

@@ -74,56 +74,79 @@ pub fn link_macs() -> Vec<[u8; 6]> {
 /// [`link_macs`], by interface index.
 pub fn link_macs_by_index() -> std::collections::BTreeMap<u32, [u8; 6]> {
     let mut out = std::collections::BTreeMap::new();
-    let mut list: *mut libc::ifaddrs = std::ptr::null_mut();
-    // SAFETY: getifaddrs fills `list` with a linked list we free below; each
-    // AF_PACKET entry's address is a sockaddr_ll.
-    unsafe {
-        if libc::getifaddrs(&mut list) != 0 {
-            return out;
+    each_address(|ifa| {
+        if let Address::Link { ifindex, mac } = ifa {
+            out.insert(ifindex, mac);
         }
-        let mut p = list;
-        while !p.is_null() {
-            let a = (*p).ifa_addr;
-            if !a.is_null() && i32::from((*a).sa_family) == libc::AF_PACKET {
-                let ll = &*(a as *const libc::sockaddr_ll);
-                if ll.sll_halen == 6 {
-                    let mut mac = [0u8; 6];
-                    mac.copy_from_slice(&ll.sll_addr[..6]);
-                    out.insert(ll.sll_ifindex as u32, mac);
-                }
-            }
-            p = (*p).ifa_next;
-        }
-        libc::freeifaddrs(list);
-    }
+    });
     out
 }
 
 /// The IPv6 link-local address (fe80::/10) of every interface that has
-/// one, by interface index (getifaddrs; the first one listed wins).
+/// one, by interface index (the first one listed wins).
 pub fn link_locals_by_index() -> std::collections::BTreeMap<u32, std::net::Ipv6Addr> {
     let mut out = std::collections::BTreeMap::new();
+    each_address(|ifa| {
+        if let Address::V6 { ifindex, ip } = ifa {
+            if ip.segments()[0] & 0xffc0 == 0xfe80 {
+                out.entry(ifindex).or_insert(ip);
+            }
+        }
+    });
+    out
+}
+
+/// One entry of getifaddrs that the guard reads.
+enum Address {
+    /// An Ethernet-like link and its MAC (AF_PACKET, no /sys needed).
+    Link { ifindex: u32, mac: [u8; 6] },
+    V6 {
+        ifindex: u32,
+        ip: std::net::Ipv6Addr,
+    },
+}
+
+/// Call `f` with every link and IPv6 address getifaddrs lists (nothing
+/// when it fails).
+fn each_address(mut f: impl FnMut(Address)) {
     let mut list: *mut libc::ifaddrs = std::ptr::null_mut();
-    // SAFETY: getifaddrs fills `list` with a linked list we free below; each
-    // AF_INET6 entry's address is a sockaddr_in6; the name is NUL-terminated.
+    // SAFETY: getifaddrs fills `list` with a linked list we free below; an
+    // AF_PACKET entry's address is a sockaddr_ll, an AF_INET6 one's a
+    // sockaddr_in6; the names are NUL-terminated.
     unsafe {
         if libc::getifaddrs(&mut list) != 0 {
-            return out;
+            return;
         }
         let mut p = list;
         while !p.is_null() {
             let a = (*p).ifa_addr;
-            if !a.is_null() && i32::from((*a).sa_family) == libc::AF_INET6 {
+            let family = if a.is_null() {
+                -1
+            } else {
+                i32::from((*a).sa_family)
+            };
+            if family == libc::AF_PACKET {
+                let ll = &*(a as *const libc::sockaddr_ll);
+                if ll.sll_halen == 6 {
+                    let mut mac = [0u8; 6];
+                    mac.copy_from_slice(&ll.sll_addr[..6]);
+                    f(Address::Link {
+                        ifindex: ll.sll_ifindex as u32,
+                        mac,
+                    });
+                }
+            } else if family == libc::AF_INET6 {
                 let sin6 = &*(a as *const libc::sockaddr_in6);
-                let ip = std::net::Ipv6Addr::from(sin6.sin6_addr.s6_addr);
-                let index = libc::if_nametoindex((*p).ifa_name);
-                if ip.segments()[0] & 0xffc0 == 0xfe80 && index != 0 {
-                    out.entry(index).or_insert(ip);
+                let ifindex = libc::if_nametoindex((*p).ifa_name);
+                if ifindex != 0 {
+                    f(Address::V6 {
+                        ifindex,
+                        ip: std::net::Ipv6Addr::from(sin6.sin6_addr.s6_addr),
+                    });
                 }
             }
             p = (*p).ifa_next;
         }
         libc::freeifaddrs(list);
     }
-    out
 }

@@ -9,24 +9,15 @@ use std::{net::Ipv4Addr, time::Duration};
 
 use serde_json::Value;
 use testbed::{
-    cluster_bed::{check, ClusterBed},
+    cluster_bed::{check, ClusterBed, CILIUM_PRESENCE_ARGS, PRESENCE_NS as NS},
     deploy::daemonset_wrapper,
     fake_api::{objects, Resource},
     guard_binary, wait_for, ArpSpec, Daemon, RawSocket,
 };
 
 const LB: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 100);
-const NS: &str = "arp-guard";
 /// A MAC no guard lists: a device outside the cluster.
 const STRANGER: [u8; 6] = [0x02, 0, 0x5e, 0, 0x53, 0x66];
-const ARGS: &[&str] = &[
-    "--announcer",
-    "cilium",
-    "--presence-period",
-    "1s",
-    "--presence-namespace",
-    NS,
-];
 
 fn mac(m: [u8; 6]) -> String {
     m.iter()
@@ -51,7 +42,7 @@ fn start(bed: &ClusterBed, i: usize) -> Daemon {
 }
 
 fn start_with(bed: &ClusterBed, i: usize, more: &[&str]) -> Daemon {
-    let args: Vec<&str> = ARGS.iter().chain(more).copied().collect();
+    let args: Vec<&str> = CILIUM_PRESENCE_ARGS.iter().chain(more).copied().collect();
     bed.start_on_wrapped(i, &daemonset_wrapper(), &args, Duration::from_secs(20))
         .unwrap()
 }

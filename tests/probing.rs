@@ -10,7 +10,7 @@ use std::{collections::BTreeMap, net::Ipv4Addr, time::Duration};
 
 use serde_json::Value;
 use testbed::{
-    cluster_bed::ClusterBed,
+    cluster_bed::{ClusterBed, CILIUM_PRESENCE_ARGS, PRESENCE_NS as NS},
     deploy::daemonset_wrapper,
     fake_api::{objects, Resource},
     frames::Captured,
@@ -18,15 +18,6 @@ use testbed::{
 };
 
 const LB: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 100);
-const NS: &str = "arp-guard";
-const BASE: &[&str] = &[
-    "--announcer",
-    "cilium",
-    "--presence-period",
-    "1s",
-    "--presence-namespace",
-    NS,
-];
 /// Fast enough for a test: every LB IP asked every second, silent after 2.
 const FAST: &[&str] = &["--probe-interval", "1s", "--probe-silent-after", "2"];
 
@@ -56,7 +47,12 @@ fn start(bed: &ClusterBed, i: usize, more: &[&str]) -> Daemon {
     } else {
         FAST
     };
-    let args: Vec<&str> = BASE.iter().chain(pace).chain(more).copied().collect();
+    let args: Vec<&str> = CILIUM_PRESENCE_ARGS
+        .iter()
+        .chain(pace)
+        .chain(more)
+        .copied()
+        .collect();
     bed.start_on_wrapped(i, &daemonset_wrapper(), &args, Duration::from_secs(20))
         .unwrap()
 }

@@ -26,6 +26,18 @@ use crate::{
 };
 
 pub const PEER_IP: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 1);
+/// The namespace of the presence Leases in the beds' tests.
+pub const PRESENCE_NS: &str = "arp-guard";
+/// Cilium's Leases as the ownership source and presence renewed every
+/// second in [`PRESENCE_NS`]: what the presence and probing tests start with.
+pub const CILIUM_PRESENCE_ARGS: &[&str] = &[
+    "--announcer",
+    "cilium",
+    "--presence-period",
+    "1s",
+    "--presence-namespace",
+    PRESENCE_NS,
+];
 pub const API: SocketAddr =
     SocketAddr::new(std::net::IpAddr::V4(Ipv4Addr::new(203, 0, 113, 1)), 6443);
 

@@ -4,7 +4,7 @@ use std::{
     io::{BufRead as _, BufReader},
     process::{Child, Stdio},
     sync::{Arc, Mutex},
-    time::Duration,
+    time::{Duration, Instant},
 };
 
 use anyhow::{bail, Context as _, Result};
@@ -12,6 +12,34 @@ use anyhow::{bail, Context as _, Result};
 use crate::{guard_binary, netns::Netns, wait_for};
 
 /// A running `arp-guard run`; SIGTERM then SIGKILL on drop.
+/// The line the daemon logs once its program guards every interface.
+const ENFORCING: &str = "arp-guard is enforcing";
+/// More CPU time than a start takes anywhere (the debug build under TCG
+/// used a few seconds).
+const START_CPU: Duration = Duration::from_secs(60);
+/// No CPU time at all for this long: the daemon waits, it does not start.
+const START_STALLED: Duration = Duration::from_secs(20);
+/// The last resort, for a daemon that spins without ever enforcing slowly
+/// enough to stay under [`START_CPU`].
+const START_WALL: Duration = Duration::from_secs(300);
+
+/// The CPU time `pid` and its waited-for children have used (`/proc/PID/stat`).
+fn cpu_time(pid: u32) -> Option<Duration> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the command's closing parenthesis; utime is the 14th
+    // field of the line, so the 12th after it (0-based 11), then stime,
+    // cutime, cstime.
+    let rest = stat.rsplit_once(')')?.1;
+    let f: Vec<u64> = (rest.split_whitespace())
+        .skip(11)
+        .take(4)
+        .map(|x| x.parse().ok())
+        .collect::<Option<_>>()?;
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
+    Some(Duration::from_millis(f.iter().sum::<u64>() * 1000 / hz))
+}
+
 pub struct Daemon {
     child: Option<Child>,
     log: Arc<Mutex<Vec<String>>>,
@@ -29,19 +57,44 @@ impl Daemon {
     }
 
     /// Wait until the daemon enforces; fail with its log if it does not.
+    ///
+    /// The bound counts the daemon's own work, not the clock: it fails when
+    /// the daemon exits, when it has used [`START_CPU`] of CPU time without
+    /// enforcing (far more work than a start takes), or when it has used
+    /// none for [`START_STALLED`] (it waits for something that does not
+    /// come). A loaded or emulated machine (the VM lane runs under TCG
+    /// beside the host's tests) stretches the wall time a start takes, not
+    /// the work it needs; a fixed 20 s of wall time failed there with an
+    /// empty log while the daemon was still busy starting.
     fn started(mut self) -> Result<Self> {
-        if self
-            .wait_log("arp-guard is enforcing", Duration::from_secs(20))
-            .is_none()
-        {
-            let log = self.log_text();
-            let status = self
-                .child
-                .as_mut()
-                .and_then(|c| c.try_wait().ok().flatten());
-            bail!("arp-guard did not start (exit: {status:?}); its log:\n{log}");
+        let pid = self.pid();
+        let began = Instant::now();
+        let (mut cpu, mut progressed) = (Duration::ZERO, Instant::now());
+        loop {
+            if (self.wait_log(ENFORCING, Duration::from_millis(200))).is_some() {
+                return Ok(self);
+            }
+            let exited = (self.child.as_mut()).and_then(|c| c.try_wait().ok().flatten());
+            let now = cpu_time(pid).unwrap_or(cpu);
+            if now > cpu {
+                (cpu, progressed) = (now, Instant::now());
+            }
+            let why = if let Some(status) = exited {
+                format!("it exited ({status})")
+            } else if cpu > START_CPU {
+                format!("it used {cpu:?} of CPU time without enforcing")
+            } else if progressed.elapsed() > START_STALLED {
+                format!("it used no CPU time for {START_STALLED:?}")
+            } else if began.elapsed() > START_WALL {
+                format!("it was still starting after {START_WALL:?}")
+            } else {
+                continue;
+            };
+            bail!(
+                "arp-guard did not start: {why}; its log:\n{}",
+                self.log_text()
+            );
         }
-        Ok(self)
     }
 
     /// Start without waiting (for tests of start-up errors).

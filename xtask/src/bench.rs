@@ -209,17 +209,38 @@ pub fn machine() -> String {
 fn run_bench(
     name: &str,
     args: &BenchArgs,
+    built: Option<&Built>,
     baseline: Option<&Path>,
     daemon: Option<&(PathBuf, String)>,
 ) -> Result<String> {
-    let mut c = cargo();
-    c.arg("bench");
-    if args.short {
-        // The test build's artifacts: nothing more to compile in CI. The
-        // kernel's timings do not depend on the profile; userspace ones do.
-        c.args(["--profile", "dev"]);
-    }
-    c.args(["-p", "arp-guard-tests", "--bench", name]);
+    let mut c = match built {
+        // Built by the suite already (`cargo xtask test`): run it as
+        // `cargo bench` would, in its package's directory.
+        Some(b) => {
+            let exe = crate::suite::pick(b.benches, crate::suite::Kind::Bench, &[name])?[0];
+            let mut c = Command::new(&exe.path);
+            c.arg("--bench").current_dir(&exe.dir);
+            c.env("ARP_GUARD_BIN", b.daemon);
+            c
+        }
+        None => {
+            let mut c = cargo();
+            c.arg("bench");
+            if args.short {
+                // The test build's artifacts: nothing more to compile. The
+                // kernel's timings do not depend on the profile; userspace ones do.
+                c.args(["--profile", "dev"]);
+            }
+            c.args(["-p", "arp-guard-tests", "--bench", name]);
+            c.env(
+                "ARP_GUARD_BIN",
+                target_dir()
+                    .join(if args.short { "debug" } else { "release" })
+                    .join("arp-guard"),
+            );
+            c
+        }
+    };
     if args.short {
         c.env("BENCH_SHORT", "1");
     }
@@ -230,12 +251,6 @@ fn run_bench(
         c.env("BENCH_BASELINE_BIN", bin)
             .env("BENCH_BASELINE_NAME", rev);
     }
-    c.env(
-        "ARP_GUARD_BIN",
-        target_dir()
-            .join(if args.short { "debug" } else { "release" })
-            .join("arp-guard"),
-    );
     c.stdout(Stdio::piped());
     let mut child = c
         .spawn()
@@ -255,7 +270,18 @@ fn run_bench(
     Ok(out)
 }
 
+/// Benches built already, and the daemon they spawn.
+pub struct Built<'a> {
+    pub benches: &'a [crate::suite::Exe],
+    pub daemon: &'a Path,
+}
+
 pub fn bench(args: &BenchArgs) -> Result<()> {
+    bench_with(args, None)
+}
+
+/// [`bench`], with the benches and the daemon `built` already when given.
+pub fn bench_with(args: &BenchArgs, built: Option<&Built>) -> Result<()> {
     let names: Vec<&str> = if args.only.is_empty() {
         BENCHES.to_vec()
     } else {
@@ -266,13 +292,15 @@ pub fn bench(args: &BenchArgs) -> Result<()> {
         }
         args.only.iter().map(String::as_str).collect()
     };
-    // The daemon the benches spawn, in the profile they run with.
-    let mut build = cargo();
-    build.args(["build", "-p", "guard"]);
-    if !args.short {
-        build.arg("--release");
+    if built.is_none() {
+        // The daemon the benches spawn, in the profile they run with.
+        let mut build = cargo();
+        build.args(["build", "-p", "guard"]);
+        if !args.short {
+            build.arg("--release");
+        }
+        crate::run(&mut build)?;
     }
-    crate::run(&mut build)?;
     let baseline = args.baseline.as_deref().map(baseline_object).transpose()?;
     let daemon = match (&args.baseline, names.contains(&"cluster_feed")) {
         (Some(rev), true) => Some(baseline_daemon(rev)?),
@@ -281,7 +309,7 @@ pub fn bench(args: &BenchArgs) -> Result<()> {
     let header = machine();
     let mut text = String::new();
     for name in names {
-        text += &run_bench(name, args, baseline.as_deref(), daemon.as_ref())?;
+        text += &run_bench(name, args, built, baseline.as_deref(), daemon.as_ref())?;
     }
     let out = match (&args.out, args.short) {
         (Some(p), _) => p.clone(),

@@ -11,6 +11,8 @@ pub mod oci;
 pub mod phases;
 pub mod promtool;
 pub mod setup;
+pub mod slots;
+pub mod suite;
 pub mod vm;
 
 /// The workspace's root directory.

@@ -1,8 +1,15 @@
-use std::{path::PathBuf, process::Command};
+use std::{path::PathBuf, process::Command, time::Instant};
 
 use anyhow::{bail, Result};
 use clap::{Parser, Subcommand};
-use xtask::{cargo, run, target_dir, workspace_root};
+use xtask::{
+    cargo,
+    image::{Arch, ImageArgs},
+    phases::Phases,
+    run, suite, target_dir,
+    vm::VmArgs,
+    workspace_root,
+};
 
 #[derive(Parser)]
 #[command(about = "arp-guard project tasks")]
@@ -16,9 +23,13 @@ enum Task {
     /// Install the tool chain and packages (idempotent): llvm-22-dev, rust-src, bpf-linker, iproute2, ...
     Setup,
     /// Set up, then run fmt --check, the shape check, clippy -D warnings, the whole test suite
-    /// and its root-only tests again in the 6.1 VM lane (needs root).
+    /// (with the image's daemon), its root-only tests again in the 6.1 VM lane and the benches'
+    /// short run (needs root).
     Test {
-        /// Extra arguments for `cargo test` (after --).
+        /// How many test binaries run at once on the host.
+        #[arg(long, default_value_t = 3)]
+        slots: usize,
+        /// Extra arguments for every test binary (after --).
         #[arg(last = true)]
         args: Vec<String>,
     },
@@ -38,8 +49,11 @@ enum Task {
     VmTest(xtask::vm::VmArgs),
 }
 
-/// `cargo xtask test`: every check CI runs, each a timed phase.
-fn test_all(p: &mut xtask::phases::Phases, args: Vec<String>) -> Result<()> {
+/// `cargo xtask test`: every check CI runs, each a timed phase. The suite
+/// is built once ([`Built`]); then the VM lane boots beside the host's
+/// checks (clippy, the tests in `slots` slots, the benches' short run), so
+/// that the 2-core machine waits on neither alone.
+fn test_all(p: &mut Phases, args: &[String], slots: usize) -> Result<()> {
     p.phase("setup", |_| xtask::setup::setup())?;
     p.phase("fmt --check", |_| {
         let mut fmt = cargo();
@@ -52,45 +66,126 @@ fn test_all(p: &mut xtask::phases::Phases, args: Vec<String>) -> Result<()> {
             .arg(workspace_root().join("scripts/shape.py"))
             .current_dir(workspace_root()))
     })?;
-    p.phase("clippy", |_| {
-        let mut clippy = cargo();
-        clippy.args([
-            "clippy",
-            "--workspace",
-            "--all-targets",
-            "--",
-            "-D",
-            "warnings",
-        ]);
-        run(&mut clippy)
-    })?;
-    p.phase("build", |_| {
-        let mut build = cargo();
-        build.args(["build", "-p", "guard"]);
-        run(&mut build)
-    })?;
-    p.phase("tests (build and run)", |p| {
-        let mut test = cargo();
-        test.args(["test", "--workspace", "--no-fail-fast", "--"])
-            .args(&args);
-        test.env("ARP_GUARD_BIN", guard_binary());
-        p.cargo_test(test)
-    })?;
-    // The same tests on Debian 12's kernel (no TCX: the netlink
-    // fallback), with the devices this machine's kernel lacks.
-    p.phase("VM lane 6.1", |_| {
-        xtask::vm::vm_test(&xtask::vm::VmArgs::lane("6.1"))
-    })?;
-    // Every bench in its short form, so that none can rot; the
-    // numbers are printed, never asserted.
-    p.phase("benches (short)", |_| {
-        xtask::bench::bench(&xtask::bench::BenchArgs {
+    let built = p.phase("build (image, tests)", |_| Built::build())?;
+    let lane_args = VmArgs::lane("6.1");
+    let lane_tests = suite::pick(&built.exes, suite::Kind::Test, xtask::vm::DEFAULT_TESTS)?;
+    let mut failed = Vec::new();
+    std::thread::scope(|s| {
+        let since = Instant::now();
+        // The same tests on Debian 12's kernel (no TCX: the netlink
+        // fallback), with the devices this machine's kernel lacks.
+        let lane = s.spawn(|| xtask::vm::run_lanes(&lane_args, &built.daemon, &lane_tests));
+        let mut check = |name: &str, r: Result<()>| {
+            if let Err(e) = r {
+                eprintln!("xtask: {name}: {e:#}");
+                failed.push(name.to_owned());
+            }
+        };
+        check("clippy", p.phase("clippy", |_| clippy()));
+        let host = p.phase("tests (host)", |p| built.host_tests(p, args, slots));
+        check("tests (host)", host);
+        // Every bench in its short form, so that none can rot; the
+        // numbers are printed, never asserted.
+        let benches = p.phase("benches (short)", |_| built.benches());
+        check("benches (short)", benches);
+        let lane = lane
+            .join()
+            .unwrap_or_else(|_| Err(anyhow::anyhow!("the VM lane's thread panicked")));
+        p.record("VM lane 6.1", since, lane.is_ok());
+        check("VM lane 6.1", lane);
+    });
+    if !failed.is_empty() {
+        bail!("failed: {}", failed.join(", "));
+    }
+    Ok(())
+}
+
+fn clippy() -> Result<()> {
+    let mut clippy = cargo();
+    clippy.args([
+        "clippy",
+        "--workspace",
+        "--all-targets",
+        "--",
+        "-D",
+        "warnings",
+    ]);
+    run(&mut clippy)
+}
+
+/// What the suite runs, built once: the image, its static release daemon
+/// (the one the host tests, the VM lane and the benches start, so that
+/// they test what ships) and every test executable.
+struct Built {
+    exes: Vec<suite::Exe>,
+    daemon: PathBuf,
+    image: PathBuf,
+}
+
+impl Built {
+    fn build() -> Result<Built> {
+        let image = xtask::image::image(&ImageArgs {
+            arch: vec![Arch::Amd64],
+            out: None,
+            binary: Vec::new(),
+            user: xtask::image::DEFAULT_USER.to_owned(),
+            file_caps: false,
+        })?;
+        let daemon = target_dir().join(xtask::image::built_binary(&Arch::Amd64.triple()));
+        let mut tests = cargo();
+        tests.args(["test", "--workspace", "--all-targets", "--no-run"]);
+        let exes = suite::build(tests)?;
+        // Doc tests build apart (there are none today): run so that one
+        // added is not skipped.
+        let mut doc = cargo();
+        doc.args(["test", "--workspace", "--doc"]);
+        run(&mut doc)?;
+        Ok(Built {
+            exes,
+            daemon,
+            image,
+        })
+    }
+
+    /// Every unit and integration test binary, `slots` at a time.
+    fn host_tests(&self, p: &mut Phases, args: &[String], slots: usize) -> Result<()> {
+        let exes = (self.exes.iter())
+            .filter(|e| e.kind != suite::Kind::Bench)
+            .collect();
+        let env = [
+            ("ARP_GUARD_BIN".to_owned(), self.daemon.clone().into()),
+            ("ARP_GUARD_IMAGE".to_owned(), self.image.clone().into()),
+        ];
+        let plan = xtask::slots::Plan {
+            args,
+            env: &env,
+            slots,
+        };
+        let outcomes = xtask::slots::run(xtask::slots::slow_first(exes), &plan);
+        p.binaries(&outcomes);
+        let failed: Vec<&str> = (outcomes.iter())
+            .filter(|o| !o.ok)
+            .map(|o| o.shown.as_str())
+            .collect();
+        if !failed.is_empty() {
+            bail!("test binaries failed: {}", failed.join(", "));
+        }
+        Ok(())
+    }
+
+    fn benches(&self) -> Result<()> {
+        let args = xtask::bench::BenchArgs {
             short: true,
             only: Vec::new(),
             baseline: None,
             out: None,
-        })
-    })
+        };
+        let built = xtask::bench::Built {
+            benches: &self.exes,
+            daemon: &self.daemon,
+        };
+        xtask::bench::bench_with(&args, Some(&built))
+    }
 }
 
 fn guard_binary() -> PathBuf {
@@ -113,9 +208,9 @@ fn task(task: Task) -> Result<()> {
         Task::Image(args) => xtask::image::image(&args).map(|_| ()),
         Task::Bench(args) => xtask::bench::bench(&args),
         Task::VmTest(args) => xtask::vm::vm_test(&args),
-        Task::Test { args } => {
-            let mut phases = xtask::phases::Phases::default();
-            let r = test_all(&mut phases, args);
+        Task::Test { slots, args } => {
+            let mut phases = Phases::default();
+            let r = test_all(&mut phases, &args, slots);
             eprint!("{}", phases.report());
             r
         }

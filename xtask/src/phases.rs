@@ -1,22 +1,41 @@
-//! Where the time of `cargo xtask test` goes: each phase timed, and each
-//! test binary's time read from `cargo test`'s own output as it streams
-//! by; the table is printed at the end, also when a phase fails (the
-//! table is what shows which phase to look at first).
+//! Where the time of `cargo xtask test` goes: each phase timed (with when
+//! it started, as some run side by side) and each test binary; the table
+//! is printed at the end, also when a phase fails (the table is what shows
+//! which phase to look at first).
 
-use std::{
-    io::{BufRead, BufReader},
-    process::Command,
-    time::{Duration, Instant},
-};
+use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context, Result};
+use anyhow::Result;
 
-/// The phases run so far, with their times and outcomes.
-#[derive(Debug, Default)]
+use crate::slots::Outcome;
+
+/// The phases run so far: when each started (from the first), how long it
+/// took and whether it passed. Phases may overlap (the VM lane runs beside
+/// the host's tests), so the total is the wall time, not their sum.
+#[derive(Debug)]
 pub struct Phases {
-    done: Vec<(String, Duration, bool)>,
-    /// Test binaries, as `cargo test` reported them.
-    binaries: Vec<(String, f64)>,
+    started: Instant,
+    done: Vec<Done>,
+    /// Test binaries and the wall time each ran.
+    binaries: Vec<(String, Duration)>,
+}
+
+#[derive(Debug)]
+struct Done {
+    name: String,
+    from: Duration,
+    took: Duration,
+    ok: bool,
+}
+
+impl Default for Phases {
+    fn default() -> Self {
+        Phases {
+            started: Instant::now(),
+            done: Vec::new(),
+            binaries: Vec::new(),
+        }
+    }
 }
 
 impl Phases {
@@ -24,146 +43,94 @@ impl Phases {
     pub fn phase<T>(&mut self, name: &str, f: impl FnOnce(&mut Self) -> Result<T>) -> Result<T> {
         let t = Instant::now();
         let r = f(self);
-        self.done.push((name.to_owned(), t.elapsed(), r.is_ok()));
+        self.record(name, t, r.is_ok());
         r
     }
 
-    /// Run `cmd` (a `cargo test`), its output passed through, and keep the
-    /// time of each test binary it reports. Its stdout and stderr share one
-    /// pipe: cargo names the binary on stderr, the harness times it on
-    /// stdout, and only one stream keeps their order.
-    pub fn cargo_test(&mut self, mut cmd: Command) -> Result<()> {
-        eprintln!("xtask: running {cmd:?}");
-        let (reader, writer) = std::io::pipe()?;
-        cmd.stdout(writer.try_clone()?).stderr(writer);
-        let mut child = cmd.spawn().with_context(|| format!("spawning {cmd:?}"))?;
-        // The pipe's write ends live in `cmd` too: gone, so that the read
-        // ends when the child does.
-        let shown = format!("{cmd:?}");
-        drop(cmd);
-        let mut current = None;
-        for line in BufReader::new(reader).lines().map_while(|l| l.ok()) {
-            println!("{line}");
-            if let Some((name, secs)) = binary_time(&line, &mut current) {
-                self.binaries.push((name, secs));
-            }
-        }
-        let status = child.wait()?;
-        if !status.success() {
-            bail!("{shown} failed with {status}");
-        }
-        Ok(())
+    /// A phase that ran elsewhere (another thread) from `since` until now.
+    pub fn record(&mut self, name: &str, since: Instant, ok: bool) {
+        self.done.push(Done {
+            name: name.to_owned(),
+            from: since.saturating_duration_since(self.started),
+            took: since.elapsed(),
+            ok,
+        });
+    }
+
+    /// Keep the test binaries' times for the table.
+    pub fn binaries(&mut self, outcomes: &[Outcome]) {
+        (self.binaries).extend(outcomes.iter().map(|o| (o.shown.clone(), o.took)));
     }
 
     /// The table: every phase, then the slowest test binaries.
     pub fn report(&self) -> String {
-        let mut out = String::from("xtask: where the time went\n");
-        let total: Duration = self.done.iter().map(|(_, d, _)| *d).sum();
-        for (name, d, ok) in &self.done {
+        let mut out =
+            String::from("xtask: where the time went (from: start after the first phase's)\n");
+        for d in &self.done {
             out += &format!(
-                "  {:<28} {:>7.1} s{}\n",
-                name,
-                d.as_secs_f64(),
-                if *ok { "" } else { "  FAILED" }
+                "  {:<28} from {:>6.1} s {:>7.1} s{}\n",
+                d.name,
+                d.from.as_secs_f64(),
+                d.took.as_secs_f64(),
+                if d.ok { "" } else { "  FAILED" }
             );
         }
-        out += &format!("  {:<28} {:>7.1} s\n", "total", total.as_secs_f64());
+        let wall = self.started.elapsed().as_secs_f64();
+        out += &format!("  {:<40} {wall:>7.1} s\n", "total (wall)");
         if !self.binaries.is_empty() {
             let mut b = self.binaries.clone();
-            b.sort_by(|x, y| y.1.total_cmp(&x.1));
-            let sum: f64 = b.iter().map(|(_, s)| s).sum();
+            b.sort_by_key(|x| std::cmp::Reverse(x.1));
+            let sum: f64 = b.iter().map(|(_, d)| d.as_secs_f64()).sum();
             out += &format!(
-                "  test binaries: {} in {:.1} s (their own clocks), slowest first:\n",
+                "  test binaries on the host: {} in {sum:.1} s (the sum of their wall times), slowest first:\n",
                 b.len(),
-                sum
             );
-            for (name, s) in b.iter().filter(|(_, s)| *s >= 1.0) {
-                out += &format!("    {name:<40} {s:>7.1} s\n");
+            for (name, d) in b.iter().filter(|(_, d)| d.as_secs() >= 1) {
+                out += &format!("    {name:<40} {:>7.1} s\n", d.as_secs_f64());
             }
         }
         out
     }
 }
 
-/// From `cargo test`'s lines: `Running tests/x.rs (...)` names the binary
-/// whose `test result: ... finished in 1.23s` follows.
-fn binary_time(line: &str, current: &mut Option<String>) -> Option<(String, f64)> {
-    let l = line.trim();
-    if let Some(rest) = l.strip_prefix("Running ") {
-        *current = Some(rest.split(" (").next().unwrap_or(rest).to_owned());
-        return None;
-    }
-    if let Some(rest) = l.strip_prefix("Doc-tests ") {
-        *current = Some(format!("doc-tests {rest}"));
-        return None;
-    }
-    let secs = l
-        .strip_prefix("test result:")?
-        .rsplit_once("finished in ")?
-        .1
-        .trim_end_matches('s')
-        .parse()
-        .ok()?;
-    Some((current.take()?, secs))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use anyhow::bail;
 
     #[test]
-    fn binaries_are_timed_from_cargo_tests_own_lines() {
-        let mut cur = None;
-        let lines = [
-            "     Running tests/probing.rs (target/debug/deps/probing-22eaec3f1d11c450)",
-            "running 6 tests",
-            "test result: ok. 6 passed; 0 failed; 0 ignored; 0 measured; 0 filtered out; finished in 47.11s",
-            "   Doc-tests guard_common",
-            "test result: ok. 0 passed; 0 failed; 0 ignored; 0 measured; 0 filtered out; finished in 0.00s",
-            "test result: ok. 1 passed; finished in 3.00s",
-        ];
-        let got: Vec<_> = lines
-            .iter()
-            .filter_map(|l| binary_time(l, &mut cur))
-            .collect();
-        assert_eq!(
-            got,
-            [
-                ("tests/probing.rs".to_owned(), 47.11),
-                ("doc-tests guard_common".to_owned(), 0.0)
-            ]
-        );
+    fn phases_and_binaries_make_one_table() {
         let mut p = Phases::default();
         p.phase("fmt", |_| Ok(())).unwrap();
         assert!(p
             .phase("clippy", |_| -> Result<()> { bail!("no") })
             .is_err());
-        let r = p.report();
-        assert!(
-            r.contains("fmt") && r.contains("clippy") && r.contains("FAILED"),
-            "{r}"
-        );
-    }
-
-    #[test]
-    fn a_binary_named_on_stderr_and_timed_on_stdout_is_kept_in_order() {
-        let mut p = Phases::default();
-        let mut cmd = Command::new("sh");
-        cmd.args([
-            "-c",
-            "echo '     Running tests/x.rs (deps/x-1)' >&2; echo 'test result: ok. 1 passed; finished in 2.50s'; \
-             echo '     Running tests/y.rs (deps/y-1)' >&2; echo 'test result: ok. 1 passed; finished in 0.25s'",
+        let since = Instant::now();
+        p.record("VM lane 6.1", since, true);
+        p.binaries(&[
+            Outcome {
+                shown: "probing.rs".into(),
+                took: Duration::from_secs(47),
+                ok: true,
+            },
+            Outcome {
+                shown: "cli.rs".into(),
+                took: Duration::from_millis(300),
+                ok: true,
+            },
         ]);
-        p.cargo_test(cmd).unwrap();
-        assert_eq!(
-            p.binaries,
-            [
-                ("tests/x.rs".to_owned(), 2.5),
-                ("tests/y.rs".to_owned(), 0.25)
-            ]
-        );
-        let mut fails = Command::new("sh");
-        fails.args(["-c", "exit 3"]);
-        assert!(p.cargo_test(fails).is_err());
+        let r = p.report();
+        for want in [
+            "fmt",
+            "clippy",
+            "FAILED",
+            "VM lane 6.1",
+            "probing.rs",
+            "total (wall)",
+        ] {
+            assert!(r.contains(want), "{want} missing from {r}");
+        }
+        // Under a second: counted, not listed.
+        assert!(!r.contains("cli.rs") && r.contains("2 in 47.3 s"), "{r}");
     }
 }

@@ -1,6 +1,6 @@
 #!/bin/busybox sh
 # /init of the VM lane (written by xtask/src/vm/rootfs.rs): mount what the
-# tests expect, load the modules, run each test binary, print one status
+# tests expect, load the modules, run the test binaries, print one status
 # line the host reads, power off. Nothing here may hang the lane: the host
 # kills the VM at its timeout.
 /bin/busybox --install -s /bin
@@ -26,24 +26,52 @@ for m in @MODULES@; do
 done
 @ENV@
 echo "vm: lane @LANE@, Linux $(uname -r), $(grep -c ^processor /proc/cpuinfo) CPUs, $(awk '/MemTotal/ {print $2/1024 " MiB"}' /proc/meminfo)"
-status=0
-failed=""
+# The test binaries run in @JOBS@ workers. Each worker claims the next
+# binary not yet claimed (mkdir is atomic; busybox has no flock), so the
+# slow ones given first do not leave a worker idle at the end. With more
+# than one worker a binary's output is held and printed whole when it
+# ends; with one it streams (a hang shows where it hangs).
+rm -f /tmp/failed
+print_lock() { until mkdir /tmp/print.lock 2>/dev/null; do sleep 0.1; done; }
 run_test() {
     name=$1
     shift
-    echo "vm: running $name"
     start=$(date +%s)
-    cd /tmp
-    "$@"
-    rc=$?
-    echo "vm: $name exited $rc after $(( $(date +%s) - start )) s"
-    if [ "$rc" != 0 ]; then
-        status=1
-        failed="$failed $name"
+    if [ @JOBS@ = 1 ]; then
+        echo "vm: running $name"
+        (cd /tmp && "$@")
+        rc=$?
+        echo "vm: $name exited $rc after $(( $(date +%s) - start )) s"
+    else
+        (cd /tmp && "$@") >"/tmp/out-$name" 2>&1
+        rc=$?
+        print_lock
+        echo "vm: running $name"
+        cat "/tmp/out-$name"
+        echo "vm: $name exited $rc after $(( $(date +%s) - start )) s"
+        rmdir /tmp/print.lock
+        rm -f "/tmp/out-$name"
     fi
+    [ "$rc" = 0 ] || echo "$name" >>/tmp/failed
 }
-@TESTS@
-echo "vm: failed:${failed:- none}"
+run_named() {
+    case "$1" in
+@TESTS@    esac
+}
+worker() {
+    for t in @NAMES@; do
+        mkdir "/tmp/claim-$t" 2>/dev/null || continue
+        run_named "$t"
+    done
+}
+for w in $(seq @JOBS@); do
+    worker &
+done
+wait
+failed=$(cat /tmp/failed 2>/dev/null | tr '\n' ' ')
+status=0
+[ -z "$failed" ] || status=1
+echo "vm: failed: ${failed:-none}"
 echo "ARP-GUARD-VM-STATUS $status"
 sync
 poweroff -f

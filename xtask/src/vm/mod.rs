@@ -4,11 +4,14 @@
 //! they call and the modules the host kernel lacks (dummy, 8021q, bonding,
 //! ip_vs, netem). Output is streamed; the exit status is the tests'.
 
-use std::{path::PathBuf, time::Duration};
+use std::{
+    path::{Path, PathBuf},
+    time::Duration,
+};
 
 use anyhow::{bail, Context as _, Result};
 
-use crate::{cargo, run, target_dir, workspace_root};
+use crate::{cargo, run, suite, target_dir, workspace_root};
 
 pub mod cpio;
 pub mod kernel;
@@ -19,33 +22,34 @@ pub mod rootfs;
 /// that load the program and send frames. Not the container, manifest or
 /// cluster-feed ones, whose subject is not the kernel (the cluster tests'
 /// lease timings also assume a native CPU; `kernel_netem` takes the API
-/// path into the lane).
+/// path into the lane). Slowest first (as the lane last timed them), so
+/// that the guest's workers end together.
 pub const DEFAULT_TESTS: &[&str] = &[
-    "kernel_ipvs",
-    "kernel_vlan",
-    "kernel_bond",
-    "kernel_netem",
+    "prog_test_run",
     "verdicts",
     "lifecycle",
-    "ownership_file",
-    "interfaces",
-    "map_health",
-    "prog_test_run",
-    "ndp_test_run",
-    "ndp",
-    "lb_filter",
-    "fuzz_differential",
     "census",
-    "takeover",
+    "map_health",
     "clients",
-    "privileges",
-    "observability",
-    "cli",
-    "cleanup",
+    "ownership_file",
     "probe",
-    "probe6",
+    "kernel_bond",
+    "kernel_vlan",
+    "observability",
+    "takeover",
+    "kernel_netem",
+    "fuzz_differential",
+    "ndp",
+    "cli",
     "doctor",
+    "probe6",
+    "kernel_ipvs",
+    "lb_filter",
+    "interfaces",
+    "cleanup",
     "doctor6",
+    "privileges",
+    "ndp_test_run",
 ];
 
 #[derive(Debug, clap::Args)]
@@ -61,11 +65,18 @@ pub struct VmArgs {
     pub refresh: bool,
     #[arg(long, default_value_t = 2)]
     pub cpus: u32,
+    /// How many test binaries run at once in the guest (1: one after
+    /// another, their output streamed).
+    #[arg(long, default_value_t = 1)]
+    pub jobs: u32,
     #[arg(long, default_value_t = 3072)]
     pub memory_mib: u32,
     /// Seconds before a lane's VM is killed.
     #[arg(long, default_value_t = 3600)]
     pub timeout: u64,
+    /// The daemon the tests start (default: `cargo build -p guard`'s).
+    #[arg(long)]
+    pub daemon: Option<PathBuf>,
     /// Arguments for every test binary (a name filter, --exact, --test-threads=1).
     #[arg(last = true)]
     pub args: Vec<String>,
@@ -79,6 +90,8 @@ impl VmArgs {
             tests: Vec::new(),
             refresh: false,
             cpus: 2,
+            jobs: 2,
+            daemon: None,
             memory_mib: 3072,
             timeout: 3600,
             args: Vec::new(),
@@ -94,6 +107,28 @@ pub fn vm_test(args: &VmArgs) -> Result<()> {
         );
     }
     crate::setup::setup()?;
+    let names: Vec<&str> = if args.tests.is_empty() {
+        DEFAULT_TESTS.to_vec()
+    } else {
+        args.tests.iter().map(String::as_str).collect()
+    };
+    let guard = match &args.daemon {
+        Some(d) => d.clone(),
+        None => build_guard()?,
+    };
+    let mut c = cargo();
+    c.args(["test", "-p", "arp-guard-tests", "--no-run"]);
+    for n in &names {
+        c.args(["--test", n]);
+    }
+    let built = suite::build(c)?;
+    let tests = suite::pick(&built, suite::Kind::Test, &names)?;
+    run_lanes(args, &guard, &tests)
+}
+
+/// Boot each of `args.kernel`'s lanes with `daemon` and `tests` (built
+/// already) and run the tests in it; an error names the lanes that failed.
+pub fn run_lanes(args: &VmArgs, daemon: &Path, tests: &[&suite::Exe]) -> Result<()> {
     let lanes = if args.kernel.iter().any(|k| k == "all") {
         kernel::LANES.to_vec()
     } else {
@@ -102,69 +137,86 @@ pub fn vm_test(args: &VmArgs) -> Result<()> {
             .map(|k| kernel::lane(k))
             .collect::<Result<_>>()?
     };
-    let names: Vec<String> = if args.tests.is_empty() {
-        DEFAULT_TESTS.iter().map(|s| s.to_string()).collect()
-    } else {
-        args.tests.clone()
-    };
-    let cache = target_dir().join("vm");
-    let guard = build_guard()?;
-    let tests = build_tests(&names)?;
-    let busybox = kernel::busybox(&cache)?;
-    let mut results = Vec::new();
-    for lane in lanes {
-        let k = kernel::fetch(&cache, lane, args.refresh)?;
-        let initrd = cache.join(format!("initrd-{}.cpio", lane.name));
-        let env = vec![
-            ("ARP_GUARD_BIN".to_owned(), guard.display().to_string()),
-            ("ARP_GUARD_VM".to_owned(), lane.name.to_owned()),
-        ];
-        let data = [
-            workspace_root().join("tests/corpus"),
-            workspace_root().join("deploy"),
-        ];
-        rootfs::build(
-            &rootfs::Plan {
-                busybox: &busybox,
-                kernel: &k,
-                guard: &guard,
-                tests: &tests,
-                test_args: &args.args,
-                data: &data,
-                env: &env,
-                lane: lane.name,
-            },
-            &initrd,
-        )?;
-        let size = std::fs::metadata(&initrd)?.len() >> 20;
-        eprintln!(
-            "xtask vm: lane {} ({}), initramfs {size} MiB",
-            lane.name, k.release
-        );
-        let started = std::time::Instant::now();
-        let status = qemu::boot(&qemu::Machine {
-            kernel: &k.vmlinuz,
-            initrd: &initrd,
-            cpus: args.cpus,
-            memory_mib: args.memory_mib,
-            timeout: Duration::from_secs(args.timeout),
+    let tests: Vec<rootfs::TestBinary> = tests
+        .iter()
+        .map(|e| rootfs::TestBinary {
+            name: e.name.clone(),
+            path: e.path.clone(),
         })
-        .with_context(|| format!("lane {}", lane.name));
-        let _ = std::fs::remove_file(&initrd);
-        let status = status?;
-        eprintln!(
-            "xtask vm: lane {} ({}): status {status} after {:.0} s",
-            lane.name,
-            k.release,
-            started.elapsed().as_secs_f64()
-        );
-        results.push((lane.name, status));
+        .collect();
+    let cache = target_dir().join("vm");
+    let busybox = kernel::busybox(&cache)?;
+    let mut failed = Vec::new();
+    for lane in lanes {
+        let status = run_lane(args, lane, &cache, &busybox, daemon, &tests)
+            .with_context(|| format!("lane {}", lane.name))?;
+        if status != 0 {
+            failed.push((lane.name, status));
+        }
     }
-    let failed: Vec<_> = results.iter().filter(|(_, s)| *s != 0).collect();
     if !failed.is_empty() {
         bail!("tests failed in the VM lanes {failed:?}");
     }
     Ok(())
+}
+
+/// One lane: its kernel, an initramfs holding `daemon` and `tests`, one boot;
+/// the guest's status.
+fn run_lane(
+    args: &VmArgs,
+    lane: kernel::Lane,
+    cache: &Path,
+    busybox: &Path,
+    daemon: &Path,
+    tests: &[rootfs::TestBinary],
+) -> Result<i32> {
+    let k = kernel::fetch(cache, lane, args.refresh)?;
+    let initrd = cache.join(format!("initrd-{}.cpio", lane.name));
+    let env = vec![
+        ("ARP_GUARD_BIN".to_owned(), daemon.display().to_string()),
+        ("ARP_GUARD_VM".to_owned(), lane.name.to_owned()),
+    ];
+    let data = [
+        workspace_root().join("tests/corpus"),
+        workspace_root().join("deploy"),
+    ];
+    rootfs::build(
+        &rootfs::Plan {
+            busybox,
+            kernel: &k,
+            guard: daemon,
+            tests,
+            test_args: &args.args,
+            data: &data,
+            env: &env,
+            lane: lane.name,
+            jobs: args.jobs,
+        },
+        &initrd,
+    )?;
+    let size = std::fs::metadata(&initrd)?.len() >> 20;
+    eprintln!(
+        "xtask vm: lane {} ({}), initramfs {size} MiB",
+        lane.name, k.release
+    );
+    let started = std::time::Instant::now();
+    let status = qemu::boot(&qemu::Machine {
+        kernel: &k.vmlinuz,
+        initrd: &initrd,
+        cpus: args.cpus,
+        memory_mib: args.memory_mib,
+        timeout: Duration::from_secs(args.timeout),
+        label: lane.name,
+    });
+    let _ = std::fs::remove_file(&initrd);
+    let status = status?;
+    eprintln!(
+        "xtask vm: lane {} ({}): status {status} after {:.0} s",
+        lane.name,
+        k.release,
+        started.elapsed().as_secs_f64()
+    );
+    Ok(status)
 }
 
 fn build_guard() -> Result<PathBuf> {
@@ -172,47 +224,4 @@ fn build_guard() -> Result<PathBuf> {
     build.args(["build", "-p", "guard"]);
     run(&mut build)?;
     Ok(target_dir().join("debug").join("arp-guard"))
-}
-
-/// Build the named integration tests; their executables.
-fn build_tests(names: &[String]) -> Result<Vec<rootfs::TestBinary>> {
-    let mut c = cargo();
-    c.args([
-        "test",
-        "-p",
-        "arp-guard-tests",
-        "--no-run",
-        "--message-format=json-render-diagnostics",
-    ]);
-    for n in names {
-        c.args(["--test", n]);
-    }
-    c.stdout(std::process::Stdio::piped());
-    eprintln!("xtask: running {c:?}");
-    let out = c.output().context("cargo test --no-run")?;
-    if !out.status.success() {
-        bail!("building the tests failed");
-    }
-    let mut found = Vec::new();
-    for line in String::from_utf8_lossy(&out.stdout).lines() {
-        let Ok(v) = serde_json::from_str::<serde_json::Value>(line) else {
-            continue;
-        };
-        let (Some(name), Some(exe)) = (v["target"]["name"].as_str(), v["executable"].as_str())
-        else {
-            continue;
-        };
-        if v["target"]["kind"][0] == "test" && names.iter().any(|n| n == name) {
-            found.push(rootfs::TestBinary {
-                name: name.to_owned(),
-                path: PathBuf::from(exe),
-            });
-        }
-    }
-    // In the order asked for.
-    found.sort_by_key(|t| names.iter().position(|n| *n == t.name));
-    if found.len() != names.len() {
-        bail!("built {} of the tests {names:?}", found.len());
-    }
-    Ok(found)
 }

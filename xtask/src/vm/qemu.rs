@@ -21,6 +21,8 @@ pub struct Machine<'a> {
     pub cpus: u32,
     pub memory_mib: u32,
     pub timeout: Duration,
+    /// Put before every line of the guest's console (the lane's name).
+    pub label: &'a str,
 }
 
 /// The guest's exit status as `/init` reported it.
@@ -67,7 +69,8 @@ pub fn boot(m: &Machine) -> Result<i32> {
                 if let Some(rest) = clean.trim().strip_prefix(STATUS_MARK) {
                     status = rest.trim().parse::<i32>().ok();
                 }
-                println!("{clean}");
+                // Labelled: the lane streams beside the host's tests.
+                println!("[{}] {clean}", m.label);
             }
             Err(mpsc::RecvTimeoutError::Disconnected) => break,
             Err(mpsc::RecvTimeoutError::Timeout) => {

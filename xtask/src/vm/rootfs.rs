@@ -59,6 +59,8 @@ pub struct Plan<'a> {
     /// `NAME=value` for the tests' environment.
     pub env: &'a [(String, String)],
     pub lane: &'a str,
+    /// How many test binaries run at once in the guest.
+    pub jobs: u32,
 }
 
 pub fn build(plan: &Plan, out: &Path) -> Result<()> {
@@ -285,15 +287,21 @@ fn init_script(plan: &Plan, modules: &[String]) -> String {
     s = s.replace("@ENV@", &env);
     let args: Vec<String> = plan.test_args.iter().map(|a| sh_quote(a)).collect();
     let mut tests = String::new();
+    let mut names = Vec::new();
     for t in plan.tests {
+        // A test target's name is an identifier: fit for a case label and a path.
         tests.push_str(&format!(
-            "run_test {} {} {}\n",
+            "    {}) run_test {} {} {} ;;\n",
+            t.name,
             sh_quote(&t.name),
             sh_quote(&t.path.to_string_lossy()),
             args.join(" ")
         ));
+        names.push(t.name.as_str());
     }
     s.replace("@TESTS@", &tests)
+        .replace("@NAMES@", &names.join(" "))
+        .replace("@JOBS@", &plan.jobs.max(1).to_string())
 }
 
 #[cfg(test)]
@@ -322,15 +330,27 @@ mod tests {
             data: &[],
             env: &[("ARP_GUARD_VM".into(), "6.1".into())],
             lane: "6.1",
+            jobs: 2,
         };
         let init = init_script(&plan, &["veth".into(), "dummy".into()]);
         assert!(init.contains("for m in veth dummy; do"), "{init}");
         assert!(init.contains("export ARP_GUARD_VM='6.1'"), "{init}");
         assert!(
-            init.contains("run_test 'verdicts' '/t/verdicts-1' '--exact' 'a test; rm -rf /'"),
+            init.contains(
+                "verdicts) run_test 'verdicts' '/t/verdicts-1' '--exact' 'a test; rm -rf /' ;;"
+            ),
             "{init}"
         );
-        for placeholder in ["@MODULES@", "@ENV@", "@LANE@", "@TESTS@"] {
+        assert!(init.contains("for t in verdicts; do"), "{init}");
+        assert!(init.contains("for w in $(seq 2); do"), "{init}");
+        for placeholder in [
+            "@MODULES@",
+            "@ENV@",
+            "@LANE@",
+            "@TESTS@",
+            "@NAMES@",
+            "@JOBS@",
+        ] {
             assert!(!init.contains(placeholder), "{placeholder} filled: {init}");
         }
     }

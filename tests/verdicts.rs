@@ -15,7 +15,7 @@ use testbed::{
         Bed, FOREIGN, FOREIGN_ON_EGRESS, NODE_IP, OWNED, OWNED_ON_EGRESS, PEER_IP, UNKNOWN,
         UNKNOWN_ON_EGRESS,
     },
-    ArpSpec, Captured, RawSocket,
+    ArpSpec, Captured, Daemon, RawSocket,
 };
 
 /// How long a frame that should arrive may take.
@@ -32,6 +32,26 @@ enum Expect {
     Rewrite,
 }
 use Expect::*;
+
+/// The set-up every case shares: the bed, its daemon guarding the node's
+/// eth0 (the usual arguments, then `extra`).
+fn guarded(tag: &str, extra: &[&str]) -> (Bed, Daemon) {
+    testbed::require_root();
+    let bed = Bed::new(tag).unwrap();
+    let daemon = bed.start(extra).unwrap();
+    (bed, daemon)
+}
+
+/// What the neighbour's eth0 receives.
+fn capture(bed: &Bed) -> RawSocket {
+    RawSocket::open(&bed.peer, "eth0").unwrap()
+}
+
+/// A speaker's socket on the node's eth0 (frames with a socket, as from
+/// MetalLB or kube-vip), and the neighbour's capture.
+fn speaker_and_capture(bed: &Bed) -> (RawSocket, RawSocket) {
+    (RawSocket::open(&bed.node, "eth0").unwrap(), capture(bed))
+}
 
 /// Send `spec` from the node's speaker socket; check what the peer gets.
 fn speaker_case(speaker: &RawSocket, cap: &RawSocket, spec: &ArpSpec, expect: Expect) {
@@ -70,11 +90,8 @@ fn speaker_case(speaker: &RawSocket, cap: &RawSocket, spec: &ArpSpec, expect: Ex
 
 #[test]
 fn speaker_frames_follow_the_table() {
-    testbed::require_root();
-    let bed = Bed::new("spk").unwrap();
-    let _guard = bed.start(&[]).unwrap();
-    let speaker = RawSocket::open(&bed.node, "eth0").unwrap();
-    let cap = RawSocket::open(&bed.peer, "eth0").unwrap();
+    let (bed, _guard) = guarded("spk", &[]);
+    let (speaker, cap) = speaker_and_capture(&bed);
     let mac = bed.node_mac;
     #[rustfmt::skip]
     let table = [
@@ -124,9 +141,7 @@ fn speaker_frames_follow_the_table() {
 
 #[test]
 fn kernel_replies_follow_the_table() {
-    testbed::require_root();
-    let bed = Bed::new("krep").unwrap();
-    let _guard = bed.start(&[]).unwrap();
+    let (bed, _guard) = guarded("krep", &[]);
     #[rustfmt::skip]
     let table = [
         (OWNED, Pass),
@@ -167,10 +182,8 @@ fn kernel_replies_follow_the_table() {
 
 #[test]
 fn kernel_gratuitous_follows_the_table() {
-    testbed::require_root();
-    let bed = Bed::new("kgarp").unwrap();
-    let _guard = bed.start(&[]).unwrap();
-    let cap = RawSocket::open(&bed.peer, "eth0").unwrap();
+    let (bed, _guard) = guarded("kgarp", &[]);
+    let cap = capture(&bed);
     // arp_notify=1: the kernel announces every address on eth0 when its MAC changes.
     bed.node
         .sysctl("net.ipv4.conf.eth0.arp_notify", "1")
@@ -212,10 +225,8 @@ fn kernel_gratuitous_follows_the_table() {
 
 #[test]
 fn kernel_announce_leaks_follow_the_table() {
-    testbed::require_root();
-    let bed = Bed::new("kleak").unwrap();
-    let _guard = bed.start(&[]).unwrap();
-    let cap = RawSocket::open(&bed.peer, "eth0").unwrap();
+    let (bed, _guard) = guarded("kleak", &[]);
+    let cap = capture(&bed);
     #[rustfmt::skip]
     let table = [
         (OWNED, Pass),
@@ -275,10 +286,8 @@ fn kernel_announce_leaks_follow_the_table() {
 
 #[test]
 fn leak_action_drop_drops_leaks() {
-    testbed::require_root();
-    let bed = Bed::new("ldrop").unwrap();
-    let _guard = bed.start(&["--leak-action", "drop"]).unwrap();
-    let cap = RawSocket::open(&bed.peer, "eth0").unwrap();
+    let (bed, _guard) = guarded("ldrop", &["--leak-action", "drop"]);
+    let cap = capture(&bed);
     cap.drain();
     bed.node
         .poke_from(&FOREIGN.to_string(), &PEER_IP.to_string())
@@ -302,9 +311,7 @@ fn leak_action_drop_drops_leaks() {
 
 #[test]
 fn monitor_mode_counts_and_passes() {
-    testbed::require_root();
-    let bed = Bed::new("mon").unwrap();
-    let _guard = bed.start(&["--mode", "monitor"]).unwrap();
+    let (bed, _guard) = guarded("mon", &["--mode", "monitor"]);
     // A kernel reply that enforce would drop reaches the neighbour.
     bed.peer.flush_neigh("eth0").unwrap();
     bed.peer.poke(&FOREIGN.to_string()).unwrap();
@@ -322,8 +329,7 @@ fn monitor_mode_counts_and_passes() {
         0
     );
     // A speaker's leak is not rewritten, only counted.
-    let speaker = RawSocket::open(&bed.node, "eth0").unwrap();
-    let cap = RawSocket::open(&bed.peer, "eth0").unwrap();
+    let (speaker, cap) = speaker_and_capture(&bed);
     speaker_case(
         &speaker,
         &cap,
@@ -350,11 +356,8 @@ fn monitor_mode_counts_and_passes() {
 
 #[test]
 fn tagged_frames_are_judged_like_untagged() {
-    testbed::require_root();
-    let bed = Bed::new("vlan").unwrap();
-    let _guard = bed.start(&[]).unwrap();
-    let speaker = RawSocket::open(&bed.node, "eth0").unwrap();
-    let cap = RawSocket::open(&bed.peer, "eth0").unwrap();
+    let (bed, _guard) = guarded("vlan", &[]);
+    let (speaker, cap) = speaker_and_capture(&bed);
     let tags: [&[(u16, u16)]; 3] = [
         &[(0x8100, 7)],
         &[(0x88a8, 100)],
@@ -405,11 +408,8 @@ fn tagged_frames_are_judged_like_untagged() {
 
 #[test]
 fn malformed_and_other_frames_pass_untouched() {
-    testbed::require_root();
-    let bed = Bed::new("malf").unwrap();
-    let _guard = bed.start(&[]).unwrap();
-    let speaker = RawSocket::open(&bed.node, "eth0").unwrap();
-    let cap = RawSocket::open(&bed.peer, "eth0").unwrap();
+    let (bed, _guard) = guarded("malf", &[]);
+    let (speaker, cap) = speaker_and_capture(&bed);
     let good = ArpSpec::reply(bed.node_mac, FOREIGN, bed.peer_mac, PEER_IP).to_bytes();
     let mut cases: Vec<(&str, Vec<u8>)> = vec![];
     cases.push(("truncated ARP", good[..34].to_vec()));
@@ -459,9 +459,7 @@ fn malformed_and_other_frames_pass_untouched() {
 #[test]
 fn vlan_tag_in_metadata_is_judged_like_untagged() {
     use aya::programs::{SchedClassifier, TcAttachType};
-    testbed::require_root();
-    let bed = Bed::new("vmeta").unwrap();
-    let _guard = bed.start(&[]).unwrap();
+    let (bed, _guard) = guarded("vmeta", &[]);
     // Attach the fixture from a thread inside the node's namespace; the link
     // lives as long as the returned object.
     let _fixture = bed
@@ -480,7 +478,7 @@ fn vlan_tag_in_metadata_is_judged_like_untagged() {
             Ok(ebpf)
         })
         .unwrap();
-    let peer = RawSocket::open(&bed.peer, "eth0").unwrap();
+    let peer = capture(&bed);
     let before = bed.total("arp_vlan_in_metadata").unwrap();
     for (ip, expect) in [
         (FOREIGN, Drop),
@@ -522,9 +520,7 @@ fn vlan_tag_in_metadata_is_judged_like_untagged() {
 /// (it gates itself), so `unknown` passes where a kernel reply would not.
 #[test]
 fn datapath_responder_replies_are_judged_like_speakers() {
-    testbed::require_root();
-    let bed = Bed::new("redir").unwrap();
-    let _guard = bed.start(&[]).unwrap();
+    let (bed, _guard) = guarded("redir", &[]);
     const RESPONDER_MAC: [u8; 6] = [0x02, 0, 0x5e, 0, 0x53, 0xaa];
     let _fixture = fixture_responder::attach(
         &bed.node,

@@ -14,16 +14,6 @@ use testbed::{
 const LB: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 100);
 const CHANGE: Duration = Duration::from_secs(8);
 
-fn cilium_lease(holder: &str, duration: i32, renew: &str) -> serde_json::Value {
-    objects::lease(
-        "kube-system",
-        "cilium-l2announce-default-web",
-        holder,
-        duration,
-        renew,
-    )
-}
-
 /// Node `i`'s `/status` row for `ip`.
 fn status_row(bed: &ClusterBed, i: usize, ip: &str) -> serde_json::Value {
     let (_, body) = bed.nodes[i]
@@ -41,14 +31,7 @@ fn status_row(bed: &ClusterBed, i: usize, ip: &str) -> serde_json::Value {
 /// Cilium lease of `lease_secs`.
 fn web_held_by_node_a(name: &str, lease_secs: i32) -> ClusterBed {
     let bed = ClusterBed::new(name, &[LB]).unwrap();
-    bed.api.apply(
-        Resource::Services,
-        objects::service("default", "web", &["198.51.100.100"]),
-    );
-    bed.api.apply(
-        Resource::Leases,
-        cilium_lease("node-a", lease_secs, "2026-11-30T10:00:00.000000Z"),
-    );
+    bed.cilium_service("web", &["198.51.100.100"], "node-a", lease_secs);
     bed
 }
 
@@ -56,14 +39,7 @@ fn web_held_by_node_a(name: &str, lease_secs: i32) -> ClusterBed {
 fn cilium_lease_moves_and_the_guards_swap_verdicts() {
     testbed::require_root();
     let bed = ClusterBed::new("cil", &[LB]).unwrap();
-    bed.api.apply(
-        Resource::Services,
-        objects::service("default", "web", &["198.51.100.100", "fd00::100"]),
-    );
-    bed.api.apply(
-        Resource::Leases,
-        cilium_lease("node-a", 60, "2026-11-30T10:00:00.000000Z"),
-    );
+    bed.cilium_service("web", &["198.51.100.100", "fd00::100"], "node-a", 60);
     let guards = bed.start(&["--announcer", "cilium"]).unwrap();
     // node-b holds nothing yet: its name matching no holder is reported once
     // (after its first look at the cluster), node-a's is not.
@@ -89,7 +65,7 @@ fn cilium_lease_moves_and_the_guards_swap_verdicts() {
     // The holder moves to node-b.
     bed.api.apply(
         Resource::Leases,
-        cilium_lease("node-b", 60, "2026-11-30T10:00:05.000000Z"),
+        objects::cilium_lease("web", "node-b", 60, "2026-11-30T10:00:05.000000Z"),
     );
     check(bed.wait_answer(LB, Some("node-b"), CHANGE));
     for g in &guards {
@@ -111,15 +87,8 @@ fn cilium_lease_moves_and_the_guards_swap_verdicts() {
 fn an_expired_lease_makes_the_ip_unknown() {
     testbed::require_root();
     let bed = ClusterBed::new("exp", &[LB]).unwrap();
-    bed.api.apply(
-        Resource::Services,
-        objects::service("default", "web", &["198.51.100.100"]),
-    );
     // Nobody renews this 4 s lease: 4 s after the guards saw it, it expires.
-    bed.api.apply(
-        Resource::Leases,
-        cilium_lease("node-a", 4, "2026-11-30T10:00:00.000000Z"),
-    );
+    bed.cilium_service("web", &["198.51.100.100"], "node-a", 4);
     let guards = bed.start(&["--announcer", "cilium"]).unwrap();
     assert_eq!(bed.who_answers(LB).as_deref(), Some("node-a"));
     // Expired: unknown on both nodes, so both kernels' replies are dropped...
@@ -140,7 +109,7 @@ fn an_expired_lease_makes_the_ip_unknown() {
     // Renewal brings it back: the guard judges by what it observes, not the holder's clock.
     bed.api.apply(
         Resource::Leases,
-        cilium_lease("node-a", 60, "2026-11-30T09:00:00.000000Z"),
+        objects::cilium_lease("web", "node-a", 60, "2026-11-30T09:00:00.000000Z"),
     );
     check(bed.wait_answer(LB, Some("node-a"), CHANGE));
     drop(guards);
@@ -252,14 +221,7 @@ fn losing_the_api_degrades_foreign_to_unknown_and_recovers() {
 fn relists_after_410_and_cut_watches_and_service_changes() {
     testbed::require_root();
     let bed = ClusterBed::new("gone", &[LB, Ipv4Addr::new(198, 51, 100, 101)]).unwrap();
-    bed.api.apply(
-        Resource::Services,
-        objects::service("default", "web", &["198.51.100.100"]),
-    );
-    bed.api.apply(
-        Resource::Leases,
-        cilium_lease("node-a", 120, "2026-11-30T10:00:00.000000Z"),
-    );
+    bed.cilium_service("web", &["198.51.100.100"], "node-a", 120);
     // Presence off: its own lists would count below.
     let _guards = bed
         .start(&["--announcer", "cilium", "--presence-period", "0"])
@@ -283,20 +245,14 @@ fn relists_after_410_and_cut_watches_and_service_changes() {
     );
     bed.api.apply(
         Resource::Leases,
-        cilium_lease("node-b", 120, "2026-11-30T10:00:07.000000Z"),
+        objects::cilium_lease("web", "node-b", 120, "2026-11-30T10:00:07.000000Z"),
     );
     check(bed.wait_answer(LB, Some("node-b"), CHANGE));
     // The IP moves to another Service (with its own Lease held by node-a).
     let lb2 = Ipv4Addr::new(198, 51, 100, 101);
     bed.api.apply(
         Resource::Leases,
-        objects::lease(
-            "kube-system",
-            "cilium-l2announce-default-api",
-            "node-a",
-            120,
-            "2026-11-30T10:00:08.000000Z",
-        ),
+        objects::cilium_lease("api", "node-a", 120, "2026-11-30T10:00:08.000000Z"),
     );
     bed.api.apply(
         Resource::Services,
@@ -410,7 +366,7 @@ fn api_silent_for_minutes_then_back() {
     // Failover happens while the guards cannot see it.
     bed.api.apply(
         Resource::Leases,
-        cilium_lease("node-b", 600, "2026-11-30T10:01:00.000000Z"),
+        objects::cilium_lease("web", "node-b", 600, "2026-11-30T10:01:00.000000Z"),
     );
     // Longer than the watch timeout (55 s) and the client's read timeout (70 s).
     std::thread::sleep(Duration::from_secs(75));
@@ -441,14 +397,7 @@ fn pinned_restart_keeps_cluster_knowledge_until_synced() {
     let bed = ClusterBed::new("prest", &[LB]).unwrap();
     let fs = testbed::bed::Bpffs::new("prest").unwrap();
     let pins = fs.path().join("arp-guard");
-    bed.api.apply(
-        Resource::Services,
-        objects::service("default", "web", &["198.51.100.100"]),
-    );
-    bed.api.apply(
-        Resource::Leases,
-        cilium_lease("node-a", 600, "2026-11-30T10:00:00.000000Z"),
-    );
+    bed.cilium_service("web", &["198.51.100.100"], "node-a", 600);
     let args = ["--announcer", "cilium", "--pin-dir", pins.to_str().unwrap()];
     let mut guard = bed.start_on(1, &args, Duration::from_secs(20)).unwrap();
     let node_b = &bed.nodes[1];
@@ -514,7 +463,10 @@ impl Renewer {
                     (n / 2) % 60,
                     n % 1_000_000
                 );
-                api.apply(Resource::Leases, cilium_lease(holder, duration, &renew));
+                api.apply(
+                    Resource::Leases,
+                    objects::cilium_lease("web", holder, duration, &renew),
+                );
                 std::thread::sleep(Duration::from_millis(500));
             }
         });

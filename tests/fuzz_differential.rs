@@ -20,9 +20,7 @@ use guard_common::{
     LeakAction, Liveness, Mode, Origin, Ownership, Parsed, Verdict,
 };
 
-#[path = "test_run_common.rs"]
-mod common;
-use common::{counter_delta, lb_ips, lb_ips6, DeltaKey, DROP, PASS, PRIMARY};
+use test_run::{counter_delta, lb_ips, lb_ips6, DeltaKey, DROP, PASS, PRIMARY};
 
 /// xorshift64*: small, seedable, reproducible.
 struct Rng(u64);
@@ -412,7 +410,7 @@ struct Harness {
 
 impl Harness {
     fn new() -> Self {
-        let dp = common::datapath(true);
+        let dp = test_run::datapath(true);
         WATCHED.with(|w| {
             let v4 = lb_ips()
                 .into_iter()
@@ -449,7 +447,7 @@ impl Harness {
         };
         self.dp.set_config(mode, leak_action).unwrap();
         // A fresh heartbeat could age into `stale` during a long batch: dated an hour ahead.
-        common::date_heartbeat(&mut self.dp, live);
+        test_run::date_heartbeat(&mut self.dp, live);
         (self.mode, self.leak_action, self.live) = (mode, leak_action, live);
     }
 
@@ -460,7 +458,7 @@ impl Harness {
             .test_run_from(
                 f,
                 if self.origin == Origin::Redirect {
-                    common::LO
+                    test_run::LO
                 } else {
                     0
                 },

@@ -50,14 +50,8 @@ impl Setup {
         let bed =
             ClusterBed::with_api(tag, &[LB], |sw| FakeApi::start_tls(sw, API, &server)).unwrap();
         bed.api.set_tokens(&[TOKEN], &[]);
-        bed.api.apply(
-            Resource::Services,
-            objects::service("default", "web", &["198.51.100.100"]),
-        );
-        bed.api.apply(
-            Resource::Leases,
-            lease("node-a", "2026-11-30T10:00:00.000000Z"),
-        );
+        // A Lease long enough never to expire during a test.
+        bed.cilium_service("web", &["198.51.100.100"], "node-a", 600);
         let sa = ServiceAccount::new(bed.dir.path(), TOKEN, &ca.pem).unwrap();
         Setup { bed, server, sa }
     }
@@ -87,17 +81,6 @@ impl Setup {
             .send(&ArpSpec::gratuitous(2, node_b.mac, LB).to_bytes())
             .unwrap()
     }
-}
-
-/// A Cilium Lease for `web`, long enough never to expire during a test.
-fn lease(holder: &str, renew: &str) -> serde_json::Value {
-    objects::lease(
-        "kube-system",
-        "cilium-l2announce-default-web",
-        holder,
-        600,
-        renew,
-    )
 }
 
 /// The neighbour learns `want` for `ip` every time it asks, for `how_long`.
@@ -148,7 +131,7 @@ fn in_cluster_config_over_https_syncs_and_enforces() {
     // The watch over HTTPS delivers: the Lease moves to node-b.
     s.bed.api.apply(
         Resource::Leases,
-        lease("node-b", "2026-11-30T10:00:05.000000Z"),
+        objects::cilium_lease("web", "node-b", 600, "2026-11-30T10:00:05.000000Z"),
     );
     check(s.bed.wait_answer(LB, Some("node-b"), CHANGE));
     for g in &guards {
@@ -208,7 +191,7 @@ fn a_rotated_token_is_picked_up_without_a_restart() {
     assert!(s.bed.api.token_uses(NEW_TOKEN) >= uses + 4, "new watches");
     s.bed.api.apply(
         Resource::Leases,
-        lease("node-b", "2026-11-30T10:00:05.000000Z"),
+        objects::cilium_lease("web", "node-b", 600, "2026-11-30T10:00:05.000000Z"),
     );
     check(s.bed.wait_answer(LB, Some("node-b"), CHANGE));
     std::thread::sleep(Duration::from_secs(4));

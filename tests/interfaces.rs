@@ -41,8 +41,13 @@ fn lb_ips_from_interface_track_its_addresses() {
         "strictARP semantics: no reply for an unknown LB IP"
     );
     assert!(
-        bed.packets(ip.parse().unwrap(), "reply", "kernel", "dropped")
-            .unwrap()
+        bed.packets(
+            ip.parse::<std::net::Ipv4Addr>().unwrap(),
+            "reply",
+            "kernel",
+            "dropped"
+        )
+        .unwrap()
             >= 1
     );
     // The same IP on the uplink itself (as kube-vip's leader does) is answered: arp_ignore=1 rule.

@@ -15,16 +15,6 @@ use testbed::{
 
 const LB: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 100);
 
-fn lease(holder: &str, renew: &str) -> serde_json::Value {
-    objects::lease(
-        "kube-system",
-        "cilium-l2announce-default-web",
-        holder,
-        120,
-        renew,
-    )
-}
-
 /// Replace the management link's netem settings on every node.
 fn api_path(bed: &ClusterBed, netem: &[&str]) {
     for n in &bed.nodes {
@@ -41,14 +31,7 @@ fn a_slow_lossy_api_path_converges_and_a_cut_one_fails_open() {
         return;
     }
     let bed = ClusterBed::new("netem", &[LB]).unwrap();
-    bed.api.apply(
-        Resource::Services,
-        objects::service("default", "web", &["198.51.100.100"]),
-    );
-    bed.api.apply(
-        Resource::Leases,
-        lease("node-a", "2026-11-30T10:00:00.000000Z"),
-    );
+    bed.cilium_service("web", &["198.51.100.100"], "node-a", 120);
     // 150 ms +- 50 ms each way and 10% of packets lost, from the start.
     let lossy = ["delay", "150ms", "50ms", "loss", "10%"];
     api_path(&bed, &lossy);
@@ -61,7 +44,7 @@ fn a_slow_lossy_api_path_converges_and_a_cut_one_fails_open() {
     check(bed.wait_answer(LB, Some("node-a"), Duration::from_secs(20)));
     bed.api.apply(
         Resource::Leases,
-        lease("node-b", "2026-11-30T10:00:05.000000Z"),
+        objects::cilium_lease("web", "node-b", 120, "2026-11-30T10:00:05.000000Z"),
     );
     check(bed.wait_answer(LB, Some("node-b"), Duration::from_secs(30)));
 

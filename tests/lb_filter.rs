@@ -10,10 +10,7 @@ use guard::testing::{LbIp, Provenance, Snapshot, View};
 use guard_common::{lb_filter_slot, Ownership};
 use testbed::ArpSpec;
 
-#[path = "test_run_common.rs"]
-#[allow(dead_code)] // shared with the tests that use all of it
-mod common;
-use common::{datapath, DROP, PASS};
+use test_run::{datapath, DROP, PASS};
 
 const MAC: [u8; 6] = [2, 0, 0x5e, 0, 0x53, 9];
 const PEER: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 1);

@@ -11,9 +11,7 @@ use guard_common::{
     key_of_ip, ndp_build::NdSpec, Kind, Liveness, Mode, Origin, Ownership, Verdict,
 };
 
-#[path = "test_run_common.rs"]
-mod common;
-use common::{counter_delta, datapath, date_heartbeat, lb_ips6, DROP, PASS};
+use test_run::{counter_delta, datapath, date_heartbeat, lb_ips6, DROP, PASS};
 use testbed::nd_bytes;
 
 const MAC: [u8; 6] = [2, 0, 0x5e, 0, 0x53, 9];
@@ -64,7 +62,7 @@ fn advertisements_and_solicitations_follow_the_table() {
                 for (kind, spec) in frames_for(ip.octets()) {
                     for t in tags {
                         for (ingress, origin) in
-                            [(0, Origin::Kernel), (common::LO, Origin::Redirect)]
+                            [(0, Origin::Kernel), (test_run::LO, Origin::Redirect)]
                         {
                             if ingress != 0 && !redirect_ok {
                                 continue;

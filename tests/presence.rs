@@ -30,7 +30,7 @@ fn mac(m: [u8; 6]) -> String {
 /// and node-c (which runs no guard).
 fn bed(tag: &str) -> ClusterBed {
     let bed = ClusterBed::new(tag, &[LB]).unwrap();
-    bed.cilium_service("web", &["198.51.100.100"], "node-a");
+    bed.cilium_service("web", &["198.51.100.100"], "node-a", 3600);
     for n in ["node-a", "node-b", "node-c"] {
         bed.api.apply(Resource::Nodes, objects::node(n));
     }

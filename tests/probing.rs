@@ -33,7 +33,7 @@ fn mac(m: [u8; 6]) -> String {
 fn bed(tag: &str, ips: &[Ipv4Addr], owner: &str) -> ClusterBed {
     let bed = ClusterBed::new(tag, ips).unwrap();
     for (i, ip) in ips.iter().enumerate() {
-        bed.cilium_service(&format!("web{i}"), &[&ip.to_string()], owner);
+        bed.cilium_service(&format!("web{i}"), &[&ip.to_string()], owner, 3600);
     }
     for n in ["node-a", "node-b", "node-c"] {
         bed.api.apply(Resource::Nodes, objects::node(n));
@@ -319,7 +319,7 @@ fn each_ip_is_asked_by_its_share_at_the_capped_rate_and_off_sends_nothing() {
 fn ipv6_owners_are_asked_with_neighbor_solicitations() {
     testbed::require_root();
     let bed = ClusterBed::new("pb6", &[LB]).unwrap();
-    bed.cilium_service("web", &["198.51.100.100", "fd00::100"], "node-a");
+    bed.cilium_service("web", &["198.51.100.100", "fd00::100"], "node-a", 3600);
     // IPv6 on the segment (the bed turns it off): node-b asks from its
     // link-local address; node-a holds the address on eth0, as an
     // announcer puts it there (the kernel answers NS only for an address

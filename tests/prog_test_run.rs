@@ -15,9 +15,7 @@ use guard_common::{
 };
 use testbed::ArpSpec;
 
-#[path = "test_run_common.rs"]
-mod common;
-use common::{counter_delta, datapath, lb_ips, DROP, PASS, PRIMARY};
+use test_run::{counter_delta, datapath, lb_ips, DROP, PASS, PRIMARY};
 
 const MAC: [u8; 6] = [2, 0, 0x5e, 0, 0x53, 9];
 const PEER: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 1);
@@ -62,7 +60,7 @@ fn program_agrees_with_reference_on_the_whole_table() {
                 // The tests' gate: stale after 1 s, dead after 2 s. The
                 // heartbeat is dated again before every run, so that a slow
                 // (loaded) machine cannot age a stale one into dead mid-loop.
-                let beat = |dp: &mut guard::testing::Datapath| common::date_heartbeat(dp, live);
+                let beat = |dp: &mut guard::testing::Datapath| test_run::date_heartbeat(dp, live);
                 for (ip, state, on_egress) in lb_ips() {
                     for (kind, spec) in frames_for(ip) {
                         // The test run's device is lo (ifindex 1): a frame
@@ -73,7 +71,7 @@ fn program_agrees_with_reference_on_the_whole_table() {
                             .flat_map(|t| {
                                 [
                                     (t, 0, Origin::Kernel),
-                                    (t, common::LO, Origin::Redirect),
+                                    (t, test_run::LO, Origin::Redirect),
                                     (t, 7, Origin::Kernel),
                                 ]
                             })
@@ -139,8 +137,8 @@ fn tags_are_judged_against_their_vlan_device() {
     let unknown = Ipv4Addr::new(198, 51, 100, 103);
     let foreign = Ipv4Addr::new(198, 51, 100, 102);
     let mut dp = datapath(true);
-    let mut view = common::view(true);
-    view.vlan_uppers.insert((common::LO, 100), VLAN_DEV);
+    let mut view = test_run::view(true);
+    view.vlan_uppers.insert((test_run::LO, 100), VLAN_DEV);
     view.vlan_uppers.insert((VLAN_DEV, 7), QINQ_DEV);
     view.if_addrs.insert((VLAN_DEV, unknown));
     view.if_addrs.insert((VLAN_DEV, vlan_ip));
@@ -280,7 +278,7 @@ fn the_census_never_changes_or_stops_a_frame() {
     assert_eq!(table.iter().map(|c| c.count).sum::<u64>(), claims as u64);
     assert!(table
         .iter()
-        .all(|c| c.mac == MAC && c.ifindex == common::LO));
+        .all(|c| c.mac == MAC && c.ifindex == test_run::LO));
 }
 
 /// The map writer's per-event path writes the changed LB keys and nothing
@@ -368,7 +366,11 @@ fn the_census_records_misdirected_packets_and_stops_none() {
     let peer6: IpAddr = Ipv6Addr::new(0xfd00, 0, 0, 0, 0, 0, 0, 1).into();
     let lbs: Vec<(IpAddr, Ownership)> = (lb_ips().into_iter())
         .map(|(ip, s, _)| (IpAddr::from(ip), s))
-        .chain(common::lb_ips6().into_iter().map(|(ip, s)| (ip.into(), s)))
+        .chain(
+            test_run::lb_ips6()
+                .into_iter()
+                .map(|(ip, s)| (ip.into(), s)),
+        )
         .collect();
     let packet = |mac, dst: IpAddr, port| {
         let src = if dst.is_ipv4() { PEER.into() } else { peer6 };
@@ -408,7 +410,7 @@ fn the_census_records_misdirected_packets_and_stops_none() {
     assert_eq!(got, want, "{table:?}");
     assert!(table
         .iter()
-        .all(|e| e.mac == MAC && e.ifindex == common::LO));
+        .all(|e| e.mac == MAC && e.ifindex == test_run::LO));
     assert!(table.iter().all(|e| e.client_ip
         == if e.ip.is_ipv4() {
             IpAddr::from(PEER)
@@ -421,7 +423,7 @@ fn the_census_records_misdirected_packets_and_stops_none() {
     assert_eq!(stats["other_host"], other_host);
 
     // .102 becomes owned here, .103 foreign: the filter follows.
-    let mut view = common::view(true);
+    let mut view = test_run::view(true);
     let (a, b) = (
         IpAddr::from(Ipv4Addr::new(198, 51, 100, 102)),
         IpAddr::from(Ipv4Addr::new(198, 51, 100, 103)),

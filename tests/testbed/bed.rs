@@ -8,10 +8,12 @@
 //!                                                 .101 .102 .103 (LB IPs, as kube-proxy puts them)
 //! ```
 //! The node keeps arp_ignore=0 / arp_announce=0, the defaults that cause the
-//! incident, so its kernel answers ARP for every LB IP.
+//! incident, so its kernel answers ARP for every LB IP. The segment is built
+//! once ([`Bed::with_plan`]); what differs between the IPv4 bed and the IPv6
+//! one ([`crate::bed6`]) is only the address [`Plan`].
 
 use std::{
-    net::Ipv4Addr,
+    net::{IpAddr, Ipv4Addr},
     path::{Path, PathBuf},
 };
 
@@ -73,6 +75,48 @@ impl Drop for TempDir {
     }
 }
 
+/// The addresses a bed gives its two namespaces: one [`Bed`] segment, two
+/// address plans (IPv4 here, IPv6 in [`crate::bed6`]). A plan in IPv6 keeps
+/// IPv6 on and adds its addresses without duplicate address detection; a
+/// plan in IPv4 turns IPv6 off (no chatter on the segment: the tests read
+/// every frame).
+pub struct Plan {
+    /// The node's primary address on eth0, and the peer's, with their prefix length.
+    pub node: (IpAddr, u8),
+    pub peer: (IpAddr, u8),
+    /// LB IPs on the uplink itself (host routes on the node's eth0).
+    pub on_uplink: Vec<IpAddr>,
+    /// LB IPs on kube-ipvs0, as kube-proxy puts them.
+    pub on_kube_ipvs0: Vec<IpAddr>,
+    /// The ownership file the node's daemon reads.
+    pub owners: String,
+}
+
+impl Plan {
+    /// The IPv4 plan of the picture above.
+    pub fn ipv4() -> Plan {
+        Plan {
+            node: (NODE_IP.into(), 24),
+            peer: (PEER_IP.into(), 24),
+            on_uplink: [UNKNOWN_ON_EGRESS, FOREIGN_ON_EGRESS, OWNED_ON_EGRESS]
+                .map(IpAddr::from)
+                .to_vec(),
+            on_kube_ipvs0: [OWNED, FOREIGN, UNKNOWN].map(IpAddr::from).to_vec(),
+            owners: default_owners(),
+        }
+    }
+}
+
+/// `ip addr add ip/len dev dev` in `ns` (IPv6 without duplicate address detection).
+fn add_addr(ns: &Netns, ip: IpAddr, len: u8, dev: &str) -> Result<()> {
+    let addr = format!("{ip}/{len}");
+    match ip {
+        IpAddr::V4(_) => ns.ip(&["addr", "add", &addr, "dev", dev]),
+        IpAddr::V6(_) => ns.ip(&["-6", "addr", "add", &addr, "dev", dev, "nodad"]),
+    }
+    .map(|_| ())
+}
+
 pub struct Bed {
     // Field order matters for drop: namespaces go after nothing uses them.
     pub dir: TempDir,
@@ -84,23 +128,36 @@ pub struct Bed {
 }
 
 impl Bed {
+    /// The IPv4 bed ([`Plan::ipv4`]).
     pub fn new(tag: &str) -> Result<Self> {
+        Self::with_plan(tag, &Plan::ipv4())
+    }
+
+    /// The segment: node and peer joined by a veth pair (eth0 both sides),
+    /// kube-ipvs0 on the node, the addresses and ownership file of `plan`.
+    pub fn with_plan(tag: &str, plan: &Plan) -> Result<Self> {
         let node = Netns::new(&format!("{tag}-n"))?;
         let peer = Netns::new(&format!("{tag}-p"))?;
         veth(&node, "eth0", &peer, "eth0")?;
-        node.ip(&["addr", "add", &format!("{NODE_IP}/24"), "dev", "eth0"])?;
-        peer.ip(&["addr", "add", &format!("{PEER_IP}/24"), "dev", "eth0"])?;
-        for ip in [UNKNOWN_ON_EGRESS, FOREIGN_ON_EGRESS, OWNED_ON_EGRESS] {
-            node.ip(&["addr", "add", &format!("{ip}/32"), "dev", "eth0"])?;
+        add_addr(&node, plan.node.0, plan.node.1, "eth0")?;
+        add_addr(&peer, plan.peer.0, plan.peer.1, "eth0")?;
+        let host = |ip: &IpAddr| if ip.is_ipv4() { 32 } else { 128 };
+        for ip in &plan.on_uplink {
+            add_addr(&node, *ip, host(ip), "eth0")?;
         }
-        kube_ipvs0(&node, &[OWNED, FOREIGN, UNKNOWN])?;
-        for ns in [&node, &peer] {
-            // No IPv6 chatter on the segment: the tests read every frame.
-            ns.sysctl("net.ipv6.conf.all.disable_ipv6", "1")?;
+        kube_ipvs0(&node, &[])?;
+        for ip in &plan.on_kube_ipvs0 {
+            add_addr(&node, *ip, host(ip), "kube-ipvs0")?;
+        }
+        if plan.node.0.is_ipv4() {
+            for ns in [&node, &peer] {
+                // No IPv6 chatter on the segment: the tests read every frame.
+                ns.sysctl("net.ipv6.conf.all.disable_ipv6", "1")?;
+            }
         }
         let dir = TempDir::new(tag)?;
         let owners = dir.path().join("owners.yaml");
-        std::fs::write(&owners, default_owners())?;
+        std::fs::write(&owners, &plan.owners)?;
         let node_mac = node.mac("eth0")?;
         let peer_mac = peer.mac("eth0")?;
         Ok(Bed {
@@ -147,8 +204,15 @@ impl Bed {
         crate::daemon::counters_json(&self.node, &guard_binary(), "eth0")
     }
 
-    /// Packets counted for (LB IP, kind, origin, verdict).
-    pub fn packets(&self, ip: Ipv4Addr, kind: &str, origin: &str, verdict: &str) -> Result<u64> {
+    /// Packets counted for (LB IP, kind, origin, verdict), from `arp-guard counters`.
+    pub fn packets(
+        &self,
+        ip: impl Into<IpAddr>,
+        kind: &str,
+        origin: &str,
+        verdict: &str,
+    ) -> Result<u64> {
+        let ip = ip.into();
         let c = self.counters()?;
         Ok(c["counters"]
             .as_array()
@@ -156,6 +220,7 @@ impl Bed {
             .iter()
             .filter(|r| {
                 r["lb_ip"] == ip.to_string()
+                    && (ip.is_ipv4() || r["family"] == "ipv6")
                     && r["kind"] == kind
                     && r["origin"] == origin
                     && r["verdict"] == verdict

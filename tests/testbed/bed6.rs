@@ -1,5 +1,6 @@
-//! The IPv6 bed of the Neighbor Discovery tests: the two-namespace layout of
-//! [`crate::bed`] with IPv6 on (fd00:1::/64), the LB IPs as IPv6 addresses.
+//! The IPv6 bed of the Neighbor Discovery tests: the two-namespace segment
+//! of [`crate::bed`] with another address plan, IPv6 on (fd00:1::/64), the
+//! LB IPs as IPv6 addresses.
 //!
 //! ```text
 //!  [peer ns] eth0 fd00:1::1/64  <-- veth -->  eth0 fd00:1::11/64 [node ns]
@@ -7,19 +8,20 @@
 //!                                             kube-ipvs0 (down): ::101 ::102 ::103
 //! ```
 
-use std::{net::Ipv6Addr, time::Duration};
+use std::{
+    net::{IpAddr, Ipv6Addr},
+    time::Duration,
+};
 
-use anyhow::{Context as _, Result};
+use anyhow::Result;
 use guard_common::{ndp_build::NdSpec, parse, Parsed};
 
 use crate::{
-    bed::{TempDir, NODE, OTHER},
+    bed::{Bed, Plan, NODE, OTHER},
     daemon::Daemon,
     deploy::daemonset_wrapper,
     frames::nd_bytes,
-    guard_binary,
-    netns::{kube_ipvs0, veth},
-    Netns, RawSocket,
+    RawSocket,
 };
 
 const fn v6(last: u16) -> Ipv6Addr {
@@ -37,100 +39,45 @@ pub const FOREIGN6_ON_EGRESS: Ipv6Addr = v6(0x105);
 /// The MAC the neighbour has for an IP before a test (the real owner's).
 pub const OWNER_MAC: [u8; 6] = [2, 0, 0, 0, 0, 0xbb];
 
-pub struct Bed6 {
-    pub dir: TempDir,
-    pub owners: std::path::PathBuf,
-    pub node_mac: [u8; 6],
-    pub peer_mac: [u8; 6],
-    pub node: Netns,
-    pub peer: Netns,
+/// The IPv6 plan of the picture above.
+pub fn plan() -> Plan {
+    Plan {
+        node: (NODE6.into(), 64),
+        peer: (PEER6.into(), 64),
+        on_uplink: [UNKNOWN6_ON_EGRESS, FOREIGN6_ON_EGRESS]
+            .map(IpAddr::from)
+            .to_vec(),
+        on_kube_ipvs0: [OWNED6, FOREIGN6, UNKNOWN6].map(IpAddr::from).to_vec(),
+        owners: format!(
+            "ips:\n  - ip: {OWNED6}\n    owner: {NODE}\n  - ip: {FOREIGN6}\n    owner: {OTHER}\n  - ip: {UNKNOWN6}\n  \
+             - ip: {UNKNOWN6_ON_EGRESS}\n  - ip: {FOREIGN6_ON_EGRESS}\n    owner: {OTHER}\n"
+        ),
+    }
+}
+
+/// The [`Bed`] segment with the IPv6 [`plan`], whose daemon runs with the
+/// DaemonSet's capabilities; what it has beyond [`Bed`] is Neighbor
+/// Discovery's.
+pub struct Bed6(Bed);
+
+impl std::ops::Deref for Bed6 {
+    type Target = Bed;
+    fn deref(&self) -> &Bed {
+        &self.0
+    }
 }
 
 impl Bed6 {
     pub fn new(tag: &str) -> Result<Self> {
-        let node = Netns::new(&format!("{tag}-n"))?;
-        let peer = Netns::new(&format!("{tag}-p"))?;
-        veth(&node, "eth0", &peer, "eth0")?;
-        let add = |ns: &Netns, ip: Ipv6Addr, len: u8, dev: &str| {
-            ns.ip(&[
-                "-6",
-                "addr",
-                "add",
-                &format!("{ip}/{len}"),
-                "dev",
-                dev,
-                "nodad",
-            ])
-        };
-        add(&node, NODE6, 64, "eth0")?;
-        add(&peer, PEER6, 64, "eth0")?;
-        for ip in [UNKNOWN6_ON_EGRESS, FOREIGN6_ON_EGRESS] {
-            add(&node, ip, 128, "eth0")?;
-        }
-        kube_ipvs0(&node, &[])?;
-        for ip in [OWNED6, FOREIGN6, UNKNOWN6] {
-            add(&node, ip, 128, "kube-ipvs0")?;
-        }
-        let dir = TempDir::new(tag)?;
-        let owners = dir.path().join("owners.yaml");
-        std::fs::write(
-            &owners,
-            format!(
-                "ips:\n  - ip: {OWNED6}\n    owner: {NODE}\n  - ip: {FOREIGN6}\n    owner: {OTHER}\n  - ip: {UNKNOWN6}\n  \
-                 - ip: {UNKNOWN6_ON_EGRESS}\n  - ip: {FOREIGN6_ON_EGRESS}\n    owner: {OTHER}\n"
-            ),
-        )?;
-        Ok(Bed6 {
-            node_mac: node.mac("eth0")?,
-            peer_mac: peer.mac("eth0")?,
-            dir,
-            owners,
-            node,
-            peer,
-        })
+        Bed::with_plan(tag, &plan()).map(Bed6)
     }
 
-    /// The daemon on eth0 with the DaemonSet's capabilities, then `extra`.
+    /// The daemon on eth0 with the DaemonSet's capabilities ([`Bed::args`]
+    /// then `extra`).
     pub fn start(&self, extra: &[&str]) -> Result<Daemon> {
-        let owners = self.owners.to_string_lossy().into_owned();
-        let mut args = vec![
-            "-i",
-            "eth0",
-            "--node-name",
-            NODE,
-            "--ownership-file",
-            &owners,
-            "--lb-ips-from",
-            "kube-ipvs0",
-            "--file-poll",
-            "200ms",
-        ];
-        args.extend_from_slice(extra);
+        let args = self.args(extra);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
         Daemon::start_wrapped(&self.node, &daemonset_wrapper(), &args)
-    }
-
-    /// Packets counted for (LB IP, kind, origin, verdict), from `arp-guard counters`.
-    pub fn packets(&self, ip: Ipv6Addr, kind: &str, origin: &str, verdict: &str) -> Result<u64> {
-        let c = crate::daemon::counters_json(&self.node, &guard_binary(), "eth0")?;
-        let rows = c["counters"].as_array().context("counters array")?;
-        Ok(rows
-            .iter()
-            .filter(|r| {
-                r["lb_ip"] == ip.to_string()
-                    && r["family"] == "ipv6"
-                    && r["kind"] == kind
-                    && r["origin"] == origin
-                    && r["verdict"] == verdict
-            })
-            .map(|r| r["packets"].as_u64().unwrap_or(0))
-            .sum())
-    }
-
-    pub fn total(&self, name: &str) -> Result<u64> {
-        let c = crate::daemon::counters_json(&self.node, &guard_binary(), "eth0")?;
-        c["totals"][name]
-            .as_u64()
-            .with_context(|| format!("no total {name}"))
     }
 
     /// Give the peer an entry for `ip` at `mac` (state STALE, as after an

@@ -38,6 +38,8 @@ pub const CILIUM_PRESENCE_ARGS: &[&str] = &[
     "--presence-namespace",
     PRESENCE_NS,
 ];
+/// The renewTime of the Leases a bed starts with ([`ClusterBed::cilium_service`]).
+pub const LEASE_RENEWED: &str = "2026-11-30T10:00:00.000000Z";
 pub const API: SocketAddr =
     SocketAddr::new(std::net::IpAddr::V4(Ipv4Addr::new(203, 0, 113, 1)), 6443);
 
@@ -253,21 +255,17 @@ impl ClusterBed {
     }
 
     /// A Service `default/<name>` on `ips`, announced as Cilium does: its
-    /// Lease `cilium-l2announce-default-<name>` in kube-system held by
-    /// `holder` for an hour.
-    pub fn cilium_service(&self, name: &str, ips: &[&str], holder: &str) {
+    /// Lease ([`objects::cilium_lease`]) held by `holder` for `lease_secs`,
+    /// renewed at [`LEASE_RENEWED`].
+    ///
+    /// [`objects::cilium_lease`]: crate::fake_api::objects::cilium_lease
+    pub fn cilium_service(&self, name: &str, ips: &[&str], holder: &str, lease_secs: i32) {
         use crate::fake_api::{objects, Resource};
         self.api
             .apply(Resource::Services, objects::service("default", name, ips));
         self.api.apply(
             Resource::Leases,
-            objects::lease(
-                "kube-system",
-                &format!("cilium-l2announce-default-{name}"),
-                holder,
-                3600,
-                "2026-11-30T10:00:00.000000Z",
-            ),
+            objects::cilium_lease(name, holder, lease_secs, LEASE_RENEWED),
         );
     }
 

@@ -1218,6 +1218,19 @@ pub mod objects {
         })
     }
 
+    /// The Lease by which Cilium's L2 announcer holds Service
+    /// `default/<service>`: `cilium-l2announce-default-<service>` in
+    /// kube-system.
+    pub fn cilium_lease(service: &str, holder: &str, duration_s: i32, renew: &str) -> Value {
+        lease(
+            "kube-system",
+            &format!("cilium-l2announce-default-{service}"),
+            holder,
+            duration_s,
+            renew,
+        )
+    }
+
     /// MetalLB's ServiceL2Status (generateName l2-).
     pub fn l2status(ns: &str, name: &str, node: &str, svc_ns: &str, svc_name: &str) -> Value {
         json!({

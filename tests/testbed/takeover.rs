@@ -263,13 +263,7 @@ fn write_owner(api: &ApiHandle, style: Style, node: &str, i: usize) {
     match style {
         Style::Cilium => api.apply(
             Resource::Leases,
-            objects::lease(
-                "kube-system",
-                "cilium-l2announce-default-web",
-                node,
-                60,
-                "2026-11-30T10:00:00.000000Z",
-            ),
+            objects::cilium_lease("web", node, 60, "2026-11-30T10:00:00.000000Z"),
         ),
         Style::KubeVip => api.apply(
             Resource::Leases,

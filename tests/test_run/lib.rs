@@ -1,5 +1,6 @@
-//! Shared by the BPF_PROG_TEST_RUN tests: the LB set and a loaded program
-//! whose maps hold it. BPF_PROG_TEST_RUN runs the program on the loopback
+//! The fixture of the BPF_PROG_TEST_RUN tests (prog_test_run, ndp_test_run,
+//! lb_filter, fuzz_differential): the LB set and the real program, loaded
+//! through the daemon's own datapath (`guard::testing`), whose maps hold it. BPF_PROG_TEST_RUN runs the program on the loopback
 //! device (ifindex 1), so "on the egress interface" means on lo here.
 
 use std::{
@@ -91,7 +92,6 @@ pub fn datapath(with_primary: bool) -> Datapath {
 /// Date the heartbeat so that the program sees it `live` now (under the
 /// tests' short gate thresholds): fresh is dated ahead, so that a slow run
 /// cannot age it.
-#[allow(dead_code)] // not every user of this module needs it
 pub fn date_heartbeat(dp: &mut Datapath, live: guard_common::Liveness) {
     use guard_common::Liveness;
     let now = guard::testing::monotonic_ns();

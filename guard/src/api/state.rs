@@ -16,15 +16,15 @@ use super::types::IpEntry;
 use crate::{
     model::{takeover::TakeoverRecord, view::View},
     telemetry::{
-        census::CensusDoc, clients::ClientsDoc, counters::Snapshot, metrics::Fold, status::Status,
-        takeover::TakeoverStats,
+        census::CensusDoc, clients::ClientsDoc, counters::Snapshot, metrics::Fold,
+        status::DaemonStatus, takeover::TakeoverStats,
     },
 };
 
 /// What the main loop publishes for the API.
 #[derive(Debug, Clone, Default)]
 pub struct ApiState {
-    pub status: Option<Status>,
+    pub status: Option<DaemonStatus>,
     /// Reasons the daemon is not ready (empty: ready).
     pub not_ready: Vec<String>,
     pub ips: BTreeMap<IpAddr, IpEntry>,

@@ -7,7 +7,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::{
     model::{census::Reason, takeover::TakeoverRecord},
-    telemetry::{census::CensusDoc, clients::ClientsDoc, status::Status, takeover::TakeoverStats},
+    telemetry::{
+        census::CensusDoc, clients::ClientsDoc, status::DaemonStatus, takeover::TakeoverStats,
+    },
 };
 
 /// One LB IP as the daemon currently treats it.
@@ -33,7 +35,7 @@ pub struct IpEntry {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct StatusDoc {
     #[serde(flatten)]
-    pub status: Option<Status>,
+    pub status: Option<DaemonStatus>,
     pub ready: bool,
     pub not_ready: Vec<String>,
     pub ips: Vec<IpRow>,

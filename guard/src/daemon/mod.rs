@@ -27,7 +27,7 @@ use crate::{
     api::Shared,
     datapath::{CounterReclaimer, Datapath},
     model::{addrs::AddrTable, cluster::ClusterView, ownership::OwnershipFile, view::View},
-    telemetry::{ops::OPS, status::Status},
+    telemetry::{ops::OPS, status::DaemonStatus},
 };
 pub use config::{
     ApiConfig, ClientsConfig, DaemonConfig, KubeEventsConfig, OnExit, RunConfig, SourcesConfig,
@@ -105,7 +105,7 @@ pub(crate) struct Daemon {
     node_warned: bool,
     shared: Arc<Shared>,
     /// The last status document written to --status-file.
-    last_status: Option<Status>,
+    last_status: Option<DaemonStatus>,
     /// Kernel memory of the maps (sized at load, read once).
     memlock: u64,
     announcers: Vec<&'static str>,

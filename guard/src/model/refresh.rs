@@ -299,7 +299,7 @@ impl Skip {
 
 /// What the decision needs about the IP, now.
 #[derive(Debug, Clone, Copy)]
-pub struct Facts<'a> {
+pub struct RefreshFacts<'a> {
     pub state: Ownership,
     /// The ownership source cannot be trusted now (blind or degraded feed).
     pub blind: bool,
@@ -376,7 +376,12 @@ impl Refresher {
 
     /// Whether to refresh `c` now, and with which MAC; a refresh decided is
     /// counted against the client's minute.
-    pub fn decide(&mut self, c: &Client, f: &Facts<'_>, now_ns: u64) -> Result<[u8; 6], Skip> {
+    pub fn decide(
+        &mut self,
+        c: &Client,
+        f: &RefreshFacts<'_>,
+        now_ns: u64,
+    ) -> Result<[u8; 6], Skip> {
         if f.state != Ownership::Foreign {
             return Err(Skip::NotForeign);
         }
@@ -558,7 +563,7 @@ mod tests {
             mac,
             evidence: Evidence::Census,
         };
-        let facts = |state, blind, owner| Facts {
+        let facts = |state, blind, owner| RefreshFacts {
             state,
             blind,
             owner,

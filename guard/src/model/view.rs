@@ -11,7 +11,7 @@ use std::{
 
 use guard_common::Ownership;
 
-use super::{addrs::AddrTable, cluster::Claim, ownership::OwnershipFile};
+use super::{addrs::AddrTable, cluster::OwnerClaim, ownership::OwnershipFile};
 
 /// Where the knowledge about an LB IP came from (for logs and explanations).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -96,7 +96,7 @@ pub struct Inputs<'a> {
 /// them, under its lock) and whether it is stale.
 #[derive(Clone, Copy)]
 pub struct ClusterIn<'a> {
-    pub claims: &'a BTreeMap<IpAddr, Arc<Claim>>,
+    pub claims: &'a BTreeMap<IpAddr, Arc<OwnerClaim>>,
     pub degraded: bool,
 }
 
@@ -442,7 +442,7 @@ mod tests {
     /// from the same inputs.
     #[test]
     fn incremental_view_equals_the_full_derivation() {
-        use crate::model::{cluster::Claim, ownership::Entry};
+        use crate::model::{cluster::OwnerClaim, ownership::Entry};
         let pool: Vec<IpAddr> = (1..=12)
             .map(|i| IpAddr::V4(Ipv4Addr::new(198, 51, 100, i)))
             .chain(
@@ -458,7 +458,7 @@ mod tests {
             t.links.insert("eth0".into(), 2);
             t.links.insert("kube-ipvs0".into(), 5);
             t.links.insert("lb1".into(), 6);
-            let mut claims: BTreeMap<IpAddr, Arc<Claim>> = BTreeMap::new();
+            let mut claims: BTreeMap<IpAddr, Arc<OwnerClaim>> = BTreeMap::new();
             let mut file: Option<OwnershipFile> = None;
             let mut degraded = false;
             let mut view = View::default();
@@ -502,7 +502,7 @@ mod tests {
                             claims.remove(&ip);
                         }
                         o => {
-                            let c = Claim {
+                            let c = OwnerClaim {
                                 owner: o.map(Into::into),
                                 why: format!("seed {seed}").into(),
                                 certain: r.below(4) > 0,

@@ -24,12 +24,12 @@ use guard_common::Ownership;
 use crate::{
     datapath::{sys::link_macs_by_index, wire::Wire},
     model::{
-        census::Claim,
+        census::CensusEntry,
         clients::{Entry, IpState},
         fmt_mac,
         refresh::{
-            owner_from_census, owner_with_presence, refresh_frame, Claimant, Client, Facts,
-            OwnerMac, Presence, Refresher, Skip,
+            owner_from_census, owner_with_presence, refresh_frame, Claimant, Client, OwnerMac,
+            Presence, RefreshFacts, Refresher, Skip,
         },
     },
 };
@@ -49,7 +49,7 @@ pub struct Knowledge {
     /// synced, failing or degraded.
     pub blind: bool,
     /// The census's latest claims (None: no census read yet).
-    pub claims: Option<Arc<Vec<Claim>>>,
+    pub claims: Option<Arc<Vec<CensusEntry>>>,
     /// LB IPs with a census conflict.
     pub conflicts: BTreeSet<IpAddr>,
     /// When each IP asked took its current state and source (its owner),
@@ -202,7 +202,7 @@ struct Read<'a> {
 
 impl Read<'_> {
     /// What the decision needs about `e`'s IP.
-    fn facts(&self, e: &Entry) -> Facts<'_> {
+    fn facts(&self, e: &Entry) -> RefreshFacts<'_> {
         let state = self.ips.get(&e.ip);
         // Claims count from the move (this node's loss of the IP, or the
         // owner's change as this node saw it, the later) less the hold
@@ -211,7 +211,7 @@ impl Read<'_> {
             .and_then(|s| s.lost_ns)
             .max(self.k.changed_ns.get(&e.ip).copied());
         let Some(since) = moved.map(|m| m.saturating_sub(self.hold_ns)) else {
-            return Facts {
+            return RefreshFacts {
                 state: state.map_or(Ownership::Unknown, |s| s.state),
                 blind: self.k.blind,
                 owner: OwnerMac::Uncertain("the moment of the move is not known"),
@@ -243,7 +243,7 @@ impl Read<'_> {
             ),
             _ => census,
         };
-        Facts {
+        RefreshFacts {
             state: state.map_or(Ownership::Unknown, |s| s.state),
             blind: self.k.blind,
             owner,

@@ -230,7 +230,7 @@ pub fn explain(shared: &Shared, ip: IpAddr) -> Explanation {
     );
     let mut would = Vec::new();
     if let Some(e) = entry {
-        for (iface, has_v4) in &st.interfaces {
+        for (iface, has_v4) in &st.uplinks {
             // ARP kinds for an IPv4 address, NDP kinds for an IPv6 one.
             let kinds = Kind::ALL.iter().filter(|k| k.is_ndp() == ip.is_ipv6());
             for &kind in kinds {
@@ -369,7 +369,7 @@ struct CountersParams {
 /// if the guard is not attached there).
 async fn counters(State(shared): State<Arc<Shared>>, Query(p): Query<CountersParams>) -> Response {
     if let Some(i) = &p.interface {
-        if !shared.read().interfaces.contains_key(i) {
+        if !shared.read().uplinks.contains_key(i) {
             return text(
                 StatusCode::NOT_FOUND,
                 format!("the guard is not attached to {i}\n"),

@@ -30,8 +30,9 @@ pub struct ApiState {
     pub ips: BTreeMap<IpAddr, IpEntry>,
     pub mode: Option<Mode>,
     pub leak_action: Option<LeakAction>,
-    /// Guarded interface -> has a primary IPv4 to rewrite leaks to.
-    pub interfaces: BTreeMap<String, bool>,
+    /// Uplink (an interface the guard is attached to) -> has a primary IPv4
+    /// to rewrite leaks to.
+    pub uplinks: BTreeMap<String, bool>,
     /// The Kubernetes feed: failing since (None: healthy or not used).
     pub feed_failing_since: Option<Instant>,
     pub feed_enabled: bool,

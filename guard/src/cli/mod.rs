@@ -17,6 +17,7 @@ use std::{path::PathBuf, time::Duration};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use guard_common::{LeakAction, Mode};
 
+pub use crate::daemon::config::OnExit;
 use crate::sources::file::DEFAULT_MAX_BYTES;
 
 pub use probe::{ConnectTarget, NeighArg, ProbeArgs};
@@ -110,12 +111,22 @@ pub struct LbIpArgs {
     pub client: ClientArgs,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum OnExit {
-    /// Leave the program attached with its pinned maps for the next daemon.
-    Keep,
-    /// Detach everywhere and remove the pins.
-    Remove,
+/// `--on-exit`'s values: the daemon's own type, spelled for the command line.
+impl ValueEnum for OnExit {
+    fn value_variants<'a>() -> &'a [Self] {
+        &[OnExit::Keep, OnExit::Remove]
+    }
+
+    fn to_possible_value(&self) -> Option<clap::builder::PossibleValue> {
+        use clap::builder::PossibleValue;
+        Some(match self {
+            OnExit::Keep => PossibleValue::new("keep")
+                .help("Leave the program attached with its pinned maps for the next daemon"),
+            OnExit::Remove => {
+                PossibleValue::new("remove").help("Detach everywhere and remove the pins")
+            }
+        })
+    }
 }
 
 #[derive(Debug, Args)]
@@ -124,8 +135,8 @@ pub struct RunArgs {
     pub kube_events: events_args::KubeEventsArgs,
 
     /// Interface whose egress is guarded (the node's uplink). Repeat for several.
-    #[arg(short, long = "interface", value_name = "IFACE", required = true)]
-    pub interfaces: Vec<String>,
+    #[arg(short = 'i', long = "interface", value_name = "IFACE", required = true)]
+    pub uplinks: Vec<String>,
 
     /// This node's name as the ownership sources spell it (Kubernetes node name).
     /// Defaults to $NODE_NAME, then the hostname.
@@ -215,8 +226,8 @@ pub struct RunArgs {
 
     /// Treat every IPv4 address on this interface as an LB IP (e.g. kube-ipvs0),
     /// kept current through netlink. IPs not in the ownership file are `unknown`.
-    #[arg(long, value_name = "IFACE")]
-    pub lb_ips_from: Vec<String>,
+    #[arg(long = "lb-ips-from", value_name = "IFACE")]
+    pub lb_ifaces: Vec<String>,
 
     /// `enforce` drops/rewrites; `monitor` only counts what enforce would do.
     #[arg(long, value_enum, default_value_t = ModeArg::Enforce)]

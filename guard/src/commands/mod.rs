@@ -215,8 +215,8 @@ pub fn validate(args: &ValidateArgs) -> Result<()> {
     let v = view::compute(&view::Inputs {
         node: &node,
         file: Some(&parsed),
-        lb_ips_from: &[],
-        guarded: &[],
+        lb_ifaces: &[],
+        uplinks: &[],
         addrs: &AddrTable::default(),
         cluster: None,
     });

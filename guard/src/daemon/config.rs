@@ -34,7 +34,7 @@ pub struct ApiConfig {
 pub struct SourcesConfig {
     pub file: Option<FileConfig>,
     /// Interfaces whose IPv4 addresses are LB IPs (kube-ipvs0).
-    pub lb_ips_from: Vec<String>,
+    pub lb_ifaces: Vec<String>,
     pub cluster: Option<ClusterConfig>,
     /// How often interface addresses are dumped in full (repairing missed
     /// notifications); also the period of the map reconcile.
@@ -47,8 +47,8 @@ pub struct DaemonConfig {
     /// This node's name as the sources spell it (None: $NODE_NAME was not
     /// set either; the hostname is used).
     pub node_name: Option<String>,
-    /// `--interface` names or glob patterns.
-    pub interfaces: Vec<String>,
+    /// The uplinks: `--interface` names or glob patterns.
+    pub uplinks: Vec<String>,
     pub on_exit: OnExit,
     pub status_file: Option<PathBuf>,
     /// How often the counters are logged (zero: never).

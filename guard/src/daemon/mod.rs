@@ -244,12 +244,12 @@ impl Daemon {
     /// The view from the file and the interfaces (at start, before the
     /// cluster feed has anything to say).
     fn derive(&self, file: Option<&OwnershipFile>, table: &AddrTable) -> View {
-        let guarded = self.guarded(table);
+        let uplinks = self.uplinks(table);
         crate::model::view::compute(&crate::model::view::Inputs {
             node: &self.node,
             file,
-            lb_ips_from: &self.cfg.sources.lb_ips_from,
-            guarded: &guarded,
+            lb_ifaces: &self.cfg.sources.lb_ifaces,
+            uplinks: &uplinks,
             addrs: table,
             cluster: None,
         })

@@ -115,7 +115,7 @@ fn plan_of(shared: &Arc<Shared>, stale_after_ns: u64) -> Plan {
             .filter(|e| e.state != Ownership::Unknown)
             .count(),
         blind: blind(shared, &st, stale_after_ns),
-        interfaces: (st.interfaces.keys())
+        uplinks: (st.uplinks.keys())
             .filter_map(|name| {
                 let i = ifindex(name).ok()?;
                 Some((i, *macs.get(&i)?, lls.get(&i).copied()))

@@ -83,7 +83,7 @@ impl Daemon {
                 st.ips = ip_entries(&st.ips, &self.view, &ifnames)
             }
         }
-        st.interfaces = att
+        st.uplinks = att
             .attached
             .iter()
             .map(|(n, a)| (n.clone(), self.view.if_primary.contains_key(&a.ifindex)))

@@ -86,8 +86,10 @@ pub struct View {
 pub struct Inputs<'a> {
     pub node: &'a str,
     pub file: Option<&'a OwnershipFile>,
-    pub lb_ips_from: &'a [String],
-    pub guarded: &'a [String],
+    /// Interfaces whose addresses are LB IPs (`--lb-ips-from`).
+    pub lb_ifaces: &'a [String],
+    /// The uplinks: the interfaces the guard is attached to (`--interface`).
+    pub uplinks: &'a [String],
     pub addrs: &'a AddrTable,
     pub cluster: Option<ClusterIn<'a>>,
 }
@@ -150,7 +152,7 @@ pub fn derive_ip(i: &Inputs<'_>, ip: IpAddr, on_iface: Option<&str>) -> Option<L
 
 /// The LB interface `ip` is on (the last of `--lb-ips-from` that has it).
 fn lb_iface<'a>(i: &Inputs<'a>, ip: IpAddr) -> Option<&'a str> {
-    i.lb_ips_from
+    i.lb_ifaces
         .iter()
         .rev()
         .find(|n| i.addrs.has(n, ip))
@@ -161,7 +163,7 @@ pub fn compute(i: &Inputs<'_>) -> View {
     let mut view = View::default();
     // Every IP some source names, with the LB interface it is on.
     let mut ips: BTreeMap<IpAddr, Option<&str>> = BTreeMap::new();
-    for name in i.lb_ips_from {
+    for name in i.lb_ifaces {
         for a in i.addrs.v4_of(name) {
             ips.insert(IpAddr::V4(a.addr), Some(name.as_str()));
         }
@@ -196,7 +198,7 @@ impl View {
         self.if_primary.clear();
         self.vlan_uppers.clear();
         let mut devices = Vec::new();
-        for name in i.guarded {
+        for name in i.uplinks {
             let Some(ifindex) = i.addrs.ifindex(name) else {
                 continue;
             };
@@ -312,13 +314,13 @@ mod tests {
         )
         .unwrap();
         let t = table();
-        let guarded = ["eth0".to_string(), "eth9".to_string()];
+        let uplinks = ["eth0".to_string(), "eth9".to_string()];
         let lb_from = ["kube-ipvs0".to_string()];
         let v = compute(&Inputs {
             node: "node-a",
             file: Some(&file),
-            lb_ips_from: &lb_from,
-            guarded: &guarded,
+            lb_ifaces: &lb_from,
+            uplinks: &uplinks,
             addrs: &t,
             cluster: None,
         });
@@ -353,8 +355,8 @@ mod tests {
         let v = compute(&Inputs {
             node: "node-a",
             file: None,
-            lb_ips_from: &lb_from,
-            guarded: &["eth0".to_string()],
+            lb_ifaces: &lb_from,
+            uplinks: &["eth0".to_string()],
             addrs: &t,
             cluster: None,
         });
@@ -383,12 +385,12 @@ mod tests {
         t.v4.insert(7, vec![a("203.0.113.11")]);
         t.v4.insert(8, vec![a("203.0.113.12")]);
         t.v4.insert(9, vec![a("203.0.113.13")]);
-        let guarded = ["eth0".to_string()];
+        let uplinks = ["eth0".to_string()];
         let v = compute(&Inputs {
             node: "node-a",
             file: None,
-            lb_ips_from: &[],
-            guarded: &guarded,
+            lb_ifaces: &[],
+            uplinks: &uplinks,
             addrs: &t,
             cluster: None,
         });
@@ -412,8 +414,8 @@ mod tests {
         let v = compute(&Inputs {
             node: "node-b",
             file: Some(&file),
-            lb_ips_from: &[],
-            guarded: &[],
+            lb_ifaces: &[],
+            uplinks: &[],
             addrs: &t,
             cluster: None,
         });
@@ -450,7 +452,7 @@ mod tests {
             )
             .collect();
         let owners = [None, Some("node-a"), Some("node-b")];
-        let guarded = ["eth0".to_string()];
+        let uplinks = ["eth0".to_string()];
         let lb_from = ["kube-ipvs0".to_string(), "lb1".to_string()];
         for seed in 1..=40u64 {
             let mut r = Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15));
@@ -541,8 +543,8 @@ mod tests {
                 let inputs = Inputs {
                     node: "node-a",
                     file: file.as_ref(),
-                    lb_ips_from: &lb_from,
-                    guarded: &guarded,
+                    lb_ifaces: &lb_from,
+                    uplinks: &uplinks,
                     addrs: &t,
                     cluster: Some(ClusterIn {
                         claims: &claims,

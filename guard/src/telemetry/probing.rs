@@ -57,8 +57,8 @@ pub struct Plan {
     pub owned_anywhere: usize,
     /// Why nothing may be judged now (the feed blind or not synced).
     pub blind: Option<&'static str>,
-    /// The interfaces to ask on: ifindex, MAC, IPv6 link-local.
-    pub interfaces: Vec<(u32, [u8; 6], Option<Ipv6Addr>)>,
+    /// The uplinks to ask on: ifindex, MAC, IPv6 link-local.
+    pub uplinks: Vec<(u32, [u8; 6], Option<Ipv6Addr>)>,
 }
 
 /// What the answers are judged against.
@@ -215,7 +215,7 @@ impl Runner {
             (Some(l), _) if !l.contains(&self.t.node) => {
                 Some("this node's own presence record is not live yet".to_owned())
             }
-            _ if self.plan.interfaces.is_empty() => Some("no guarded interface is up".to_owned()),
+            _ if self.plan.uplinks.is_empty() => Some("no guarded interface is up".to_owned()),
             _ => None,
         };
         if paused != self.doc.paused {
@@ -256,7 +256,7 @@ impl Runner {
             .take(now, self.interval, self.t.pace.node_max, self.seed);
         for ip in due {
             let mut ifindexes = Vec::new();
-            for (ifindex, mac, ll) in &self.plan.interfaces {
+            for (ifindex, mac, ll) in &self.plan.uplinks {
                 let source6 = match (ip, ll) {
                     (IpAddr::V6(_), None) => continue,
                     (_, ll) => ll.unwrap_or(Ipv6Addr::UNSPECIFIED),
@@ -304,7 +304,7 @@ impl Runner {
         let Some(claims) = &facts.claims else {
             return;
         };
-        let local: BTreeSet<[u8; 6]> = (self.plan.interfaces.iter()).map(|(_, m, _)| *m).collect();
+        let local: BTreeSet<[u8; 6]> = (self.plan.uplinks.iter()).map(|(_, m, _)| *m).collect();
         let mut by_ip: BTreeMap<IpAddr, Vec<&CensusEntry>> = BTreeMap::new();
         for c in claims.iter().filter(|c| ips.contains(&c.ip)) {
             by_ip.entry(c.ip).or_default().push(c);

@@ -136,10 +136,10 @@ async fn gather(args: &DoctorArgs) -> (Gathered, Plan) {
         read_netlink()
     );
     let mut node = Node::read(&args.proc_root, &args.sys_root);
-    let (uplinks, uplinks_from) = if args.interfaces.is_empty() {
-        default_uplinks(&node, &addrs, &guard, &args.lb_ips_from)
+    let (uplinks, uplinks_from) = if args.uplinks.is_empty() {
+        default_uplinks(&node, &addrs, &guard, &args.lb_ifaces)
     } else {
-        (args.interfaces.clone(), "--interface".to_owned())
+        (args.uplinks.clone(), "--interface".to_owned())
     };
     node.read_conf(uplinks.iter().map(String::as_str));
     let indexed: Vec<(String, Option<u32>)> = uplinks
@@ -155,7 +155,7 @@ async fn gather(args: &DoctorArgs) -> (Gathered, Plan) {
     let plan = Plan {
         uplinks,
         uplinks_from,
-        lb_ifaces: args.lb_ips_from.clone(),
+        lb_ifaces: args.lb_ifaces.clone(),
         clients: args.client.clone(),
         pin_dir: args.pin_dir.display().to_string(),
     };

@@ -41,6 +41,20 @@ impl RunArgs {
         })
     }
 
+    /// Spellings still accepted that have a better one now, each with what
+    /// to write instead (logged at start).
+    pub fn deprecations(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        if self.announcers.contains(&AnnouncerArg::File) {
+            out.push(
+                "--announcer file is deprecated: the ownership file is read whenever \
+                 --ownership-file is given; drop --announcer file"
+                    .to_owned(),
+            );
+        }
+        out
+    }
+
     /// Flag combinations that cannot do what the user means.
     fn check(&self) -> Result<()> {
         if self.on_exit == OnExit::Keep && self.pin_dir.is_none() {

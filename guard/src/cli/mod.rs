@@ -26,12 +26,14 @@ pub use probe::{ConnectTarget, NeighArg, ProbeArgs};
 #[command(
     name = "arp-guard",
     version,
-    about = "Keeps this node from answering ARP for LoadBalancer IPs it does not own.",
-    long_about = "Keeps this node from answering ARP for LoadBalancer IPs it does not own.\n\n\
-        An eBPF program on the egress of each guarded interface drops ARP replies, gratuitous ARP \
-        and announce leaks that would teach a neighbour \"LB IP -> this node's MAC\" when this node \
-        is not the IP's owner. Ownership comes from a cluster-wide ownership file and/or from the \
-        addresses kube-proxy puts on kube-ipvs0.",
+    about = "Keeps this node from answering ARP and NDP for LoadBalancer IPs it does not own.",
+    long_about = "Keeps this node from answering ARP and NDP for LoadBalancer IPs it does not own.\n\n\
+        An eBPF program on the egress of each uplink (--interface) drops ARP replies, gratuitous \
+        ARP and announce leaks, and their IPv6 Neighbor Discovery counterparts, that would teach a \
+        neighbour \"LB IP -> this node's MAC\" when this node is not the IP's owner. Ownership \
+        comes from the Kubernetes API (MetalLB, kube-vip or Cilium L2 announcements: --announcer), \
+        a cluster-wide ownership file (--ownership-file) and/or the addresses kube-proxy puts on \
+        kube-ipvs0 (--lb-ips-from).",
     after_help = "Run `arp-guard <command> --help` for the options of each command."
 )]
 pub struct Cli {
@@ -156,9 +158,9 @@ pub struct RunArgs {
           value_parser = clap::value_parser!(u64).range(1024..=256 * 1024 * 1024))]
     pub ownership_file_max_bytes: u64,
 
-    /// Where owners come from; repeat for several. cilium, kube-vip and metallb
-    /// read the Kubernetes API (for each Service the first with a record
-    /// decides); `file` is the ownership file, which overrides them all.
+    /// The announcers whose records in the Kubernetes API name each LB IP's
+    /// owner; repeat for several (for each Service the first with a record
+    /// decides). The ownership file (--ownership-file) overrides them all.
     /// Comma-separated lists are accepted too (`--announcer=metallb,kube-vip`).
     #[arg(
         long = "announcer",
@@ -224,8 +226,9 @@ pub struct RunArgs {
     #[arg(long, value_name = "DURATION", default_value = "5m", value_parser = parse_duration)]
     pub heartbeat_dead_after: Duration,
 
-    /// Treat every IPv4 address on this interface as an LB IP (e.g. kube-ipvs0),
-    /// kept current through netlink. IPs not in the ownership file are `unknown`.
+    /// Treat every IPv4 and global IPv6 address on this interface as an LB IP
+    /// (e.g. kube-ipvs0), kept current through netlink. IPs not in the
+    /// ownership file are `unknown`.
     #[arg(long = "lb-ips-from", value_name = "IFACE")]
     pub lb_ifaces: Vec<String>,
 
@@ -375,8 +378,11 @@ pub const DEFAULT_PIN_DIR: &str = "/sys/fs/bpf/arp-guard";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum AnnouncerArg {
-    /// The ownership file (needs --ownership-file; the file, when given, is
-    /// always read and overrides the API).
+    /// Deprecated, hidden: the ownership file is no announcer, and is read
+    /// whenever --ownership-file is given; `--announcer file` still parses
+    /// (and still needs --ownership-file), with a warning
+    /// ([`RunArgs::deprecations`]).
+    #[value(hide = true)]
     File,
     Cilium,
     KubeVip,
@@ -534,6 +540,30 @@ mod tests {
                 format!("{}/{}: get,list,watch", l2.group, l2.plural)
             ]
         );
+    }
+
+    #[test]
+    fn announcer_file_is_a_deprecated_alias() {
+        let parse = |extra: &[&str]| {
+            let mut argv = vec!["arp-guard", "run", "-i", "eth0"];
+            argv.extend_from_slice(extra);
+            match Cli::try_parse_from(argv).unwrap().command {
+                Command::Run(run) => run,
+                _ => unreachable!(),
+            }
+        };
+        let old = parse(&["--announcer", "file", "--ownership-file", "o.yaml"]);
+        assert_eq!(old.announcers, [AnnouncerArg::File]);
+        let warned = old.deprecations();
+        assert!(
+            warned.len() == 1 && warned[0].contains("--announcer file is deprecated"),
+            "{warned:?}"
+        );
+        let now = parse(&["--announcer", "metallb", "--ownership-file", "o.yaml"]);
+        assert!(now.deprecations().is_empty());
+        // Not offered any more, though still accepted.
+        let hidden = |a: AnnouncerArg| a.to_possible_value().is_some_and(|v| v.is_hide_set());
+        assert!(hidden(AnnouncerArg::File) && !hidden(AnnouncerArg::Metallb));
     }
 
     #[test]

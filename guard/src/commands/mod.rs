@@ -61,6 +61,9 @@ pub const EXIT_TROUBLE: u8 = 2;
 
 /// `arp-guard run`: the daemon, until SIGTERM/SIGINT.
 pub async fn run(args: &RunArgs) -> Result<()> {
+    for d in args.deprecations() {
+        tracing::warn!("{d}");
+    }
     crate::daemon::run(args.config()?).await
 }
 

@@ -242,7 +242,7 @@ fn update(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::addrs::IfAddr;
+    use crate::model::addrs::IfAddrV4;
     use std::net::Ipv4Addr;
 
     #[test]
@@ -251,7 +251,7 @@ mod tests {
             let mut t = AddrTable::default();
             t.links.insert("kube-ipvs0".into(), 5);
             t.links.insert("eth0".into(), 2);
-            let a = |i: &u8| IfAddr {
+            let a = |i: &u8| IfAddrV4 {
                 addr: Ipv4Addr::new(10, 0, 0, *i),
                 prefix: 32,
                 secondary: false,

@@ -1,5 +1,5 @@
 //! What `arp-guard run` is asked to do, as one typed config per part: the
-//! command line is turned into these once (cli.rs), and no part sees the
+//! command line is turned into these once (cli/config.rs), and no part sees the
 //! command line itself.
 
 use std::{net::SocketAddr, path::PathBuf, time::Duration};
@@ -33,7 +33,7 @@ pub struct ApiConfig {
 #[derive(Debug, Clone)]
 pub struct SourcesConfig {
     pub file: Option<FileConfig>,
-    /// Interfaces whose IPv4 addresses are LB IPs (kube-ipvs0).
+    /// Interfaces whose IPv4 and global IPv6 addresses are LB IPs (kube-ipvs0).
     pub lb_ifaces: Vec<String>,
     pub cluster: Option<ClusterConfig>,
     /// How often interface addresses are dumped in full (repairing missed

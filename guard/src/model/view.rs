@@ -220,7 +220,7 @@ impl View {
                 self.if_addrs.insert((ifindex, a.addr));
             }
             // arp_announce=2 picks a primary address; never rewrite to an LB IP.
-            let not_lb = |a: &&super::addrs::IfAddr| !self.lb.contains_key(&IpAddr::V4(a.addr));
+            let not_lb = |a: &&super::addrs::IfAddrV4| !self.lb.contains_key(&IpAddr::V4(a.addr));
             let primary = addrs
                 .iter()
                 .filter(not_lb)
@@ -275,14 +275,14 @@ impl View {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{model::addrs::IfAddr, sources::file as ownership_file};
+    use crate::{model::addrs::IfAddrV4, sources::file as ownership_file};
     use std::path::Path;
 
     fn table() -> AddrTable {
         let mut t = AddrTable::default();
         t.links.insert("eth0".into(), 2);
         t.links.insert("kube-ipvs0".into(), 5);
-        let a = |s: &str, secondary| IfAddr {
+        let a = |s: &str, secondary| IfAddrV4 {
             addr: s.parse().unwrap(),
             prefix: 32,
             secondary,
@@ -377,7 +377,7 @@ mod tests {
         t.vlans.insert(7, (2, 100));
         t.vlans.insert(8, (7, 200));
         t.vlans.insert(9, (99, 100));
-        let a = |s: &str| IfAddr {
+        let a = |s: &str| IfAddrV4 {
             addr: s.parse().unwrap(),
             prefix: 24,
             secondary: false,
@@ -478,7 +478,7 @@ mod tests {
                                     Some(p) => {
                                         v.remove(p);
                                     }
-                                    None => v.push(IfAddr {
+                                    None => v.push(IfAddrV4 {
                                         addr: ip,
                                         prefix: 24,
                                         secondary: r.below(3) == 0,

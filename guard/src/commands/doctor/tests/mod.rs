@@ -22,7 +22,7 @@ use super::{
 use crate::{
     api::types::StatusDoc,
     datapath::inspect::{NetlinkFilter, Pinned},
-    model::addrs::{AddrTable, IfAddr},
+    model::addrs::{AddrTable, IfAddrV4},
 };
 
 pub const LB: [&str; 3] = ["198.51.100.101", "198.51.100.102", "198.51.100.103"];
@@ -65,7 +65,7 @@ pub fn addrs(extra: &[(&str, &str, u8)]) -> AddrTable {
     }
     for (name, a, prefix) in base.iter().chain(lb.iter()).chain(extra.iter()) {
         let index = t.links[*name];
-        t.v4.entry(index).or_default().push(IfAddr {
+        t.v4.entry(index).or_default().push(IfAddrV4 {
             addr: a.parse().unwrap(),
             prefix: *prefix,
             secondary: false,

@@ -75,11 +75,12 @@ pub enum Command {
     /// node (their neighbour cache points here): after a move, who has not
     /// followed yet and how long the others took; stale clients (exit 1 if any).
     Clients(LbIpArgs),
-    /// Ask the segment who answers ARP for IPs, every --interval for
-    /// --duration, from any host on it; optionally connect through each answer.
+    /// Ask the segment who answers for IPs (ARP for IPv4, Neighbor
+    /// Solicitations for IPv6), every --interval for --duration, from any host
+    /// on it; optionally connect through each answer.
     Probe(ProbeArgs),
-    /// Check this node for what makes it answer ARP for LB IPs it does not
-    /// own: sysctls, addresses, kube-proxy, routes, the guard. One line per
+    /// Check this node for what makes it answer ARP or NDP for LB IPs it does
+    /// not own: sysctls, addresses, kube-proxy, routes, the guard. One line per
     /// check; exits 1 when a check fails.
     Doctor(Box<DoctorArgs>),
 }

@@ -117,6 +117,6 @@ pub(super) fn presence_facts(
                 Some((*ip, p.table.macs_of(owner, now)?))
             })
             .collect(),
-        guarded: p.table.macs(now).into_keys().collect(),
+        uplink_macs: p.table.macs(now).into_keys().collect(),
     })
 }

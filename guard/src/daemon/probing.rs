@@ -142,7 +142,7 @@ fn facts_of(st: &ApiState, ips: &BTreeSet<IpAddr>) -> ProbingFacts {
                 Some((
                     *ip,
                     OwnerMacs {
-                        guarded: t.macs_of(owner, now),
+                        uplinks: t.macs_of(owner, now),
                         other: t.other_macs_of(owner, now),
                     },
                 ))

@@ -178,9 +178,9 @@ pub fn askers(ip: IpAddr, live: &[String], owner: Option<&str>, k: usize) -> Vec
 /// What the owner's presence record says of its MACs.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct OwnerMacs {
-    /// The MACs of its guarded interfaces (None: no live record; the owner
+    /// The MACs of its uplinks (None: no live record; the owner
     /// is whoever answers).
-    pub guarded: Option<BTreeSet<[u8; 6]>>,
+    pub uplinks: Option<BTreeSet<[u8; 6]>>,
     /// Its other interfaces' MACs, by MAC: interface.
     pub other: BTreeMap<[u8; 6], String>,
 }
@@ -211,7 +211,7 @@ pub fn classify(macs: &BTreeSet<[u8; 6]>, owner: &OwnerMacs) -> Answer {
             Answer::Conflict
         };
     };
-    match &owner.guarded {
+    match &owner.uplinks {
         None => Answer::Owner,
         Some(g) if g.contains(mac) => Answer::Owner,
         Some(_) => match owner.other.get(mac) {
@@ -577,7 +577,7 @@ mod tests {
             [2, 0, 0, 0, 0, 0xc],
         );
         let owner = OwnerMacs {
-            guarded: Some(BTreeSet::from([a])),
+            uplinks: Some(BTreeSet::from([a])),
             other: BTreeMap::from([(c, "eth1".to_string())]),
         };
         let set = |m: &[[u8; 6]]| m.iter().copied().collect::<BTreeSet<_>>();

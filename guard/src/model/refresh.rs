@@ -69,11 +69,11 @@ impl Evidence {
 }
 
 /// What presence tells about an IP's owner: the MACs of its node's live
-/// record (empty: it has none), and every live guard's MACs.
+/// record (empty: it has none), and every live guard's uplink MACs.
 #[derive(Debug, Clone, Copy)]
 pub struct Presence<'a> {
     pub owner: &'a BTreeSet<[u8; 6]>,
-    pub guarded: &'a BTreeSet<[u8; 6]>,
+    pub uplink_macs: &'a BTreeSet<[u8; 6]>,
 }
 
 /// The owner's MAC with presence beside a census that was read
@@ -103,7 +103,7 @@ pub fn owner_with_presence(
     };
     if p.owner.is_empty() {
         return match census {
-            OwnerMac::Certain { mac, .. } if p.guarded.contains(&mac) => {
+            OwnerMac::Certain { mac, .. } if p.uplink_macs.contains(&mac) => {
                 OwnerMac::Uncertain("the only claimant is another guarded node's MAC (a rogue)")
             }
             other => other,
@@ -194,10 +194,10 @@ mod presence_tests {
         let none = BTreeSet::new();
         let one = BTreeSet::from([X]);
         let two = BTreeSet::from([X, Y]);
-        let guarded = BTreeSet::from([X, Y, R]);
+        let uplink_macs = BTreeSet::from([X, Y, R]);
         let p = |owner| Presence {
             owner,
-            guarded: &guarded,
+            uplink_macs: &uplink_macs,
         };
         let local = BTreeSet::new();
         let with = |census, claims: &[Claimant], owner| {

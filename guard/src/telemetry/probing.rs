@@ -352,7 +352,7 @@ fn event_name(v: ProbingVerdict) -> Option<&'static str> {
 
 /// A verdict that began or ended: a log line and an `/events` line each.
 fn report(c: &Change, owner: &OwnerMacs, events: &broadcast::Sender<String>, log: bool) {
-    let owner_macs: Vec<String> = (owner.guarded.iter().flatten()).map(fmt_mac).collect();
+    let owner_macs: Vec<String> = (owner.uplinks.iter().flatten()).map(fmt_mac).collect();
     let send = |event: String| {
         let line = serde_json::json!({
             "time": super::events::unix_time_millis(),

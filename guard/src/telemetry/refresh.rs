@@ -67,7 +67,7 @@ pub type KnowledgeOf = Box<dyn Fn(&BTreeSet<IpAddr>) -> Knowledge + Send + Sync>
 #[derive(Debug, Clone, Default)]
 pub struct PresenceFacts {
     pub owner_macs: BTreeMap<IpAddr, BTreeSet<[u8; 6]>>,
-    pub guarded: BTreeSet<[u8; 6]>,
+    pub uplink_macs: BTreeSet<[u8; 6]>,
 }
 
 /// The healer: its socket, its per-client limits, and how to learn what
@@ -238,7 +238,7 @@ impl Read<'_> {
                 &self.local_set,
                 Presence {
                     owner: p.owner_macs.get(&e.ip).unwrap_or(&none),
-                    guarded: &p.guarded,
+                    uplink_macs: &p.uplink_macs,
                 },
             ),
             _ => census,

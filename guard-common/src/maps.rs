@@ -26,16 +26,16 @@ pub fn lb_filter_slot(ip: u32) -> (u32, u64) {
     (h >> 6, 1u64 << (h & 63))
 }
 
-/// [`IfAddrKey`] -> u8 (1). IPv4 addresses configured on guarded interfaces,
+/// [`IfAddrKey`] -> u8 (1). IPv4 addresses configured on uplinks,
 /// for the "LB IP is on the egress interface" (arp_ignore=1) rule.
 pub const MAP_IF_ADDRS: &str = "IF_ADDRS";
 /// ifindex -> primary IPv4 (host-order u32), used to rewrite announce leaks.
 pub const MAP_IF_PRIMARY: &str = "IF_PRIMARY";
 /// [`VlanKey`] -> the VLAN device's ifindex, for the VLAN devices stacked on
-/// a guarded interface (two levels: QinQ). A frame that leaves the guarded
-/// interface with a tag (in skb metadata or in its data) is judged against
+/// an uplink (two levels: QinQ). A frame that leaves the uplink with a
+/// tag (in skb metadata or in its data) is judged against
 /// the addresses and primary of the VLAN device it came from, as the kernel
-/// answered on that device; with no entry, against the guarded interface.
+/// answered on that device; with no entry, against the uplink.
 pub const MAP_VLAN_UPPERS: &str = "VLAN_UPPERS";
 /// Per-CPU [`CounterKey`] -> [`CounterValue`]: one counter per decision.
 pub const MAP_COUNTERS: &str = "COUNTERS";

@@ -114,7 +114,7 @@ struct Env<'a> {
 impl Env<'_> {
     /// The VLAN device the frame was sent from, when it carries tags and
     /// the daemon knows a VLAN device for them on this interface (at most
-    /// two levels); else the guarded interface itself. Tags, outermost
+    /// two levels); else the uplink itself. Tags, outermost
     /// first: the one in skb metadata (a VLAN device over a device that
     /// offloads tagging), then those in the data.
     #[inline(always)]

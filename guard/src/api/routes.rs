@@ -220,7 +220,7 @@ async fn explain_route(
 }
 
 /// Why this node treats `ip` as it does, and what the program would do with
-/// each kind of frame from each origin on each guarded interface.
+/// each kind of frame from each origin on each uplink.
 pub fn explain(shared: &Shared, ip: IpAddr) -> Explanation {
     let st = shared.read();
     let entry = st.ips.get(&ip);

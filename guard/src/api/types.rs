@@ -20,7 +20,8 @@ pub struct IpEntry {
     pub source: String,
     /// When this state and source were first seen (Unix seconds).
     pub since_unix: u64,
-    /// Guarded interfaces that carry the IP themselves.
+    /// Uplinks that carry the IP themselves (IPv4 only: the egress-address
+    /// rule is ARP's).
     pub on_interfaces: Vec<String>,
     /// The Service that carries it (namespace/name), when the cluster feed
     /// says so.

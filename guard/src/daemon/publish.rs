@@ -131,7 +131,7 @@ fn report(r: crate::datapath::maps::ApplyReport) -> bool {
     ok
 }
 
-/// Bring only the LB entries `keys` (and the guarded interfaces' addresses)
+/// Bring only the LB entries `keys` (and the uplinks' addresses)
 /// to `view`; false if some entry could not be written.
 pub(super) fn apply_changes(
     dp: &mut Datapath,

@@ -1,4 +1,4 @@
-//! The census program on the ingress of each guarded interface, and the
+//! The census program on the ingress of each uplink, and the
 //! reader of its responder table (its table of misdirected clients is read
 //! by `clients.rs`). Observe-only and never pinned: it lives with the
 //! daemon (a restart starts new tables), and anything that goes wrong with

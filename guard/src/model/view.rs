@@ -73,12 +73,12 @@ pub struct View {
     /// LB IPs (IPv4 for ARP, IPv6 for Neighbor Discovery) and this node's
     /// state for each.
     pub lb: BTreeMap<IpAddr, LbIp>,
-    /// (ifindex, address) for every IPv4 address on a guarded interface.
+    /// (ifindex, address) for every IPv4 address on an uplink.
     pub if_addrs: BTreeSet<(u32, Ipv4Addr)>,
-    /// Guarded ifindex -> the IPv4 an announce leak is rewritten to.
+    /// Uplink ifindex -> the IPv4 an announce leak is rewritten to.
     pub if_primary: BTreeMap<u32, Ipv4Addr>,
-    /// (lower ifindex, VLAN ID) -> VLAN device, for the VLAN devices on a
-    /// guarded interface (two levels): a tagged frame is judged against its
+    /// (lower ifindex, VLAN ID) -> VLAN device, for the VLAN devices on an
+    /// uplink (two levels): a tagged frame is judged against its
     /// VLAN device's addresses, which `if_addrs`/`if_primary` hold as well.
     pub vlan_uppers: BTreeMap<(u32, u16), u32>,
 }
@@ -191,7 +191,7 @@ pub fn compute(i: &Inputs<'_>) -> View {
 }
 
 impl View {
-    /// The guarded interfaces' addresses and rewrite addresses (few: the
+    /// The uplinks' addresses and rewrite addresses (few: the
     /// uplinks'), derived anew from `i` and the LB set.
     fn derive_interfaces(&mut self, i: &Inputs<'_>) {
         self.if_addrs.clear();

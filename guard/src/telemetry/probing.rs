@@ -1,6 +1,6 @@
 //! The active census run (the decisions: `model::probing`): on a thread of
 //! its own, this node asks about its share of the LB IPs it does not own,
-//! at the pace the model sets, out of every guarded interface; a few
+//! at the pace the model sets, out of every uplink; a few
 //! seconds later it reads what its census recorded since each request and
 //! judges it. Verdicts that begin or end are logged, sent to `/events`
 //! subscribers (and from there become Events on the Service), and the whole

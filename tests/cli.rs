@@ -65,7 +65,10 @@ fn startup_errors_name_the_culprit() {
         (words("--node-name node-a"), &["nothing to enforce"]),
         (
             words("--announcer file --lb-ips-from kube-ipvs0"),
-            &["--announcer file needs --ownership-file"],
+            &[
+                "--announcer file is deprecated",
+                "--announcer file needs --ownership-file",
+            ],
         ),
         (
             words("-i eth0 --lb-ips-from kube-ipvs0"),

@@ -196,7 +196,7 @@ fn check_guard(rel: &str, expect: &Expect) {
     let config = run.config().unwrap_or_else(|e| panic!("{ctx}: {e:#}"));
     assert_eq!(run.mode, expect.mode, "{ctx}");
     assert_eq!(run.announcers, expect.announcers, "{ctx}");
-    assert_eq!(run.interfaces, [expect.interface], "{ctx}");
+    assert_eq!(run.uplinks, [expect.interface], "{ctx}");
     assert_eq!(
         run.on_exit,
         OnExit::Keep,

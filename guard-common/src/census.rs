@@ -109,7 +109,7 @@ impl CensusStat {
 /// receives it "SPA is at SHA". (Whether SPA is an LB IP is the caller's
 /// map lookup.) A probe (SPA 0.0.0.0) claims nothing.
 #[inline(always)]
-pub fn claim(arp: &ArpFrame) -> Option<Kind> {
+pub fn claim_kind(arp: &ArpFrame) -> Option<Kind> {
     if arp.spa == 0 {
         return None;
     }
@@ -171,13 +171,19 @@ mod tests {
 
     #[test]
     fn claims_are_what_teaches_a_neighbour() {
-        assert_eq!(claim(&arp(ARPOP_REPLY, 7, 9)), Some(Kind::Reply));
-        assert_eq!(claim(&arp(ARPOP_REPLY, 7, 7)), Some(Kind::Gratuitous));
-        assert_eq!(claim(&arp(ARPOP_REQUEST, 7, 7)), Some(Kind::Gratuitous));
-        assert_eq!(claim(&arp(ARPOP_REQUEST, 7, 9)), Some(Kind::AnnounceLeak));
+        assert_eq!(claim_kind(&arp(ARPOP_REPLY, 7, 9)), Some(Kind::Reply));
+        assert_eq!(claim_kind(&arp(ARPOP_REPLY, 7, 7)), Some(Kind::Gratuitous));
+        assert_eq!(
+            claim_kind(&arp(ARPOP_REQUEST, 7, 7)),
+            Some(Kind::Gratuitous)
+        );
+        assert_eq!(
+            claim_kind(&arp(ARPOP_REQUEST, 7, 9)),
+            Some(Kind::AnnounceLeak)
+        );
         // RFC 5227 probe: "who has 7?" from nobody.
-        assert_eq!(claim(&arp(ARPOP_REQUEST, 0, 7)), None);
-        assert_eq!(claim(&arp(3, 7, 9)), None);
+        assert_eq!(claim_kind(&arp(ARPOP_REQUEST, 0, 7)), None);
+        assert_eq!(claim_kind(&arp(3, 7, 9)), None);
     }
 
     #[test]

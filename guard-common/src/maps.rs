@@ -26,16 +26,16 @@ pub fn lb_filter_slot(ip: u32) -> (u32, u64) {
     (h >> 6, 1u64 << (h & 63))
 }
 
-/// [`IfAddrKey`] -> u8 (1). IPv4 addresses configured on guarded interfaces,
+/// [`IfAddrKey`] -> u8 (1). IPv4 addresses configured on uplinks,
 /// for the "LB IP is on the egress interface" (arp_ignore=1) rule.
 pub const MAP_IF_ADDRS: &str = "IF_ADDRS";
 /// ifindex -> primary IPv4 (host-order u32), used to rewrite announce leaks.
 pub const MAP_IF_PRIMARY: &str = "IF_PRIMARY";
 /// [`VlanKey`] -> the VLAN device's ifindex, for the VLAN devices stacked on
-/// a guarded interface (two levels: QinQ). A frame that leaves the guarded
-/// interface with a tag (in skb metadata or in its data) is judged against
+/// an uplink (two levels: QinQ). A frame that leaves the uplink with a
+/// tag (in skb metadata or in its data) is judged against
 /// the addresses and primary of the VLAN device it came from, as the kernel
-/// answered on that device; with no entry, against the guarded interface.
+/// answered on that device; with no entry, against the uplink.
 pub const MAP_VLAN_UPPERS: &str = "VLAN_UPPERS";
 /// Per-CPU [`CounterKey`] -> [`CounterValue`]: one counter per decision.
 pub const MAP_COUNTERS: &str = "COUNTERS";
@@ -276,11 +276,11 @@ pub enum Stat {
     /// ARP frames (any opcode, any validity).
     Arp = 1,
     /// ARP frames that were truncated, not Ethernet/IPv4, or had another opcode.
-    Malformed = 2,
+    ArpMalformed = 2,
     /// Valid ARP whose SPA is not an LB IP (passed).
-    NotLb = 3,
+    ArpNotLb = 3,
     /// A decision could not be counted because [`MAP_COUNTERS`] was full.
-    CounterFull = 4,
+    CounterMapFull = 4,
     /// A rewrite failed at `bpf_skb_store_bytes`; the frame was dropped instead.
     RewriteFailed = 5,
     /// ARP frames whose VLAN tag travelled in skb metadata (a VLAN device or
@@ -289,10 +289,10 @@ pub enum Stat {
     /// Announcements of LB IPs not owned here judged while the daemon's
     /// heartbeat was stale (foreign judged as unknown). An owned IP passes
     /// without a look at the heartbeat, so it is never counted here.
-    GateStale = 7,
+    HeartbeatStale = 7,
     /// Announcements of LB IPs not owned here passed unjudged because the
     /// heartbeat was dead.
-    GateOpen = 8,
+    HeartbeatDeadPassed = 8,
     /// Drop events handed to userspace.
     EventsDelivered = 9,
     /// Drop events held back by the rate limit (or a full ring buffer).
@@ -320,13 +320,13 @@ impl Stat {
     pub const ALL: &'static [Stat] = &[
         Stat::Frames,
         Stat::Arp,
-        Stat::Malformed,
-        Stat::NotLb,
-        Stat::CounterFull,
+        Stat::ArpMalformed,
+        Stat::ArpNotLb,
+        Stat::CounterMapFull,
         Stat::RewriteFailed,
         Stat::VlanInMetadata,
-        Stat::GateStale,
-        Stat::GateOpen,
+        Stat::HeartbeatStale,
+        Stat::HeartbeatDeadPassed,
         Stat::EventsDelivered,
         Stat::EventsSuppressed,
         Stat::Ndp,
@@ -342,13 +342,13 @@ impl Stat {
         match self {
             Stat::Frames => "frames",
             Stat::Arp => "arp",
-            Stat::Malformed => "malformed",
-            Stat::NotLb => "not_lb",
-            Stat::CounterFull => "counter_map_full",
+            Stat::ArpMalformed => "malformed",
+            Stat::ArpNotLb => "not_lb",
+            Stat::CounterMapFull => "counter_map_full",
             Stat::RewriteFailed => "rewrite_failed",
             Stat::VlanInMetadata => "arp_vlan_in_metadata",
-            Stat::GateStale => "heartbeat_stale",
-            Stat::GateOpen => "heartbeat_dead_passed",
+            Stat::HeartbeatStale => "heartbeat_stale",
+            Stat::HeartbeatDeadPassed => "heartbeat_dead_passed",
             Stat::EventsDelivered => "events_delivered",
             Stat::EventsSuppressed => "events_suppressed",
             Stat::Ndp => "ndp",

@@ -1,5 +1,5 @@
 //! IPv6 Neighbor Discovery: reading the Neighbor Advertisements and
-//! Solicitations that leave a guarded interface, as far as the verdict needs.
+//! Solicitations that leave an uplink, as far as the verdict needs.
 //!
 //! An NDP message teaches a neighbour "IPv6 address -> link-layer address"
 //! the way ARP does: a Neighbor Advertisement about its target (solicited,

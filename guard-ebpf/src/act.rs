@@ -10,7 +10,7 @@ use guard_common::{
 };
 
 use crate::{
-    claim::Claim,
+    claim::OutgoingClaim,
     maps::{CONFIG, HEARTBEAT, HELD, IF_ADDRS, IF_PRIMARY, VLAN_UPPERS},
     report::{bump, count, emit, report_announcement},
     skb::{DROP, PASS},
@@ -26,7 +26,7 @@ const AF_INET6: u32 = 10;
 /// Judge `c` with the shared decision, apply it, count it and tell the
 /// operator: the same for ARP and NDP.
 #[inline(always)]
-pub(crate) fn act(ctx: &TcContext, c: &Claim) -> i32 {
+pub(crate) fn act(ctx: &TcContext, c: &OutgoingClaim) -> i32 {
     // SAFETY: a live element of an LB map (a lookup's result). The daemon
     // replaces values whole; the program only ever clears `watch`.
     let state = Ownership::from_u8(unsafe { (*c.entry).state }).unwrap_or(Ownership::Unknown);
@@ -49,7 +49,7 @@ pub(crate) fn act(ctx: &TcContext, c: &Claim) -> i32 {
         ctx,
         vlan_tags: c.vlan_tags,
         vids: c.vids,
-        spa: c.spa,
+        lb_ipv4: c.lb_ipv4,
         // SAFETY: ctx.skb.skb is the kernel's __sk_buff for this invocation.
         ifindex: unsafe { (*ctx.skb.skb).ifindex },
         device: 0,
@@ -100,8 +100,9 @@ struct Env<'a> {
     /// The frame's VLAN tags in its data, and their IDs.
     vlan_tags: u8,
     vids: [u16; 2],
-    /// The IPv4 LB IP of an ARP frame (for the egress-address rule); 0 for NDP.
-    spa: u32,
+    /// The LB IP when it is IPv4 (host order), for the egress-address rule,
+    /// which only ARP asks about; 0 for NDP.
+    lb_ipv4: u32,
     ifindex: u32,
     /// The device whose addresses the frame is judged against: the VLAN
     /// device its tags lead to, else `ifindex`. 0 until first asked.
@@ -113,7 +114,7 @@ struct Env<'a> {
 impl Env<'_> {
     /// The VLAN device the frame was sent from, when it carries tags and
     /// the daemon knows a VLAN device for them on this interface (at most
-    /// two levels); else the guarded interface itself. Tags, outermost
+    /// two levels); else the uplink itself. Tags, outermost
     /// first: the one in skb metadata (a VLAN device over a device that
     /// offloads tagging), then those in the data.
     #[inline(always)]
@@ -169,10 +170,10 @@ impl Surroundings for Env<'_> {
         match live {
             Liveness::Fresh => {}
             Liveness::Stale => {
-                bump(Stat::GateStale);
+                bump(Stat::HeartbeatStale);
             }
             Liveness::Dead => {
-                bump(Stat::GateOpen);
+                bump(Stat::HeartbeatDeadPassed);
             }
         }
         live
@@ -182,7 +183,7 @@ impl Surroundings for Env<'_> {
     fn ip_on_egress(&mut self) -> bool {
         let key = IfAddrKey {
             ifindex: self.device(),
-            addr: self.spa,
+            addr: self.lb_ipv4,
         };
         // SAFETY: a plain lookup of a Copy value.
         unsafe { IF_ADDRS.get(&key) }.is_some()
@@ -201,7 +202,7 @@ impl Surroundings for Env<'_> {
 /// window. What cannot be copied is counted: it is dropped all the same (a
 /// split-brain speaker must not get through by filling the ring).
 #[inline(always)]
-fn defer(ctx: &TcContext, c: &Claim, origin: Origin, now: u64, ifindex: u32) {
+fn defer(ctx: &TcContext, c: &OutgoingClaim, origin: Origin, now: u64, ifindex: u32) {
     let len = ctx.len();
     if len > HELD_FRAME_MAX as u32 {
         bump(Stat::AnnounceDeferFailed);

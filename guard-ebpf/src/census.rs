@@ -19,7 +19,7 @@ use aya_ebpf::{
     programs::TcContext,
 };
 use guard_common::{
-    census::{claim, first, record},
+    census::{claim_kind, first, record},
     classify_nd,
     clients::{self, foreign_slot_v4, ClientKey, ClientStat, ClientValue},
     frame::{ETH_P_IP, VID_MASK},
@@ -80,14 +80,14 @@ pub fn arp_guard_census(ctx: TcContext) -> i32 {
             if !may_be_lb(arp.spa) || unsafe { LB_IPS.get(&arp.spa) }.is_none() {
                 return PASS;
             }
-            let Some(kind) = claim(&arp) else {
+            let Some(kind) = claim_kind(&arp) else {
                 return PASS;
             };
             (v4_key(arp.spa), arp.sha, kind)
         }
         Parsed::Nd(nd) => {
             bump(CensusStat::Ndp);
-            match nd_claim(&ctx, &nd) {
+            match nd_claim_kind(&ctx, &nd) {
                 Some((ip, kind)) => (ip, nd.eth_src, kind),
                 None => return PASS,
             }
@@ -122,7 +122,10 @@ pub fn arp_guard_census(ctx: TcContext) -> i32 {
 /// the egress guard judges (an advertisement; a solicitation with a source
 /// link-layer option).
 #[inline(always)]
-fn nd_claim(ctx: &TcContext, nd: &guard_common::NdFrame) -> Option<(guard_common::IpKey, Kind)> {
+fn nd_claim_kind(
+    ctx: &TcContext,
+    nd: &guard_common::NdFrame,
+) -> Option<(guard_common::IpKey, Kind)> {
     let ip = nd.claimed()?;
     // SAFETY: a plain lookup; LB_IPS6 values are written whole by userspace.
     unsafe { LB_IPS6.get(&ip) }?;

@@ -5,7 +5,7 @@
 use guard_common::{DropEvent, IpKey, Kind, LbEntry, Origin, Ownership, Verdict};
 
 /// An announcement of an LB IP, of either family, ready to be judged.
-pub(crate) struct Claim {
+pub(crate) struct OutgoingClaim {
     pub(crate) ip: IpKey,
     pub(crate) kind: Kind,
     /// The IP's entry in its LB map (non-null: a lookup's result); its
@@ -13,15 +13,16 @@ pub(crate) struct Claim {
     pub(crate) entry: *mut LbEntry,
     pub(crate) requester_ip: IpKey,
     pub(crate) requester_mac: [u8; 6],
-    /// IPv4: the LB IP, host order (0 for NDP, which never asks).
-    pub(crate) spa: u32,
+    /// The LB IP when it is IPv4 (host order), for the egress-address
+    /// rule, which only ARP asks about; 0 for NDP (`ip` holds its address).
+    pub(crate) lb_ipv4: u32,
     /// Where an announce leak's rewrite writes (ARP SPA).
     pub(crate) rewrite_at: usize,
     pub(crate) vlan_tags: u8,
     pub(crate) vids: [u16; 2],
 }
 
-impl Claim {
+impl OutgoingClaim {
     /// The event that tells the operator what became of this claim.
     #[inline(always)]
     pub(crate) fn event(

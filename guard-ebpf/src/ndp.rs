@@ -9,14 +9,17 @@ use guard_common::{classify_nd, NdClass, NdFrame, Stat};
 
 use crate::{
     act::act,
-    claim::Claim,
+    claim::OutgoingClaim,
     maps::LB_IPS6,
     report::bump,
     skb::{Skb, PASS},
 };
 
+/// The program's NDP path: an IPv6 LB IP's NDP message becomes an
+/// [`OutgoingClaim`] for the shared verdict ([`act`]); NDP for other IPs
+/// passes (`ndp_not_lb`).
 #[inline(always)]
-pub(crate) fn judge(ctx: &TcContext, nd: &NdFrame) -> i32 {
+pub(crate) fn egress(ctx: &TcContext, nd: &NdFrame) -> i32 {
     let Some(ip) = nd.claimed() else {
         bump(Stat::NdpNotLb);
         return PASS;
@@ -33,13 +36,13 @@ pub(crate) fn judge(ctx: &TcContext, nd: &NdFrame) -> i32 {
             return PASS;
         }
     };
-    let claim = Claim {
+    let claim = OutgoingClaim {
         ip,
         kind,
         entry,
         requester_ip: nd.dst,
         requester_mac: nd.eth_dst,
-        spa: 0,
+        lb_ipv4: 0,
         rewrite_at: 0,
         vlan_tags: nd.vlan_tags,
         vids: nd.vids,

@@ -1,5 +1,5 @@
 //! The egress entry point: the frame's outer ethertype, the fast path,
-//! one parse, and the frame handed to the ARP or the NDP judgement
+//! one parse, and the frame handed to the ARP or the NDP path
 //! (`arp.rs`, `ndp.rs`), which act on it alike (`act.rs`).
 
 use aya_ebpf::{macros::classifier, programs::TcContext};
@@ -25,7 +25,7 @@ pub fn arp_guard_egress(ctx: TcContext) -> i32 {
         Parsed::Other => return PASS,
         Parsed::Malformed => {
             bump(Stat::Arp);
-            bump(Stat::Malformed);
+            bump(Stat::ArpMalformed);
             return PASS;
         }
         Parsed::NdMalformed => {
@@ -39,7 +39,7 @@ pub fn arp_guard_egress(ctx: TcContext) -> i32 {
         }
         Parsed::Nd(nd) => {
             bump(Stat::Ndp);
-            return ndp::judge(&ctx, &nd);
+            return ndp::egress(&ctx, &nd);
         }
         Parsed::Arp(arp) => arp,
     };
@@ -50,7 +50,7 @@ pub fn arp_guard_egress(ctx: TcContext) -> i32 {
     if unsafe { (*ctx.skb.skb).vlan_present } != 0 {
         bump(Stat::VlanInMetadata);
     }
-    arp::judge(&ctx, &arp)
+    arp::egress(&ctx, &arp)
 }
 
 #[cfg(not(test))]

@@ -10,7 +10,7 @@ use guard_common::{
 };
 
 use crate::{
-    claim::Claim,
+    claim::OutgoingClaim,
     maps::{COUNTERS, EVENTS, EVENT_RATE, STATS},
 };
 
@@ -42,7 +42,7 @@ pub(crate) fn count(ctx: &TcContext, key: CounterKey) {
     let fresh = CounterValue { packets: 1, bytes };
     // Two CPUs may insert the same new key at once; each insert writes only
     // its own CPU's slot (the others are zeroed), so no count is lost.
-    if COUNTERS.insert(&key, &fresh, 0).is_err() && bump(Stat::CounterFull) == 1 {
+    if COUNTERS.insert(&key, &fresh, 0).is_err() && bump(Stat::CounterMapFull) == 1 {
         // Once per CPU: the STATS counter keeps the tally, this only points at it.
         error!(ctx, "arp-guard: counter map full; decisions are no longer counted per LB IP (see STATS counter_map_full)");
     }
@@ -53,7 +53,7 @@ pub(crate) fn count(ctx: &TcContext, key: CounterKey) {
 /// is built only once a token allows it.
 #[inline(always)]
 pub(crate) fn emit(
-    c: &Claim,
+    c: &OutgoingClaim,
     ifindex: u32,
     origin: Origin,
     state: Ownership,
@@ -84,7 +84,12 @@ pub(crate) fn emit(
 /// change of state), and the flag cleared. Two CPUs may both report it;
 /// the daemon keeps the first.
 #[inline(always)]
-pub(crate) fn report_announcement(c: &Claim, ifindex: u32, origin: Origin, state: Ownership) {
+pub(crate) fn report_announcement(
+    c: &OutgoingClaim,
+    ifindex: u32,
+    origin: Origin,
+    state: Ownership,
+) {
     // SAFETY: a live element of an LB map; see `act`.
     unsafe {
         if (*c.entry).watch == 0 {

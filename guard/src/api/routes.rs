@@ -220,7 +220,7 @@ async fn explain_route(
 }
 
 /// Why this node treats `ip` as it does, and what the program would do with
-/// each kind of frame from each origin on each guarded interface.
+/// each kind of frame from each origin on each uplink.
 pub fn explain(shared: &Shared, ip: IpAddr) -> Explanation {
     let st = shared.read();
     let entry = st.ips.get(&ip);
@@ -230,7 +230,7 @@ pub fn explain(shared: &Shared, ip: IpAddr) -> Explanation {
     );
     let mut would = Vec::new();
     if let Some(e) = entry {
-        for (iface, has_v4) in &st.interfaces {
+        for (iface, has_v4) in &st.uplinks {
             // ARP kinds for an IPv4 address, NDP kinds for an IPv6 one.
             let kinds = Kind::ALL.iter().filter(|k| k.is_ndp() == ip.is_ipv6());
             for &kind in kinds {
@@ -369,7 +369,7 @@ struct CountersParams {
 /// if the guard is not attached there).
 async fn counters(State(shared): State<Arc<Shared>>, Query(p): Query<CountersParams>) -> Response {
     if let Some(i) = &p.interface {
-        if !shared.read().interfaces.contains_key(i) {
+        if !shared.read().uplinks.contains_key(i) {
             return text(
                 StatusCode::NOT_FOUND,
                 format!("the guard is not attached to {i}\n"),

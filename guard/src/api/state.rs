@@ -16,22 +16,23 @@ use super::types::IpEntry;
 use crate::{
     model::{takeover::TakeoverRecord, view::View},
     telemetry::{
-        census::CensusDoc, clients::ClientsDoc, counters::Snapshot, metrics::Fold, status::Status,
-        takeover::TakeoverStats,
+        census::CensusDoc, clients::ClientsDoc, counters::Snapshot, metrics::Fold,
+        status::DaemonStatus, takeover::TakeoverStats,
     },
 };
 
 /// What the main loop publishes for the API.
 #[derive(Debug, Clone, Default)]
 pub struct ApiState {
-    pub status: Option<Status>,
+    pub status: Option<DaemonStatus>,
     /// Reasons the daemon is not ready (empty: ready).
     pub not_ready: Vec<String>,
     pub ips: BTreeMap<IpAddr, IpEntry>,
     pub mode: Option<Mode>,
     pub leak_action: Option<LeakAction>,
-    /// Guarded interface -> has a primary IPv4 to rewrite leaks to.
-    pub interfaces: BTreeMap<String, bool>,
+    /// Uplink (an interface the guard is attached to) -> has a primary IPv4
+    /// to rewrite leaks to.
+    pub uplinks: BTreeMap<String, bool>,
     /// The Kubernetes feed: failing since (None: healthy or not used).
     pub feed_failing_since: Option<Instant>,
     pub feed_enabled: bool,

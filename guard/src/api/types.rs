@@ -7,7 +7,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::{
     model::{census::Reason, takeover::TakeoverRecord},
-    telemetry::{census::CensusDoc, clients::ClientsDoc, status::Status, takeover::TakeoverStats},
+    telemetry::{
+        census::CensusDoc, clients::ClientsDoc, status::DaemonStatus, takeover::TakeoverStats,
+    },
 };
 
 /// One LB IP as the daemon currently treats it.
@@ -18,7 +20,8 @@ pub struct IpEntry {
     pub source: String,
     /// When this state and source were first seen (Unix seconds).
     pub since_unix: u64,
-    /// Guarded interfaces that carry the IP themselves.
+    /// Uplinks that carry the IP themselves (IPv4 only: the egress-address
+    /// rule is ARP's).
     pub on_interfaces: Vec<String>,
     /// The Service that carries it (namespace/name), when the cluster feed
     /// says so.
@@ -33,7 +36,7 @@ pub struct IpEntry {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct StatusDoc {
     #[serde(flatten)]
-    pub status: Option<Status>,
+    pub status: Option<DaemonStatus>,
     pub ready: bool,
     pub not_ready: Vec<String>,
     pub ips: Vec<IpRow>,

@@ -7,10 +7,7 @@ use anyhow::{bail, Result};
 
 use super::{AnnouncerArg, AttachArg, KubeVipElection, OnExit, RunArgs};
 use crate::{
-    daemon::{
-        ApiConfig, ClientsConfig, DaemonConfig, OnExit as ExitAction, RunConfig, SourcesConfig,
-        TakeoverConfig,
-    },
+    daemon::{ApiConfig, ClientsConfig, DaemonConfig, RunConfig, SourcesConfig, TakeoverConfig},
     datapath::{AttachMode, DatapathConfig, Gate},
     sources::{
         cluster::{objects::ServiceFilter, Announcer, ClusterConfig, FeedConfig, Key},
@@ -44,6 +41,20 @@ impl RunArgs {
         })
     }
 
+    /// Spellings still accepted that have a better one now, each with what
+    /// to write instead (logged at start).
+    pub fn deprecations(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        if self.announcers.contains(&AnnouncerArg::File) {
+            out.push(
+                "--announcer file is deprecated: the ownership file is read whenever \
+                 --ownership-file is given; drop --announcer file"
+                    .to_owned(),
+            );
+        }
+        out
+    }
+
     /// Flag combinations that cannot do what the user means.
     fn check(&self) -> Result<()> {
         if self.on_exit == OnExit::Keep && self.pin_dir.is_none() {
@@ -52,7 +63,7 @@ impl RunArgs {
             );
         }
         let mut seen = std::collections::BTreeSet::new();
-        for i in &self.interfaces {
+        for i in &self.uplinks {
             if !seen.insert(i) {
                 bail!("--interface {i} is given twice");
             }
@@ -61,7 +72,7 @@ impl RunArgs {
             bail!("--announcer file needs --ownership-file PATH");
         }
         let announcers = self.cluster_announcers();
-        if self.ownership_file.is_none() && self.lb_ips_from.is_empty() && announcers.is_empty() {
+        if self.ownership_file.is_none() && self.lb_ifaces.is_empty() && announcers.is_empty() {
             bail!(
                 "nothing to enforce: give --announcer cilium|kube-vip|metallb, --ownership-file, and/or --lb-ips-from \
                  (e.g. --lb-ips-from kube-ipvs0)"
@@ -70,8 +81,8 @@ impl RunArgs {
         if self.stale_client_after.is_zero() || self.clients_read_period.is_zero() {
             bail!("--stale-client-after and --clients-read-period must be longer than 0");
         }
-        for i in &self.lb_ips_from {
-            if self.interfaces.contains(i) {
+        for i in &self.lb_ifaces {
+            if self.uplinks.contains(i) {
                 bail!(
                     "--lb-ips-from {i} conflicts with --interface {i}: the LB IPs' own interface is not the one \
                      that answers the segment; guard the uplink and read LB IPs from kube-ipvs0"
@@ -102,7 +113,7 @@ impl RunArgs {
                 poll: self.file_poll,
                 max_bytes: self.ownership_file_max_bytes,
             }),
-            lb_ips_from: self.lb_ips_from.clone(),
+            lb_ifaces: self.lb_ifaces.clone(),
             cluster,
             resync: self.resync,
         }
@@ -138,11 +149,8 @@ impl RunArgs {
     fn daemon(&self) -> DaemonConfig {
         DaemonConfig {
             node_name: self.node_name.clone(),
-            interfaces: self.interfaces.clone(),
-            on_exit: match self.on_exit {
-                OnExit::Keep => ExitAction::Keep,
-                OnExit::Remove => ExitAction::Remove,
-            },
+            uplinks: self.uplinks.clone(),
+            on_exit: self.on_exit,
             status_file: self.status_file.clone(),
             stats_interval: self.stats_interval,
             counter_grace: self.counter_grace,

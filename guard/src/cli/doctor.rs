@@ -11,13 +11,17 @@ pub struct DoctorArgs {
     /// The node's announcing interface (its uplink to the LAN); repeat for
     /// several. Default: the interfaces the running guard is on, else those
     /// of the default route, else every interface with an IPv4 address.
-    #[arg(short, long = "interface", value_name = "IFACE")]
-    pub interfaces: Vec<String>,
+    #[arg(short = 'i', long = "interface", value_name = "IFACE")]
+    pub uplinks: Vec<String>,
 
     /// Interfaces whose addresses are LB IPs (as `run --lb-ips-from`: IPv4,
     /// and global IPv6); non-loopback IPv4 addresses on `lo` are checked too.
-    #[arg(long, value_name = "IFACE", default_value = "kube-ipvs0")]
-    pub lb_ips_from: Vec<String>,
+    #[arg(
+        long = "lb-ips-from",
+        value_name = "IFACE",
+        default_value = "kube-ipvs0"
+    )]
+    pub lb_ifaces: Vec<String>,
 
     /// A client address to check the route back to (repeat for several).
     /// Default: clients beyond the connected subnets, i.e. the default route.

@@ -17,6 +17,7 @@ use std::{path::PathBuf, time::Duration};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use guard_common::{LeakAction, Mode};
 
+pub use crate::daemon::config::OnExit;
 use crate::sources::file::DEFAULT_MAX_BYTES;
 
 pub use probe::{ConnectTarget, NeighArg, ProbeArgs};
@@ -25,12 +26,14 @@ pub use probe::{ConnectTarget, NeighArg, ProbeArgs};
 #[command(
     name = "arp-guard",
     version,
-    about = "Keeps this node from answering ARP for LoadBalancer IPs it does not own.",
-    long_about = "Keeps this node from answering ARP for LoadBalancer IPs it does not own.\n\n\
-        An eBPF program on the egress of each guarded interface drops ARP replies, gratuitous ARP \
-        and announce leaks that would teach a neighbour \"LB IP -> this node's MAC\" when this node \
-        is not the IP's owner. Ownership comes from a cluster-wide ownership file and/or from the \
-        addresses kube-proxy puts on kube-ipvs0.",
+    about = "Keeps this node from answering ARP and NDP for LoadBalancer IPs it does not own.",
+    long_about = "Keeps this node from answering ARP and NDP for LoadBalancer IPs it does not own.\n\n\
+        An eBPF program on the egress of each uplink (--interface) drops ARP replies, gratuitous \
+        ARP and announce leaks, and their IPv6 Neighbor Discovery counterparts, that would teach a \
+        neighbour \"LB IP -> this node's MAC\" when this node is not the IP's owner. Ownership \
+        comes from the Kubernetes API (MetalLB, kube-vip or Cilium L2 announcements: --announcer), \
+        a cluster-wide ownership file (--ownership-file) and/or the addresses kube-proxy puts on \
+        kube-ipvs0 (--lb-ips-from).",
     after_help = "Run `arp-guard <command> --help` for the options of each command."
 )]
 pub struct Cli {
@@ -72,11 +75,12 @@ pub enum Command {
     /// node (their neighbour cache points here): after a move, who has not
     /// followed yet and how long the others took; stale clients (exit 1 if any).
     Clients(LbIpArgs),
-    /// Ask the segment who answers ARP for IPs, every --interval for
-    /// --duration, from any host on it; optionally connect through each answer.
+    /// Ask the segment who answers for IPs (ARP for IPv4, Neighbor
+    /// Solicitations for IPv6), every --interval for --duration, from any host
+    /// on it; optionally connect through each answer.
     Probe(ProbeArgs),
-    /// Check this node for what makes it answer ARP for LB IPs it does not
-    /// own: sysctls, addresses, kube-proxy, routes, the guard. One line per
+    /// Check this node for what makes it answer ARP or NDP for LB IPs it does
+    /// not own: sysctls, addresses, kube-proxy, routes, the guard. One line per
     /// check; exits 1 when a check fails.
     Doctor(Box<DoctorArgs>),
 }
@@ -110,12 +114,22 @@ pub struct LbIpArgs {
     pub client: ClientArgs,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum OnExit {
-    /// Leave the program attached with its pinned maps for the next daemon.
-    Keep,
-    /// Detach everywhere and remove the pins.
-    Remove,
+/// `--on-exit`'s values: the daemon's own type, spelled for the command line.
+impl ValueEnum for OnExit {
+    fn value_variants<'a>() -> &'a [Self] {
+        &[OnExit::Keep, OnExit::Remove]
+    }
+
+    fn to_possible_value(&self) -> Option<clap::builder::PossibleValue> {
+        use clap::builder::PossibleValue;
+        Some(match self {
+            OnExit::Keep => PossibleValue::new("keep")
+                .help("Leave the program attached with its pinned maps for the next daemon"),
+            OnExit::Remove => {
+                PossibleValue::new("remove").help("Detach everywhere and remove the pins")
+            }
+        })
+    }
 }
 
 #[derive(Debug, Args)]
@@ -124,8 +138,8 @@ pub struct RunArgs {
     pub kube_events: events_args::KubeEventsArgs,
 
     /// Interface whose egress is guarded (the node's uplink). Repeat for several.
-    #[arg(short, long = "interface", value_name = "IFACE", required = true)]
-    pub interfaces: Vec<String>,
+    #[arg(short = 'i', long = "interface", value_name = "IFACE", required = true)]
+    pub uplinks: Vec<String>,
 
     /// This node's name as the ownership sources spell it (Kubernetes node name).
     /// Defaults to $NODE_NAME, then the hostname.
@@ -145,9 +159,9 @@ pub struct RunArgs {
           value_parser = clap::value_parser!(u64).range(1024..=256 * 1024 * 1024))]
     pub ownership_file_max_bytes: u64,
 
-    /// Where owners come from; repeat for several. cilium, kube-vip and metallb
-    /// read the Kubernetes API (for each Service the first with a record
-    /// decides); `file` is the ownership file, which overrides them all.
+    /// The announcers whose records in the Kubernetes API name each LB IP's
+    /// owner; repeat for several (for each Service the first with a record
+    /// decides). The ownership file (--ownership-file) overrides them all.
     /// Comma-separated lists are accepted too (`--announcer=metallb,kube-vip`).
     #[arg(
         long = "announcer",
@@ -213,10 +227,11 @@ pub struct RunArgs {
     #[arg(long, value_name = "DURATION", default_value = "5m", value_parser = parse_duration)]
     pub heartbeat_dead_after: Duration,
 
-    /// Treat every IPv4 address on this interface as an LB IP (e.g. kube-ipvs0),
-    /// kept current through netlink. IPs not in the ownership file are `unknown`.
-    #[arg(long, value_name = "IFACE")]
-    pub lb_ips_from: Vec<String>,
+    /// Treat every IPv4 and global IPv6 address on this interface as an LB IP
+    /// (e.g. kube-ipvs0), kept current through netlink. IPs not in the
+    /// ownership file are `unknown`.
+    #[arg(long = "lb-ips-from", value_name = "IFACE")]
+    pub lb_ifaces: Vec<String>,
 
     /// `enforce` drops/rewrites; `monitor` only counts what enforce would do.
     #[arg(long, value_enum, default_value_t = ModeArg::Enforce)]
@@ -364,8 +379,11 @@ pub const DEFAULT_PIN_DIR: &str = "/sys/fs/bpf/arp-guard";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum AnnouncerArg {
-    /// The ownership file (needs --ownership-file; the file, when given, is
-    /// always read and overrides the API).
+    /// Deprecated, hidden: the ownership file is no announcer, and is read
+    /// whenever --ownership-file is given; `--announcer file` still parses
+    /// (and still needs --ownership-file), with a warning
+    /// ([`RunArgs::deprecations`]).
+    #[value(hide = true)]
     File,
     Cilium,
     KubeVip,
@@ -523,6 +541,30 @@ mod tests {
                 format!("{}/{}: get,list,watch", l2.group, l2.plural)
             ]
         );
+    }
+
+    #[test]
+    fn announcer_file_is_a_deprecated_alias() {
+        let parse = |extra: &[&str]| {
+            let mut argv = vec!["arp-guard", "run", "-i", "eth0"];
+            argv.extend_from_slice(extra);
+            match Cli::try_parse_from(argv).unwrap().command {
+                Command::Run(run) => run,
+                _ => unreachable!(),
+            }
+        };
+        let old = parse(&["--announcer", "file", "--ownership-file", "o.yaml"]);
+        assert_eq!(old.announcers, [AnnouncerArg::File]);
+        let warned = old.deprecations();
+        assert!(
+            warned.len() == 1 && warned[0].contains("--announcer file is deprecated"),
+            "{warned:?}"
+        );
+        let now = parse(&["--announcer", "metallb", "--ownership-file", "o.yaml"]);
+        assert!(now.deprecations().is_empty());
+        // Not offered any more, though still accepted.
+        let hidden = |a: AnnouncerArg| a.to_possible_value().is_some_and(|v| v.is_hide_set());
+        assert!(hidden(AnnouncerArg::File) && !hidden(AnnouncerArg::Metallb));
     }
 
     #[test]

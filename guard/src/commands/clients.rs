@@ -8,7 +8,7 @@ use anyhow::Result;
 use super::query::fetch;
 use crate::{
     cli::{LbIpArgs, Output},
-    model::clients::{Cause, IpClients, Status},
+    model::clients::{Cause, ClientState, IpClients},
     telemetry::clients::ClientsDoc,
 };
 
@@ -80,7 +80,7 @@ fn print_clients(v: &ClientsDoc) {
                 (String::new(), String::new())
             };
             let status = match cl.status {
-                Status::Stale => "STALE",
+                ClientState::Stale => "STALE",
                 s => s.as_str(),
             };
             let vlan = cl.vlan.map(|v| format!(" vlan {v}")).unwrap_or_default();

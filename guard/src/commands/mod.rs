@@ -61,6 +61,9 @@ pub const EXIT_TROUBLE: u8 = 2;
 
 /// `arp-guard run`: the daemon, until SIGTERM/SIGINT.
 pub async fn run(args: &RunArgs) -> Result<()> {
+    for d in args.deprecations() {
+        tracing::warn!("{d}");
+    }
     crate::daemon::run(args.config()?).await
 }
 
@@ -215,8 +218,8 @@ pub fn validate(args: &ValidateArgs) -> Result<()> {
     let v = view::compute(&view::Inputs {
         node: &node,
         file: Some(&parsed),
-        lb_ips_from: &[],
-        guarded: &[],
+        lb_ifaces: &[],
+        uplinks: &[],
         addrs: &AddrTable::default(),
         cluster: None,
     });

@@ -6,7 +6,7 @@ use anyhow::Result;
 use super::query::fetch;
 use crate::{
     cli::{ClientArgs, Output},
-    model::probing::Verdict,
+    model::probing::ProbingVerdict,
     telemetry::probing::ProbesDoc,
 };
 
@@ -55,7 +55,7 @@ fn print_doc(doc: &ProbesDoc) {
     );
     // The bad verdicts first.
     let mut rows: Vec<_> = doc.ips.iter().collect();
-    rows.sort_by_key(|(ip, p)| (!p.verdict.bad(), p.verdict != Verdict::Pending, **ip));
+    rows.sort_by_key(|(ip, p)| (!p.verdict.bad(), p.verdict != ProbingVerdict::Pending, **ip));
     for (ip, p) in rows {
         println!(
             "{:<24} {:<16} {:<16} {:>6} {:>10}  {}",

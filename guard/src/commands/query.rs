@@ -14,7 +14,7 @@ use crate::{
     telemetry::{
         census::{CensusDoc, ConflictEvent},
         events::EventJson,
-        status::{InterfaceState, Status},
+        status::{DaemonStatus, InterfaceState},
     },
 };
 
@@ -115,7 +115,7 @@ fn takeover_cell(t: &crate::model::takeover::TakeoverRecord) -> String {
 }
 
 /// Attachments, feed and LB IP counts of `status`.
-fn print_state(st: &Status, census_on: bool) {
+fn print_state(st: &DaemonStatus, census_on: bool) {
     for i in &st.interfaces {
         println!(
             "  interface {:<12} {:<9} {}{}",

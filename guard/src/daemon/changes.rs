@@ -18,7 +18,7 @@ use crate::model::{
 };
 
 /// The addresses that came or went on the LB interfaces between two tables.
-fn addr_changes(old: &AddrTable, new: &AddrTable, lb_ips_from: &[String]) -> BTreeSet<IpAddr> {
+fn addr_changes(old: &AddrTable, new: &AddrTable, lb_ifaces: &[String]) -> BTreeSet<IpAddr> {
     // Sorted vectors, not sets: thousands of addresses cost microseconds.
     let sorted = |t: &AddrTable, n: &str| -> Vec<IpAddr> {
         let v4 = t.v4_of(n).iter().map(|a| IpAddr::V4(a.addr));
@@ -30,7 +30,7 @@ fn addr_changes(old: &AddrTable, new: &AddrTable, lb_ips_from: &[String]) -> BTr
         v
     };
     let mut out = BTreeSet::new();
-    for name in lb_ips_from {
+    for name in lb_ifaces {
         if old.v4_of(name) == new.v4_of(name) && old.v6_of(name) == new.v6_of(name) {
             continue;
         }
@@ -62,15 +62,11 @@ fn addr_changes(old: &AddrTable, new: &AddrTable, lb_ips_from: &[String]) -> BTr
 }
 
 impl Daemon {
-    /// The interfaces the guard is (to be) attached to.
-    pub(super) fn guarded(&self, table: &AddrTable) -> Vec<String> {
-        attachments::wanted(
-            &self.cfg.daemon.interfaces,
-            &self.cfg.sources.lb_ips_from,
-            table,
-        )
-        .into_keys()
-        .collect()
+    /// The uplinks: the interfaces the guard is (to be) attached to.
+    pub(super) fn uplinks(&self, table: &AddrTable) -> Vec<String> {
+        attachments::wanted(&self.cfg.daemon.uplinks, &self.cfg.sources.lb_ifaces, table)
+            .into_keys()
+            .collect()
     }
 
     /// A source published: bring the view and the maps to it, follow links
@@ -90,7 +86,7 @@ impl Daemon {
         let unsynced = flags.is_some_and(|(synced, _)| !synced);
         let settling = settling(flags, self.cluster_flags);
         let full = self.full_next || file_changed || unsynced || flags != self.cluster_flags;
-        let guarded = self.guarded(&table);
+        let uplinks = self.uplinks(&table);
         let mut claims = cluster.as_ref().map(|c| c.claims.lock());
         // Taken whatever the path: a full derivation covers them too.
         let taken =
@@ -98,8 +94,8 @@ impl Daemon {
         let inputs = Inputs {
             node: &self.node,
             file: file.as_ref(),
-            lb_ips_from: &self.cfg.sources.lb_ips_from,
-            guarded: &guarded,
+            lb_ifaces: &self.cfg.sources.lb_ifaces,
+            uplinks: &uplinks,
             addrs: &table,
             cluster: (claims.as_ref().zip(cluster.as_ref())).map(|(t, c)| ClusterIn {
                 claims: &t.claims,
@@ -124,7 +120,7 @@ impl Daemon {
             ips.extend(addr_changes(
                 &self.addrs,
                 &table,
-                &self.cfg.sources.lb_ips_from,
+                &self.cfg.sources.lb_ifaces,
             ));
             update(&mut self.view, &inputs, &ips)
         };
@@ -246,7 +242,7 @@ fn update(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::addrs::IfAddr;
+    use crate::model::addrs::IfAddrV4;
     use std::net::Ipv4Addr;
 
     #[test]
@@ -255,7 +251,7 @@ mod tests {
             let mut t = AddrTable::default();
             t.links.insert("kube-ipvs0".into(), 5);
             t.links.insert("eth0".into(), 2);
-            let a = |i: &u8| IfAddr {
+            let a = |i: &u8| IfAddrV4 {
                 addr: Ipv4Addr::new(10, 0, 0, *i),
                 prefix: 32,
                 secondary: false,

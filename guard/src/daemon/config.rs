@@ -1,5 +1,5 @@
 //! What `arp-guard run` is asked to do, as one typed config per part: the
-//! command line is turned into these once (cli.rs), and no part sees the
+//! command line is turned into these once (cli/config.rs), and no part sees the
 //! command line itself.
 
 use std::{net::SocketAddr, path::PathBuf, time::Duration};
@@ -33,8 +33,8 @@ pub struct ApiConfig {
 #[derive(Debug, Clone)]
 pub struct SourcesConfig {
     pub file: Option<FileConfig>,
-    /// Interfaces whose IPv4 addresses are LB IPs (kube-ipvs0).
-    pub lb_ips_from: Vec<String>,
+    /// Interfaces whose IPv4 and global IPv6 addresses are LB IPs (kube-ipvs0).
+    pub lb_ifaces: Vec<String>,
     pub cluster: Option<ClusterConfig>,
     /// How often interface addresses are dumped in full (repairing missed
     /// notifications); also the period of the map reconcile.
@@ -47,8 +47,8 @@ pub struct DaemonConfig {
     /// This node's name as the sources spell it (None: $NODE_NAME was not
     /// set either; the hostname is used).
     pub node_name: Option<String>,
-    /// `--interface` names or glob patterns.
-    pub interfaces: Vec<String>,
+    /// The uplinks: `--interface` names or glob patterns.
+    pub uplinks: Vec<String>,
     pub on_exit: OnExit,
     pub status_file: Option<PathBuf>,
     /// How often the counters are logged (zero: never).

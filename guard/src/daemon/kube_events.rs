@@ -25,7 +25,8 @@ use super::config::KubeEventsConfig;
 use crate::{
     api::Shared,
     model::kube_events::{
-        judge, parse, Finding, IpFacts, Limiter, Memory, Occurrence, Offered, StreamKey, Thresholds,
+        event_for, parse, Finding, IpFacts, Limiter, Memory, Occurrence, Offered, StreamKey,
+        Thresholds,
     },
     telemetry::ops::OPS,
 };
@@ -126,7 +127,7 @@ fn occurrence(
         owned_here: entry.state == guard_common::Ownership::Owned,
         why: &entry.source,
     };
-    let o = judge(f, &facts, t, memory, Instant::now())?;
+    let o = event_for(f, &facts, t, memory, Instant::now())?;
     Some((service, o))
 }
 

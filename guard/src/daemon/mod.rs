@@ -27,7 +27,7 @@ use crate::{
     api::Shared,
     datapath::{CounterReclaimer, Datapath},
     model::{addrs::AddrTable, cluster::ClusterView, ownership::OwnershipFile, view::View},
-    telemetry::{ops::OPS, status::Status},
+    telemetry::{ops::OPS, status::DaemonStatus},
 };
 pub use config::{
     ApiConfig, ClientsConfig, DaemonConfig, KubeEventsConfig, OnExit, RunConfig, SourcesConfig,
@@ -105,7 +105,7 @@ pub(crate) struct Daemon {
     node_warned: bool,
     shared: Arc<Shared>,
     /// The last status document written to --status-file.
-    last_status: Option<Status>,
+    last_status: Option<DaemonStatus>,
     /// Kernel memory of the maps (sized at load, read once).
     memlock: u64,
     announcers: Vec<&'static str>,
@@ -244,12 +244,12 @@ impl Daemon {
     /// The view from the file and the interfaces (at start, before the
     /// cluster feed has anything to say).
     fn derive(&self, file: Option<&OwnershipFile>, table: &AddrTable) -> View {
-        let guarded = self.guarded(table);
+        let uplinks = self.uplinks(table);
         crate::model::view::compute(&crate::model::view::Inputs {
             node: &self.node,
             file,
-            lb_ips_from: &self.cfg.sources.lb_ips_from,
-            guarded: &guarded,
+            lb_ifaces: &self.cfg.sources.lb_ifaces,
+            uplinks: &uplinks,
             addrs: table,
             cluster: None,
         })

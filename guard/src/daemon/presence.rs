@@ -30,7 +30,7 @@ impl Daemon {
             record: Box::new(move || {
                 let st = read.read();
                 let macs = link_macs_by_index();
-                let interfaces = (st.interfaces.keys())
+                let interfaces = (st.uplinks.keys())
                     .filter_map(|name| {
                         let mac = macs.get(&ifindex(name).ok()?)?;
                         Some(Iface {
@@ -42,7 +42,7 @@ impl Daemon {
                 // The node's other physical NICs (sysfs says which have a
                 // device): where an owner answering from the wrong one is.
                 let other = (crate::datapath::sys::interface_names().into_iter())
-                    .filter(|n| !st.interfaces.contains_key(n))
+                    .filter(|n| !st.uplinks.contains_key(n))
                     .filter(|n| {
                         std::path::Path::new("/sys/class/net")
                             .join(n)
@@ -117,6 +117,6 @@ pub(super) fn presence_facts(
                 Some((*ip, p.table.macs_of(owner, now)?))
             })
             .collect(),
-        guarded: p.table.macs(now).into_keys().collect(),
+        uplink_macs: p.table.macs(now).into_keys().collect(),
     })
 }

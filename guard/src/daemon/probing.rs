@@ -18,7 +18,7 @@ use crate::{
         wire::Wire,
     },
     model::probing::OwnerMacs,
-    telemetry::probing::{self, Facts, Plan, ProbeTask},
+    telemetry::probing::{self, Plan, ProbeTask, ProbingFacts},
 };
 
 /// Why what this node believes of ownership may be wrong now, if it may: a
@@ -82,7 +82,7 @@ impl Daemon {
             plan: Box::new(move || plan_of(&plan, stale_after)),
             facts: Box::new(move |ips| {
                 let st = facts.read();
-                Facts {
+                ProbingFacts {
                     blind: blind(&facts, &st, stale_after),
                     ..facts_of(&st, ips)
                 }
@@ -115,7 +115,7 @@ fn plan_of(shared: &Arc<Shared>, stale_after_ns: u64) -> Plan {
             .filter(|e| e.state != Ownership::Unknown)
             .count(),
         blind: blind(shared, &st, stale_after_ns),
-        interfaces: (st.interfaces.keys())
+        uplinks: (st.uplinks.keys())
             .filter_map(|name| {
                 let i = ifindex(name).ok()?;
                 Some((i, *macs.get(&i)?, lls.get(&i).copied()))
@@ -125,10 +125,10 @@ fn plan_of(shared: &Arc<Shared>, stale_after_ns: u64) -> Plan {
 }
 
 /// What the answers about `ips` are judged against, now.
-fn facts_of(st: &ApiState, ips: &BTreeSet<IpAddr>) -> Facts {
+fn facts_of(st: &ApiState, ips: &BTreeSet<IpAddr>) -> ProbingFacts {
     let now = crate::api::state::unix_now() as i64;
     let table = st.presence.as_ref().map(|p| p.table.clone());
-    Facts {
+    ProbingFacts {
         claims: st.census.as_ref().map(|c| c.claims.clone()),
         known: table.as_ref().map(|t| t.macs(now)).unwrap_or_default(),
         owner_now: (ips.iter())
@@ -142,7 +142,7 @@ fn facts_of(st: &ApiState, ips: &BTreeSet<IpAddr>) -> Facts {
                 Some((
                     *ip,
                     OwnerMacs {
-                        guarded: t.macs_of(owner, now),
+                        uplinks: t.macs_of(owner, now),
                         other: t.other_macs_of(owner, now),
                     },
                 ))

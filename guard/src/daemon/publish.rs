@@ -19,7 +19,7 @@ use crate::{
     telemetry::{
         counters::Snapshot,
         ops::OPS,
-        status::{Counts, Feed, Status},
+        status::{Counts, DaemonStatus, FeedHealth},
     },
 };
 
@@ -37,14 +37,14 @@ impl Daemon {
     /// attachments and feed.
     pub(super) fn publish(&mut self, cluster: Option<&ClusterView>, changed: &Changed) {
         let att = &self.attachments;
-        let status = Status {
+        let status = DaemonStatus {
             node: self.node.clone(),
             mode: self.cfg.datapath.mode.as_str().into(),
             interfaces: att.status(),
             lb_ips: Counts::of(&self.view),
             not_enforced: self.dp.not_enforced(),
             map_memory_bytes: self.memlock,
-            feed: cluster.map(|c| Feed::of(&self.announcers, c)),
+            feed: cluster.map(|c| FeedHealth::of(&self.announcers, c)),
             memory: crate::telemetry::memory::latest(),
         };
         if let Some(path) = &self.cfg.daemon.status_file {
@@ -83,7 +83,7 @@ impl Daemon {
                 st.ips = ip_entries(&st.ips, &self.view, &ifnames)
             }
         }
-        st.interfaces = att
+        st.uplinks = att
             .attached
             .iter()
             .map(|(n, a)| (n.clone(), self.view.if_primary.contains_key(&a.ifindex)))
@@ -131,7 +131,7 @@ fn report(r: crate::datapath::maps::ApplyReport) -> bool {
     ok
 }
 
-/// Bring only the LB entries `keys` (and the guarded interfaces' addresses)
+/// Bring only the LB entries `keys` (and the uplinks' addresses)
 /// to `view`; false if some entry could not be written.
 pub(super) fn apply_changes(
     dp: &mut Datapath,

@@ -37,7 +37,7 @@ type FileAtStart = (OwnershipFile, String);
 pub(super) async fn start(cfg: RunConfig) -> Result<(Daemon, Inputs)> {
     preflight::check_capabilities()?;
     let node = preflight::node_name(cfg.daemon.node_name.clone())?;
-    for i in &cfg.sources.lb_ips_from {
+    for i in &cfg.sources.lb_ifaces {
         if ifindex(i).is_err() {
             tracing::warn!(interface = %i, "--lb-ips-from {i}: no such interface (yet); its addresses count once it appears");
         }
@@ -184,8 +184,8 @@ impl Daemon {
             .ok()
             .map(|r| Arc::new(tokio::sync::Mutex::new(r)));
         let attachments = Attachments::new(
-            &cfg.daemon.interfaces,
-            &cfg.sources.lb_ips_from,
+            &cfg.daemon.uplinks,
+            &cfg.sources.lb_ifaces,
             cfg.datapath.attach,
         );
         Daemon {

@@ -4,10 +4,10 @@
 
 use std::path::Path;
 
-use crate::telemetry::status::Status;
+use crate::telemetry::status::DaemonStatus;
 
 /// Write `status` to `path` if it differs from `last`; remembers what was written.
-pub fn publish(path: &Path, status: &Status, last: &mut Option<Status>) {
+pub fn publish(path: &Path, status: &DaemonStatus, last: &mut Option<DaemonStatus>) {
     if last.as_ref() == Some(status) {
         return;
     }

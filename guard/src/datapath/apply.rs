@@ -52,7 +52,7 @@ impl Datapath {
 
     /// Make the maps hold `view` where it may differ from what was written:
     /// the LB entries of `changed` only (written, or deleted when no longer
-    /// in the view), and the guarded interfaces' few addresses in full. The
+    /// in the view), and the uplinks' few addresses in full. The
     /// periodic [`Datapath::apply`] after [`Datapath::reload_from_kernel`]
     /// stays the safety net that repairs anything else.
     pub fn apply_changes(

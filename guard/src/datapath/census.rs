@@ -1,4 +1,4 @@
-//! The census program on the ingress of each guarded interface, and the
+//! The census program on the ingress of each uplink, and the
 //! reader of its responder table (its table of misdirected clients is read
 //! by `clients.rs`). Observe-only and never pinned: it lives with the
 //! daemon (a restart starts new tables), and anything that goes wrong with
@@ -17,7 +17,7 @@ use super::{
     error::{dp_err, DatapathError, Result},
     Datapath,
 };
-use crate::model::census::Claim;
+use crate::model::census::CensusEntry;
 
 /// The census program's name in the object file.
 pub const CENSUS_PROGRAM: &str = "arp_guard_census";
@@ -193,14 +193,14 @@ impl CensusReader {
     /// Every entry of the table. Bounded: a table that churns under the walk
     /// (the kernel restarts a walk whose key was evicted) is read at most
     /// twice its capacity of entries.
-    pub fn claims(&self) -> Result<Vec<Claim>> {
+    pub fn claims(&self) -> Result<Vec<CensusEntry>> {
         let map: HashMap<&MapData, ResponderKey, ResponderValue> =
             HashMap::try_from(&self.responders)?;
         let mut out = Vec::new();
         for item in map.iter().take(2 * MAX_RESPONDERS as usize) {
             // An entry evicted between the key walk and its lookup is skipped.
             let Ok((k, v)) = item else { continue };
-            out.push(Claim {
+            out.push(CensusEntry {
                 ip: guard_common::ip_of_key(k.ip),
                 mac: k.mac,
                 first_ns: v.first_ns,

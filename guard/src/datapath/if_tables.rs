@@ -1,4 +1,4 @@
-//! The guarded interfaces' tables: their addresses (the "LB IP on the
+//! The uplinks' tables: their addresses (the "LB IP on the
 //! egress interface" rule), the address an announce leak is rewritten to,
 //! and the VLAN devices stacked on them. A few entries per interface,
 //! written in full on every apply.
@@ -14,7 +14,7 @@ use super::{
 use crate::model::view::View;
 
 impl Datapath {
-    /// The guarded interfaces' addresses and primaries, in full (a few per
+    /// The uplinks' addresses and primaries, in full (a few per
     /// interface).
     pub(super) fn write_addresses(
         &mut self,

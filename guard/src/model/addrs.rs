@@ -1,13 +1,16 @@
-//! Interfaces and their IPv4 addresses, as the kernel reports them (the
-//! interface source keeps this table current; the view reads it).
+//! Interfaces and their addresses, as the kernel reports them: IPv4 with
+//! prefix and primary flag (what a leak's rewrite needs), global IPv6 as
+//! plain addresses (the interface source keeps this table current; the view
+//! reads it).
 
 use std::{
     collections::BTreeMap,
     net::{IpAddr, Ipv4Addr, Ipv6Addr},
 };
 
+/// One IPv4 address of an interface (IPv6 ones are [`AddrTable::v6`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct IfAddr {
+pub struct IfAddrV4 {
     pub addr: Ipv4Addr,
     /// The prefix length: the same address may be there twice, with two.
     pub prefix: u8,
@@ -20,7 +23,7 @@ pub struct AddrTable {
     /// Interface name -> ifindex.
     pub links: BTreeMap<String, u32>,
     /// ifindex -> IPv4 addresses in the kernel's order (primaries first per subnet).
-    pub v4: BTreeMap<u32, Vec<IfAddr>>,
+    pub v4: BTreeMap<u32, Vec<IfAddrV4>>,
     /// VLAN device's ifindex -> (its lower device's ifindex, VLAN ID).
     pub vlans: BTreeMap<u32, (u32, u16)>,
     /// ifindex -> global IPv6 addresses (link-local ones are nobody's LB IP),
@@ -33,7 +36,7 @@ impl AddrTable {
         self.links.get(name).copied()
     }
 
-    pub fn v4_of_index(&self, ifindex: u32) -> &[IfAddr] {
+    pub fn v4_of_index(&self, ifindex: u32) -> &[IfAddrV4] {
         self.v4.get(&ifindex).map(Vec::as_slice).unwrap_or(&[])
     }
 
@@ -60,7 +63,7 @@ impl AddrTable {
         }
     }
 
-    pub fn v4_of(&self, name: &str) -> &[IfAddr] {
+    pub fn v4_of(&self, name: &str) -> &[IfAddrV4] {
         self.ifindex(name)
             .map(|i| self.v4_of_index(i))
             .unwrap_or(&[])

@@ -32,7 +32,7 @@ pub const MAX_LISTED: usize = 16;
 
 /// One entry of the census map.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Claim {
+pub struct CensusEntry {
     pub ip: IpAddr,
     pub mac: [u8; 6],
     /// Start of the current run of claims, and the latest (CLOCK_MONOTONIC ns).
@@ -141,8 +141,8 @@ fn is_zero(n: &usize) -> bool {
 pub type Census = BTreeMap<IpAddr, IpCensus>;
 
 /// The census from the claims (any order), judged in `cx`.
-pub fn assess(claims: &[Claim], cx: &Context) -> Census {
-    let mut by_ip: BTreeMap<IpAddr, Vec<&Claim>> = BTreeMap::new();
+pub fn assess(claims: &[CensusEntry], cx: &Context) -> Census {
+    let mut by_ip: BTreeMap<IpAddr, Vec<&CensusEntry>> = BTreeMap::new();
     for c in claims {
         by_ip.entry(c.ip).or_default().push(c);
     }
@@ -156,10 +156,10 @@ pub fn assess(claims: &[Claim], cx: &Context) -> Census {
 }
 
 /// `cs` sorted most recent first.
-fn one_ip(ip: IpAddr, cs: &[&Claim], cx: &Context) -> IpCensus {
+fn one_ip(ip: IpAddr, cs: &[&CensusEntry], cx: &Context) -> IpCensus {
     let window = u64::try_from(cx.window.as_nanos()).unwrap_or(u64::MAX);
-    let is_active = |c: &Claim| cx.now_ns.saturating_sub(c.last_ns) <= window;
-    let active: Vec<&Claim> = cs.iter().copied().filter(|c| is_active(c)).collect();
+    let is_active = |c: &CensusEntry| cx.now_ns.saturating_sub(c.last_ns) <= window;
+    let active: Vec<&CensusEntry> = cs.iter().copied().filter(|c| is_active(c)).collect();
     let conflict = if contested(&active) {
         Some(Reason::Contested)
     } else if cx.owned_since.get(&ip).is_some_and(|since| {
@@ -220,7 +220,7 @@ fn one_ip(ip: IpAddr, cs: &[&Claim], cx: &Context) -> IpCensus {
 /// run began at `first_ns`; any other that claimed after that kept claiming
 /// while it did. One that fell silent before is a move, not a conflict; a
 /// third claimant within the window is more than one move explains.
-fn contested(active: &[&Claim]) -> bool {
+fn contested(active: &[&CensusEntry]) -> bool {
     let Some((latest, others)) = active.split_first() else {
         return false;
     };
@@ -269,8 +269,8 @@ mod tests {
     const A: [u8; 6] = [2, 0, 0, 0, 0, 0xa];
     const B: [u8; 6] = [2, 0, 0, 0, 0, 0xb];
 
-    fn claim(mac: [u8; 6], first: u64, last: u64) -> Claim {
-        Claim {
+    fn claim(mac: [u8; 6], first: u64, last: u64) -> CensusEntry {
+        CensusEntry {
             ip: IP,
             mac,
             first_ns: first * S,
@@ -395,7 +395,7 @@ mod tests {
 
     #[test]
     fn a_flood_of_macs_is_listed_bounded() {
-        let claims: Vec<Claim> = (0..1000u32)
+        let claims: Vec<CensusEntry> = (0..1000u32)
             .map(|i| {
                 let b = i.to_be_bytes();
                 claim([2, 0, b[0], b[1], b[2], b[3]], 100, 150)

@@ -100,7 +100,7 @@ impl Cause {
 /// Where a client stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
-pub enum Status {
+pub enum ClientState {
     /// Still sending here, for longer than `stale_after`.
     Stale,
     /// Still sending here, not yet for `stale_after`: it may still follow.
@@ -109,12 +109,12 @@ pub enum Status {
     Gone,
 }
 
-impl Status {
+impl ClientState {
     pub fn as_str(self) -> &'static str {
         match self {
-            Status::Stale => "stale",
-            Status::Sending => "sending",
-            Status::Gone => "gone",
+            ClientState::Stale => "stale",
+            ClientState::Sending => "sending",
+            ClientState::Gone => "gone",
         }
     }
 }
@@ -125,7 +125,7 @@ pub struct Client {
     pub mac: String,
     /// The IP source of its latest packet here.
     pub client_ip: IpAddr,
-    pub status: Status,
+    pub status: ClientState,
     /// Packets here since the move (not owned here: of its current entry).
     pub packets: u64,
     /// Seconds since its first packet of this episode, and since its latest.
@@ -262,7 +262,7 @@ pub fn assess(entries: &[Entry], cx: &Context, mem: &mut Memory) -> Outcome {
         let Some(seen) = mem.seen.get_mut(&(e.ip, e.mac)) else {
             continue;
         };
-        if let Some(c) = judge(e, st, seen, cx, &mut out) {
+        if let Some(c) = assess_client(e, st, seen, cx, &mut out) {
             by_ip.entry(e.ip).or_default().push((c, e.last_ns));
         }
     }
@@ -323,7 +323,7 @@ fn count_packets(entries: &[Entry], cx: &Context, mem: &mut Memory) {
 }
 
 /// One client of a foreign IP; None when its packets predate the move.
-fn judge(
+fn assess_client(
     e: &Entry,
     st: &IpState,
     seen: &mut Seen,
@@ -343,13 +343,14 @@ fn judge(
     };
     let misdirected = e.last_ns.saturating_sub(anchor);
     let status = if cx.now_ns.saturating_sub(e.last_ns) >= stale_after {
-        Status::Gone
+        ClientState::Gone
     } else if misdirected >= stale_after {
-        Status::Stale
+        ClientState::Stale
     } else {
-        Status::Sending
+        ClientState::Sending
     };
-    let failover = (cause == Cause::AfterMove && status == Status::Gone).then(|| secs(misdirected));
+    let failover =
+        (cause == Cause::AfterMove && status == ClientState::Gone).then(|| secs(misdirected));
     if let (Some(f), false) = (failover, seen.observed) {
         seen.observed = true;
         out.failovers.push(f);
@@ -358,7 +359,7 @@ fn judge(
         // A new run of packets: a new episode to report.
         (seen.run, seen.stale_reported, seen.announced) = (e.first_ns, false, false);
     }
-    if status != Status::Gone && !seen.announced {
+    if status != ClientState::Gone && !seen.announced {
         seen.announced = true;
         out.newly_misdirected.push(NewClient {
             lb_ip: e.ip,
@@ -368,7 +369,7 @@ fn judge(
             last_ns: e.last_ns,
         });
     }
-    if status == Status::Stale && !seen.stale_reported {
+    if status == ClientState::Stale && !seen.stale_reported {
         seen.stale_reported = true;
         out.newly_stale.push(StaleClient {
             lb_ip: e.ip,
@@ -412,11 +413,11 @@ fn one_ip(st: &IpState, total: u64, mut clients: Vec<(Client, u64)>, now_ns: u64
             &b.mac,
         ))
     });
-    let count = |s: Status| clients.iter().filter(|(c, _)| c.status == s).count();
-    let stale = count(Status::Stale);
-    let sending = stale + count(Status::Sending);
+    let count = |s: ClientState| clients.iter().filter(|(c, _)| c.status == s).count();
+    let stale = count(ClientState::Stale);
+    let sending = stale + count(ClientState::Sending);
     let oldest_stale_s = (clients.iter())
-        .filter(|(c, _)| c.status == Status::Stale)
+        .filter(|(c, _)| c.status == ClientState::Stale)
         .map(|(c, _)| c.misdirected_s)
         .reduce(f64::max);
     let more = clients.len().saturating_sub(MAX_LISTED);
@@ -497,7 +498,7 @@ mod tests {
         let c = &e.clients[0];
         assert_eq!(
             (c.status, c.packets, c.misdirected_s),
-            (Status::Sending, 5, 10.0)
+            (ClientState::Sending, 5, 10.0)
         );
         assert_eq!((c.mac.as_str(), c.client_ip), ("02:00:00:00:00:0a", CLIENT));
         assert_eq!((c.first_seen_ago_s, c.last_seen_ago_s), (11, 1));
@@ -532,7 +533,7 @@ mod tests {
             &cx(180, Ownership::Foreign, None),
             &mut m,
         );
-        assert_eq!(o.clients[&IP].clients[0].status, Status::Gone);
+        assert_eq!(o.clients[&IP].clients[0].status, ClientState::Gone);
         assert_eq!(o.clients[&IP].sending, 0);
         assert!(o.failovers.is_empty());
     }
@@ -567,7 +568,7 @@ mod tests {
         let a = &e.clients[1];
         assert_eq!(
             (a.mac.as_str(), a.status),
-            ("02:00:00:00:00:0a", Status::Sending)
+            ("02:00:00:00:00:0a", ClientState::Sending)
         );
         assert_eq!(
             (a.packets, a.failover_s),
@@ -585,13 +586,13 @@ mod tests {
         let b = &e.clients[0];
         assert_eq!(
             (b.mac.as_str(), b.status),
-            ("02:00:00:00:00:0b", Status::Stale)
+            ("02:00:00:00:00:0b", ClientState::Stale)
         );
         assert_eq!((b.packets, b.misdirected_s), (27, 40.0));
         assert_eq!(o.newly_stale.len(), 1);
         assert_eq!(o.newly_stale[0].cause, Cause::AfterMove);
         let a = &e.clients[1];
-        assert_eq!((a.status, a.failover_s), (Status::Gone, Some(2.0)));
+        assert_eq!((a.status, a.failover_s), (ClientState::Gone, Some(2.0)));
         let o = assess(&after, &cx(150, Ownership::Foreign, Some(100)), &mut m);
         assert!(o.failovers.is_empty() && o.newly_stale.is_empty(), "once");
         // B goes quiet too: its failover time is 40 s.

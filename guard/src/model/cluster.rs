@@ -12,7 +12,7 @@ use std::{
 /// the feed, the table it hands the daemon and the daemon's view: one copy
 /// per IP, however many hold it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Claim {
+pub struct OwnerClaim {
     /// The node that may announce it; None: nobody (known) does.
     pub owner: Option<Arc<str>>,
     /// Which object said so, in words an operator can look up.
@@ -65,7 +65,7 @@ fn is_zero(n: &usize) -> bool {
 /// (so that one event costs the daemon the IPs it touched, not all of them).
 #[derive(Debug, Default)]
 pub struct ClaimTable {
-    pub claims: BTreeMap<IpAddr, Arc<Claim>>,
+    pub claims: BTreeMap<IpAddr, Arc<OwnerClaim>>,
     pub changed: BTreeSet<IpAddr>,
 }
 
@@ -84,9 +84,9 @@ impl SharedClaims {
 
     /// A copy of every claim (tests).
     #[cfg(test)]
-    pub fn snapshot(&self) -> BTreeMap<IpAddr, Claim> {
+    pub fn snapshot(&self) -> BTreeMap<IpAddr, OwnerClaim> {
         (self.lock().claims.iter())
-            .map(|(ip, c)| (*ip, Claim::clone(c)))
+            .map(|(ip, c)| (*ip, OwnerClaim::clone(c)))
             .collect()
     }
 }

@@ -227,7 +227,7 @@ impl Memory {
 }
 
 /// The Event a finding makes, if it makes one now.
-pub fn judge(
+pub fn event_for(
     f: &Finding,
     facts: &IpFacts<'_>,
     t: &Thresholds,

@@ -28,7 +28,7 @@ pub const MAX_INTERFACES: usize = 32;
 /// Longest node name kept from a record (a Kubernetes name is at most 253).
 const MAX_NAME: usize = 253;
 
-/// One guarded interface of a node, and its MAC.
+/// One uplink of a node, and its MAC.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Iface {
     pub name: String,
@@ -233,7 +233,7 @@ impl Table {
             .collect()
     }
 
-    /// The MACs of `node`'s unguarded interfaces, by MAC (empty: no live
+    /// The MACs of `node`'s other interfaces (not uplinks), by MAC (empty: no live
     /// record, or none listed).
     pub fn other_macs_of(&self, node: &str, now_unix: i64) -> BTreeMap<[u8; 6], String> {
         (self

@@ -178,9 +178,9 @@ pub fn askers(ip: IpAddr, live: &[String], owner: Option<&str>, k: usize) -> Vec
 /// What the owner's presence record says of its MACs.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct OwnerMacs {
-    /// The MACs of its guarded interfaces (None: no live record; the owner
+    /// The MACs of its uplinks (None: no live record; the owner
     /// is whoever answers).
-    pub guarded: Option<BTreeSet<[u8; 6]>>,
+    pub uplinks: Option<BTreeSet<[u8; 6]>>,
     /// Its other interfaces' MACs, by MAC: interface.
     pub other: BTreeMap<[u8; 6], String>,
 }
@@ -211,7 +211,7 @@ pub fn classify(macs: &BTreeSet<[u8; 6]>, owner: &OwnerMacs) -> Answer {
             Answer::Conflict
         };
     };
-    match &owner.guarded {
+    match &owner.uplinks {
         None => Answer::Owner,
         Some(g) if g.contains(mac) => Answer::Owner,
         Some(_) => match owner.other.get(mac) {
@@ -223,10 +223,11 @@ pub fn classify(macs: &BTreeSet<[u8; 6]>, owner: &OwnerMacs) -> Answer {
     }
 }
 
-/// Where an IP stands after its latest requests.
+/// Where an IP stands after the active census's latest requests (the
+/// daemon's probing; `arp-guard probe`'s is `ProbeVerdict`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
-pub enum Verdict {
+pub enum ProbingVerdict {
     /// Not judged yet (fewer requests than it takes).
     Pending,
     Answered,
@@ -235,22 +236,22 @@ pub enum Verdict {
     WrongInterface,
 }
 
-impl Verdict {
-    pub const ALL: [Verdict; 5] = [
-        Verdict::Pending,
-        Verdict::Answered,
-        Verdict::Conflict,
-        Verdict::SilentOwner,
-        Verdict::WrongInterface,
+impl ProbingVerdict {
+    pub const ALL: [ProbingVerdict; 5] = [
+        ProbingVerdict::Pending,
+        ProbingVerdict::Answered,
+        ProbingVerdict::Conflict,
+        ProbingVerdict::SilentOwner,
+        ProbingVerdict::WrongInterface,
     ];
 
     pub fn as_str(self) -> &'static str {
         match self {
-            Verdict::Pending => "pending",
-            Verdict::Answered => "answered",
-            Verdict::Conflict => "conflict",
-            Verdict::SilentOwner => "silent_owner",
-            Verdict::WrongInterface => "wrong_interface",
+            ProbingVerdict::Pending => "pending",
+            ProbingVerdict::Answered => "answered",
+            ProbingVerdict::Conflict => "conflict",
+            ProbingVerdict::SilentOwner => "silent_owner",
+            ProbingVerdict::WrongInterface => "wrong_interface",
         }
     }
 
@@ -258,7 +259,7 @@ impl Verdict {
     pub fn bad(self) -> bool {
         matches!(
             self,
-            Verdict::Conflict | Verdict::SilentOwner | Verdict::WrongInterface
+            ProbingVerdict::Conflict | ProbingVerdict::SilentOwner | ProbingVerdict::WrongInterface
         )
     }
 }
@@ -269,7 +270,7 @@ pub struct IpProbe {
     /// The owner node the ownership source names.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub owner: Option<String>,
-    pub verdict: Verdict,
+    pub verdict: ProbingVerdict,
     /// Requests judged, and in a row without the owner's answer.
     pub asked: u64,
     pub unanswered_in_a_row: u32,
@@ -285,8 +286,8 @@ pub struct IpProbe {
 pub struct Change {
     pub ip: IpAddr,
     pub owner: Option<String>,
-    pub from: Verdict,
-    pub to: Verdict,
+    pub from: ProbingVerdict,
+    pub to: ProbingVerdict,
     /// The answerers in words, and the requests without the owner's answer.
     pub answered_by: Vec<String>,
     pub unanswered: u32,
@@ -340,7 +341,7 @@ impl Tracker {
     ) -> Option<Change> {
         let e = self.ips.entry(ip).or_insert_with(|| IpProbe {
             owner: owner.clone(),
-            verdict: Verdict::Pending,
+            verdict: ProbingVerdict::Pending,
             asked: 0,
             unanswered_in_a_row: 0,
             last: Answer::None,
@@ -349,7 +350,7 @@ impl Tracker {
         let from = e.verdict;
         if e.owner != owner {
             e.owner = owner.clone();
-            e.verdict = Verdict::Pending;
+            e.verdict = ProbingVerdict::Pending;
             e.unanswered_in_a_row = 0;
         }
         e.asked += 1;
@@ -363,14 +364,14 @@ impl Tracker {
             }
         }
         e.verdict = match &answer {
-            Answer::Conflict => Verdict::Conflict,
-            Answer::Owner => Verdict::Answered,
+            Answer::Conflict => ProbingVerdict::Conflict,
+            Answer::Owner => ProbingVerdict::Answered,
             Answer::WrongInterface { interface: i } => {
                 interface = Some(i.clone());
-                Verdict::WrongInterface
+                ProbingVerdict::WrongInterface
             }
             Answer::None | Answer::Other if e.unanswered_in_a_row >= silent_after.max(1) => {
-                Verdict::SilentOwner
+                ProbingVerdict::SilentOwner
             }
             // Not silent yet: what it was (a conflict seen before is not
             // resolved by a missing answer).
@@ -390,8 +391,9 @@ impl Tracker {
     }
 
     /// IPs per verdict (every verdict present, 0 or not).
-    pub fn counts(&self) -> BTreeMap<Verdict, usize> {
-        let mut out: BTreeMap<Verdict, usize> = Verdict::ALL.iter().map(|v| (*v, 0)).collect();
+    pub fn counts(&self) -> BTreeMap<ProbingVerdict, usize> {
+        let mut out: BTreeMap<ProbingVerdict, usize> =
+            ProbingVerdict::ALL.iter().map(|v| (*v, 0)).collect();
         for p in self.ips.values() {
             *out.entry(p.verdict).or_default() += 1;
         }
@@ -575,7 +577,7 @@ mod tests {
             [2, 0, 0, 0, 0, 0xc],
         );
         let owner = OwnerMacs {
-            guarded: Some(BTreeSet::from([a])),
+            uplinks: Some(BTreeSet::from([a])),
             other: BTreeMap::from([(c, "eth1".to_string())]),
         };
         let set = |m: &[[u8; 6]]| m.iter().copied().collect::<BTreeSet<_>>();
@@ -601,20 +603,23 @@ mod tests {
         assert!(t.record(ip(1), o(), Answer::Other, vec![], 3).is_none());
         // An answer breaks the run.
         let c = t.record(ip(1), o(), Answer::Owner, vec![], 3).unwrap();
-        assert_eq!((c.from, c.to), (Verdict::Pending, Verdict::Answered));
+        assert_eq!(
+            (c.from, c.to),
+            (ProbingVerdict::Pending, ProbingVerdict::Answered)
+        );
         assert!(t.record(ip(1), o(), Answer::None, vec![], 3).is_none());
         assert!(t.record(ip(1), o(), Answer::None, vec![], 3).is_none());
         let c = t.record(ip(1), o(), Answer::None, vec![], 3).unwrap();
-        assert_eq!((c.to, c.unanswered), (Verdict::SilentOwner, 3));
+        assert_eq!((c.to, c.unanswered), (ProbingVerdict::SilentOwner, 3));
         // Another owner: judged afresh.
         assert!(t
             .record(ip(1), Some("node-b".into()), Answer::None, vec![], 3)
             .is_some());
-        assert_eq!(t.ips[&ip(1)].verdict, Verdict::Pending);
+        assert_eq!(t.ips[&ip(1)].verdict, ProbingVerdict::Pending);
         let c = t
             .record(ip(1), Some("node-b".into()), Answer::Conflict, vec![], 3)
             .unwrap();
-        assert_eq!(c.to, Verdict::Conflict);
+        assert_eq!(c.to, ProbingVerdict::Conflict);
         // A missing answer does not end a conflict; the owner alone does.
         assert!(t
             .record(ip(1), Some("node-b".into()), Answer::None, vec![], 3)
@@ -622,8 +627,11 @@ mod tests {
         let c = t
             .record(ip(1), Some("node-b".into()), Answer::Owner, vec![], 3)
             .unwrap();
-        assert_eq!((c.from, c.to), (Verdict::Conflict, Verdict::Answered));
-        assert_eq!(t.counts()[&Verdict::Answered], 1);
+        assert_eq!(
+            (c.from, c.to),
+            (ProbingVerdict::Conflict, ProbingVerdict::Answered)
+        );
+        assert_eq!(t.counts()[&ProbingVerdict::Answered], 1);
     }
 
     #[test]

@@ -69,11 +69,11 @@ impl Evidence {
 }
 
 /// What presence tells about an IP's owner: the MACs of its node's live
-/// record (empty: it has none), and every live guard's MACs.
+/// record (empty: it has none), and every live guard's uplink MACs.
 #[derive(Debug, Clone, Copy)]
 pub struct Presence<'a> {
     pub owner: &'a BTreeSet<[u8; 6]>,
-    pub guarded: &'a BTreeSet<[u8; 6]>,
+    pub uplink_macs: &'a BTreeSet<[u8; 6]>,
 }
 
 /// The owner's MAC with presence beside a census that was read
@@ -103,7 +103,7 @@ pub fn owner_with_presence(
     };
     if p.owner.is_empty() {
         return match census {
-            OwnerMac::Certain { mac, .. } if p.guarded.contains(&mac) => {
+            OwnerMac::Certain { mac, .. } if p.uplink_macs.contains(&mac) => {
                 OwnerMac::Uncertain("the only claimant is another guarded node's MAC (a rogue)")
             }
             other => other,
@@ -194,10 +194,10 @@ mod presence_tests {
         let none = BTreeSet::new();
         let one = BTreeSet::from([X]);
         let two = BTreeSet::from([X, Y]);
-        let guarded = BTreeSet::from([X, Y, R]);
+        let uplink_macs = BTreeSet::from([X, Y, R]);
         let p = |owner| Presence {
             owner,
-            guarded: &guarded,
+            uplink_macs: &uplink_macs,
         };
         let local = BTreeSet::new();
         let with = |census, claims: &[Claimant], owner| {
@@ -299,7 +299,7 @@ impl Skip {
 
 /// What the decision needs about the IP, now.
 #[derive(Debug, Clone, Copy)]
-pub struct Facts<'a> {
+pub struct RefreshFacts<'a> {
     pub state: Ownership,
     /// The ownership source cannot be trusted now (blind or degraded feed).
     pub blind: bool,
@@ -376,7 +376,12 @@ impl Refresher {
 
     /// Whether to refresh `c` now, and with which MAC; a refresh decided is
     /// counted against the client's minute.
-    pub fn decide(&mut self, c: &Client, f: &Facts<'_>, now_ns: u64) -> Result<[u8; 6], Skip> {
+    pub fn decide(
+        &mut self,
+        c: &Client,
+        f: &RefreshFacts<'_>,
+        now_ns: u64,
+    ) -> Result<[u8; 6], Skip> {
         if f.state != Ownership::Foreign {
             return Err(Skip::NotForeign);
         }
@@ -558,7 +563,7 @@ mod tests {
             mac,
             evidence: Evidence::Census,
         };
-        let facts = |state, blind, owner| Facts {
+        let facts = |state, blind, owner| RefreshFacts {
             state,
             blind,
             owner,

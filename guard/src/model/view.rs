@@ -11,7 +11,7 @@ use std::{
 
 use guard_common::Ownership;
 
-use super::{addrs::AddrTable, cluster::Claim, ownership::OwnershipFile};
+use super::{addrs::AddrTable, cluster::OwnerClaim, ownership::OwnershipFile};
 
 /// Where the knowledge about an LB IP came from (for logs and explanations).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -73,12 +73,12 @@ pub struct View {
     /// LB IPs (IPv4 for ARP, IPv6 for Neighbor Discovery) and this node's
     /// state for each.
     pub lb: BTreeMap<IpAddr, LbIp>,
-    /// (ifindex, address) for every IPv4 address on a guarded interface.
+    /// (ifindex, address) for every IPv4 address on an uplink.
     pub if_addrs: BTreeSet<(u32, Ipv4Addr)>,
-    /// Guarded ifindex -> the IPv4 an announce leak is rewritten to.
+    /// Uplink ifindex -> the IPv4 an announce leak is rewritten to.
     pub if_primary: BTreeMap<u32, Ipv4Addr>,
-    /// (lower ifindex, VLAN ID) -> VLAN device, for the VLAN devices on a
-    /// guarded interface (two levels): a tagged frame is judged against its
+    /// (lower ifindex, VLAN ID) -> VLAN device, for the VLAN devices on an
+    /// uplink (two levels): a tagged frame is judged against its
     /// VLAN device's addresses, which `if_addrs`/`if_primary` hold as well.
     pub vlan_uppers: BTreeMap<(u32, u16), u32>,
 }
@@ -86,8 +86,10 @@ pub struct View {
 pub struct Inputs<'a> {
     pub node: &'a str,
     pub file: Option<&'a OwnershipFile>,
-    pub lb_ips_from: &'a [String],
-    pub guarded: &'a [String],
+    /// Interfaces whose addresses are LB IPs (`--lb-ips-from`).
+    pub lb_ifaces: &'a [String],
+    /// The uplinks: the interfaces the guard is attached to (`--interface`).
+    pub uplinks: &'a [String],
     pub addrs: &'a AddrTable,
     pub cluster: Option<ClusterIn<'a>>,
 }
@@ -96,7 +98,7 @@ pub struct Inputs<'a> {
 /// them, under its lock) and whether it is stale.
 #[derive(Clone, Copy)]
 pub struct ClusterIn<'a> {
-    pub claims: &'a BTreeMap<IpAddr, Arc<Claim>>,
+    pub claims: &'a BTreeMap<IpAddr, Arc<OwnerClaim>>,
     pub degraded: bool,
 }
 
@@ -150,7 +152,7 @@ pub fn derive_ip(i: &Inputs<'_>, ip: IpAddr, on_iface: Option<&str>) -> Option<L
 
 /// The LB interface `ip` is on (the last of `--lb-ips-from` that has it).
 fn lb_iface<'a>(i: &Inputs<'a>, ip: IpAddr) -> Option<&'a str> {
-    i.lb_ips_from
+    i.lb_ifaces
         .iter()
         .rev()
         .find(|n| i.addrs.has(n, ip))
@@ -161,7 +163,7 @@ pub fn compute(i: &Inputs<'_>) -> View {
     let mut view = View::default();
     // Every IP some source names, with the LB interface it is on.
     let mut ips: BTreeMap<IpAddr, Option<&str>> = BTreeMap::new();
-    for name in i.lb_ips_from {
+    for name in i.lb_ifaces {
         for a in i.addrs.v4_of(name) {
             ips.insert(IpAddr::V4(a.addr), Some(name.as_str()));
         }
@@ -189,14 +191,14 @@ pub fn compute(i: &Inputs<'_>) -> View {
 }
 
 impl View {
-    /// The guarded interfaces' addresses and rewrite addresses (few: the
+    /// The uplinks' addresses and rewrite addresses (few: the
     /// uplinks'), derived anew from `i` and the LB set.
     fn derive_interfaces(&mut self, i: &Inputs<'_>) {
         self.if_addrs.clear();
         self.if_primary.clear();
         self.vlan_uppers.clear();
         let mut devices = Vec::new();
-        for name in i.guarded {
+        for name in i.uplinks {
             let Some(ifindex) = i.addrs.ifindex(name) else {
                 continue;
             };
@@ -218,7 +220,7 @@ impl View {
                 self.if_addrs.insert((ifindex, a.addr));
             }
             // arp_announce=2 picks a primary address; never rewrite to an LB IP.
-            let not_lb = |a: &&super::addrs::IfAddr| !self.lb.contains_key(&IpAddr::V4(a.addr));
+            let not_lb = |a: &&super::addrs::IfAddrV4| !self.lb.contains_key(&IpAddr::V4(a.addr));
             let primary = addrs
                 .iter()
                 .filter(not_lb)
@@ -273,14 +275,14 @@ impl View {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{model::addrs::IfAddr, sources::file as ownership_file};
+    use crate::{model::addrs::IfAddrV4, sources::file as ownership_file};
     use std::path::Path;
 
     fn table() -> AddrTable {
         let mut t = AddrTable::default();
         t.links.insert("eth0".into(), 2);
         t.links.insert("kube-ipvs0".into(), 5);
-        let a = |s: &str, secondary| IfAddr {
+        let a = |s: &str, secondary| IfAddrV4 {
             addr: s.parse().unwrap(),
             prefix: 32,
             secondary,
@@ -312,13 +314,13 @@ mod tests {
         )
         .unwrap();
         let t = table();
-        let guarded = ["eth0".to_string(), "eth9".to_string()];
+        let uplinks = ["eth0".to_string(), "eth9".to_string()];
         let lb_from = ["kube-ipvs0".to_string()];
         let v = compute(&Inputs {
             node: "node-a",
             file: Some(&file),
-            lb_ips_from: &lb_from,
-            guarded: &guarded,
+            lb_ifaces: &lb_from,
+            uplinks: &uplinks,
             addrs: &t,
             cluster: None,
         });
@@ -353,8 +355,8 @@ mod tests {
         let v = compute(&Inputs {
             node: "node-a",
             file: None,
-            lb_ips_from: &lb_from,
-            guarded: &["eth0".to_string()],
+            lb_ifaces: &lb_from,
+            uplinks: &["eth0".to_string()],
             addrs: &t,
             cluster: None,
         });
@@ -375,7 +377,7 @@ mod tests {
         t.vlans.insert(7, (2, 100));
         t.vlans.insert(8, (7, 200));
         t.vlans.insert(9, (99, 100));
-        let a = |s: &str| IfAddr {
+        let a = |s: &str| IfAddrV4 {
             addr: s.parse().unwrap(),
             prefix: 24,
             secondary: false,
@@ -383,12 +385,12 @@ mod tests {
         t.v4.insert(7, vec![a("203.0.113.11")]);
         t.v4.insert(8, vec![a("203.0.113.12")]);
         t.v4.insert(9, vec![a("203.0.113.13")]);
-        let guarded = ["eth0".to_string()];
+        let uplinks = ["eth0".to_string()];
         let v = compute(&Inputs {
             node: "node-a",
             file: None,
-            lb_ips_from: &[],
-            guarded: &guarded,
+            lb_ifaces: &[],
+            uplinks: &uplinks,
             addrs: &t,
             cluster: None,
         });
@@ -412,8 +414,8 @@ mod tests {
         let v = compute(&Inputs {
             node: "node-b",
             file: Some(&file),
-            lb_ips_from: &[],
-            guarded: &[],
+            lb_ifaces: &[],
+            uplinks: &[],
             addrs: &t,
             cluster: None,
         });
@@ -442,7 +444,7 @@ mod tests {
     /// from the same inputs.
     #[test]
     fn incremental_view_equals_the_full_derivation() {
-        use crate::model::{cluster::Claim, ownership::Entry};
+        use crate::model::{cluster::OwnerClaim, ownership::Entry};
         let pool: Vec<IpAddr> = (1..=12)
             .map(|i| IpAddr::V4(Ipv4Addr::new(198, 51, 100, i)))
             .chain(
@@ -450,7 +452,7 @@ mod tests {
             )
             .collect();
         let owners = [None, Some("node-a"), Some("node-b")];
-        let guarded = ["eth0".to_string()];
+        let uplinks = ["eth0".to_string()];
         let lb_from = ["kube-ipvs0".to_string(), "lb1".to_string()];
         for seed in 1..=40u64 {
             let mut r = Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15));
@@ -458,7 +460,7 @@ mod tests {
             t.links.insert("eth0".into(), 2);
             t.links.insert("kube-ipvs0".into(), 5);
             t.links.insert("lb1".into(), 6);
-            let mut claims: BTreeMap<IpAddr, Arc<Claim>> = BTreeMap::new();
+            let mut claims: BTreeMap<IpAddr, Arc<OwnerClaim>> = BTreeMap::new();
             let mut file: Option<OwnershipFile> = None;
             let mut degraded = false;
             let mut view = View::default();
@@ -476,7 +478,7 @@ mod tests {
                                     Some(p) => {
                                         v.remove(p);
                                     }
-                                    None => v.push(IfAddr {
+                                    None => v.push(IfAddrV4 {
                                         addr: ip,
                                         prefix: 24,
                                         secondary: r.below(3) == 0,
@@ -502,7 +504,7 @@ mod tests {
                             claims.remove(&ip);
                         }
                         o => {
-                            let c = Claim {
+                            let c = OwnerClaim {
                                 owner: o.map(Into::into),
                                 why: format!("seed {seed}").into(),
                                 certain: r.below(4) > 0,
@@ -541,8 +543,8 @@ mod tests {
                 let inputs = Inputs {
                     node: "node-a",
                     file: file.as_ref(),
-                    lb_ips_from: &lb_from,
-                    guarded: &guarded,
+                    lb_ifaces: &lb_from,
+                    uplinks: &uplinks,
                     addrs: &t,
                     cluster: Some(ClusterIn {
                         claims: &claims,

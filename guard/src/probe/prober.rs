@@ -109,9 +109,9 @@ impl MacSeen {
     }
 }
 
-/// What the probe concluded about one IP.
+/// What `arp-guard probe` concluded about one IP.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Verdict {
+pub enum ProbeVerdict {
     NoResponder,
     OneResponder,
     /// Several MACs claimed the IP within one round: an ARP race.
@@ -172,12 +172,12 @@ impl Target {
         self.macs.iter().filter(|m| m.claims() > 0)
     }
 
-    pub fn verdict(&self) -> Verdict {
+    pub fn verdict(&self) -> ProbeVerdict {
         match self.responders().count() {
-            0 if self.unlisted_frames == 0 => Verdict::NoResponder,
-            1 if self.unlisted_frames == 0 => Verdict::OneResponder,
-            _ if self.several > 0 || self.unlisted_frames > 0 => Verdict::Conflict,
-            _ => Verdict::Moved,
+            0 if self.unlisted_frames == 0 => ProbeVerdict::NoResponder,
+            1 if self.unlisted_frames == 0 => ProbeVerdict::OneResponder,
+            _ if self.several > 0 || self.unlisted_frames > 0 => ProbeVerdict::Conflict,
+            _ => ProbeVerdict::Moved,
         }
     }
 
@@ -188,7 +188,7 @@ impl Target {
 
     /// One responder and no failed connect.
     pub fn ok(&self) -> bool {
-        self.verdict() == Verdict::OneResponder && self.connect_failures() == 0
+        self.verdict() == ProbeVerdict::OneResponder && self.connect_failures() == 0
     }
 
     /// The entry for `mac`, made if there is room.
@@ -205,7 +205,7 @@ impl Target {
     }
 
     /// Count `c`, a claim of this IP in `round` received `at`.
-    fn record(&mut self, round: u64, at: Duration, c: &Claim) -> Option<NewResponder> {
+    fn record(&mut self, round: u64, at: Duration, c: &HeardClaim) -> Option<NewResponder> {
         if self.round != round {
             (self.round, self.round_macs, self.round_answered) = (round, 0, false);
         }
@@ -298,7 +298,7 @@ pub struct Prober {
 }
 
 /// What one frame says, if it claims an address.
-struct Claim {
+struct HeardClaim {
     ip: IpAddr,
     mac: [u8; 6],
     /// Counted as a reply (ARP reply, solicited NA), a gratuitous
@@ -371,10 +371,10 @@ impl Prober {
 
     /// The claim `frame` makes, classified as the guard does; malformed
     /// ARP and NDP counted.
-    fn claim(&mut self, frame: &[u8]) -> Option<Claim> {
+    fn heard_claim(&mut self, frame: &[u8]) -> Option<HeardClaim> {
         let ethertype = u16::from_be_bytes([*frame.get(12)?, *frame.get(13)?]);
         match parse(frame, ethertype) {
-            Parsed::Arp(arp) => Some(Claim {
+            Parsed::Arp(arp) => Some(HeardClaim {
                 ip: Ipv4Addr::from(arp.spa).into(),
                 mac: arp.sha,
                 kind: classify(&arp)?,
@@ -383,7 +383,7 @@ impl Prober {
                 // A DAD solicitation (from ::) claims nothing.
                 let ip = Ipv6Addr::from(nd.claimed()?).into();
                 match classify_nd(frame, &nd) {
-                    NdClass::Announces(kind) => Some(Claim {
+                    NdClass::Announces(kind) => Some(HeardClaim {
                         ip,
                         mac: nd.eth_src,
                         kind,
@@ -409,7 +409,7 @@ impl Prober {
     /// A frame received `at` after the start. Returns the responder when it
     /// is the first claim of its MAC for the IP.
     pub fn on_frame(&mut self, at: Duration, frame: &[u8]) -> Option<NewResponder> {
-        let claim = self.claim(frame)?;
+        let claim = self.heard_claim(frame)?;
         if claim.mac == self.mac {
             return None; // our own requests, looped back
         }
@@ -517,7 +517,7 @@ mod tests {
         let p = run(5, |_| vec![]);
         let t = &p.targets()[0];
         assert_eq!((t.requests, t.answered, t.replies), (5, 0, 0));
-        assert_eq!(t.verdict(), Verdict::NoResponder);
+        assert_eq!(t.verdict(), ProbeVerdict::NoResponder);
         assert!(!t.ok());
     }
 
@@ -526,7 +526,7 @@ mod tests {
         let p = run(5, |_| vec![A]);
         let t = &p.targets()[0];
         assert_eq!((t.requests, t.answered, t.replies, t.several), (5, 5, 5, 0));
-        assert_eq!(t.verdict(), Verdict::OneResponder);
+        assert_eq!(t.verdict(), ProbeVerdict::OneResponder);
         assert!(t.ok());
         let m = &t.macs[0];
         assert_eq!((m.mac, m.replies, m.answered), (A, 5, 5));
@@ -538,7 +538,7 @@ mod tests {
         // B answers every other round only: a race is still a race.
         let p = run(6, |r| if r % 2 == 0 { vec![A, B] } else { vec![A] });
         let t = &p.targets()[0];
-        assert_eq!(t.verdict(), Verdict::Conflict);
+        assert_eq!(t.verdict(), ProbeVerdict::Conflict);
         assert_eq!((t.answered, t.several, t.replies), (6, 3, 9));
         assert_eq!(
             t.macs.iter().map(|m| m.answered).collect::<Vec<_>>(),
@@ -550,7 +550,7 @@ mod tests {
     fn a_mac_that_changes_mid_run_has_moved() {
         let p = run(10, |r| vec![if r < 4 { A } else { B }]);
         let t = &p.targets()[0];
-        assert_eq!(t.verdict(), Verdict::Moved);
+        assert_eq!(t.verdict(), ProbeVerdict::Moved);
         assert_eq!(t.several, 0);
         assert_eq!(
             (t.macs[0].last, t.macs[1].first),
@@ -586,7 +586,7 @@ mod tests {
             (t.macs[1].gratuitous, t.macs[1].leaks, t.macs[1].answered),
             (1, 1, 0)
         );
-        assert_eq!(t.verdict(), Verdict::Conflict);
+        assert_eq!(t.verdict(), ProbeVerdict::Conflict);
     }
 
     #[test]
@@ -612,7 +612,7 @@ mod tests {
         let t = &p.targets()[0];
         assert_eq!((t.replies, t.macs.len()), (0, 0));
         assert_eq!((p.unrelated, p.malformed), (1, 3));
-        assert_eq!(t.verdict(), Verdict::NoResponder);
+        assert_eq!(t.verdict(), ProbeVerdict::NoResponder);
     }
 
     #[test]
@@ -665,7 +665,7 @@ mod tests {
         assert_eq!(t.macs.len(), MAX_MACS);
         assert_eq!(t.unlisted_frames, 5_000 - MAX_MACS as u64);
         assert_eq!((t.replies, t.answered), (5_000, 1));
-        assert_eq!(t.verdict(), Verdict::Conflict);
+        assert_eq!(t.verdict(), ProbeVerdict::Conflict);
     }
 
     /// An NDP frame from `mac` built as `spec` says.
@@ -718,11 +718,11 @@ mod tests {
         p.on_frame(ms(4), &nd(&NdSpec::solicit(B, LB6.octets(), peer)));
         let t = &p.targets()[1];
         assert_eq!((t.replies, t.gratuitous, t.leaks, t.answered), (1, 1, 1, 1));
-        assert_eq!(t.verdict(), Verdict::Conflict);
+        assert_eq!(t.verdict(), ProbeVerdict::Conflict);
         assert_eq!((t.macs[1].mac, t.macs[1].claims()), (B, 2));
         assert_eq!(
             p.targets()[0].verdict(),
-            Verdict::OneResponder,
+            ProbeVerdict::OneResponder,
             "IPv4 apart"
         );
         let mut next = p;
@@ -765,7 +765,7 @@ mod tests {
         zero[14 + 40 + 24 + 1] = 0;
         p.on_frame(ms(1), &zero);
         let t = &p.targets()[0];
-        assert_eq!((t.macs.len(), t.verdict()), (0, Verdict::NoResponder));
+        assert_eq!((t.macs.len(), t.verdict()), (0, ProbeVerdict::NoResponder));
         assert_eq!((p.unrelated, p.malformed), (2, 2));
     }
 
@@ -808,7 +808,7 @@ mod tests {
     fn one_responder_with_a_failed_connect_is_not_ok() {
         let mut p = run(1, |_| vec![A]);
         p.on_connect(0, Some(A), Err(ConnectError::TimedOut));
-        assert_eq!(p.targets()[0].verdict(), Verdict::OneResponder);
+        assert_eq!(p.targets()[0].verdict(), ProbeVerdict::OneResponder);
         assert!(!p.targets()[0].ok());
     }
 }

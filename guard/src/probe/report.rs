@@ -12,7 +12,7 @@ use serde::Serialize;
 use crate::model::fmt_mac;
 
 use super::{
-    prober::{ConnectStats, MacSeen, Target, Verdict, MAX_MACS},
+    prober::{ConnectStats, MacSeen, ProbeVerdict, Target, MAX_MACS},
     run::Outcome,
     Plan,
 };
@@ -127,12 +127,12 @@ fn ms(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
-fn verdict_key(v: Verdict) -> &'static str {
+fn verdict_key(v: ProbeVerdict) -> &'static str {
     match v {
-        Verdict::NoResponder => "no_responder",
-        Verdict::OneResponder => "one_responder",
-        Verdict::Conflict => "conflict",
-        Verdict::Moved => "moved",
+        ProbeVerdict::NoResponder => "no_responder",
+        ProbeVerdict::OneResponder => "one_responder",
+        ProbeVerdict::Conflict => "conflict",
+        ProbeVerdict::Moved => "moved",
     }
 }
 

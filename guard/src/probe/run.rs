@@ -95,14 +95,14 @@ pub async fn run<P: PacketIo, H: Host>(
         last_io_error: None,
     };
     let start = Instant::now();
-    let mut ctx = Ctx {
+    let mut session = Session {
         io,
         host,
         plan,
         out: &mut state,
         touched: &mut touched,
     };
-    let looped = ctx.rounds(stop, on_event).await;
+    let looped = session.rounds(stop, on_event).await;
     let restored = restore(host, &touched).await;
     state.elapsed = start.elapsed();
     looped?;
@@ -110,7 +110,9 @@ pub async fn run<P: PacketIo, H: Host>(
     Ok(state)
 }
 
-struct Ctx<'a, P, H> {
+/// One probe run's borrowed parts: the frame I/O, the host (neighbours, TCP),
+/// the plan, the outcome being filled and the entries changed (to put back).
+struct Session<'a, P, H> {
     io: &'a mut P,
     host: &'a H,
     plan: &'a Plan,
@@ -118,7 +120,7 @@ struct Ctx<'a, P, H> {
     touched: &'a mut Touched,
 }
 
-impl<P: PacketIo, H: Host> Ctx<'_, P, H> {
+impl<P: PacketIo, H: Host> Session<'_, P, H> {
     /// The rounds; on `stop`, marks the outcome interrupted and returns.
     async fn rounds(
         &mut self,
@@ -303,7 +305,7 @@ mod tests {
     };
 
     use super::*;
-    use crate::probe::{prober::Verdict, report::Summary};
+    use crate::probe::{prober::ProbeVerdict, report::Summary};
 
     const ME: [u8; 6] = [2, 0, 0, 0, 0, 1];
     const SRC: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 1);
@@ -560,9 +562,9 @@ mod tests {
         assert_eq!(
             t.iter().map(|t| t.verdict()).collect::<Vec<_>>(),
             [
-                Verdict::OneResponder,
-                Verdict::Conflict,
-                Verdict::NoResponder
+                ProbeVerdict::OneResponder,
+                ProbeVerdict::Conflict,
+                ProbeVerdict::NoResponder
             ]
         );
         assert_eq!((t[0].requests, t[0].answered, t[0].replies), (10, 10, 10));
@@ -588,7 +590,7 @@ mod tests {
         let t = out.prober.targets();
         assert_eq!(
             (t[0].verdict(), t[1].verdict()),
-            (Verdict::OneResponder, Verdict::Conflict)
+            (ProbeVerdict::OneResponder, ProbeVerdict::Conflict)
         );
         assert_eq!((t[1].requests, t[1].answered, t[1].replies), (4, 4, 8));
         assert_eq!(seg.sent, 8, "one ARP request and one NS per round");
@@ -615,7 +617,7 @@ mod tests {
         let mut seg = Segment::new(&[old, new]);
         let out = probe(&mut seg, &FakeHost::new(&[], &[]), &plan(&[LB], 10)).await;
         let t = &out.prober.targets()[0];
-        assert_eq!(t.verdict(), Verdict::Moved);
+        assert_eq!(t.verdict(), ProbeVerdict::Moved);
         assert_eq!((t.macs[0].answered, t.macs[1].answered), (5, 5));
         assert_eq!(
             (t.macs[0].last, t.macs[1].first),
@@ -644,7 +646,7 @@ mod tests {
         let out = probe(&mut seg, &FakeHost::new(&[], &[]), &plan(&[LB], 4)).await;
         let t = &out.prober.targets()[0];
         assert_eq!((t.requests, t.send_errors, out.io_errors), (0, 4, 4));
-        assert_eq!(t.verdict(), Verdict::NoResponder);
+        assert_eq!(t.verdict(), ProbeVerdict::NoResponder);
         let e = out.last_io_error.unwrap();
         assert!(e.starts_with("sending: ") && e.contains("down"), "{e}");
     }
@@ -694,7 +696,7 @@ mod tests {
         }
         let out = probe(&mut seg, &FakeHost::new(&[], &[]), &plan(&[LB], 5)).await;
         let t = &out.prober.targets()[0];
-        assert_eq!(t.verdict(), Verdict::OneResponder);
+        assert_eq!(t.verdict(), ProbeVerdict::OneResponder);
         assert_eq!((t.replies, t.macs.len()), (5, 1));
         assert_eq!(out.prober.unrelated, 10_000);
         assert!(out.prober.malformed >= 8_000, "{}", out.prober.malformed);

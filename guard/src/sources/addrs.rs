@@ -1,7 +1,8 @@
-//! The kernel's interfaces and their IPv4 addresses, kept current through
-//! rtnetlink. One table serves three needs: LB IPs read from an interface
-//! (`--lb-ips-from kube-ipvs0`), the "LB IP is on the egress interface" rule,
-//! and the primary IPv4 an announce leak is rewritten to.
+//! The kernel's interfaces and their addresses (IPv4, and global IPv6),
+//! kept current through rtnetlink. One table serves three needs: LB IPs read
+//! from an interface (`--lb-ips-from kube-ipvs0`: both families), the "LB IP
+//! is on the egress interface" rule and the primary IPv4 an announce leak is
+//! rewritten to (IPv4 only: NDP has neither).
 //!
 //! Notifications are applied as they come (one address or link each), so an
 //! address kube-vip or kube-proxy adds reaches the maps within a millisecond
@@ -19,7 +20,7 @@ use netlink_packet_route::{
 };
 use rtnetlink::packet_core::NetlinkPayload;
 
-pub use crate::model::addrs::{AddrTable, IfAddr};
+pub use crate::model::addrs::{AddrTable, IfAddrV4};
 use rtnetlink::{Handle, MulticastGroup};
 use tokio::sync::watch;
 
@@ -60,7 +61,7 @@ fn vlan_of(msg: &LinkMessage) -> Option<(u32, u16)> {
 }
 
 /// (ifindex, address) of an IPv4 address message.
-fn v4_addr(msg: &AddressMessage) -> Option<(u32, IfAddr)> {
+fn v4_addr(msg: &AddressMessage) -> Option<(u32, IfAddrV4)> {
     if msg.header.family != AddressFamily::Inet {
         return None;
     }
@@ -77,7 +78,7 @@ fn v4_addr(msg: &AddressMessage) -> Option<(u32, IfAddr)> {
     let addr = local.or(address)?;
     Some((
         msg.header.index,
-        IfAddr {
+        IfAddrV4 {
             addr,
             prefix: msg.header.prefix_len,
             secondary: msg.header.flags.contains(AddressHeaderFlags::Secondary),

@@ -38,7 +38,7 @@ pub struct CensusDoc {
     /// The claims as read (shared, not copied): what healing stale clients
     /// reads the owner's MAC from, to the nanosecond.
     #[serde(skip)]
-    pub claims: std::sync::Arc<Vec<crate::model::census::Claim>>,
+    pub claims: std::sync::Arc<Vec<crate::model::census::CensusEntry>>,
 }
 
 /// One conflict, as an `/events` line and in the status.
@@ -89,7 +89,7 @@ const LOG_PER_READ: usize = 20;
 #[derive(Default)]
 struct Memory {
     last: CensusDoc,
-    claims: std::sync::Arc<Vec<crate::model::census::Claim>>,
+    claims: std::sync::Arc<Vec<crate::model::census::CensusEntry>>,
     /// The claim totals at the last walk of the table.
     walked_at: Option<Vec<u64>>,
     /// Conflicts seen, since when (unbroken), and those reported.
@@ -189,7 +189,7 @@ fn context(
     window: Duration,
     owned: &OwnedSince,
     who: &WhoIs,
-    claims: &[crate::model::census::Claim],
+    claims: &[crate::model::census::CensusEntry],
 ) -> Context {
     let now_ns = monotonic_ns();
     let now_unix = std::time::SystemTime::now()

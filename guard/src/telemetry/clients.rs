@@ -167,7 +167,7 @@ fn run(mut task: ClientsTask) {
                 if let Some(took) = walk {
                     pause = pause.max(took * MAX_DUTY);
                 }
-                judge(&mut task, &mut l, stats);
+                assess_read(&mut task, &mut l, stats);
             }
             Err(e) => {
                 if !l.read_failing {
@@ -208,7 +208,7 @@ fn read(
 
 /// Judge the entries read last, fold what happened into the histogram,
 /// the series and the log, and make the document.
-fn judge(task: &mut ClientsTask, l: &mut Loop, stats: Totals) {
+fn assess_read(task: &mut ClientsTask, l: &mut Loop, stats: Totals) {
     let mut asked: BTreeSet<IpAddr> = l.entries.iter().map(|e| e.ip).collect();
     asked.extend(l.memory.ips());
     let cx = Context {

@@ -3,11 +3,11 @@
 
 use super::{
     family::{Labels, Values},
-    status::Feed,
+    status::FeedHealth,
 };
 
 /// The Kubernetes feed's health.
-pub(super) fn cluster(v: &mut Values, feed: &Feed) {
+pub(super) fn cluster(v: &mut Values, feed: &FeedHealth) {
     v.gauges.push((
         "arp_guard_feed_degraded",
         "1 while foreign is degraded to unknown for lack of a fresh feed.",

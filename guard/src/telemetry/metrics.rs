@@ -65,7 +65,7 @@ use super::{
     counters::Snapshot,
     histogram::Histogram,
     ops::OPS,
-    status::{InterfaceState, Status},
+    status::{DaemonStatus, InterfaceState},
     takeover::{TakeoverStats, OUTCOMES},
 };
 use crate::{
@@ -183,7 +183,7 @@ pub struct Scrape<'a> {
     pub fold: &'a mut Fold,
     /// `--metrics-max-ip-series`.
     pub max_ip_series: usize,
-    pub status: Option<&'a Status>,
+    pub status: Option<&'a DaemonStatus>,
     /// With a Kubernetes feed: seconds it has been failing (0: healthy).
     pub feed_unhealthy_seconds: Option<f64>,
     /// The responder census, when it runs.
@@ -281,7 +281,7 @@ fn kernel(v: &mut Values, snap: &Snapshot, fold: &mut Fold, max_ip_series: usize
 }
 
 /// The daemon's state: LB IPs, maps, attachments, mode.
-fn daemon(v: &mut Values, status: &Status) {
+fn daemon(v: &mut Values, status: &DaemonStatus) {
     let c = &status.lb_ips;
     v.gauges.push((
         "arp_guard_lb_ips",

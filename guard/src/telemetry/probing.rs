@@ -1,6 +1,6 @@
 //! The active census run (the decisions: `model::probing`): on a thread of
 //! its own, this node asks about its share of the LB IPs it does not own,
-//! at the pace the model sets, out of every guarded interface; a few
+//! at the pace the model sets, out of every uplink; a few
 //! seconds later it reads what its census recorded since each request and
 //! judges it. Verdicts that begin or end are logged, sent to `/events`
 //! subscribers (and from there become Events on the Service), and the whole
@@ -26,11 +26,11 @@ use super::family::Values;
 use crate::{
     datapath::{sys::monotonic_ns, wire::Wire},
     model::{
-        census::Claim,
+        census::CensusEntry,
         fmt_mac,
         probing::{
-            asks, classify, in_words, request_frame, Change, IpProbe, OwnerMacs, Pace, Schedule,
-            Tracker, Verdict,
+            asks, classify, in_words, request_frame, Change, IpProbe, OwnerMacs, Pace,
+            ProbingVerdict, Schedule, Tracker,
         },
     },
 };
@@ -57,15 +57,15 @@ pub struct Plan {
     pub owned_anywhere: usize,
     /// Why nothing may be judged now (the feed blind or not synced).
     pub blind: Option<&'static str>,
-    /// The interfaces to ask on: ifindex, MAC, IPv6 link-local.
-    pub interfaces: Vec<(u32, [u8; 6], Option<Ipv6Addr>)>,
+    /// The uplinks to ask on: ifindex, MAC, IPv6 link-local.
+    pub uplinks: Vec<(u32, [u8; 6], Option<Ipv6Addr>)>,
 }
 
 /// What the answers are judged against.
 #[derive(Debug, Clone, Default)]
-pub struct Facts {
+pub struct ProbingFacts {
     /// The census's claims as last read (None: no census).
-    pub claims: Option<Arc<Vec<Claim>>>,
+    pub claims: Option<Arc<Vec<CensusEntry>>>,
     /// Every live guard's MACs: MAC -> (node, interface).
     pub known: BTreeMap<[u8; 6], (String, String)>,
     /// The owner's MACs for each IP asked.
@@ -94,12 +94,12 @@ pub struct ProbesDoc {
     pub sent: BTreeMap<String, u64>,
     pub send_errors: u64,
     /// IPs this node asks, by verdict.
-    pub verdicts: BTreeMap<Verdict, usize>,
+    pub verdicts: BTreeMap<ProbingVerdict, usize>,
     pub ips: BTreeMap<IpAddr, IpProbe>,
 }
 
 /// What the answers about some IPs are judged against, read now.
-pub type FactsOf = Box<dyn Fn(&BTreeSet<IpAddr>) -> Facts + Send>;
+pub type ProbingFactsOf = Box<dyn Fn(&BTreeSet<IpAddr>) -> ProbingFacts + Send>;
 
 /// The closures the task reads the daemon through.
 pub struct ProbeTask {
@@ -107,7 +107,7 @@ pub struct ProbeTask {
     pub node: String,
     pub pace: Pace,
     pub plan: Box<dyn Fn() -> Plan + Send>,
-    pub facts: FactsOf,
+    pub facts: ProbingFactsOf,
     pub publish: Box<dyn Fn(ProbesDoc) + Send>,
     pub events: broadcast::Sender<String>,
 }
@@ -189,7 +189,7 @@ impl Runner {
             if now.saturating_sub(published_ns) >= 1_000_000_000 {
                 published_ns = now;
                 if self.doc.paused.is_none() {
-                    self.judge(now);
+                    self.assess_answers(now);
                 }
                 // The table is copied when a verdict changed, else every
                 // 10 s (its counts of requests may lag that much): a copy
@@ -215,7 +215,7 @@ impl Runner {
             (Some(l), _) if !l.contains(&self.t.node) => {
                 Some("this node's own presence record is not live yet".to_owned())
             }
-            _ if self.plan.interfaces.is_empty() => Some("no guarded interface is up".to_owned()),
+            _ if self.plan.uplinks.is_empty() => Some("no guarded interface is up".to_owned()),
             _ => None,
         };
         if paused != self.doc.paused {
@@ -256,7 +256,7 @@ impl Runner {
             .take(now, self.interval, self.t.pace.node_max, self.seed);
         for ip in due {
             let mut ifindexes = Vec::new();
-            for (ifindex, mac, ll) in &self.plan.interfaces {
+            for (ifindex, mac, ll) in &self.plan.uplinks {
                 let source6 = match (ip, ll) {
                     (IpAddr::V6(_), None) => continue,
                     (_, ll) => ll.unwrap_or(Ipv6Addr::UNSPECIFIED),
@@ -283,7 +283,7 @@ impl Runner {
     }
 
     /// Judge the requests whose answers are in.
-    fn judge(&mut self, now: u64) {
+    fn assess_answers(&mut self, now: u64) {
         let wait = WAIT.as_nanos() as u64;
         let ready: Vec<Pending>;
         (ready, self.pending) = std::mem::take(&mut self.pending)
@@ -304,8 +304,8 @@ impl Runner {
         let Some(claims) = &facts.claims else {
             return;
         };
-        let local: BTreeSet<[u8; 6]> = (self.plan.interfaces.iter()).map(|(_, m, _)| *m).collect();
-        let mut by_ip: BTreeMap<IpAddr, Vec<&Claim>> = BTreeMap::new();
+        let local: BTreeSet<[u8; 6]> = (self.plan.uplinks.iter()).map(|(_, m, _)| *m).collect();
+        let mut by_ip: BTreeMap<IpAddr, Vec<&CensusEntry>> = BTreeMap::new();
         for c in claims.iter().filter(|c| ips.contains(&c.ip)) {
             by_ip.entry(c.ip).or_default().push(c);
         }
@@ -342,17 +342,17 @@ impl Runner {
 }
 
 /// The event name of a verdict that begins (or, with `_ended`, ends).
-fn event_name(v: Verdict) -> Option<&'static str> {
+fn event_name(v: ProbingVerdict) -> Option<&'static str> {
     v.bad().then_some(match v {
-        Verdict::Conflict => "probe_conflict",
-        Verdict::SilentOwner => "silent_owner",
+        ProbingVerdict::Conflict => "probe_conflict",
+        ProbingVerdict::SilentOwner => "silent_owner",
         _ => "owner_wrong_interface",
     })
 }
 
 /// A verdict that began or ended: a log line and an `/events` line each.
 fn report(c: &Change, owner: &OwnerMacs, events: &broadcast::Sender<String>, log: bool) {
-    let owner_macs: Vec<String> = (owner.guarded.iter().flatten()).map(fmt_mac).collect();
+    let owner_macs: Vec<String> = (owner.uplinks.iter().flatten()).map(fmt_mac).collect();
     let send = |event: String| {
         let line = serde_json::json!({
             "time": super::events::unix_time_millis(),
@@ -367,7 +367,7 @@ fn report(c: &Change, owner: &OwnerMacs, events: &broadcast::Sender<String>, log
         // No subscriber is fine.
         let _ = events.send(line.to_string());
     };
-    if c.to == Verdict::Pending {
+    if c.to == ProbingVerdict::Pending {
         // A new owner: the old verdict is void, not resolved.
         tracing::debug!(target: "arp_guard::probing", lb_ip = %c.ip, owner = ?c.owner, was = c.from.as_str(), "probe verdict reset: the owner changed");
         return;
@@ -386,8 +386,8 @@ fn report(c: &Change, owner: &OwnerMacs, events: &broadcast::Sender<String>, log
                 lb_ip = %c.ip, owner = ?c.owner, answered_by = ?c.answered_by, unanswered = c.unanswered, interface = ?c.interface,
                 "{}",
                 match c.to {
-                    Verdict::Conflict => "more than one MAC answered one request for this LB IP (split brain, a device outside the cluster, or nodes answering that should not)",
-                    Verdict::SilentOwner => "the owner of this LB IP did not answer the last requests (nobody did, or only a MAC that is not the owner's): clients that ask get no answer or the wrong one",
+                    ProbingVerdict::Conflict => "more than one MAC answered one request for this LB IP (split brain, a device outside the cluster, or nodes answering that should not)",
+                    ProbingVerdict::SilentOwner => "the owner of this LB IP did not answer the last requests (nobody did, or only a MAC that is not the owner's): clients that ask get no answer or the wrong one",
                     _ => "the owner answers for this LB IP from an interface its guard does not guard (a bond slave or a second NIC)",
                 }
             );
@@ -418,7 +418,7 @@ pub(super) fn families(v: &mut Values, doc: &ProbesDoc) {
     v.gauges.push((
         "arp_guard_probe_ips",
         "LB IPs this node asks about, by the verdict of its latest requests (pending, answered, conflict, silent_owner, wrong_interface).",
-        Verdict::ALL
+        ProbingVerdict::ALL
             .iter()
             .map(|verdict| {
                 (
@@ -448,11 +448,14 @@ mod tests {
 
     #[test]
     fn every_bad_verdict_has_an_event_of_its_own_and_the_good_ones_none() {
-        let names: Vec<_> = Verdict::ALL.iter().filter_map(|v| event_name(*v)).collect();
+        let names: Vec<_> = ProbingVerdict::ALL
+            .iter()
+            .filter_map(|v| event_name(*v))
+            .collect();
         assert_eq!(
             names,
             ["probe_conflict", "silent_owner", "owner_wrong_interface"]
         );
-        assert_eq!(event_name(Verdict::Answered), None);
+        assert_eq!(event_name(ProbingVerdict::Answered), None);
     }
 }

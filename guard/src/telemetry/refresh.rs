@@ -24,12 +24,12 @@ use guard_common::Ownership;
 use crate::{
     datapath::{sys::link_macs_by_index, wire::Wire},
     model::{
-        census::Claim,
+        census::CensusEntry,
         clients::{Entry, IpState},
         fmt_mac,
         refresh::{
-            owner_from_census, owner_with_presence, refresh_frame, Claimant, Client, Facts,
-            OwnerMac, Presence, Refresher, Skip,
+            owner_from_census, owner_with_presence, refresh_frame, Claimant, Client, OwnerMac,
+            Presence, RefreshFacts, Refresher, Skip,
         },
     },
 };
@@ -49,7 +49,7 @@ pub struct Knowledge {
     /// synced, failing or degraded.
     pub blind: bool,
     /// The census's latest claims (None: no census read yet).
-    pub claims: Option<Arc<Vec<Claim>>>,
+    pub claims: Option<Arc<Vec<CensusEntry>>>,
     /// LB IPs with a census conflict.
     pub conflicts: BTreeSet<IpAddr>,
     /// When each IP asked took its current state and source (its owner),
@@ -67,7 +67,7 @@ pub type KnowledgeOf = Box<dyn Fn(&BTreeSet<IpAddr>) -> Knowledge + Send + Sync>
 #[derive(Debug, Clone, Default)]
 pub struct PresenceFacts {
     pub owner_macs: BTreeMap<IpAddr, BTreeSet<[u8; 6]>>,
-    pub guarded: BTreeSet<[u8; 6]>,
+    pub uplink_macs: BTreeSet<[u8; 6]>,
 }
 
 /// The healer: its socket, its per-client limits, and how to learn what
@@ -202,7 +202,7 @@ struct Read<'a> {
 
 impl Read<'_> {
     /// What the decision needs about `e`'s IP.
-    fn facts(&self, e: &Entry) -> Facts<'_> {
+    fn facts(&self, e: &Entry) -> RefreshFacts<'_> {
         let state = self.ips.get(&e.ip);
         // Claims count from the move (this node's loss of the IP, or the
         // owner's change as this node saw it, the later) less the hold
@@ -211,7 +211,7 @@ impl Read<'_> {
             .and_then(|s| s.lost_ns)
             .max(self.k.changed_ns.get(&e.ip).copied());
         let Some(since) = moved.map(|m| m.saturating_sub(self.hold_ns)) else {
-            return Facts {
+            return RefreshFacts {
                 state: state.map_or(Ownership::Unknown, |s| s.state),
                 blind: self.k.blind,
                 owner: OwnerMac::Uncertain("the moment of the move is not known"),
@@ -238,12 +238,12 @@ impl Read<'_> {
                 &self.local_set,
                 Presence {
                     owner: p.owner_macs.get(&e.ip).unwrap_or(&none),
-                    guarded: &p.guarded,
+                    uplink_macs: &p.uplink_macs,
                 },
             ),
             _ => census,
         };
-        Facts {
+        RefreshFacts {
             state: state.map_or(Ownership::Unknown, |s| s.state),
             blind: self.k.blind,
             owner,

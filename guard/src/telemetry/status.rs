@@ -10,8 +10,9 @@ use crate::model::{
     view::View,
 };
 
+/// The daemon's state (`/status`, `--status-file`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Status {
+pub struct DaemonStatus {
     pub node: String,
     /// `enforce` or `monitor`.
     pub mode: String,
@@ -22,7 +23,7 @@ pub struct Status {
     /// Kernel memory held by the program's maps (memlock), in bytes.
     pub map_memory_bytes: u64,
     /// Present when an announcer reads the Kubernetes API.
-    pub feed: Option<Feed>,
+    pub feed: Option<FeedHealth>,
     /// The daemon's memory against its cgroup's limit (README: Sizing).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub memory: Option<super::memory::MemoryStatus>,
@@ -79,8 +80,10 @@ pub struct FamilyCounts {
     pub unknown: usize,
 }
 
+/// The Kubernetes feed's health, as `/status` shows it (`feed`); the feed
+/// itself is `sources::cluster::feed::Feed`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Feed {
+pub struct FeedHealth {
     pub announcers: Vec<String>,
     /// Every stream has completed its first list.
     pub synced: bool,
@@ -132,9 +135,9 @@ impl FamilyCounts {
     }
 }
 
-impl Feed {
+impl FeedHealth {
     pub fn of(announcers: &[&str], c: &ClusterView) -> Self {
-        Feed {
+        FeedHealth {
             announcers: announcers.iter().map(|a| (*a).to_owned()).collect(),
             synced: c.synced,
             degraded: c.degraded,

@@ -6,8 +6,8 @@
 use std::net::Ipv4Addr;
 
 use super::{
-    facts::{list, Coverage, Facts, Plan},
-    report::{Check, Status},
+    facts::{list, Coverage, Gathered, Plan},
+    report::{Check, CheckStatus},
 };
 
 const STRICT_FIX: &str = "set kube-proxy's ipvs.strictARP: true (it sets net.ipv4.conf.all.arp_ignore=1 \
@@ -36,7 +36,7 @@ fn missing(check: &str, iface: &str) -> Check {
     Check::new(
         check,
         Some(iface),
-        Status::Skip,
+        CheckStatus::Skip,
         "no such interface",
         format!("there is no {iface} on this node (in this network namespace)"),
     )
@@ -51,7 +51,7 @@ fn lb_summary(lb: &[(String, Ipv4Addr)]) -> String {
 
 /// The value the kernel uses (the maximum of `all` and `uplink`) and its
 /// display, or the check saying it is unknown.
-fn effective(f: &Facts, uplink: &str, key: &'static str) -> Result<(i64, String), Box<Check>> {
+fn effective(f: &Gathered, uplink: &str, key: &'static str) -> Result<(i64, String), Box<Check>> {
     let (eff, detail) = f.node.effective(uplink, key);
     match eff {
         Ok(v) => Ok((v, format!("{v} ({detail})"))),
@@ -59,7 +59,7 @@ fn effective(f: &Facts, uplink: &str, key: &'static str) -> Result<(i64, String)
             Check::new(
                 key,
                 Some(uplink),
-                Status::Warn,
+                CheckStatus::Warn,
                 format!("unknown ({detail})"),
                 e,
             )
@@ -81,7 +81,7 @@ fn announce_meaning(v: i64) -> &'static str {
 /// The LB IPs that arp_announce `v` lets out as the sender of requests on
 /// `uplink`: none with 2; with 1 those on-link with the uplink's subnets
 /// (the usual L2 pool is the LAN's own subnet); else all.
-fn leaky(f: &Facts, uplink: &str, v: i64, ips: &[Ipv4Addr]) -> Vec<Ipv4Addr> {
+fn leaky(f: &Gathered, uplink: &str, v: i64, ips: &[Ipv4Addr]) -> Vec<Ipv4Addr> {
     let on_link = |ip: Ipv4Addr| {
         f.addrs.as_ref().is_ok_and(|t| {
             t.v4_of(uplink).iter().any(|a| {
@@ -100,7 +100,7 @@ fn leaky(f: &Facts, uplink: &str, v: i64, ips: &[Ipv4Addr]) -> Vec<Ipv4Addr> {
 }
 
 /// `arp_ignore` on an uplink.
-pub fn arp_ignore(f: &Facts, plan: &Plan, uplink: &str) -> Check {
+pub fn arp_ignore(f: &Gathered, plan: &Plan, uplink: &str) -> Check {
     const C: &str = "arp_ignore";
     if !f.has_interface(uplink) {
         return missing(C, uplink);
@@ -120,13 +120,13 @@ pub fn arp_ignore(f: &Facts, plan: &Plan, uplink: &str) -> Check {
                 lb_summary(&lb)
             )
         };
-        return Check::new(C, Some(uplink), Status::Pass, value, why);
+        return Check::new(C, Some(uplink), CheckStatus::Pass, value, why);
     }
     if lb.is_empty() {
         return Check::new(
             C,
             Some(uplink),
-            Status::Pass,
+            CheckStatus::Pass,
             value,
             format!(
                 "the kernel {meaning}, but no LB IPs sit on {} or lo",
@@ -144,7 +144,7 @@ pub fn arp_ignore(f: &Facts, plan: &Plan, uplink: &str) -> Check {
         Coverage::Full { mode } if mode == "enforce" => Check::new(
             C,
             Some(uplink),
-            Status::Warn,
+            CheckStatus::Warn,
             value,
             format!("{exposure}; arp-guard (enforce) on {uplink} drops those replies for IPs this node does not own"),
         )
@@ -152,7 +152,7 @@ pub fn arp_ignore(f: &Facts, plan: &Plan, uplink: &str) -> Check {
         Coverage::Full { mode } => Check::new(
             C,
             Some(uplink),
-            Status::Fail,
+            CheckStatus::Fail,
             value,
             format!("{exposure}; arp-guard on {uplink} is in {mode} mode: it counts those replies, it does not stop them"),
         )
@@ -160,7 +160,7 @@ pub fn arp_ignore(f: &Facts, plan: &Plan, uplink: &str) -> Check {
         Coverage::Not(why) => Check::new(
             C,
             Some(uplink),
-            Status::Fail,
+            CheckStatus::Fail,
             value,
             format!(
                 "{exposure}, and {why}: every such node answers, clients cache whichever MAC came first, \
@@ -172,7 +172,7 @@ pub fn arp_ignore(f: &Facts, plan: &Plan, uplink: &str) -> Check {
 }
 
 /// `arp_announce` on an uplink.
-pub fn arp_announce(f: &Facts, plan: &Plan, uplink: &str) -> Check {
+pub fn arp_announce(f: &Gathered, plan: &Plan, uplink: &str) -> Check {
     const C: &str = "arp_announce";
     if !f.has_interface(uplink) {
         return missing(C, uplink);
@@ -196,7 +196,7 @@ pub fn arp_announce(f: &Facts, plan: &Plan, uplink: &str) -> Check {
         return Check::new(
             C,
             Some(uplink),
-            Status::Pass,
+            CheckStatus::Pass,
             value,
             format!("{what}{tail}"),
         );
@@ -209,7 +209,7 @@ pub fn arp_announce(f: &Facts, plan: &Plan, uplink: &str) -> Check {
         Coverage::Full { mode } if mode == "enforce" => Check::new(
             C,
             Some(uplink),
-            Status::Warn,
+            CheckStatus::Warn,
             value,
             format!("{exposure}; arp-guard (enforce) rewrites such requests for IPs this node does not own"),
         )
@@ -217,19 +217,19 @@ pub fn arp_announce(f: &Facts, plan: &Plan, uplink: &str) -> Check {
         Coverage::Full { mode } => Check::new(
             C,
             Some(uplink),
-            Status::Fail,
+            CheckStatus::Fail,
             value,
             format!("{exposure}; arp-guard is in {mode} mode and only counts them"),
         )
         .fix("net.ipv4.conf.all.arp_announce=2 (strictARP), or arp-guard in enforce mode"),
-        Coverage::Not(why) => Check::new(C, Some(uplink), Status::Fail, value, format!("{exposure}, and {why}"))
+        Coverage::Not(why) => Check::new(C, Some(uplink), CheckStatus::Fail, value, format!("{exposure}, and {why}"))
             .fix("net.ipv4.conf.all.arp_announce=2 (kube-proxy strictARP: true sets it), or arp-guard on this interface"),
     }
 }
 
 /// `lb_addresses`: the addresses on an LB interface (and `lo`), and
 /// whether the guard covers them on every uplink.
-pub fn lb_addresses(f: &Facts, plan: &Plan, iface: &str) -> Check {
+pub fn lb_addresses(f: &Gathered, plan: &Plan, iface: &str) -> Check {
     const C: &str = "lb_addresses";
     let ips = match lb_addresses_on(f, plan, iface) {
         Ok(ips) => ips,
@@ -252,7 +252,7 @@ pub fn lb_addresses(f: &Facts, plan: &Plan, iface: &str) -> Check {
         return Check::new(
             C,
             Some(iface),
-            Status::Pass,
+            CheckStatus::Pass,
             value,
             format!(
                 "arp-guard judges every address on {iface} on {}",
@@ -273,18 +273,18 @@ pub fn lb_addresses(f: &Facts, plan: &Plan, iface: &str) -> Check {
         Check::new(
             C,
             Some(iface),
-            Status::Fail,
+            CheckStatus::Fail,
             value,
             format!("the kernel answers ARP for them on {} (arp_ignore) and the guard does not cover them ({why_not})", list(&kernel_answers)),
         )
         .fix(fix)
     } else if !f.guard.seen() {
-        Check::new(C, Some(iface), Status::Pass, value, "no arp-guard seen, but arp_ignore keeps the kernel from answering for them on every uplink")
+        Check::new(C, Some(iface), CheckStatus::Pass, value, "no arp-guard seen, but arp_ignore keeps the kernel from answering for them on every uplink")
     } else {
         Check::new(
             C,
             Some(iface),
-            Status::Warn,
+            CheckStatus::Warn,
             value,
             format!("arp_ignore keeps the kernel quiet, but the guard does not cover them ({why_not}): a speaker announcing from the wrong node is not stopped"),
         )
@@ -293,14 +293,14 @@ pub fn lb_addresses(f: &Facts, plan: &Plan, iface: &str) -> Check {
 }
 
 /// The LB addresses on `iface`, or the check saying there are none.
-fn lb_addresses_on(f: &Facts, plan: &Plan, iface: &str) -> Result<Vec<Ipv4Addr>, Box<Check>> {
+fn lb_addresses_on(f: &Gathered, plan: &Plan, iface: &str) -> Result<Vec<Ipv4Addr>, Box<Check>> {
     const C: &str = "lb_addresses";
     if let Err(e) = &f.addrs {
         let why = format!("cannot list addresses: {e}");
         return Err(Box::new(Check::new(
             C,
             Some(iface),
-            Status::Skip,
+            CheckStatus::Skip,
             "unknown",
             why,
         )));
@@ -309,7 +309,7 @@ fn lb_addresses_on(f: &Facts, plan: &Plan, iface: &str) -> Result<Vec<Ipv4Addr>,
         let why = format!(
             "no {iface} here: kube-proxy is not in IPVS mode on this node (or not running)"
         );
-        let c = Check::new(C, Some(iface), Status::Skip, "no such interface", why);
+        let c = Check::new(C, Some(iface), CheckStatus::Skip, "no such interface", why);
         return Err(Box::new(c));
     }
     let ips: Vec<Ipv4Addr> = f
@@ -323,7 +323,7 @@ fn lb_addresses_on(f: &Facts, plan: &Plan, iface: &str) -> Result<Vec<Ipv4Addr>,
         return Err(Box::new(Check::new(
             C,
             Some(iface),
-            Status::Pass,
+            CheckStatus::Pass,
             "none",
             why,
         )));
@@ -332,7 +332,7 @@ fn lb_addresses_on(f: &Facts, plan: &Plan, iface: &str) -> Result<Vec<Ipv4Addr>,
 }
 
 /// The uplinks on which the guard does not cover `ips`, with why.
-fn uncovered(f: &Facts, plan: &Plan, ips: &[Ipv4Addr]) -> Vec<(String, String)> {
+fn uncovered(f: &Gathered, plan: &Plan, ips: &[Ipv4Addr]) -> Vec<(String, String)> {
     plan.uplinks
         .iter()
         .filter_map(|u| match f.coverage(u, ips) {

@@ -14,8 +14,9 @@ use super::{
 };
 use crate::{model::addrs::AddrTable, telemetry::status::InterfaceState};
 
+/// Everything doctor gathered on the node and from the guard.
 #[derive(Debug, Clone)]
-pub struct Facts {
+pub struct Gathered {
     pub node: Node,
     /// IPv4 addresses per interface (netlink), or why unknown.
     pub addrs: Result<AddrTable, String>,
@@ -60,7 +61,7 @@ pub fn list<T: ToString>(items: &[T]) -> String {
     }
 }
 
-impl Facts {
+impl Gathered {
     /// The IPv4 addresses on `iface` (empty if unknown).
     pub fn addrs_of(&self, iface: &str) -> Vec<Ipv4Addr> {
         self.addrs

@@ -5,17 +5,17 @@
 use std::path::Path;
 
 use super::{
-    facts::{list, Facts, Plan},
+    facts::{list, Gathered, Plan},
     guard_view::{Attached, GuardView},
     node::kernel_version,
-    report::{Check, Status},
+    report::{Check, CheckStatus},
 };
 use crate::{
     api::types::StatusDoc, datapath::inspect::is_guard_program, telemetry::status::InterfaceState,
 };
 
 /// `tcx`: whether the kernel has TCX (a TCX query answered, else the release).
-pub fn tcx(f: &Facts) -> Check {
+pub fn tcx(f: &Gathered) -> Check {
     const C: &str = "tcx";
     let release = f
         .node
@@ -26,23 +26,23 @@ pub fn tcx(f: &Facts) -> Check {
     let version = f.node.kernel.as_deref().ok().and_then(kernel_version);
     let yes = "the guard attaches through TCX links, first in the chain, pinned so that a restart swaps the program in place";
     match version {
-        _ if queried => Check::new(C, None, Status::Pass, format!("yes (Linux {release}; the kernel answered a TCX query)"), yes),
-        Some(v) if v >= (6, 6) => Check::new(C, None, Status::Pass, format!("yes (Linux {release})"), yes),
+        _ if queried => Check::new(C, None, CheckStatus::Pass, format!("yes (Linux {release}; the kernel answered a TCX query)"), yes),
+        Some(v) if v >= (6, 6) => Check::new(C, None, CheckStatus::Pass, format!("yes (Linux {release})"), yes),
         Some(v) if v >= (5, 10) => Check::new(
             C,
             None,
-            Status::Pass,
+            CheckStatus::Pass,
             format!("no (Linux {release} < 6.6)"),
             "the guard attaches a netlink clsact filter in a fixed slot (priority 1), replaced in place on restart; a backport (RHEL 9) may have TCX anyway",
         ),
-        Some(_) => Check::new(C, None, Status::Fail, format!("no (Linux {release})"), "arp-guard needs Linux 5.10 or later")
+        Some(_) => Check::new(C, None, CheckStatus::Fail, format!("no (Linux {release})"), "arp-guard needs Linux 5.10 or later")
             .fix("upgrade the kernel"),
-        None => Check::new(C, None, Status::Warn, format!("unknown (Linux {release})"), "cannot tell the kernel's release"),
+        None => Check::new(C, None, CheckStatus::Warn, format!("unknown (Linux {release})"), "cannot tell the kernel's release"),
     }
 }
 
 /// `bpffs`: a bpf file system where the pins go.
-pub fn bpffs(f: &Facts, plan: &Plan) -> Check {
+pub fn bpffs(f: &Gathered, plan: &Plan) -> Check {
     const C: &str = "bpffs";
     let mounts = match &f.node.bpf_mounts {
         Ok(m) => m,
@@ -50,7 +50,7 @@ pub fn bpffs(f: &Facts, plan: &Plan) -> Check {
             return Check::new(
                 C,
                 None,
-                Status::Warn,
+                CheckStatus::Warn,
                 "unknown",
                 format!("cannot read the mounts: {e}"),
             )
@@ -65,7 +65,7 @@ pub fn bpffs(f: &Facts, plan: &Plan) -> Check {
         return Check::new(
             C,
             None,
-            Status::Pass,
+            CheckStatus::Pass,
             format!("mounted at {}", m.display()),
             format!("--pin-dir {} is on it: a restarted guard takes over its pinned maps and links without a gap", pin_dir.display()),
         );
@@ -81,7 +81,7 @@ pub fn bpffs(f: &Facts, plan: &Plan) -> Check {
     Check::new(
         C,
         None,
-        Status::Warn,
+        CheckStatus::Warn,
         value,
         format!("nothing holds {}: without pins, a restarted guard leaves the interface unguarded for its start-up time", pin_dir.display()),
     )
@@ -109,7 +109,7 @@ fn guard_from_api(g: &GuardView, doc: &StatusDoc) -> Check {
         return Check::new(
             C,
             None,
-            Status::Fail,
+            CheckStatus::Fail,
             value,
             format!("not ready: {}", doc.not_ready.join("; ")),
         )
@@ -119,7 +119,7 @@ fn guard_from_api(g: &GuardView, doc: &StatusDoc) -> Check {
         return Check::new(
             C,
             None,
-            Status::Fail,
+            CheckStatus::Fail,
             value,
             format!("{n} map entries did not fit: those LB IPs are not guarded"),
         )
@@ -128,14 +128,14 @@ fn guard_from_api(g: &GuardView, doc: &StatusDoc) -> Check {
     Check::new(
         C,
         None,
-        Status::Pass,
+        CheckStatus::Pass,
         value,
         "the guard answers on its API and is ready",
     )
 }
 
 /// `guard`: is a guard running here, and is it well.
-pub fn guard(f: &Facts) -> Check {
+pub fn guard(f: &Gathered) -> Check {
     const C: &str = "guard";
     let g = &f.guard;
     if let Some(doc) = &g.status {
@@ -150,13 +150,13 @@ pub fn guard(f: &Facts) -> Check {
             g.api
         );
         return if age < stale {
-            Check::new(C, None, Status::Warn, value, format!("a guard is attached and its daemon is alive, but its API does not answer here ({tried})"))
+            Check::new(C, None, CheckStatus::Warn, value, format!("a guard is attached and its daemon is alive, but its API does not answer here ({tried})"))
                 .fix("pass --api with the daemon's --listen address (its feed health is known only there)")
         } else if age < dead {
-            Check::new(C, None, Status::Fail, value, format!("the daemon stopped writing heartbeats {}s ago: the guard judges foreign IPs as unknown", age.as_secs()))
+            Check::new(C, None, CheckStatus::Fail, value, format!("the daemon stopped writing heartbeats {}s ago: the guard judges foreign IPs as unknown", age.as_secs()))
                 .fix("restart arp-guard (kubectl -n arp-guard rollout restart ds/arp-guard)")
         } else {
-            Check::new(C, None, Status::Fail, value, "the guard left in the kernel has no live daemon: past --heartbeat-dead-after it passes everything")
+            Check::new(C, None, CheckStatus::Fail, value, "the guard left in the kernel has no live daemon: past --heartbeat-dead-after it passes everything")
                 .fix("restart arp-guard, or remove it: arp-guard uninstall")
         };
     }
@@ -164,7 +164,7 @@ pub fn guard(f: &Facts) -> Check {
         return Check::new(
             C,
             None,
-            Status::Warn,
+            CheckStatus::Warn,
             format!("pinned under {}, no heartbeat yet", g.pin_dir),
             format!("the API does not answer ({tried})"),
         );
@@ -172,7 +172,7 @@ pub fn guard(f: &Facts) -> Check {
     Check::new(
         C,
         None,
-        Status::Warn,
+        CheckStatus::Warn,
         "no arp-guard seen",
         format!("tried: {tried}"),
     )
@@ -180,23 +180,23 @@ pub fn guard(f: &Facts) -> Check {
 }
 
 /// `attached` on an uplink.
-pub fn attached(f: &Facts, uplink: &str) -> Check {
+pub fn attached(f: &Gathered, uplink: &str) -> Check {
     const C: &str = "attached";
     let a = f.guard.attached(uplink, f.node.ifindex(uplink));
     match a {
-        Attached::Daemon(InterfaceState::Attached, how) => Check::new(C, Some(uplink), Status::Pass, format!("yes ({how})"), format!("every frame leaving {uplink} passes the guard")),
-        Attached::Daemon(state, detail) => Check::new(C, Some(uplink), Status::Fail, format!("{} ({detail})", state.as_str()), format!("the guard is configured for {uplink} but not attached: its frames go out unchecked"))
+        Attached::Daemon(InterfaceState::Attached, how) => Check::new(C, Some(uplink), CheckStatus::Pass, format!("yes ({how})"), format!("every frame leaving {uplink} passes the guard")),
+        Attached::Daemon(state, detail) => Check::new(C, Some(uplink), CheckStatus::Fail, format!("{} ({detail})", state.as_str()), format!("the guard is configured for {uplink} but not attached: its frames go out unchecked"))
             .fix("see the daemon's log; arp-guard status"),
-        Attached::PinnedLink => Check::new(C, Some(uplink), Status::Pass, format!("yes (TCX link pinned under {})", f.guard.pin_dir), format!("every frame leaving {uplink} passes the guard")),
-        Attached::Kernel(how) => Check::new(C, Some(uplink), Status::Pass, format!("yes ({how}, found in the kernel)"), format!("every frame leaving {uplink} passes the guard")),
-        Attached::No if !f.guard.seen() => Check::new(C, Some(uplink), Status::Skip, "no guard seen", "see the guard check"),
-        Attached::No => Check::new(C, Some(uplink), Status::Fail, "no", format!("arp-guard runs, but not on {uplink}: ARP leaving it is not checked"))
+        Attached::PinnedLink => Check::new(C, Some(uplink), CheckStatus::Pass, format!("yes (TCX link pinned under {})", f.guard.pin_dir), format!("every frame leaving {uplink} passes the guard")),
+        Attached::Kernel(how) => Check::new(C, Some(uplink), CheckStatus::Pass, format!("yes ({how}, found in the kernel)"), format!("every frame leaving {uplink} passes the guard")),
+        Attached::No if !f.guard.seen() => Check::new(C, Some(uplink), CheckStatus::Skip, "no guard seen", "see the guard check"),
+        Attached::No => Check::new(C, Some(uplink), CheckStatus::Fail, "no", format!("arp-guard runs, but not on {uplink}: ARP leaving it is not checked"))
             .fix(format!("add -i {uplink} to arp-guard run")),
     }
 }
 
 /// `tc_chain` on an uplink: where the guard runs among the TC programs.
-pub fn tc_chain(f: &Facts, uplink: &str) -> Check {
+pub fn tc_chain(f: &Gathered, uplink: &str) -> Check {
     const C: &str = "tc_chain";
     let how = match f.guard.attached(uplink, f.node.ifindex(uplink)) {
         Attached::Daemon(InterfaceState::Attached, how) => how,
@@ -206,7 +206,7 @@ pub fn tc_chain(f: &Facts, uplink: &str) -> Check {
             return Check::new(
                 C,
                 Some(uplink),
-                Status::Skip,
+                CheckStatus::Skip,
                 "not attached",
                 "see the attached check",
             )
@@ -216,7 +216,7 @@ pub fn tc_chain(f: &Facts, uplink: &str) -> Check {
         return Check::new(
             C,
             Some(uplink),
-            Status::Skip,
+            CheckStatus::Skip,
             "not looked at",
             "the TC programs of this interface were not listed",
         );
@@ -224,23 +224,23 @@ pub fn tc_chain(f: &Facts, uplink: &str) -> Check {
     let tcx = match &chain.tcx {
         Ok(t) => t,
         Err(e) => {
-            return Check::new(C, Some(uplink), Status::Skip, "unknown", e.clone())
+            return Check::new(C, Some(uplink), CheckStatus::Skip, "unknown", e.clone())
                 .fix("run doctor as root to see the TCX chain")
         }
     };
     let ahead_fix = "restart arp-guard (it attaches first), or make sure the programs before it return TCX_NEXT for ARP";
     if how == "tcx" {
         return match tcx.iter().position(|n| is_guard_program(n)) {
-            Some(0) => Check::new(C, Some(uplink), Status::Pass, format!("first of {} TCX program(s)", tcx.len()), "the guard sees every frame before any other egress program can end the chain"),
+            Some(0) => Check::new(C, Some(uplink), CheckStatus::Pass, format!("first of {} TCX program(s)", tcx.len()), "the guard sees every frame before any other egress program can end the chain"),
             Some(i) => Check::new(
                 C,
                 Some(uplink),
-                Status::Warn,
+                CheckStatus::Warn,
                 format!("{} of {} TCX programs, after {}", i + 1, tcx.len(), list(&tcx[..i])),
                 "a program before it that returns TCX_PASS (Cilium's do) or redirects ends the chain: the guard never sees those frames",
             )
             .fix(ahead_fix),
-            None => Check::new(C, Some(uplink), Status::Warn, format!("not among {} TCX program(s)", tcx.len()), "the daemon reports a TCX attachment the kernel does not list here (another network namespace?)"),
+            None => Check::new(C, Some(uplink), CheckStatus::Warn, format!("not among {} TCX program(s)", tcx.len()), "the daemon reports a TCX attachment the kernel does not list here (another network namespace?)"),
         };
     }
     let before_nl: Vec<String> = match &chain.netlink {
@@ -249,13 +249,13 @@ pub fn tc_chain(f: &Facts, uplink: &str) -> Check {
             .take_while(|x| !x.is_guard())
             .map(|x| format!("{} (pref {})", x.program, x.priority))
             .collect(),
-        Err(e) => return Check::new(C, Some(uplink), Status::Skip, "unknown", e.clone()),
+        Err(e) => return Check::new(C, Some(uplink), CheckStatus::Skip, "unknown", e.clone()),
     };
     if tcx.is_empty() && before_nl.is_empty() {
         return Check::new(
             C,
             Some(uplink),
-            Status::Pass,
+            CheckStatus::Pass,
             "netlink filter, first (no TCX programs)",
             "the guard sees every frame before any other egress program",
         );
@@ -265,7 +265,7 @@ pub fn tc_chain(f: &Facts, uplink: &str) -> Check {
     Check::new(
         C,
         Some(uplink),
-        Status::Warn,
+        CheckStatus::Warn,
         format!("netlink filter after {}", list(&ahead)),
         "TCX programs run before every netlink filter; one that returns TCX_PASS ends the chain before the guard",
     )
@@ -273,30 +273,30 @@ pub fn tc_chain(f: &Facts, uplink: &str) -> Check {
 }
 
 /// `mode`: enforce or monitor.
-pub fn mode(f: &Facts) -> Check {
+pub fn mode(f: &Gathered) -> Check {
     const C: &str = "mode";
     match f.guard.mode().as_deref() {
         Some("enforce") => Check::new(
             C,
             None,
-            Status::Pass,
+            CheckStatus::Pass,
             "enforce",
             "foreign replies are dropped and announce leaks rewritten",
         ),
         Some(m) => Check::new(
             C,
             None,
-            Status::Warn,
+            CheckStatus::Warn,
             m.to_owned(),
             "monitor only counts what enforce would stop: nothing changes on the wire",
         )
         .fix("once the counters look right: --mode enforce (deploy/components/enforce)"),
-        None => Check::new(C, None, Status::Skip, "unknown", "no guard seen"),
+        None => Check::new(C, None, CheckStatus::Skip, "unknown", "no guard seen"),
     }
 }
 
 /// `feed`: the Kubernetes ownership feed, as the daemon reports it.
-pub fn feed(f: &Facts) -> Check {
+pub fn feed(f: &Gathered) -> Check {
     const C: &str = "feed";
     let Some(doc) = &f.guard.status else {
         let why = if f.guard.seen() {
@@ -304,10 +304,10 @@ pub fn feed(f: &Facts) -> Check {
         } else {
             "no guard seen"
         };
-        return Check::new(C, None, Status::Skip, "unknown", why);
+        return Check::new(C, None, CheckStatus::Skip, "unknown", why);
     };
     let Some(feed) = doc.status.as_ref().and_then(|s| s.feed.as_ref()) else {
-        return Check::new(C, None, Status::Pass, "none", "no announcer reads the API: owners come from the ownership file and/or interface addresses");
+        return Check::new(C, None, CheckStatus::Pass, "none", "no announcer reads the API: owners come from the ownership file and/or interface addresses");
     };
     let failing: Vec<&str> = feed
         .streams
@@ -333,21 +333,21 @@ pub fn feed(f: &Facts) -> Check {
         return Check::new(
             C,
             None,
-            Status::Fail,
+            CheckStatus::Fail,
             value,
             format!("the guard cannot read the API: {p}"),
         )
         .fix("fix the guard's credentials or RBAC as the problem says");
     }
     if feed.degraded {
-        return Check::new(C, None, Status::Warn, value, format!("blind for longer than {}s: foreign IPs are judged unknown (speakers pass, kernel replies still drop)", feed.threshold_seconds))
+        return Check::new(C, None, CheckStatus::Warn, value, format!("blind for longer than {}s: foreign IPs are judged unknown (speakers pass, kernel replies still drop)", feed.threshold_seconds))
             .fix("check the API server and the guard's log (failing streams: see arp-guard status)");
     }
     if !feed.synced || feed.blind {
         return Check::new(
             C,
             None,
-            Status::Warn,
+            CheckStatus::Warn,
             value,
             format!("owners may be out of date (failing: {})", list(&failing)),
         )
@@ -356,7 +356,7 @@ pub fn feed(f: &Facts) -> Check {
     Check::new(
         C,
         None,
-        Status::Pass,
+        CheckStatus::Pass,
         value,
         "the guard follows the announcers' records live",
     )

@@ -22,14 +22,14 @@ use std::net::Ipv6Addr;
 use guard_common::Ownership;
 
 use super::{
-    facts::{list, Coverage, Facts, Plan},
+    facts::{list, Coverage, Gathered, Plan},
     ipv6_view::{Addr6, Dad, Proxy6},
     node::Reading,
-    report::{Check, Status},
+    report::{Check, CheckStatus},
 };
 
 /// The ifindex of `uplink` (sysfs, else netlink).
-fn index_of(f: &Facts, uplink: &str) -> Option<u32> {
+fn index_of(f: &Gathered, uplink: &str) -> Option<u32> {
     f.node
         .ifindex(uplink)
         .or_else(|| f.addrs.as_ref().ok().and_then(|t| t.ifindex(uplink)))
@@ -37,13 +37,13 @@ fn index_of(f: &Facts, uplink: &str) -> Option<u32> {
 
 /// The check's answer when it does not apply to `uplink`: the interface is
 /// not there, IPv6 is off on it (`off` then), or that is unknown.
-fn unchecked(f: &Facts, check: &str, uplink: &str, off: Status) -> Option<Check> {
+fn unchecked(f: &Gathered, check: &str, uplink: &str, off: CheckStatus) -> Option<Check> {
     if !f.has_interface(uplink) {
         let why = format!("there is no {uplink} on this node (in this network namespace)");
         return Some(Check::new(
             check,
             Some(uplink),
-            Status::Skip,
+            CheckStatus::Skip,
             "no such interface",
             why,
         ));
@@ -57,16 +57,21 @@ fn unchecked(f: &Facts, check: &str, uplink: &str, off: Status) -> Option<Check>
             "IPv6 off",
             format!("IPv6 is off on {uplink} (disable_ipv6, or no IPv6 in the kernel): it answers no Neighbor Solicitation"),
         )),
-        Err(e) => Some(Check::new(check, Some(uplink), Status::Warn, "unknown", e)),
+        Err(e) => Some(Check::new(check, Some(uplink), CheckStatus::Warn, "unknown", e)),
     }
 }
 
 /// `ipv6/conf/{all,uplink}/key`, or the check saying it is unknown.
-fn both(f: &Facts, check: &str, uplink: &str, key: &'static str) -> Result<(i64, i64), Box<Check>> {
+fn both(
+    f: &Gathered,
+    check: &str,
+    uplink: &str,
+    key: &'static str,
+) -> Result<(i64, i64), Box<Check>> {
     match (f.node.conf6("all", key), f.node.conf6(uplink, key)) {
         (Ok(a), Ok(d)) => Ok((a, d)),
         (Err(e), _) | (_, Err(e)) => Err(Box::new(
-            Check::new(check, Some(uplink), Status::Warn, "unknown", e).fix(format!(
+            Check::new(check, Some(uplink), CheckStatus::Warn, "unknown", e).fix(format!(
                 "read net.ipv6.conf.all.{key} and net.ipv6.conf.{uplink}.{key} as root"
             )),
         )),
@@ -75,11 +80,11 @@ fn both(f: &Facts, check: &str, uplink: &str, key: &'static str) -> Result<(i64,
 
 /// `ipv6`: which IPv6 LB IPs doctor knows of; the per-uplink IPv6 checks run
 /// only when there are some.
-pub fn lb_ips6(f: &Facts, plan: &Plan, lb6: &[Ipv6Addr]) -> Check {
+pub fn lb_ips6(f: &Gathered, plan: &Plan, lb6: &[Ipv6Addr]) -> Check {
     const C: &str = "ipv6";
     if let Err(e) = &f.addrs {
         let why = format!("cannot list addresses: {e}");
-        return Check::new(C, None, Status::Skip, "unknown", why);
+        return Check::new(C, None, CheckStatus::Skip, "unknown", why);
     }
     let guard_set = match (f.guard.seen(), f.guard.lb6()) {
         (true, None) => " (the guard's IPv6 set is known only from its API, which does not answer)",
@@ -90,12 +95,12 @@ pub fn lb_ips6(f: &Facts, plan: &Plan, lb6: &[Ipv6Addr]) -> Check {
             "no IPv6 address on {} and none in the guard's LB set{guard_set}: no Neighbor Discovery answer to check",
             plan.lb_ifaces.join(", ")
         );
-        return Check::new(C, None, Status::Pass, "no IPv6 LB IP", why);
+        return Check::new(C, None, CheckStatus::Pass, "no IPv6 LB IP", why);
     }
     Check::new(
         C,
         None,
-        Status::Pass,
+        CheckStatus::Pass,
         format!("{} IPv6 LB IPs ({})", lb6.len(), list(lb6)),
         format!(
             "the kernel answers a Neighbor Solicitation for an LB IP only where it is an address of the \
@@ -107,7 +112,7 @@ pub fn lb_ips6(f: &Facts, plan: &Plan, lb6: &[Ipv6Addr]) -> Check {
 
 /// The proxy entries for LB IPs that apply on `uplink` (its own, or any
 /// interface's), addresses sorted.
-fn lb_proxies(f: &Facts, uplink: &str, lb6: &[Ipv6Addr]) -> Result<Vec<Ipv6Addr>, String> {
+fn lb_proxies(f: &Gathered, uplink: &str, lb6: &[Ipv6Addr]) -> Result<Vec<Ipv6Addr>, String> {
     let view = f.ipv6.as_ref().map_err(Clone::clone)?;
     let proxies = view.proxies.as_ref().map_err(Clone::clone)?;
     let index = index_of(f, uplink);
@@ -122,9 +127,9 @@ fn lb_proxies(f: &Facts, uplink: &str, lb6: &[Ipv6Addr]) -> Result<Vec<Ipv6Addr>
 }
 
 /// `proxy_ndp` on an uplink, with the proxy entries for LB IPs there.
-pub fn proxy_ndp(f: &Facts, uplink: &str, lb6: &[Ipv6Addr]) -> Check {
+pub fn proxy_ndp(f: &Gathered, uplink: &str, lb6: &[Ipv6Addr]) -> Check {
     const C: &str = "proxy_ndp";
-    if let Some(c) = unchecked(f, C, uplink, Status::Pass) {
+    if let Some(c) = unchecked(f, C, uplink, CheckStatus::Pass) {
         return c;
     }
     let (all, dev) = match both(f, C, uplink, C) {
@@ -133,7 +138,7 @@ pub fn proxy_ndp(f: &Facts, uplink: &str, lb6: &[Ipv6Addr]) -> Check {
     };
     let fwd = match f.node.conf6(uplink, "forwarding") {
         Ok(v) => v,
-        Err(e) => return Check::new(C, Some(uplink), Status::Warn, "unknown", e),
+        Err(e) => return Check::new(C, Some(uplink), CheckStatus::Warn, "unknown", e),
     };
     let on = all != 0 || dev != 0;
     let active = on && fwd != 0;
@@ -159,7 +164,7 @@ pub fn proxy_ndp(f: &Facts, uplink: &str, lb6: &[Ipv6Addr]) -> Check {
             return Check::new(
                 C,
                 Some(uplink),
-                Status::Warn,
+                CheckStatus::Warn,
                 value,
                 format!(
                 "the kernel answers from proxy entries on {uplink}, which cannot be listed ({e})"
@@ -167,7 +172,7 @@ pub fn proxy_ndp(f: &Facts, uplink: &str, lb6: &[Ipv6Addr]) -> Check {
             )
             .fix("ip -6 neigh show proxy, as root")
         }
-        Err(_) => return Check::new(C, Some(uplink), Status::Pass, value, quiet),
+        Err(_) => return Check::new(C, Some(uplink), CheckStatus::Pass, value, quiet),
     };
     if proxied.is_empty() {
         let why = if active {
@@ -175,7 +180,7 @@ pub fn proxy_ndp(f: &Facts, uplink: &str, lb6: &[Ipv6Addr]) -> Check {
         } else {
             quiet
         };
-        return Check::new(C, Some(uplink), Status::Pass, value, why);
+        return Check::new(C, Some(uplink), CheckStatus::Pass, value, why);
     }
     let value = format!("{value}; proxy entries for LB IPs: {}", list(&proxied));
     let del = format!("ip -6 neigh del proxy {} dev {uplink}", proxied[0]);
@@ -183,7 +188,7 @@ pub fn proxy_ndp(f: &Facts, uplink: &str, lb6: &[Ipv6Addr]) -> Check {
         return Check::new(
             C,
             Some(uplink),
-            Status::Warn,
+            CheckStatus::Warn,
             value,
             format!("{quiet}; the proxy entries for LB IPs are dormant: turning proxy_ndp (or forwarding) on makes the kernel answer for them"),
         )
@@ -195,7 +200,13 @@ pub fn proxy_ndp(f: &Facts, uplink: &str, lb6: &[Ipv6Addr]) -> Check {
 /// Active proxy entries for the LB IPs `proxied` on `uplink`: fine for IPs
 /// this node owns, otherwise only an enforcing guard that knows their owner
 /// is elsewhere stops the kernel's answers.
-fn judge_proxied(f: &Facts, uplink: &str, value: String, proxied: &[Ipv6Addr], del: &str) -> Check {
+fn judge_proxied(
+    f: &Gathered,
+    uplink: &str,
+    value: String,
+    proxied: &[Ipv6Addr],
+    del: &str,
+) -> Check {
     const C: &str = "proxy_ndp";
     let lb = f.guard.lb6().unwrap_or_default();
     let state = |ip: &Ipv6Addr| lb.get(ip).copied();
@@ -209,7 +220,7 @@ fn judge_proxied(f: &Facts, uplink: &str, value: String, proxied: &[Ipv6Addr], d
             "the kernel answers for them on {uplink} through proxy entries, and arp-guard says this node owns them \
              (whoever added the entries must remove them when the IPs move)"
         );
-        return Check::new(C, Some(uplink), Status::Pass, value, why);
+        return Check::new(C, Some(uplink), CheckStatus::Pass, value, why);
     }
     let exposure = format!(
         "the kernel answers Neighbor Solicitations for {} on {uplink} through proxy entries, though this node \
@@ -226,7 +237,7 @@ fn judge_proxied(f: &Facts, uplink: &str, value: String, proxied: &[Ipv6Addr], d
         Coverage::Full { mode } if mode == "enforce" && unknown.is_empty() => Check::new(
             C,
             Some(uplink),
-            Status::Warn,
+            CheckStatus::Warn,
             value,
             format!("{exposure}; arp-guard (enforce) on {uplink} drops those advertisements: the owners are elsewhere"),
         )
@@ -234,7 +245,7 @@ fn judge_proxied(f: &Facts, uplink: &str, value: String, proxied: &[Ipv6Addr], d
         Coverage::Full { mode } if mode == "enforce" => Check::new(
             C,
             Some(uplink),
-            Status::Fail,
+            CheckStatus::Fail,
             value,
             format!(
                 "{exposure}; arp-guard knows no owner of {} and passes the kernel's answers for them",
@@ -245,19 +256,19 @@ fn judge_proxied(f: &Facts, uplink: &str, value: String, proxied: &[Ipv6Addr], d
         Coverage::Full { mode } => Check::new(
             C,
             Some(uplink),
-            Status::Fail,
+            CheckStatus::Fail,
             value,
             format!("{exposure}; arp-guard on {uplink} is in {mode} mode: it counts those advertisements, it does not stop them"),
         )
         .fix(fix),
         Coverage::Not(why) => {
-            Check::new(C, Some(uplink), Status::Fail, value, format!("{exposure}, and {why}")).fix(fix)
+            Check::new(C, Some(uplink), CheckStatus::Fail, value, format!("{exposure}, and {why}")).fix(fix)
         }
     }
 }
 
 /// The LB IPs that are addresses of `uplink`, with their DAD state.
-fn held_on<'a>(f: &'a Facts, uplink: &str, lb6: &[Ipv6Addr]) -> Result<Vec<&'a Addr6>, String> {
+fn held_on<'a>(f: &'a Gathered, uplink: &str, lb6: &[Ipv6Addr]) -> Result<Vec<&'a Addr6>, String> {
     let view = f.ipv6.as_ref().map_err(Clone::clone)?;
     let index = index_of(f, uplink);
     let mut held: Vec<&Addr6> = view
@@ -290,7 +301,7 @@ fn dad_trouble(
             "find the other holder (arp-guard probe -i <iface> {first} from a host on the segment), remove the \
              address there, then here (ip -6 addr del {first}/128 dev {uplink}) so that the speaker adds it again"
         );
-        return Some(Check::new(C, Some(uplink), Status::Fail, value, why).fix(fix));
+        return Some(Check::new(C, Some(uplink), CheckStatus::Fail, value, why).fix(fix));
     }
     if tentative.is_empty() {
         return None;
@@ -300,16 +311,16 @@ fn dad_trouble(
          answers for it nor delivers its traffic",
         list(tentative)
     );
-    Some(Check::new(C, Some(uplink), Status::Warn, value, why).fix(
+    Some(Check::new(C, Some(uplink), CheckStatus::Warn, value, why).fix(
         "run doctor again in a few seconds: a detection that fails leaves the address dadfailed",
     ))
 }
 
 /// `accept_dad` on an uplink, and the DAD state of the LB IPs held on it
 /// (kube-vip puts the VIP on the uplink itself).
-pub fn accept_dad(f: &Facts, uplink: &str, lb6: &[Ipv6Addr]) -> Check {
+pub fn accept_dad(f: &Gathered, uplink: &str, lb6: &[Ipv6Addr]) -> Check {
     const C: &str = "accept_dad";
-    if let Some(c) = unchecked(f, C, uplink, Status::Skip) {
+    if let Some(c) = unchecked(f, C, uplink, CheckStatus::Skip) {
         return c;
     }
     let (all, dev) = match both(f, C, uplink, C) {
@@ -320,7 +331,7 @@ pub fn accept_dad(f: &Facts, uplink: &str, lb6: &[Ipv6Addr]) -> Check {
         Ok(h) => h,
         Err(e) => {
             let why = format!("cannot list IPv6 addresses: {e}");
-            return Check::new(C, Some(uplink), Status::Skip, "unknown", why);
+            return Check::new(C, Some(uplink), CheckStatus::Skip, "unknown", why);
         }
     };
     // The kernel skips DAD only when both are below 1.
@@ -333,7 +344,7 @@ pub fn accept_dad(f: &Facts, uplink: &str, lb6: &[Ipv6Addr]) -> Check {
         let why = format!(
             "no LB IP is an address of {uplink} (a speaker that answers from userspace, kube-ipvs0): DAD decides nothing for them"
         );
-        return Check::new(C, Some(uplink), Status::Pass, value, why);
+        return Check::new(C, Some(uplink), CheckStatus::Pass, value, why);
     }
     let shown: Vec<String> = held
         .iter()
@@ -356,12 +367,12 @@ pub fn accept_dad(f: &Facts, uplink: &str, lb6: &[Ipv6Addr]) -> Check {
         "added without DAD (nodad, or accept_dad below 1): a second holder is not detected here, both nodes answer \
          (arp-guard probe shows the conflict)"
     };
-    Check::new(C, Some(uplink), Status::Pass, value, why)
+    Check::new(C, Some(uplink), CheckStatus::Pass, value, why)
 }
 
 /// `ipv6_forwarding`: the node routes IPv6 (`all.forwarding`), and each
 /// uplink's own `forwarding`, which makes it answer as a router there.
-pub fn forwarding(f: &Facts, plan: &Plan) -> Check {
+pub fn forwarding(f: &Gathered, plan: &Plan) -> Check {
     const C: &str = "ipv6_forwarding";
     let all = match f.node.conf6("all", "forwarding") {
         Ok(v) => v,
@@ -369,12 +380,12 @@ pub fn forwarding(f: &Facts, plan: &Plan) -> Check {
             return Check::new(
                 C,
                 None,
-                Status::Skip,
+                CheckStatus::Skip,
                 "no IPv6",
                 "the kernel has no IPv6 (no net.ipv6 sysctls)",
             )
         }
-        Err(e) => return Check::new(C, None, Status::Warn, "unknown", e),
+        Err(e) => return Check::new(C, None, CheckStatus::Warn, "unknown", e),
     };
     let per_if: Vec<UplinkFwd> = plan
         .uplinks
@@ -407,7 +418,7 @@ pub fn forwarding(f: &Facts, plan: &Plan) -> Check {
         return Check::new(
             C,
             None,
-            Status::Fail,
+            CheckStatus::Fail,
             value,
             "this node does not route IPv6 (the kernel forwards by net.ipv6.conf.all.forwarding): IPv6 Service \
              traffic to pods on other nodes and its replies are dropped",
@@ -423,7 +434,7 @@ pub fn forwarding(f: &Facts, plan: &Plan) -> Check {
         return Check::new(
             C,
             None,
-            Status::Warn,
+            CheckStatus::Warn,
             value,
             format!(
                 "the node routes, but on {} it answers Neighbor Solicitations as a host: its advertisements there \
@@ -434,7 +445,7 @@ pub fn forwarding(f: &Facts, plan: &Plan) -> Check {
         )
         .fix(format!("sysctl -w net.ipv6.conf.{}.forwarding=1", hosts[0]));
     }
-    Check::new(C, None, Status::Pass, value, as_router(&per_if))
+    Check::new(C, None, CheckStatus::Pass, value, as_router(&per_if))
 }
 
 /// An uplink's IPv6 `forwarding` and `accept_ra`.

@@ -8,7 +8,7 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use kube::Api;
 use serde::Deserialize;
 
-use super::report::{Check, Status};
+use super::report::{Check, CheckStatus};
 use crate::sources::cluster::{
     cause::{Cause, Failure},
     task,
@@ -153,14 +153,14 @@ pub fn check(k: &KubeProxy) -> Check {
                       then restart kube-proxy (kubectl -n kube-system rollout restart ds/kube-proxy)";
     match k {
         KubeProxy::Skipped { why, fix } => {
-            let c = Check::new(name, None, Status::Skip, "not read", why.clone());
+            let c = Check::new(name, None, CheckStatus::Skip, "not read", why.clone());
             match fix {
                 Some(f) => c.fix(f.clone()),
                 None => c,
             }
         }
         KubeProxy::Unreadable(why) => {
-            Check::new(name, None, Status::Warn, "unreadable", why.clone()).fix(format!(
+            Check::new(name, None, CheckStatus::Warn, "unreadable", why.clone()).fix(format!(
                 "check {NAMESPACE}/{NAME} {KEY}; kube-proxy may also take --proxy-mode and --ipvs-strict-arp as flags"
             ))
         }
@@ -173,14 +173,14 @@ pub fn check(k: &KubeProxy) -> Check {
                 ("ipvs", true) => Check::new(
                     name,
                     None,
-                    Status::Pass,
+                    CheckStatus::Pass,
                     value,
                     "kube-proxy sets arp_ignore=1 and arp_announce=2 (conf/all) on every node, so kernels do not answer ARP for kube-ipvs0's Service IPs",
                 ),
                 ("ipvs", false) => Check::new(
                     name,
                     None,
-                    Status::Warn,
+                    CheckStatus::Warn,
                     value,
                     "IPVS puts every LoadBalancer IP on kube-ipvs0 of every node and, without strictARP, leaves arp_ignore=0: every node's kernel answers ARP for every LB IP unless the node's sysctls or arp-guard stop it (see arp_ignore)",
                 )
@@ -188,7 +188,7 @@ pub fn check(k: &KubeProxy) -> Check {
                 _ => Check::new(
                     name,
                     None,
-                    Status::Pass,
+                    CheckStatus::Pass,
                     value,
                     "not IPVS: Service IPs are not bound to kube-ipvs0, so kube-proxy makes no kernel answer ARP for them (announcers and stale caches still can)",
                 ),
@@ -213,16 +213,16 @@ mod tests {
             }
         );
         let c = check(&parse(Some(conf)));
-        assert_eq!(c.status, Status::Warn);
+        assert_eq!(c.status, CheckStatus::Warn);
         assert_eq!(c.value, "mode ipvs, strictARP false");
         assert!(c.fix.unwrap().contains("strictARP: true"));
 
         let strict = conf.replace("strictARP: false", "strictARP: true");
-        assert_eq!(check(&parse(Some(&strict))).status, Status::Pass);
+        assert_eq!(check(&parse(Some(&strict))).status, CheckStatus::Pass);
         // kubeadm's default mode is "" (iptables); nftables binds nothing either.
         for mode in ["mode: \"\"", "mode: nftables", "mode: iptables"] {
             let c = check(&parse(Some(&conf.replace("mode: ipvs", mode))));
-            assert_eq!(c.status, Status::Pass, "{mode}");
+            assert_eq!(c.status, CheckStatus::Pass, "{mode}");
         }
         // No ipvs section, no mode at all.
         assert_eq!(
@@ -251,7 +251,7 @@ mod tests {
                 KubeProxy::Unreadable(why) => assert!(why.contains(needle), "{why}"),
                 other => panic!("{data:?}: {other:?}"),
             }
-            assert_eq!(check(&k).status, Status::Warn);
+            assert_eq!(check(&k).status, CheckStatus::Warn);
         }
     }
 
@@ -259,7 +259,7 @@ mod tests {
     fn skipped_says_why() {
         let k = failed(&Failure::new(Cause::Forbidden, "get: 403"));
         let c = check(&k);
-        assert_eq!(c.status, Status::Skip);
+        assert_eq!(c.status, CheckStatus::Skip);
         assert!(c.why.contains("403 Forbidden"), "{}", c.why);
         assert!(c.fix.unwrap().contains("configmaps/kube-proxy"));
     }

@@ -25,10 +25,10 @@ use std::time::Duration;
 
 use anyhow::Result;
 
-pub use report::{Check, Report, Status};
+pub use report::{Check, CheckStatus, Report};
 
 use self::{
-    facts::{default_uplinks, Facts, Plan},
+    facts::{default_uplinks, Gathered, Plan},
     guard_view::GuardView,
     ipv6_view::Ipv6View,
     kube_proxy::KubeProxy,
@@ -42,14 +42,14 @@ use crate::{
 
 /// Every check, in the order they print: kube-proxy's strictARP first, then
 /// what the kernel answers, the path back, and the guard.
-pub fn run_checks(f: &Facts, plan: &Plan) -> Vec<Check> {
+pub fn run_checks(f: &Gathered, plan: &Plan) -> Vec<Check> {
     let mut out = vec![kube_proxy::check(&f.kube_proxy)];
     if plan.uplinks.is_empty() {
         out.push(
             Check::new(
                 "interfaces",
                 None,
-                Status::Warn,
+                CheckStatus::Warn,
                 "none found",
                 "no announcing interface given, none guarded, no default route, no interface with an IPv4 address",
             )
@@ -119,7 +119,7 @@ async fn read_netlink() -> (Result<AddrTable, String>, Result<Ipv6View, String>)
 }
 
 /// Gather what the checks need.
-async fn gather(args: &DoctorArgs) -> (Facts, Plan) {
+async fn gather(args: &DoctorArgs) -> (Gathered, Plan) {
     let kube = async {
         if args.no_cluster {
             KubeProxy::Skipped {
@@ -136,10 +136,10 @@ async fn gather(args: &DoctorArgs) -> (Facts, Plan) {
         read_netlink()
     );
     let mut node = Node::read(&args.proc_root, &args.sys_root);
-    let (uplinks, uplinks_from) = if args.interfaces.is_empty() {
-        default_uplinks(&node, &addrs, &guard, &args.lb_ips_from)
+    let (uplinks, uplinks_from) = if args.uplinks.is_empty() {
+        default_uplinks(&node, &addrs, &guard, &args.lb_ifaces)
     } else {
-        (args.interfaces.clone(), "--interface".to_owned())
+        (args.uplinks.clone(), "--interface".to_owned())
     };
     node.read_conf(uplinks.iter().map(String::as_str));
     let indexed: Vec<(String, Option<u32>)> = uplinks
@@ -155,11 +155,11 @@ async fn gather(args: &DoctorArgs) -> (Facts, Plan) {
     let plan = Plan {
         uplinks,
         uplinks_from,
-        lb_ifaces: args.lb_ips_from.clone(),
+        lb_ifaces: args.lb_ifaces.clone(),
         clients: args.client.clone(),
         pin_dir: args.pin_dir.display().to_string(),
     };
-    let facts = Facts {
+    let facts = Gathered {
         node,
         addrs,
         guard,

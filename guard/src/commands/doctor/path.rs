@@ -8,19 +8,19 @@
 use std::{collections::BTreeMap, net::Ipv4Addr};
 
 use super::{
-    facts::{list, Facts, Plan},
+    facts::{list, Gathered, Plan},
     node::Route,
-    report::{Check, Status},
+    report::{Check, CheckStatus},
 };
 
 /// `ip_forward` and the uplinks' `forwarding`.
-pub fn ip_forward(f: &Facts, plan: &Plan) -> Check {
+pub fn ip_forward(f: &Gathered, plan: &Plan) -> Check {
     const C: &str = "ip_forward";
     let why_on = "forwards: Service traffic to pods (on other nodes with externalTrafficPolicy: Cluster) and its replies are routed";
     let v = match &f.node.ip_forward {
         Ok(v) => *v,
         Err(e) => {
-            return Check::new(C, None, Status::Warn, "unknown", e.clone())
+            return Check::new(C, None, CheckStatus::Warn, "unknown", e.clone())
                 .fix("sysctl net.ipv4.ip_forward (should be 1)")
         }
     };
@@ -46,7 +46,7 @@ pub fn ip_forward(f: &Facts, plan: &Plan) -> Check {
         return Check::new(
             C,
             None,
-            Status::Fail,
+            CheckStatus::Fail,
             value,
             "this node routes nothing: packets for pods behind it and replies of forwarded connections are dropped (kubeadm refuses such a node)",
         )
@@ -61,7 +61,7 @@ pub fn ip_forward(f: &Facts, plan: &Plan) -> Check {
         return Check::new(
             C,
             None,
-            Status::Fail,
+            CheckStatus::Fail,
             value,
             format!(
                 "packets arriving on {} are not forwarded (conf/<iface>/forwarding=0)",
@@ -70,7 +70,7 @@ pub fn ip_forward(f: &Facts, plan: &Plan) -> Check {
         )
         .fix("sysctl -w net.ipv4.conf.<iface>.forwarding=1");
     }
-    Check::new(C, None, Status::Pass, value, why_on)
+    Check::new(C, None, CheckStatus::Pass, value, why_on)
 }
 
 fn rp_name(v: i64) -> &'static str {
@@ -83,7 +83,7 @@ fn rp_name(v: i64) -> &'static str {
 
 /// The routes back to the clients asked about (or to any client beyond the
 /// connected subnets: the default route): (what, route).
-fn routes_back<'a>(f: &'a Facts, plan: &Plan) -> Vec<(String, Option<&'a Route>)> {
+fn routes_back<'a>(f: &'a Gathered, plan: &Plan) -> Vec<(String, Option<&'a Route>)> {
     if plan.clients.is_empty() {
         let default = f
             .node
@@ -100,13 +100,13 @@ fn routes_back<'a>(f: &'a Facts, plan: &Plan) -> Vec<(String, Option<&'a Route>)
 }
 
 /// `rp_filter` on an uplink, against the route back.
-pub fn rp_filter(f: &Facts, plan: &Plan, uplink: &str) -> Check {
+pub fn rp_filter(f: &Gathered, plan: &Plan, uplink: &str) -> Check {
     const C: &str = "rp_filter";
     if !f.has_interface(uplink) {
         return Check::new(
             C,
             Some(uplink),
-            Status::Skip,
+            CheckStatus::Skip,
             "no such interface",
             format!("no {uplink} here"),
         );
@@ -118,7 +118,7 @@ pub fn rp_filter(f: &Facts, plan: &Plan, uplink: &str) -> Check {
             return Check::new(
                 C,
                 Some(uplink),
-                Status::Warn,
+                CheckStatus::Warn,
                 format!("unknown ({detail})"),
                 e,
             )
@@ -129,28 +129,28 @@ pub fn rp_filter(f: &Facts, plan: &Plan, uplink: &str) -> Check {
         return Check::new(
             C,
             Some(uplink),
-            Status::Warn,
+            CheckStatus::Warn,
             format!("{v}, {} ({detail}); routes unknown", rp_name(v)),
             format!("cannot read the routes to compare with: {e}"),
         );
     }
-    let mut worst = Status::Pass;
+    let mut worst = CheckStatus::Pass;
     let mut parts = Vec::new();
     let mut whys = Vec::new();
     for (who, route) in routes_back(f, plan) {
         let (status, why) = match route {
             None => (
-                Status::Warn,
+                CheckStatus::Warn,
                 format!("no route back to {who}: their packets arriving on {uplink} get no reply{}",
                     if v == 0 { "" } else { ", and the reverse-path filter drops them on arrival" }),
             ),
-            Some(r) if r.iface == uplink => (Status::Pass, format!("the route back to {who} leaves by {uplink}, where they arrive")),
+            Some(r) if r.iface == uplink => (CheckStatus::Pass, format!("the route back to {who} leaves by {uplink}, where they arrive")),
             Some(r) if v == 1 => (
-                Status::Fail,
+                CheckStatus::Fail,
                 format!("strict reverse-path filtering drops packets from {who} arriving on {uplink}, because the route back leaves by {}: the client's SYN never reaches the Service", r.iface),
             ),
             Some(r) => (
-                Status::Warn,
+                CheckStatus::Warn,
                 format!("asymmetric: packets from {who} arrive on {uplink}, replies leave by {}; the kernel accepts it (rp_filter {}), a stateful firewall or anti-spoofing upstream may not", r.iface, rp_name(v)),
             ),
         };
@@ -164,30 +164,30 @@ pub fn rp_filter(f: &Facts, plan: &Plan, uplink: &str) -> Check {
     let value = format!("{v}, {} ({detail}); {}", rp_name(v), parts.join("; "));
     let c = Check::new(C, Some(uplink), worst, value, whys.join("; "));
     match worst {
-        Status::Fail => c.fix(format!(
+        CheckStatus::Fail => c.fix(format!(
             "announce on the interface the route back uses, or set net.ipv4.conf.{uplink}.rp_filter=2 \
              and net.ipv4.conf.all.rp_filter=2 (loose; the kernel uses the maximum), or route the clients back through {uplink}"
         )),
-        Status::Warn => c.fix(format!("make the route back to clients leave by {uplink} (a default route or a route to the client networks via {uplink})")),
+        CheckStatus::Warn => c.fix(format!("make the route back to clients leave by {uplink} (a default route or a route to the client networks via {uplink})")),
         _ => c,
     }
 }
 
 /// `lan_interface`: the LB IPs' subnet faces the announcing interface.
-pub fn lan_interface(f: &Facts, plan: &Plan) -> Check {
+pub fn lan_interface(f: &Gathered, plan: &Plan) -> Check {
     const C: &str = "lan_interface";
     let ips = f.lb_ips(plan);
     if ips.is_empty() {
         return Check::new(
             C,
             None,
-            Status::Skip,
+            CheckStatus::Skip,
             "no LB IPs known",
             "no addresses on the LB interfaces and no guard's LB set to look at",
         );
     }
     if let Err(e) = &f.node.routes {
-        return Check::new(C, None, Status::Skip, "routes unknown", e.clone());
+        return Check::new(C, None, CheckStatus::Skip, "routes unknown", e.clone());
     }
     // LB IPs by the connected route they fall in (None: only a gateway route or nothing).
     let mut by: BTreeMap<Option<String>, Vec<Ipv4Addr>> = BTreeMap::new();
@@ -201,7 +201,7 @@ pub fn lan_interface(f: &Facts, plan: &Plan) -> Check {
             .push(*ip);
     }
     let iface_of = |key: &str| key.rsplit(' ').next().unwrap_or("").to_owned();
-    let mut status = Status::Pass;
+    let mut status = CheckStatus::Pass;
     let mut parts = Vec::new();
     let mut whys = Vec::new();
     for (key, group) in &by {
@@ -211,7 +211,7 @@ pub fn lan_interface(f: &Facts, plan: &Plan) -> Check {
                 parts.push(format!("{n} in {k}"));
             }
             Some(k) => {
-                status = status.max(Status::Warn);
+                status = status.max(CheckStatus::Warn);
                 parts.push(format!("{n} in {k}"));
                 whys.push(format!(
                     "neighbours on {}'s segment ARP for {}, but the announcing interfaces checked are {}",
@@ -221,7 +221,7 @@ pub fn lan_interface(f: &Facts, plan: &Plan) -> Check {
                 ));
             }
             None => {
-                status = status.max(Status::Warn);
+                status = status.max(CheckStatus::Warn);
                 parts.push(format!("{n} in no connected subnet"));
                 whys.push(format!(
                     "{} lie in no subnet this node is attached to: neighbours ARP only for addresses in their own subnet, so an L2 announcement of them answers nobody",
@@ -231,8 +231,8 @@ pub fn lan_interface(f: &Facts, plan: &Plan) -> Check {
         }
     }
     let value = parts.join("; ");
-    if status == Status::Pass {
-        return Check::new(C, None, Status::Pass, value, "the LB IPs are in the subnet of the interface that announces them (the one facing the LAN)");
+    if status == CheckStatus::Pass {
+        return Check::new(C, None, CheckStatus::Pass, value, "the LB IPs are in the subnet of the interface that announces them (the one facing the LAN)");
     }
     Check::new(C, None, status, value, whys.join("; "))
         .fix("announce (and guard) on the interface that faces the LAN of the LB IPs, or pick LB IPs from that LAN's subnet")

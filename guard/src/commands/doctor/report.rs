@@ -5,7 +5,7 @@ use serde::{Deserialize, Serialize};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
-pub enum Status {
+pub enum CheckStatus {
     Pass,
     Warn,
     Fail,
@@ -13,13 +13,13 @@ pub enum Status {
     Skip,
 }
 
-impl Status {
+impl CheckStatus {
     pub fn as_str(self) -> &'static str {
         match self {
-            Status::Pass => "pass",
-            Status::Warn => "warn",
-            Status::Fail => "fail",
-            Status::Skip => "skip",
+            CheckStatus::Pass => "pass",
+            CheckStatus::Warn => "warn",
+            CheckStatus::Fail => "fail",
+            CheckStatus::Skip => "skip",
         }
     }
 }
@@ -32,7 +32,7 @@ pub struct Check {
     /// What it was checked on (an interface), if anything in particular.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub subject: Option<String>,
-    pub status: Status,
+    pub status: CheckStatus,
     /// The value found.
     pub value: String,
     /// Why it matters (for a skip: why it could not be checked).
@@ -46,7 +46,7 @@ impl Check {
     pub fn new(
         check: &str,
         subject: Option<&str>,
-        status: Status,
+        status: CheckStatus,
         value: impl Into<String>,
         why: impl Into<String>,
     ) -> Self {
@@ -103,10 +103,10 @@ impl Report {
         let mut s = Summary::default();
         for c in checks {
             *match c.status {
-                Status::Pass => &mut s.pass,
-                Status::Warn => &mut s.warn,
-                Status::Fail => &mut s.fail,
-                Status::Skip => &mut s.skip,
+                CheckStatus::Pass => &mut s.pass,
+                CheckStatus::Warn => &mut s.warn,
+                CheckStatus::Fail => &mut s.fail,
+                CheckStatus::Skip => &mut s.skip,
             } += 1;
         }
         s
@@ -116,7 +116,7 @@ impl Report {
     pub fn failed(&self) -> Vec<String> {
         self.checks
             .iter()
-            .filter(|c| c.status == Status::Fail)
+            .filter(|c| c.status == CheckStatus::Fail)
             .map(Check::label)
             .collect()
     }
@@ -170,8 +170,15 @@ mod tests {
     #[test]
     fn table_and_json() {
         let checks = vec![
-            Check::new("ip_forward", None, Status::Pass, "1", "forwards"),
-            Check::new("arp_ignore", Some("eth0"), Status::Fail, "0", "answers").fix("set 1"),
+            Check::new("ip_forward", None, CheckStatus::Pass, "1", "forwards"),
+            Check::new(
+                "arp_ignore",
+                Some("eth0"),
+                CheckStatus::Fail,
+                "0",
+                "answers",
+            )
+            .fix("set 1"),
         ];
         let r = Report {
             version: Report::VERSION,

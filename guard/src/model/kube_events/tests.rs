@@ -56,15 +56,15 @@ fn a_split_brain_speaker_counts_once_stopped_for_the_threshold() {
     let (t, mut m, t0) = (thresholds(), Memory::default(), Instant::now());
     let f = parse(&drop_line("speaker", "foreign", "dropped")).unwrap();
     // A takeover's early announcement, held and re-sent, is no split brain.
-    assert_eq!(judge(&f, &facts(false), &t, &mut m, t0), None);
+    assert_eq!(event_for(&f, &facts(false), &t, &mut m, t0), None);
     let at = |s| t0 + Duration::from_secs(s);
-    assert_eq!(judge(&f, &facts(false), &t, &mut m, at(5)), None);
-    let o = judge(&f, &facts(false), &t, &mut m, at(10)).unwrap();
+    assert_eq!(event_for(&f, &facts(false), &t, &mut m, at(5)), None);
+    let o = event_for(&f, &facts(false), &t, &mut m, at(10)).unwrap();
     assert_eq!(o.reason, Reason::SplitBrainSpeaker);
     assert_eq!(o.node_at_fault.as_deref(), Some("node-b"));
     assert!(o.note.contains("stopped 3 of them"), "{}", o.note);
     // After a long pause a new run starts from zero.
-    assert_eq!(judge(&f, &facts(false), &t, &mut m, at(80)), None);
+    assert_eq!(event_for(&f, &facts(false), &t, &mut m, at(80)), None);
 }
 
 #[test]
@@ -76,8 +76,8 @@ fn only_the_owner_reports_a_conflict() {
         macs: vec!["02:00:00:00:00:99".into()],
         ended: false,
     };
-    assert_eq!(judge(&f, &facts(false), &t, &mut m, now), None);
-    let o = judge(&f, &facts(true), &t, &mut m, now).unwrap();
+    assert_eq!(event_for(&f, &facts(false), &t, &mut m, now), None);
+    let o = event_for(&f, &facts(true), &t, &mut m, now).unwrap();
     assert_eq!(o.reason, Reason::ResponderConflict);
     assert!(o.reason.warning());
     let ended = Finding::Conflict {
@@ -86,7 +86,7 @@ fn only_the_owner_reports_a_conflict() {
         macs: vec![],
         ended: true,
     };
-    let o = judge(&ended, &facts(true), &t, &mut m, now).unwrap();
+    let o = event_for(&ended, &facts(true), &t, &mut m, now).unwrap();
     assert_eq!(o.reason, Reason::ResponderConflictResolved);
     assert!(!o.reason.warning());
 }
@@ -99,9 +99,15 @@ fn stale_clients_count_from_the_threshold() {
         client_ip: c.into(),
         mac: "02:00:00:00:00:01".into(),
     };
-    assert_eq!(judge(&client("a"), &facts(false), &t, &mut m, now), None);
-    assert_eq!(judge(&client("a"), &facts(false), &t, &mut m, now), None);
-    let o = judge(&client("b"), &facts(false), &t, &mut m, now).unwrap();
+    assert_eq!(
+        event_for(&client("a"), &facts(false), &t, &mut m, now),
+        None
+    );
+    assert_eq!(
+        event_for(&client("a"), &facts(false), &t, &mut m, now),
+        None
+    );
+    let o = event_for(&client("b"), &facts(false), &t, &mut m, now).unwrap();
     assert_eq!(o.reason, Reason::StaleClients);
 }
 
@@ -118,9 +124,9 @@ fn the_largest_stale_clients_threshold_is_reached() {
         mac: format!("02:00:00:00:00:{i:02x}"),
     };
     for i in 1..MAX_STALE_LISTED {
-        assert_eq!(judge(&client(i), &facts(false), &t, &mut m, now), None);
+        assert_eq!(event_for(&client(i), &facts(false), &t, &mut m, now), None);
     }
-    let o = judge(&client(MAX_STALE_LISTED), &facts(false), &t, &mut m, now).unwrap();
+    let o = event_for(&client(MAX_STALE_LISTED), &facts(false), &t, &mut m, now).unwrap();
     assert_eq!(o.reason, Reason::StaleClients);
     assert_eq!(
         o.note.matches(" (02:").count(),
@@ -200,7 +206,7 @@ fn the_active_census_verdicts_are_events_naming_the_owner() {
     };
     let judge_line = |l: String, m: &mut Memory| {
         let f = parse(&l).unwrap();
-        judge(&f, &facts(false), &t, m, now)
+        event_for(&f, &facts(false), &t, m, now)
     };
     let o = judge_line(line("silent_owner", &[]), &mut m).unwrap();
     assert_eq!(o.reason, Reason::SilentOwner);

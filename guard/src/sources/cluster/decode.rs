@@ -377,7 +377,7 @@ pub enum WatchLine<T> {
     Deleted(Obj<T>),
     /// The resourceVersion the watch has reached.
     Bookmark(Option<String>),
-    /// An ERROR event: the Status's code and message.
+    /// An ERROR event: the Status object's code and message.
     Error(u16, String),
 }
 
@@ -389,8 +389,9 @@ struct RawLine<'a> {
     object: &'a RawValue,
 }
 
+/// The Kubernetes API's Status object (a watch ERROR line's, or a bare answer).
 #[derive(Deserialize)]
-struct Status {
+struct ApiStatus {
     #[serde(default)]
     code: u16,
     #[serde(default)]
@@ -426,9 +427,9 @@ pub fn watch_line<T: Object>(line: &[u8]) -> Result<WatchLine<T>, String> {
     }
     let raw: RawLine<'_> = match serde_json::from_str(text) {
         Ok(r) => r,
-        // A bare Status instead of an event (a proxy's error).
+        // A bare Status object instead of an event (a proxy's error).
         Err(e) => {
-            return match serde_json::from_str::<Status>(text) {
+            return match serde_json::from_str::<ApiStatus>(text) {
                 Ok(s) if s.code != 0 => Ok(WatchLine::Error(s.code, s.message)),
                 _ => Err(format!("watch line: {e}")),
             }
@@ -449,7 +450,7 @@ pub fn watch_line<T: Object>(line: &[u8]) -> Result<WatchLine<T>, String> {
             WatchLine::Bookmark(b.and_then(|b| b.metadata.resource_version))
         }
         "ERROR" => {
-            let s: Status = serde_json::from_str(o).map_err(|e| format!("watch ERROR: {e}"))?;
+            let s: ApiStatus = serde_json::from_str(o).map_err(|e| format!("watch ERROR: {e}"))?;
             WatchLine::Error(s.code, s.message)
         }
         other => return Err(format!("watch line of unknown type {other:?}")),

@@ -14,7 +14,8 @@ use std::{
     time::Instant,
 };
 
-use super::model::{Announcer, Claim, Key, L2Status, LeaseInfo, LeaseState, Model, ServiceInfo};
+use super::model::{Announcer, Key, L2Status, LeaseInfo, LeaseState, Model, ServiceInfo};
+use crate::model::cluster::OwnerClaim;
 
 fn count<K: Ord>(m: &mut BTreeMap<K, usize>, k: K, add: bool) {
     match m.entry(k) {
@@ -47,7 +48,7 @@ impl Model {
     }
 
     /// The claims as of the last [`Model::refresh`].
-    pub fn claims(&self) -> &BTreeMap<IpAddr, Arc<Claim>> {
+    pub fn claims(&self) -> &BTreeMap<IpAddr, Arc<OwnerClaim>> {
         &self.idx.claims
     }
 
@@ -296,7 +297,7 @@ impl Model {
 
     /// One IP's claim from the Services carrying it, in the order the full
     /// derivation folds them.
-    fn claim_of(&self, ip: &IpAddr, now: Instant) -> Option<Claim> {
+    fn claim_of(&self, ip: &IpAddr, now: Instant) -> Option<OwnerClaim> {
         let svcs = self.idx.ip_services.get(ip)?;
         let mut claim = None;
         for svc in svcs {
@@ -352,8 +353,8 @@ mod tests {
     }
 
     fn check(m: &Model, a: &[Announcer], now: Instant) {
-        let claims: BTreeMap<IpAddr, Claim> = (m.claims().iter())
-            .map(|(ip, c)| (*ip, Claim::clone(c)))
+        let claims: BTreeMap<IpAddr, OwnerClaim> = (m.claims().iter())
+            .map(|(ip, c)| (*ip, OwnerClaim::clone(c)))
             .collect();
         assert_eq!(claims, m.ownership(a, now));
         let used = referenced(m, a);

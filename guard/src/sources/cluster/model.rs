@@ -14,7 +14,7 @@ use std::{
 
 pub use super::keys::{Key, Keys};
 
-pub use crate::model::cluster::Claim;
+use crate::model::cluster::OwnerClaim as Claim;
 
 /// Lease durations the guard believes: client-go's default when unset or
 /// not positive; at most an hour (a holder that claims more cannot make a

@@ -12,17 +12,17 @@ use std::path::PathBuf;
 use serde_json::json;
 
 use super::{
-    facts::{default_uplinks, Facts, Plan},
+    facts::{default_uplinks, Gathered, Plan},
     guard_view::{Chain, GuardView},
     ipv6_view::Ipv6View,
     kube_proxy::KubeProxy,
     node::Node,
-    run_checks, Check, Status,
+    run_checks, Check, CheckStatus,
 };
 use crate::{
     api::types::StatusDoc,
     datapath::inspect::{NetlinkFilter, Pinned},
-    model::addrs::{AddrTable, IfAddr},
+    model::addrs::{AddrTable, IfAddrV4},
 };
 
 pub const LB: [&str; 3] = ["198.51.100.101", "198.51.100.102", "198.51.100.103"];
@@ -65,7 +65,7 @@ pub fn addrs(extra: &[(&str, &str, u8)]) -> AddrTable {
     }
     for (name, a, prefix) in base.iter().chain(lb.iter()).chain(extra.iter()) {
         let index = t.links[*name];
-        t.v4.entry(index).or_default().push(IfAddr {
+        t.v4.entry(index).or_default().push(IfAddrV4 {
             addr: a.parse().unwrap(),
             prefix: *prefix,
             secondary: false,
@@ -127,10 +127,10 @@ pub fn no_guard() -> GuardView {
     }
 }
 
-pub fn facts(t: &Tree, addrs: AddrTable, guard: GuardView) -> Facts {
+pub fn facts(t: &Tree, addrs: AddrTable, guard: GuardView) -> Gathered {
     let mut node = Node::read(&t.proc(), &t.sys());
     node.read_conf(["eth0", "eth1"]);
-    Facts {
+    Gathered {
         node,
         addrs: Ok(addrs),
         guard,
@@ -164,7 +164,7 @@ pub fn find<'a>(checks: &'a [Check], name: &str, subject: Option<&str>) -> &'a C
 }
 
 #[track_caller]
-pub fn status(checks: &[Check], name: &str, subject: Option<&str>) -> Status {
+pub fn status(checks: &[Check], name: &str, subject: Option<&str>) -> CheckStatus {
     find(checks, name, subject).status
 }
 

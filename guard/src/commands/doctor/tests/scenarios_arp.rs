@@ -8,7 +8,7 @@ fn the_incident_node_fails_where_it_answers() {
     let f = facts(&t, addrs(&[]), no_guard());
     let c = run_checks(&f, &plan(&["eth0"], &[]));
     let ai = find(&c, "arp_ignore", Some("eth0"));
-    assert_eq!(ai.status, Status::Fail);
+    assert_eq!(ai.status, CheckStatus::Fail);
     assert_eq!(ai.value, "0 (all 0, eth0 0)");
     assert!(ai.why.contains("3 LB IPs on kube-ipvs0"), "{}", ai.why);
     assert!(
@@ -17,15 +17,18 @@ fn the_incident_node_fails_where_it_answers() {
         ai.why
     );
     assert!(ai.fix.as_deref().unwrap().contains("strictARP"));
-    assert_eq!(status(&c, "arp_announce", Some("eth0")), Status::Fail);
-    assert_eq!(status(&c, "lb_addresses", Some("kube-ipvs0")), Status::Fail);
-    assert_eq!(status(&c, "kube_proxy", None), Status::Warn);
-    assert_eq!(status(&c, "guard", None), Status::Warn);
-    assert_eq!(status(&c, "attached", Some("eth0")), Status::Skip);
-    assert_eq!(status(&c, "lan_interface", None), Status::Pass);
-    assert_eq!(status(&c, "ip_forward", None), Status::Pass);
-    assert_eq!(status(&c, "tcx", None), Status::Pass);
-    assert_eq!(status(&c, "bpffs", None), Status::Pass);
+    assert_eq!(status(&c, "arp_announce", Some("eth0")), CheckStatus::Fail);
+    assert_eq!(
+        status(&c, "lb_addresses", Some("kube-ipvs0")),
+        CheckStatus::Fail
+    );
+    assert_eq!(status(&c, "kube_proxy", None), CheckStatus::Warn);
+    assert_eq!(status(&c, "guard", None), CheckStatus::Warn);
+    assert_eq!(status(&c, "attached", Some("eth0")), CheckStatus::Skip);
+    assert_eq!(status(&c, "lan_interface", None), CheckStatus::Pass);
+    assert_eq!(status(&c, "ip_forward", None), CheckStatus::Pass);
+    assert_eq!(status(&c, "tcx", None), CheckStatus::Pass);
+    assert_eq!(status(&c, "bpffs", None), CheckStatus::Pass);
     // The order starts with kube-proxy's strictARP.
     assert_eq!(c[0].check, "kube_proxy");
 }
@@ -40,12 +43,15 @@ fn strict_arp_like_sysctls_pass_and_the_maximum_counts() {
     let ai = find(&c, "arp_ignore", Some("eth0"));
     assert_eq!(
         (ai.status, ai.value.as_str()),
-        (Status::Pass, "1 (all 1, eth0 0)")
+        (CheckStatus::Pass, "1 (all 1, eth0 0)")
     );
     assert!(ai.why.contains("not answered"), "{}", ai.why);
-    assert_eq!(status(&c, "arp_announce", Some("eth0")), Status::Pass);
+    assert_eq!(status(&c, "arp_announce", Some("eth0")), CheckStatus::Pass);
     // No guard, but the kernel keeps quiet: fine.
-    assert_eq!(status(&c, "lb_addresses", Some("kube-ipvs0")), Status::Pass);
+    assert_eq!(
+        status(&c, "lb_addresses", Some("kube-ipvs0")),
+        CheckStatus::Pass
+    );
 
     // The interface's own value counts as much as all's.
     let t = tree();
@@ -56,13 +62,13 @@ fn strict_arp_like_sysctls_pass_and_the_maximum_counts() {
         find(&c, "arp_ignore", Some("eth0")).value,
         "2 (all 0, eth0 2)"
     );
-    assert_eq!(status(&c, "arp_ignore", Some("eth0")), Status::Pass);
+    assert_eq!(status(&c, "arp_ignore", Some("eth0")), CheckStatus::Pass);
 
     // 3 does not hide kube-ipvs0's scope-global addresses; 8 answers nothing.
     for (v, want) in [
-        ("3", Status::Fail),
-        ("5", Status::Fail),
-        ("8", Status::Pass),
+        ("3", CheckStatus::Fail),
+        ("5", CheckStatus::Fail),
+        ("8", CheckStatus::Pass),
     ] {
         let t = tree();
         t.conf("all", "arp_ignore", v);
@@ -78,10 +84,10 @@ fn strict_arp_like_sysctls_pass_and_the_maximum_counts() {
     t.conf("all", "arp_ignore", "1")
         .conf("all", "arp_announce", "1");
     let c = run_checks(&facts(&t, addrs(&[]), no_guard()), &plan(&["eth0"], &[]));
-    assert_eq!(status(&c, "arp_announce", Some("eth0")), Status::Fail);
+    assert_eq!(status(&c, "arp_announce", Some("eth0")), CheckStatus::Fail);
     // ...but not on eth1, whose subnet holds none.
     let c = run_checks(&facts(&t, addrs(&[]), no_guard()), &plan(&["eth1"], &[]));
-    assert_eq!(status(&c, "arp_announce", Some("eth1")), Status::Pass);
+    assert_eq!(status(&c, "arp_announce", Some("eth1")), CheckStatus::Pass);
 }
 
 #[test]
@@ -90,11 +96,11 @@ fn a_guard_that_covers_them_turns_fail_into_warn() {
     let g = api_guard("enforce", &["eth0"], &LB);
     let c = run_checks(&facts(&t, addrs(&[]), g), &plan(&["eth0"], &[]));
     let ai = find(&c, "arp_ignore", Some("eth0"));
-    assert_eq!(ai.status, Status::Warn);
+    assert_eq!(ai.status, CheckStatus::Warn);
     assert!(ai.why.contains("arp-guard (enforce)"), "{}", ai.why);
-    assert_eq!(status(&c, "arp_announce", Some("eth0")), Status::Warn);
+    assert_eq!(status(&c, "arp_announce", Some("eth0")), CheckStatus::Warn);
     let lb = find(&c, "lb_addresses", Some("kube-ipvs0"));
-    assert_eq!(lb.status, Status::Pass);
+    assert_eq!(lb.status, CheckStatus::Pass);
     assert!(
         lb.value.contains("covers all (foreign 2, owned 1)"),
         "{}",
@@ -107,7 +113,7 @@ fn a_guard_that_covers_them_turns_fail_into_warn() {
         ("mode", None),
         ("feed", None),
     ] {
-        assert_eq!(status(&c, name, subject), Status::Pass, "{name}");
+        assert_eq!(status(&c, name, subject), CheckStatus::Pass, "{name}");
     }
 
     // Monitor mode counts, stops nothing.
@@ -115,22 +121,25 @@ fn a_guard_that_covers_them_turns_fail_into_warn() {
         &facts(&t, addrs(&[]), api_guard("monitor", &["eth0"], &LB)),
         &plan(&["eth0"], &[]),
     );
-    assert_eq!(status(&c, "arp_ignore", Some("eth0")), Status::Fail);
-    assert_eq!(status(&c, "mode", None), Status::Warn);
+    assert_eq!(status(&c, "arp_ignore", Some("eth0")), CheckStatus::Fail);
+    assert_eq!(status(&c, "mode", None), CheckStatus::Warn);
 
     // An IP the guard does not know, and a guard on the wrong interface.
     let g = api_guard("enforce", &["eth0"], &LB[..2]);
     let c = run_checks(&facts(&t, addrs(&[]), g), &plan(&["eth0"], &[]));
     let lb = find(&c, "lb_addresses", Some("kube-ipvs0"));
-    assert_eq!(lb.status, Status::Fail);
+    assert_eq!(lb.status, CheckStatus::Fail);
     assert!(lb.why.contains("198.51.100.103"), "{}", lb.why);
     let g = api_guard("enforce", &["eth1"], &LB);
     let c = run_checks(&facts(&t, addrs(&[]), g), &plan(&["eth0"], &[]));
-    assert_eq!(status(&c, "attached", Some("eth0")), Status::Fail);
-    assert_eq!(status(&c, "arp_ignore", Some("eth0")), Status::Fail);
+    assert_eq!(status(&c, "attached", Some("eth0")), CheckStatus::Fail);
+    assert_eq!(status(&c, "arp_ignore", Some("eth0")), CheckStatus::Fail);
     // A guard that does not cover them, beside strictARP: warn.
     t.conf("all", "arp_ignore", "1");
     let g = api_guard("enforce", &["eth0"], &[]);
     let c = run_checks(&facts(&t, addrs(&[]), g), &plan(&["eth0"], &[]));
-    assert_eq!(status(&c, "lb_addresses", Some("kube-ipvs0")), Status::Warn);
+    assert_eq!(
+        status(&c, "lb_addresses", Some("kube-ipvs0")),
+        CheckStatus::Warn
+    );
 }

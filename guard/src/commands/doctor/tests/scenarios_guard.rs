@@ -28,13 +28,16 @@ fn the_guard_seen_through_its_pins() {
     };
     let c = run_checks(&facts(&t, addrs(&[]), pinned(0)), &plan(&["eth0"], &[]));
     let g = find(&c, "guard", None);
-    assert_eq!(g.status, Status::Warn, "{g:?}");
+    assert_eq!(g.status, CheckStatus::Warn, "{g:?}");
     assert!(g.value.contains("heartbeat 0.0s old"), "{}", g.value);
-    assert_eq!(status(&c, "attached", Some("eth0")), Status::Pass);
-    assert_eq!(status(&c, "lb_addresses", Some("kube-ipvs0")), Status::Pass);
-    assert_eq!(status(&c, "arp_ignore", Some("eth0")), Status::Warn);
-    assert_eq!(status(&c, "mode", None), Status::Pass);
-    assert_eq!(status(&c, "feed", None), Status::Skip);
+    assert_eq!(status(&c, "attached", Some("eth0")), CheckStatus::Pass);
+    assert_eq!(
+        status(&c, "lb_addresses", Some("kube-ipvs0")),
+        CheckStatus::Pass
+    );
+    assert_eq!(status(&c, "arp_ignore", Some("eth0")), CheckStatus::Warn);
+    assert_eq!(status(&c, "mode", None), CheckStatus::Pass);
+    assert_eq!(status(&c, "feed", None), CheckStatus::Skip);
     // The interfaces default to the pinned links'.
     let f = facts(&t, addrs(&[]), pinned(0));
     let (ups, from) = default_uplinks(&f.node, &f.addrs, &f.guard, &["kube-ipvs0".into()]);
@@ -44,10 +47,10 @@ fn the_guard_seen_through_its_pins() {
     );
     // Stale: fail. Dead: fail, and it no longer covers anything.
     let c = run_checks(&facts(&t, addrs(&[]), pinned(20)), &plan(&["eth0"], &[]));
-    assert_eq!(status(&c, "guard", None), Status::Fail);
+    assert_eq!(status(&c, "guard", None), CheckStatus::Fail);
     let c = run_checks(&facts(&t, addrs(&[]), pinned(400)), &plan(&["eth0"], &[]));
-    assert_eq!(status(&c, "guard", None), Status::Fail);
-    assert_eq!(status(&c, "arp_ignore", Some("eth0")), Status::Fail);
+    assert_eq!(status(&c, "guard", None), CheckStatus::Fail);
+    assert_eq!(status(&c, "arp_ignore", Some("eth0")), CheckStatus::Fail);
 }
 
 #[test]
@@ -70,16 +73,19 @@ fn tc_chain_position() {
     let c = chain(Ok(vec!["cil_to_netdev", "arp_guard_egres"]), vec![]);
     assert_eq!(
         (c.status, c.value.as_str()),
-        (Status::Warn, "2 of 2 TCX programs, after cil_to_netdev")
+        (
+            CheckStatus::Warn,
+            "2 of 2 TCX programs, after cil_to_netdev"
+        )
     );
     assert_eq!(
         chain(Ok(vec!["arp_guard_egres", "x"]), vec![]).status,
-        Status::Pass
+        CheckStatus::Pass
     );
     let c = chain(Err("needs CAP_SYS_ADMIN"), vec![]);
     assert_eq!(
         (c.status, c.why.as_str()),
-        (Status::Skip, "needs CAP_SYS_ADMIN")
+        (CheckStatus::Skip, "needs CAP_SYS_ADMIN")
     );
     // A netlink filter runs after every TCX program.
     let mut g = api_guard("enforce", &["eth0"], &LB);
@@ -103,7 +109,10 @@ fn tc_chain_position() {
     let tc = find(&c, "tc_chain", Some("eth0"));
     assert_eq!(
         (tc.status, tc.value.as_str()),
-        (Status::Warn, "netlink filter after cil_to_netdev (tcx)")
+        (
+            CheckStatus::Warn,
+            "netlink filter after cil_to_netdev (tcx)"
+        )
     );
 }
 
@@ -130,13 +139,22 @@ fn feed_health_and_readiness() {
     };
     assert_eq!(
         with(feed(true, false, false, None), true),
-        (Status::Pass, Status::Pass)
+        (CheckStatus::Pass, CheckStatus::Pass)
     );
-    assert_eq!(with(feed(true, true, false, None), true).0, Status::Warn);
-    assert_eq!(with(feed(true, true, true, None), true).0, Status::Warn);
+    assert_eq!(
+        with(feed(true, true, false, None), true).0,
+        CheckStatus::Warn
+    );
+    assert_eq!(
+        with(feed(true, true, true, None), true).0,
+        CheckStatus::Warn
+    );
     assert_eq!(
         with(feed(true, true, true, Some("403")), true).0,
-        Status::Fail
+        CheckStatus::Fail
     );
-    assert_eq!(with(json!(null), false), (Status::Pass, Status::Fail));
+    assert_eq!(
+        with(json!(null), false),
+        (CheckStatus::Pass, CheckStatus::Fail)
+    );
 }

@@ -40,8 +40,8 @@ fn addrs6() -> AddrTable {
     t
 }
 
-/// Facts with `view` as the IPv6 view.
-fn facts6(t: &Tree, guard: GuardView, view: Ipv6View) -> Facts {
+/// What doctor gathered, with `view` as the IPv6 view.
+fn facts6(t: &Tree, guard: GuardView, view: Ipv6View) -> Gathered {
     let mut f = facts(t, addrs6(), guard);
     f.ipv6 = Ok(view);
     f
@@ -79,7 +79,7 @@ fn without_ipv6_lb_ips_one_line_says_so() {
     let v6 = find(&c, "ipv6", None);
     assert_eq!(
         (v6.status, v6.value.as_str()),
-        (Status::Pass, "no IPv6 LB IP")
+        (CheckStatus::Pass, "no IPv6 LB IP")
     );
     assert!(v6.why.contains("kube-ipvs0"), "{}", v6.why);
     for name in ["proxy_ndp", "accept_dad", "ipv6_forwarding"] {
@@ -89,7 +89,7 @@ fn without_ipv6_lb_ips_one_line_says_so() {
     let mut f = facts(&t, addrs(&[]), no_guard());
     f.addrs = Err("netlink: EPERM".into());
     let c = run_checks(&f, &plan(&["eth0"], &[]));
-    assert_eq!(status(&c, "ipv6", None), Status::Skip);
+    assert_eq!(status(&c, "ipv6", None), CheckStatus::Skip);
 }
 
 #[test]
@@ -97,13 +97,13 @@ fn kernel_defaults_pass_and_say_why() {
     let t = tree6();
     let c = run_checks(&facts6(&t, no_guard(), empty()), &plan(&["eth0"], &[]));
     let v6 = find(&c, "ipv6", None);
-    assert_eq!(v6.status, Status::Pass);
+    assert_eq!(v6.status, CheckStatus::Pass);
     assert_eq!(v6.value, "3 IPv6 LB IPs (fd00::101, fd00::102, fd00::103)");
     assert!(v6.why.contains("never for kube-ipvs0's"), "{}", v6.why);
     let p = find(&c, "proxy_ndp", Some("eth0"));
     assert_eq!(
         (p.status, p.value.as_str()),
-        (Status::Pass, "off (all 0, eth0 0; eth0 forwarding 1)")
+        (CheckStatus::Pass, "off (all 0, eth0 0; eth0 forwarding 1)")
     );
     assert!(
         p.why.contains("only for addresses configured on eth0"),
@@ -113,7 +113,7 @@ fn kernel_defaults_pass_and_say_why() {
     let d = find(&c, "accept_dad", Some("eth0"));
     assert_eq!(
         (d.status, d.value.as_str()),
-        (Status::Pass, "on (all 1, eth0 1)")
+        (CheckStatus::Pass, "on (all 1, eth0 1)")
     );
     assert!(
         d.why.contains("no LB IP is an address of eth0"),
@@ -121,7 +121,7 @@ fn kernel_defaults_pass_and_say_why() {
         d.why
     );
     let fw = find(&c, "ipv6_forwarding", None);
-    assert_eq!(fw.status, Status::Pass);
+    assert_eq!(fw.status, CheckStatus::Pass);
     assert_eq!(fw.value, "1 (all; eth0 1, accept_ra 1)");
     assert!(
         fw.why.contains("Router flag") && fw.why.contains("accept_ra below 2"),
@@ -140,7 +140,7 @@ fn a_proxy_entry_for_an_lb_ip_fails_unless_an_enforcing_guard_covers_it() {
         &plan(&["eth0"], &[]),
     );
     let p = find(&c, "proxy_ndp", Some("eth0"));
-    assert_eq!(p.status, Status::Fail, "{p:?}");
+    assert_eq!(p.status, CheckStatus::Fail, "{p:?}");
     assert_eq!(
         p.value,
         "on (all 0, eth0 1; eth0 forwarding 1); proxy entries for LB IPs: fd00::102"
@@ -159,12 +159,12 @@ fn a_proxy_entry_for_an_lb_ip_fails_unless_an_enforcing_guard_covers_it() {
     t2.conf6("all", "proxy_ndp", "1");
     let any = view(&[], &[(None, "fd00::102")]);
     let c = run_checks(&facts6(&t2, no_guard(), any), &plan(&["eth0"], &[]));
-    assert_eq!(status(&c, "proxy_ndp", Some("eth0")), Status::Fail);
+    assert_eq!(status(&c, "proxy_ndp", Some("eth0")), CheckStatus::Fail);
     // An entry on another interface, or for an address that is no LB IP: pass.
     let elsewhere = view(&[], &[(Some(3), "fd00::102"), (Some(2), "fd00::999")]);
     let c = run_checks(&facts6(&t, no_guard(), elsewhere), &plan(&["eth0"], &[]));
     let p = find(&c, "proxy_ndp", Some("eth0"));
-    assert_eq!(p.status, Status::Pass, "{p:?}");
+    assert_eq!(p.status, CheckStatus::Pass, "{p:?}");
     assert!(p.why.contains("none is for an LB IP"), "{}", p.why);
 
     // The guard: foreign and enforcing drops them (warn); unknown passes
@@ -175,10 +175,10 @@ fn a_proxy_entry_for_an_lb_ip_fails_unless_an_enforcing_guard_covers_it() {
             .collect()
     }
     for (mode, state, want) in [
-        ("enforce", "foreign", Status::Warn),
-        ("enforce", "unknown", Status::Fail),
-        ("enforce", "owned", Status::Pass),
-        ("monitor", "foreign", Status::Fail),
+        ("enforce", "foreign", CheckStatus::Warn),
+        ("enforce", "unknown", CheckStatus::Fail),
+        ("enforce", "owned", CheckStatus::Pass),
+        ("monitor", "foreign", CheckStatus::Fail),
     ] {
         let g = api_guard_states(mode, &["eth0"], &ips(state));
         let c = run_checks(&facts6(&t, g, proxied.clone()), &plan(&["eth0"], &[]));
@@ -189,7 +189,7 @@ fn a_proxy_entry_for_an_lb_ip_fails_unless_an_enforcing_guard_covers_it() {
     let g = api_guard_states("enforce", &["eth0"], &[("fd00::101", "owned")]);
     let c = run_checks(&facts6(&t, g, proxied), &plan(&["eth0"], &[]));
     let p = find(&c, "proxy_ndp", Some("eth0"));
-    assert_eq!(p.status, Status::Fail);
+    assert_eq!(p.status, CheckStatus::Fail);
     assert!(p.why.contains("not in the guard's LB IP set"), "{}", p.why);
 }
 
@@ -203,7 +203,7 @@ fn proxy_entries_are_dormant_without_forwarding_or_proxy_ndp() {
         &plan(&["eth0"], &[]),
     );
     let p = find(&c, "proxy_ndp", Some("eth0"));
-    assert_eq!(p.status, Status::Warn, "{p:?}");
+    assert_eq!(p.status, CheckStatus::Warn, "{p:?}");
     assert!(p.why.contains("dormant"), "{}", p.why);
     // proxy_ndp on, eth0 not forwarding: the kernel answers no proxy entry.
     t.conf6("eth0", "proxy_ndp", "1")
@@ -213,7 +213,7 @@ fn proxy_entries_are_dormant_without_forwarding_or_proxy_ndp() {
     assert_eq!(
         (p.status, p.value.as_str()),
         (
-            Status::Pass,
+            CheckStatus::Pass,
             "on, inactive (all 0, eth0 1; eth0 forwarding 0)"
         )
     );
@@ -228,7 +228,7 @@ fn proxy_entries_are_dormant_without_forwarding_or_proxy_ndp() {
     unreadable.proxies = Err("EPERM".into());
     let c = run_checks(&facts6(&t, no_guard(), unreadable), &plan(&["eth0"], &[]));
     let p = find(&c, "proxy_ndp", Some("eth0"));
-    assert_eq!(p.status, Status::Warn, "{p:?}");
+    assert_eq!(p.status, CheckStatus::Warn, "{p:?}");
     assert!(p.why.contains("cannot be listed"), "{}", p.why);
 }
 
@@ -243,7 +243,7 @@ fn dad_failed_on_a_vip_held_on_the_uplink_fails() {
         &plan(&["eth0"], &[]),
     );
     let d = find(&c, "accept_dad", Some("eth0"));
-    assert_eq!(d.status, Status::Fail, "{d:?}");
+    assert_eq!(d.status, CheckStatus::Fail, "{d:?}");
     assert_eq!(
         d.value,
         "on (all 1, eth0 1); LB IPs on eth0: fd00::104 dadfailed"
@@ -261,10 +261,10 @@ fn dad_failed_on_a_vip_held_on_the_uplink_fails() {
         &facts6(&t, guard(), held(Dad::Tentative)),
         &plan(&["eth0"], &[]),
     );
-    assert_eq!(status(&c, "accept_dad", Some("eth0")), Status::Warn);
+    assert_eq!(status(&c, "accept_dad", Some("eth0")), CheckStatus::Warn);
     let c = run_checks(&facts6(&t, guard(), held(Dad::Done)), &plan(&["eth0"], &[]));
     let d = find(&c, "accept_dad", Some("eth0"));
-    assert_eq!(d.status, Status::Pass);
+    assert_eq!(d.status, CheckStatus::Pass);
     assert!(d.why.contains("ends dadfailed"), "{}", d.why);
     // Without DAD (nodad, or accept_dad below 1 in both): nothing detected.
     let c = run_checks(
@@ -272,7 +272,7 @@ fn dad_failed_on_a_vip_held_on_the_uplink_fails() {
         &plan(&["eth0"], &[]),
     );
     let d = find(&c, "accept_dad", Some("eth0"));
-    assert_eq!(d.status, Status::Pass);
+    assert_eq!(d.status, CheckStatus::Pass);
     assert!(d.why.contains("both nodes answer"), "{}", d.why);
     t.conf6("all", "accept_dad", "0")
         .conf6("eth0", "accept_dad", "0");
@@ -290,7 +290,7 @@ fn forwarding_all_decides_routing_and_each_uplink_the_router_flag() {
     t.conf6("all", "forwarding", "0");
     let c = run_checks(&facts6(&t, no_guard(), empty()), &plan(&["eth0"], &[]));
     let fw = find(&c, "ipv6_forwarding", None);
-    assert_eq!(fw.status, Status::Fail, "{fw:?}");
+    assert_eq!(fw.status, CheckStatus::Fail, "{fw:?}");
     assert!(fw
         .fix
         .as_deref()
@@ -301,7 +301,7 @@ fn forwarding_all_decides_routing_and_each_uplink_the_router_flag() {
         .conf6("eth0", "accept_ra", "2");
     let c = run_checks(&facts6(&t, no_guard(), empty()), &plan(&["eth0"], &[]));
     let fw = find(&c, "ipv6_forwarding", None);
-    assert_eq!(fw.status, Status::Warn, "{fw:?}");
+    assert_eq!(fw.status, CheckStatus::Warn, "{fw:?}");
     assert_eq!(fw.value, "1 (all; eth0 0, accept_ra 2)");
     assert!(fw.why.contains("no Router flag"), "{}", fw.why);
     // accept_ra=2 on a router: no note about Router Advertisements.
@@ -309,14 +309,14 @@ fn forwarding_all_decides_routing_and_each_uplink_the_router_flag() {
     t.conf6("eth0", "accept_ra", "2");
     let c = run_checks(&facts6(&t, no_guard(), empty()), &plan(&["eth0"], &[]));
     let fw = find(&c, "ipv6_forwarding", None);
-    assert_eq!(fw.status, Status::Pass);
+    assert_eq!(fw.status, CheckStatus::Pass);
     assert!(!fw.why.contains("accept_ra"), "{}", fw.why);
     // A kernel without IPv6: skipped.
     let t = tree();
     let c = run_checks(&facts6(&t, no_guard(), empty()), &plan(&["eth0"], &[]));
-    assert_eq!(status(&c, "ipv6_forwarding", None), Status::Skip);
-    assert_eq!(status(&c, "proxy_ndp", Some("eth0")), Status::Pass);
-    assert_eq!(status(&c, "accept_dad", Some("eth0")), Status::Skip);
+    assert_eq!(status(&c, "ipv6_forwarding", None), CheckStatus::Skip);
+    assert_eq!(status(&c, "proxy_ndp", Some("eth0")), CheckStatus::Pass);
+    assert_eq!(status(&c, "accept_dad", Some("eth0")), CheckStatus::Skip);
 }
 
 #[test]
@@ -330,15 +330,18 @@ fn ipv6_off_on_the_uplink_answers_nothing() {
         &plan(&["eth0", "eth9"], &[]),
     );
     let p = find(&c, "proxy_ndp", Some("eth0"));
-    assert_eq!((p.status, p.value.as_str()), (Status::Pass, "IPv6 off"));
-    assert_eq!(status(&c, "accept_dad", Some("eth0")), Status::Skip);
-    assert_eq!(status(&c, "proxy_ndp", Some("eth9")), Status::Skip);
+    assert_eq!(
+        (p.status, p.value.as_str()),
+        (CheckStatus::Pass, "IPv6 off")
+    );
+    assert_eq!(status(&c, "accept_dad", Some("eth0")), CheckStatus::Skip);
+    assert_eq!(status(&c, "proxy_ndp", Some("eth9")), CheckStatus::Skip);
     // Hostile values read as unknown: a warning, not a pass.
     let t = tree6();
     t.write("proc/sys/net/ipv6/conf/eth0/proxy_ndp", "yes\n");
     let c = run_checks(&facts6(&t, no_guard(), empty()), &plan(&["eth0"], &[]));
     let p = find(&c, "proxy_ndp", Some("eth0"));
-    assert_eq!(p.status, Status::Warn, "{p:?}");
+    assert_eq!(p.status, CheckStatus::Warn, "{p:?}");
     assert!(p.why.contains("not a number"), "{}", p.why);
 }
 
@@ -366,6 +369,6 @@ fn the_guards_ipv6_set_comes_from_its_api_only() {
     let v6 = find(&c, "ipv6", None);
     assert!(v6.why.contains("known only from its API"), "{}", v6.why);
     let p = find(&c, "proxy_ndp", Some("eth0"));
-    assert_eq!(p.status, Status::Fail);
+    assert_eq!(p.status, CheckStatus::Fail);
     assert!(p.why.contains("pass --api"), "{}", p.why);
 }

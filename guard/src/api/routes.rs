@@ -138,6 +138,7 @@ async fn metrics_route(State(shared): State<Arc<Shared>>) -> Response {
             census: st.census.as_ref(),
             takeover: st.takeover.as_ref(),
             clients: st.clients.as_ref(),
+            ops: &shared.ops,
             presence_nodes: st.presence.as_ref().map(|p| {
                 let doc = super::cluster::ClusterDoc::of(Some(p), unix_now() as i64);
                 let expired = doc.guards.iter().filter(|g| g.expired).count();

@@ -23,7 +23,7 @@ use serde_json::value::RawValue;
 
 use crate::{
     model::presence::{self, Entry, Record, Seen, Table},
-    telemetry::ops::OPS,
+    telemetry::ops::{ErrorCause, Ops},
 };
 
 /// Each request gives up after this long.
@@ -75,7 +75,7 @@ impl Handle {
 }
 
 /// Start presence on a thread of its own.
-pub fn start(cfg: PresenceConfig, hooks: Hooks) -> Result<Handle> {
+pub fn start(cfg: PresenceConfig, hooks: Hooks, ops: Arc<Ops>) -> Result<Handle> {
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel();
     let (done_tx, done) = std::sync::mpsc::channel();
     std::thread::Builder::new()
@@ -85,7 +85,7 @@ pub fn start(cfg: PresenceConfig, hooks: Hooks) -> Result<Handle> {
                 .enable_all()
                 .build();
             match rt {
-                Ok(rt) => rt.block_on(run(cfg, hooks, stop_rx)),
+                Ok(rt) => rt.block_on(run(cfg, hooks, stop_rx, ops)),
                 Err(e) => tracing::warn!(error = %e, "presence cannot start its runtime; guarding without it"),
             }
             let _ = done_tx.send(());
@@ -108,9 +108,46 @@ struct Task {
     seen: Seen,
     /// Errors already logged (once per kind until it works again).
     logged: BTreeMap<&'static str, String>,
+    ops: Arc<Ops>,
 }
 
-async fn run(cfg: PresenceConfig, hooks: Hooks, mut stop: tokio::sync::oneshot::Receiver<()>) {
+/// The requests of a period, each logged and counted on its own.
+#[derive(Debug, Clone, Copy)]
+enum Call {
+    /// This guard's Lease.
+    Write,
+    /// Every presence Lease.
+    List,
+    /// The cluster's Nodes.
+    Nodes,
+}
+
+impl Call {
+    /// Its name in the logs and in `/cluster`'s errors.
+    fn as_str(self) -> &'static str {
+        match self {
+            Call::Write => "write",
+            Call::List => "list",
+            Call::Nodes => "nodes",
+        }
+    }
+
+    /// What a failure of it counts as.
+    fn cause(self) -> ErrorCause {
+        match self {
+            Call::Write => ErrorCause::PresenceWrite,
+            Call::List => ErrorCause::PresenceList,
+            Call::Nodes => ErrorCause::PresenceNodes,
+        }
+    }
+}
+
+async fn run(
+    cfg: PresenceConfig,
+    hooks: Hooks,
+    mut stop: tokio::sync::oneshot::Receiver<()>,
+    ops: Arc<Ops>,
+) {
     let client = match crate::sources::cluster::task::client(cfg.kubeconfig.as_deref()).await {
         Ok(c) => c,
         Err(e) => {
@@ -131,6 +168,7 @@ async fn run(cfg: PresenceConfig, hooks: Hooks, mut stop: tokio::sync::oneshot::
         cfg,
         rv: None,
         logged: BTreeMap::new(),
+        ops,
     };
     tracing::info!(namespace = %t.namespace, lease = %t.lease, period = ?t.cfg.period, "publishing this guard's presence");
     let mut tick = tokio::time::interval(t.cfg.period);
@@ -142,13 +180,13 @@ async fn run(cfg: PresenceConfig, hooks: Hooks, mut stop: tokio::sync::oneshot::
             _ = &mut stop => break,
         }
         let r = t.write((hooks.record)()).await;
-        t.outcome("write", r.map(|_| ()));
+        t.outcome(Call::Write, r.map(|_| ()));
         let r = t.read().await;
-        t.outcome("list", r);
+        t.outcome(Call::List, r);
         if round.is_multiple_of(NODES_EVERY) {
             let r = t.nodes().await;
             t.seen.nodes = Some(r.as_ref().map_err(|e| format!("{e:#}")).cloned());
-            t.outcome("nodes", r.map(drop));
+            t.outcome(Call::Nodes, r.map(drop));
         }
         round = round.wrapping_add(1);
         (hooks.publish)(t.seen.clone());
@@ -280,7 +318,7 @@ impl Task {
                     return Ok(());
                 }
                 Err(e) if matches!(code(&e), Some(409) | Some(404)) => {
-                    OPS.error("presence_conflict");
+                    self.ops.error(ErrorCause::PresenceConflict);
                     self.rv = self.current_rv().await?;
                 }
                 Err(e) => return Err(e),
@@ -330,7 +368,7 @@ impl Task {
                     }
                     Err(why) => {
                         table.skipped += 1;
-                        OPS.error("presence_skipped");
+                        self.ops.error(ErrorCause::PresenceSkipped);
                         tracing::debug!(why = %why, "presence: a Lease skipped");
                     }
                 }
@@ -385,7 +423,8 @@ impl Task {
     }
 
     /// Log a failure once per kind (and its end), count it, keep it for `/cluster`.
-    fn outcome(&mut self, what: &'static str, r: Result<()>) {
+    fn outcome(&mut self, req: Call, r: Result<()>) {
+        let what = req.as_str();
         match r {
             Ok(()) => {
                 if self.logged.remove(what).is_some() {
@@ -395,11 +434,7 @@ impl Task {
             }
             Err(e) => {
                 let msg = format!("{e:#}");
-                OPS.error(match what {
-                    "write" => "presence_write",
-                    "list" => "presence_list",
-                    _ => "presence_nodes",
-                });
+                self.ops.error(req.cause());
                 if self.logged.insert(what, msg.clone()).is_none() {
                     tracing::warn!(what, error = %msg, "presence: request failed (guarding goes on; retried every period)");
                 }

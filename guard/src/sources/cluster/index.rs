@@ -1,7 +1,7 @@
 //! The claims kept incrementally: indexes from each object to the LB IPs it
 //! affects, so that a changed Service, Lease or ServiceL2Status re-derives
 //! the claims of those IPs only, with the same per-Service decision and
-//! per-IP merge as the full [`Model::ownership`]. Time matters too: a Lease
+//! per-IP merge as the full [`Store::ownership`]. Time matters too: a Lease
 //! reaching its deadline changes its Services' claims, so the Leases are
 //! indexed by deadline and only those whose deadline was crossed since the
 //! last look are re-evaluated.
@@ -14,7 +14,7 @@ use std::{
     time::Instant,
 };
 
-use super::model::{Announcer, Claim, Key, L2Status, LeaseInfo, LeaseState, Model, ServiceInfo};
+use super::store::{Announcer, Claim, Key, L2Status, LeaseInfo, LeaseState, ServiceInfo, Store};
 
 fn count<K: Ord>(m: &mut BTreeMap<K, usize>, k: K, add: bool) {
     match m.entry(k) {
@@ -38,15 +38,15 @@ fn named(n: Option<&Arc<str>>) -> Option<Arc<str>> {
     n.filter(|n| !n.is_empty()).cloned()
 }
 
-impl Model {
-    /// A model whose incremental claims follow `announcers`.
+impl Store {
+    /// A store whose incremental claims follow `announcers`.
     pub fn new(announcers: Vec<Announcer>) -> Self {
-        let mut m = Model::default();
+        let mut m = Store::default();
         m.idx.announcers = announcers;
         m
     }
 
-    /// The claims as of the last [`Model::refresh`].
+    /// The claims as of the last [`Store::refresh`].
     pub fn claims(&self) -> &BTreeMap<IpAddr, Arc<Claim>> {
         &self.idx.claims
     }
@@ -345,13 +345,13 @@ mod tests {
     }
 
     /// The O(all) derivations the indexes replace, as the reference.
-    fn referenced(m: &Model, a: &[Announcer]) -> BTreeSet<Key> {
+    fn referenced(m: &Store, a: &[Announcer]) -> BTreeSet<Key> {
         (m.services.iter())
-            .flat_map(|(s, i)| a.iter().filter_map(move |a| Model::lease_key(s, i, a)))
+            .flat_map(|(s, i)| a.iter().filter_map(move |a| Store::lease_key(s, i, a)))
             .collect()
     }
 
-    fn check(m: &Model, a: &[Announcer], now: Instant) {
+    fn check(m: &Store, a: &[Announcer], now: Instant) {
         let claims: BTreeMap<IpAddr, Claim> = (m.claims().iter())
             .map(|(ip, c)| (*ip, Claim::clone(c)))
             .collect();
@@ -402,7 +402,7 @@ mod tests {
         ];
         for (seed, a) in (1..=30u64).zip(announcer_sets.iter().cycle()) {
             let mut r = Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15));
-            let mut m = Model::new(a.clone());
+            let mut m = Store::new(a.clone());
             let mut now = Instant::now();
             let mut prev = BTreeMap::new();
             for _ in 0..400 {

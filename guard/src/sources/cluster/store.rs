@@ -1,8 +1,10 @@
-//! What the cluster says about LB IPs and their owners, in plain types.
+//! The feed's store: what the cluster says about LB IPs and their owners
+//! (the Services, Leases and ServiceL2Statuses the feed keeps), in plain
+//! types, and the ownership rules over them.
 //!
 //! The watchers convert Services, Leases and ServiceL2Status objects into
 //! these types (see `objects.rs`); everything that decides ownership is here,
-//! as pure functions of the model and the time, so that it is tested without
+//! as pure functions of the store and the time, so that it is tested without
 //! an API server.
 
 use std::{
@@ -162,7 +164,7 @@ pub struct Index {
 /// incrementally (`index.rs`): read the maps freely, change them only
 /// through the methods, which keep the indexes and mark what to re-derive.
 #[derive(Debug, Default, Clone)]
-pub struct Model {
+pub struct Store {
     pub services: BTreeMap<Key, ServiceInfo>,
     pub leases: BTreeMap<Key, LeaseInfo>,
     pub l2: BTreeMap<Key, L2Status>,
@@ -180,7 +182,7 @@ pub fn renew_digest(renew: &str) -> u64 {
     KEY.get_or_init(Default::default).hash_one(renew)
 }
 
-impl Model {
+impl Store {
     /// Record a Lease as seen now. Keeps the observation time when neither
     /// holder nor renewTime changed (a resync or an unrelated field update).
     /// Returns whether holder or renewTime changed (a renewal we had not
@@ -466,7 +468,7 @@ impl Model {
         out
     }
 
-    /// Changes whenever [`Model::named_nodes`] does.
+    /// Changes whenever [`Store::named_nodes`] does.
     pub fn holders_version(&self) -> u64 {
         self.idx.holders_version
     }
@@ -486,7 +488,7 @@ mod tests {
         s.parse().unwrap()
     }
 
-    fn svc(m: &mut Model, ns: &str, name: &str, ips: &[&str]) {
+    fn svc(m: &mut Store, ns: &str, name: &str, ips: &[&str]) {
         m.set_service(
             Key::new(ns, name),
             Some(ServiceInfo {
@@ -505,7 +507,7 @@ mod tests {
         let cilium = [Announcer::Cilium {
             namespace: "kube-system".into(),
         }];
-        let mut m = Model::new(cilium.to_vec());
+        let mut m = Store::new(cilium.to_vec());
         svc(&mut m, "default", "web", &["198.51.100.10", "fd00::10"]);
         let key = Key::new("kube-system", "cilium-l2announce-default-web");
         m.upsert_lease(
@@ -577,7 +579,7 @@ mod tests {
     #[test]
     fn holderless_lease_means_no_owner() {
         let t0 = Instant::now();
-        let mut m = Model::default();
+        let mut m = Store::default();
         svc(&mut m, "default", "web", &["198.51.100.10"]);
         m.upsert_lease(
             Key::new("kube-system", "cilium-l2announce-default-web"),
@@ -599,7 +601,7 @@ mod tests {
     #[test]
     fn kube_vip_lease_names() {
         let t0 = Instant::now();
-        let mut m = Model::default();
+        let mut m = Store::default();
         svc(&mut m, "shop", "checkout", &["198.51.100.20"]);
         m.set_service(
             Key::new("shop", "cart"),
@@ -662,7 +664,7 @@ mod tests {
     #[test]
     fn metallb_l2status_and_conflicts() {
         let t0 = Instant::now();
-        let mut m = Model::default();
+        let mut m = Store::default();
         svc(&mut m, "default", "web", &["198.51.100.30"]);
         let mlb = [Announcer::MetalLb {
             namespace: "metallb-system".into(),
@@ -714,7 +716,7 @@ mod tests {
     #[test]
     fn shared_ip_with_disagreeing_owners_has_none() {
         let t0 = Instant::now();
-        let mut m = Model::default();
+        let mut m = Store::default();
         svc(&mut m, "a", "tcp", &["198.51.100.40"]);
         svc(&mut m, "a", "udp", &["198.51.100.40"]);
         let mlb = [Announcer::MetalLb {
@@ -762,7 +764,7 @@ mod tests {
                 namespace: "metallb-system".into(),
             },
         ];
-        let mut m = Model::new(both.to_vec());
+        let mut m = Store::new(both.to_vec());
         svc(&mut m, "default", "web", &["198.51.100.50"]);
         m.set_l2(
             Key::new("metallb-system", "l2-1"),

@@ -46,6 +46,11 @@ impl Feed {
         }
     }
 
+    /// The relist `stream` has in progress.
+    fn relist(&mut self, stream: usize) -> &mut Option<Relist> {
+        &mut self.streams[stream].relist
+    }
+
     /// Whether to take in an object (`known`: the store has it, or needs
     /// it for what it has). Under memory pressure, after the first sync, a
     /// new one is not: counted, logged once per stream, and the stream is
@@ -89,9 +94,7 @@ impl Feed {
                     let known = self.store.services.contains_key(k);
                     self.admit(stream, known)
                 });
-                if let (Some((k, r)), Some(Relist::Services(m))) =
-                    (item, &mut self.streams[stream].relist)
-                {
+                if let (Some((k, r)), Some(Relist::Services(m))) = (item, self.relist(stream)) {
                     m.insert(k, r);
                 }
             }
@@ -176,9 +179,7 @@ impl Feed {
                     let known = self.lease_needed(k);
                     self.admit(stream, known)
                 });
-                if let (Some((k, r)), Some(Relist::Leases(m))) =
-                    (item, &mut self.streams[stream].relist)
-                {
+                if let (Some((k, r)), Some(Relist::Leases(m))) = (item, self.relist(stream)) {
                     m.insert(k, r);
                 }
             }
@@ -260,9 +261,7 @@ impl Feed {
                     let known = self.status_needed(k, r);
                     self.admit(stream, known)
                 });
-                if let (Some((k, r)), Some(Relist::L2(m))) =
-                    (item, &mut self.streams[stream].relist)
-                {
+                if let (Some((k, r)), Some(Relist::L2(m))) = (item, self.relist(stream)) {
                     m.insert(k, r);
                 }
             }

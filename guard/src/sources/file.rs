@@ -32,6 +32,7 @@ use serde::Deserialize;
 use serde_saphyr::Spanned;
 
 pub use crate::model::ownership::{check_node_name, Entry, OwnershipFile};
+use crate::model::text::clip;
 
 /// Default `--ownership-file-max-bytes`: room for about 65,536 typical
 /// entries. (A Kubernetes ConfigMap holds at most 1 MiB.)
@@ -263,15 +264,6 @@ fn syntax_error(text: &str, e: &serde_saphyr::Error) -> (Option<usize>, Option<S
         clean_message(&e.to_string(), field.as_deref())
     };
     (line, field, message)
-}
-
-/// At most `max` characters of `s`, marked when cut: text from files and
-/// the cluster is shown to humans and logged, never in full when huge.
-pub fn clip(s: &str, max: usize) -> String {
-    match s.char_indices().nth(max) {
-        None => s.to_owned(),
-        Some((i, _)) => format!("{}...({} bytes)", &s[..i], s.len()),
-    }
 }
 
 fn non_root(p: String) -> Option<String> {

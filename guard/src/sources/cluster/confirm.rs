@@ -15,7 +15,7 @@ use super::{
     stream::backoff,
 };
 use crate::{
-    sources::file::clip,
+    model::text::clip,
     telemetry::ops::{ErrorCause, Rebuild},
 };
 

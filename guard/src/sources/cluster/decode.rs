@@ -324,7 +324,7 @@ fn salvage<T: Object>(raw: &str) -> Bad {
         resource_version: text("/metadata/resourceVersion"),
         holder: text("/spec/holderIdentity").filter(|h| !h.is_empty()),
         // Errors quote what they met: kept short for the log.
-        error: crate::sources::file::clip(&error, 512),
+        error: crate::model::text::clip(&error, 512),
     }
 }
 

@@ -36,7 +36,7 @@ use super::{
 };
 use crate::{
     model::cluster::{ClusterView, SharedClaims, StreamStatus},
-    sources::file::clip,
+    model::text::clip,
     telemetry::ops::{ErrorCause, Ops, Rebuild},
 };
 

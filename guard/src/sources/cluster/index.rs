@@ -315,22 +315,7 @@ mod tests {
     use super::*;
     use std::time::Duration;
 
-    /// xorshift64*: deterministic, no dependency.
-    struct Rng(u64);
-    impl Rng {
-        fn next(&mut self) -> u64 {
-            self.0 ^= self.0 >> 12;
-            self.0 ^= self.0 << 25;
-            self.0 ^= self.0 >> 27;
-            self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-        }
-        fn below(&mut self, n: usize) -> usize {
-            (self.next() % n as u64) as usize
-        }
-        fn pick<'a, T>(&mut self, v: &'a [T]) -> &'a T {
-            &v[self.below(v.len())]
-        }
-    }
+    use crate::testing::Rng;
 
     const IPS: [&str; 6] = [
         "10.0.0.1", "10.0.0.2", "10.0.0.3", "10.0.0.4", "10.0.0.5", "fd00::1",

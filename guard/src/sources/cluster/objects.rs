@@ -8,7 +8,7 @@ use super::{
     decode,
     store::{Key, L2Status, ServiceInfo},
 };
-use crate::sources::file::clip;
+use crate::model::text::clip;
 
 /// Which Services count: type LoadBalancer, the asked-for class, and (when
 /// asked) spec.externalIPs besides the ingress IPs.

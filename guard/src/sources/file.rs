@@ -22,7 +22,6 @@
 
 use std::{
     collections::BTreeMap,
-    fmt,
     io::Read as _,
     net::IpAddr,
     path::{Path, PathBuf},
@@ -62,7 +61,8 @@ struct RawEntry {
 }
 
 /// Why a file was rejected. `Display` names file, line and field.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{}{}{}: {message}", .path.display(), FileError::at_line(*.line), FileError::in_field(.field.as_deref()))]
 pub struct FileError {
     pub path: PathBuf,
     pub line: Option<usize>,
@@ -70,22 +70,17 @@ pub struct FileError {
     pub message: String,
 }
 
-impl fmt::Display for FileError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}", self.path.display())?;
-        if let Some(line) = self.line {
-            write!(f, ":{line}")?;
-        }
-        if let Some(field) = &self.field {
-            write!(f, ": field `{field}`")?;
-        }
-        write!(f, ": {}", self.message)
-    }
-}
-
-impl std::error::Error for FileError {}
-
 impl FileError {
+    /// `:LINE`, when the line is known.
+    fn at_line(line: Option<usize>) -> String {
+        line.map(|l| format!(":{l}")).unwrap_or_default()
+    }
+
+    /// `: field `NAME``, when the field is known.
+    fn in_field(field: Option<&str>) -> String {
+        field.map(|f| format!(": field `{f}`")).unwrap_or_default()
+    }
+
     fn whole(path: &Path, message: String) -> Self {
         FileError {
             path: path.to_owned(),

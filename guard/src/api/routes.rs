@@ -126,7 +126,7 @@ async fn metrics_route(State(shared): State<Arc<Shared>>) -> Response {
     let rendered = shared.snapshot().and_then(|snapshot| {
         let st = shared.read();
         let mut fold = shared.fold.lock().unwrap_or_else(|p| p.into_inner());
-        metrics::render(Scrape {
+        let scrape = Scrape {
             snapshot: &snapshot,
             fold: &mut fold,
             max_ip_series: shared.metrics_max_ip_series,
@@ -155,7 +155,8 @@ async fn metrics_route(State(shared): State<Arc<Shared>>) -> Response {
                 v
             }),
             probes: st.probes.as_ref(),
-        })
+        };
+        Ok(metrics::render(scrape)?)
     });
     match rendered {
         Ok(body) => (

@@ -53,7 +53,6 @@
 
 use std::sync::atomic::Ordering;
 
-use anyhow::Result;
 use prometheus_client::{
     collector::Collector,
     encoding::{DescriptorEncoder, EncodeMetric as _},
@@ -200,8 +199,8 @@ pub struct Scrape<'a> {
     pub ops: &'a Ops,
 }
 
-/// The Prometheus text of one scrape.
-pub fn render(scrape: Scrape<'_>) -> Result<String> {
+/// The Prometheus text of one scrape (it fails only if the encoder does).
+pub fn render(scrape: Scrape<'_>) -> Result<String, std::fmt::Error> {
     let mut v = Values::default();
     kernel(&mut v, scrape.snapshot, scrape.fold, scrape.max_ip_series);
     if let Some(status) = scrape.status {

@@ -12,7 +12,6 @@
 
 use std::{collections::BTreeMap, path::PathBuf, sync::Arc, time::Duration};
 
-use anyhow::{Context as _, Result};
 use kube::{
     api::{DeleteParams, GetParams, ListParams, PostParams},
     core::Request,
@@ -21,13 +20,16 @@ use kube::{
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
+mod request;
+
+pub use request::PresenceError;
+use request::{build, decode, timed, Result};
+
 use crate::{
     model::presence::{self, Entry, Record, Seen, Table},
     telemetry::ops::{ErrorCause, Ops},
 };
 
-/// Each request gives up after this long.
-const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 /// Deleting the Lease at exit waits at most this long.
 pub const LEAVE_TIMEOUT: Duration = Duration::from_secs(2);
 /// Leases and Nodes per list page: a page of hostile Leases (each at most
@@ -75,7 +77,7 @@ impl Handle {
 }
 
 /// Start presence on a thread of its own.
-pub fn start(cfg: PresenceConfig, hooks: Hooks, ops: Arc<Ops>) -> Result<Handle> {
+pub fn start(cfg: PresenceConfig, hooks: Hooks, ops: Arc<Ops>) -> Result<Handle, PresenceError> {
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel();
     let (done_tx, done) = std::sync::mpsc::channel();
     std::thread::Builder::new()
@@ -90,7 +92,7 @@ pub fn start(cfg: PresenceConfig, hooks: Hooks, ops: Arc<Ops>) -> Result<Handle>
             }
             let _ = done_tx.send(());
         })
-        .context("starting the presence thread")?;
+        .map_err(PresenceError::Thread)?;
     Ok(Handle {
         stop: Some(stop_tx),
         done,
@@ -195,26 +197,6 @@ async fn run(
 }
 
 /// Bound a request in time.
-async fn timed<T>(f: impl std::future::Future<Output = kube::Result<T>>) -> Result<T> {
-    match tokio::time::timeout(REQUEST_TIMEOUT, f).await {
-        Ok(r) => r.map_err(anyhow::Error::from),
-        Err(_) => anyhow::bail!("no answer within {REQUEST_TIMEOUT:?}"),
-    }
-}
-
-fn build(
-    r: Result<http::Request<Vec<u8>>, kube::core::request::Error>,
-) -> Result<http::Request<Vec<u8>>> {
-    r.map_err(|e| anyhow::anyhow!("building a request: {e}"))
-}
-
-/// The HTTP status of a failed request, if the API answered one.
-fn code(e: &anyhow::Error) -> Option<u16> {
-    match e.downcast_ref::<kube::Error>() {
-        Some(kube::Error::Api(s)) => Some(s.code),
-        _ => None,
-    }
-}
 
 #[derive(Deserialize)]
 struct Meta {
@@ -288,7 +270,7 @@ impl Task {
 
     async fn send(&self, req: http::Request<Vec<u8>>) -> Result<Option<String>> {
         let text = timed(self.client.request_text(req)).await?;
-        let o: LeaseObj = serde_json::from_str(&text).context("the API's answer")?;
+        let o: LeaseObj = decode(&text, "the API's answer")?;
         Ok(o.metadata.resource_version)
     }
 
@@ -317,24 +299,24 @@ impl Task {
                     self.seen.published = true;
                     return Ok(());
                 }
-                Err(e) if matches!(code(&e), Some(409) | Some(404)) => {
+                Err(e) if matches!(e.code(), Some(409) | Some(404)) => {
                     self.ops.error(ErrorCause::PresenceConflict);
                     self.rv = self.current_rv().await?;
                 }
                 Err(e) => return Err(e),
             }
         }
-        anyhow::bail!("the Lease {} kept changing under this guard", self.lease)
+        Err(PresenceError::KeptChanging(self.lease.clone()))
     }
 
     /// Our Lease's resourceVersion as the API has it (None: there is none).
     async fn current_rv(&self) -> Result<Option<String>> {
         let req = build(Request::new(self.path()).get(&self.lease, &GetParams::default()))?;
         match timed(self.client.request_text(req)).await {
-            Ok(text) => Ok(serde_json::from_str::<LeaseObj>(&text)?
+            Ok(text) => Ok(decode::<LeaseObj>(&text, "the API's answer")?
                 .metadata
                 .resource_version),
-            Err(e) if code(&e) == Some(404) => Ok(None),
+            Err(e) if e.code() == Some(404) => Ok(None),
             Err(e) => Err(e),
         }
     }
@@ -360,7 +342,7 @@ impl Task {
             };
             let req = build(Request::new(self.path()).list(&lp))?;
             let text = timed(self.client.request_text(req)).await?;
-            let page: Page = serde_json::from_str(&text).context("a list of Leases")?;
+            let page: Page = decode(&text, "a list of Leases")?;
             for item in &page.items {
                 match entry(item.get()) {
                     Ok(e) => {
@@ -413,7 +395,7 @@ impl Task {
                 ),
             );
             let text = timed(self.client.request_text(req)).await?;
-            let page: NodePage = serde_json::from_str(&text).context("a list of Nodes")?;
+            let page: NodePage = decode(&text, "a list of Nodes")?;
             out.extend(page.items.into_iter().map(|n| n.metadata.name));
             cont = page.metadata.cont.filter(|c| !c.is_empty());
             if cont.is_none() || out.len() >= presence::MAX_RECORDS * 2 {

@@ -135,7 +135,7 @@ fn generate_nd(r: &mut Rng, tag_bytes: usize) -> Vec<u8> {
         // A byte anywhere after the Ethernet header changed.
         0 => {
             let at = 14 + r.below(f.len() - 14);
-            f[at] = r.next() as u8;
+            f[at] = r.next_u64() as u8;
         }
         // Cut (BPF_PROG_TEST_RUN wants a whole IPv6 header).
         1 => {

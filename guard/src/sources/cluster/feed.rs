@@ -63,7 +63,7 @@ pub(super) enum Read<T> {
 /// The log budget for undecodable objects (which they are is each
 /// stream's `unreadable`).
 #[derive(Debug, Default)]
-pub(crate) struct Undecodable {
+pub(crate) struct UndecodableLog {
     pub(super) logged: usize,
     pub(super) muted: bool,
 }
@@ -115,7 +115,7 @@ pub(crate) struct Feed {
     /// Causes logged since the feed was last healthy (each once).
     pub(super) logged: BTreeSet<Cause>,
     /// How many undecodable objects were logged.
-    pub(super) bad: Undecodable,
+    pub(super) bad_log: UndecodableLog,
     /// Streams that did not take in a new object under memory pressure:
     /// relisted once it is gone.
     pub(super) not_admitted: BTreeSet<usize>,
@@ -159,7 +159,7 @@ impl Feed {
         let store = Store::new(cfg.announcers.clone());
         Feed {
             cfg,
-            bad: Undecodable::default(),
+            bad_log: UndecodableLog::default(),
             not_admitted: BTreeSet::new(),
             shown: None,
             streams,

@@ -35,8 +35,8 @@ impl Feed {
         if !new {
             return;
         }
-        if self.bad.logged < LOG_MAX {
-            self.bad.logged += 1;
+        if self.bad_log.logged < LOG_MAX {
+            self.bad_log.logged += 1;
             let object = key.map_or_else(|| "(no readable name)".to_owned(), Key::to_string);
             tracing::warn!(
                 stream = %self.streams[stream].name,
@@ -46,7 +46,7 @@ impl Feed {
                 consequence = consequence(self.streams.get(stream).map(|s| &s.kind)),
                 "an object from the Kubernetes API cannot be decoded: skipped, the rest of the stream is read"
             );
-        } else if !std::mem::replace(&mut self.bad.muted, true) {
+        } else if !std::mem::replace(&mut self.bad_log.muted, true) {
             tracing::warn!(
                 logged = LOG_MAX,
                 "more objects from the Kubernetes API cannot be decoded; not logged one by one \
@@ -65,7 +65,7 @@ impl Feed {
         }
         tracing::info!(stream = %self.streams[stream].name, object = %key, "the object can be read again");
         if self.streams.iter().all(|s| s.unreadable.is_empty()) {
-            (self.bad.logged, self.bad.muted) = (0, false);
+            (self.bad_log.logged, self.bad_log.muted) = (0, false);
         }
     }
 }

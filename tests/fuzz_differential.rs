@@ -14,34 +14,13 @@
 
 use std::collections::BTreeMap;
 
-use guard::testing::{Datapath, Snapshot};
+use guard::testing::{Datapath, Rng, Snapshot};
 use guard_common::{
     classify, classify_nd, frame, judge, ndp, ndp_build::NdSpec, v4_key, Facts, IpKey, Kind,
     LeakAction, Liveness, Mode, Origin, Ownership, Parsed, Verdict,
 };
 
 use test_run::{counter_delta, lb_ips, lb_ips6, DeltaKey, DROP, PASS, PRIMARY};
-
-/// xorshift64*: small, seedable, reproducible.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-    fn pick<T: Copy>(&mut self, xs: &[T]) -> T {
-        xs[self.below(xs.len() as u64) as usize]
-    }
-    fn bytes(&mut self, n: usize) -> Vec<u8> {
-        (0..n).map(|_| self.next() as u8).collect()
-    }
-}
 
 /// One generated frame that BPF_PROG_TEST_RUN accepts.
 fn generate(r: &mut Rng) -> Vec<u8> {
@@ -66,7 +45,7 @@ fn generate_raw(r: &mut Rng) -> Vec<u8> {
     let mut f = Vec::with_capacity(64);
     f.extend_from_slice(&[0xff; 6]);
     f.extend_from_slice(&[2, 0, 0, 0x5e, 0x53, 9]);
-    let tags = r.pick(&[0, 0, 0, 1, 1, 2, 3]);
+    let tags = *r.pick(&[0, 0, 0, 1, 1, 2, 3]);
     for _ in 0..tags {
         f.extend_from_slice(&r.pick(&[0x8100u16, 0x88a8, 0x8100, 0x9100]).to_be_bytes());
         f.extend_from_slice(&(r.below(4096) as u16).to_be_bytes());
@@ -77,27 +56,27 @@ fn generate_raw(r: &mut Rng) -> Vec<u8> {
         // Non-ARP traffic.
         0 => {
             f.extend_from_slice(&r.pick(&[0x0800u16, 0x86dd, 0x88cc, 0x8035]).to_be_bytes());
-            let n = r.below(60) as usize;
+            let n = r.below(60);
             f.extend(r.bytes(n));
             return f;
         }
         // Random bytes after the MACs (at least an ethertype's worth).
         1 => {
-            let n = 2 + r.below(50) as usize;
+            let n = 2 + r.below(50);
             f.extend(r.bytes(n));
             return f;
         }
         _ => {}
     }
     f.extend_from_slice(&0x0806u16.to_be_bytes());
-    let spa = r.pick(&ips);
-    let tpa = if r.below(3) == 0 { spa } else { r.pick(&ips) };
-    let op = r.pick(&[1u16, 2, 1, 2, 3, 4, 0]);
+    let spa = *r.pick(&ips);
+    let tpa = if r.below(3) == 0 { spa } else { *r.pick(&ips) };
+    let op = *r.pick(&[1u16, 2, 1, 2, 3, 4, 0]);
     let mut arp = Vec::with_capacity(28);
     arp.extend_from_slice(&r.pick(&[1u16, 1, 1, 6]).to_be_bytes());
     arp.extend_from_slice(&r.pick(&[0x0800u16, 0x0800, 0x0800, 0x86dd]).to_be_bytes());
-    arp.push(r.pick(&[6, 6, 6, 8]));
-    arp.push(r.pick(&[4, 4, 4, 16]));
+    arp.push(*r.pick(&[6, 6, 6, 8]));
+    arp.push(*r.pick(&[4, 4, 4, 16]));
     arp.extend_from_slice(&op.to_be_bytes());
     arp.extend_from_slice(&[2, 0, 0, 0x5e, 0x53, 9]);
     arp.extend_from_slice(&spa);
@@ -108,11 +87,11 @@ fn generate_raw(r: &mut Rng) -> Vec<u8> {
     // BPF_PROG_TEST_RUN, like a NIC, needs one).
     match r.below(4) {
         0 => {
-            let cut = 14 + r.below((f.len() - 14) as u64) as usize;
+            let cut = 14 + r.below(f.len() - 14);
             f.truncate(cut);
         }
         1 => {
-            let n = r.below(20) as usize;
+            let n = r.below(20);
             f.extend(r.bytes(n));
         }
         _ => {}
@@ -130,19 +109,19 @@ fn generate_nd(r: &mut Rng, tag_bytes: usize) -> Vec<u8> {
         .collect();
     let mac = [2, 0, 0, 0x5e, 0x53, 9];
     let mut spec = match r.below(3) {
-        0 => NdSpec::solicit(mac, r.pick(&ips), r.pick(&ips)),
-        1 => NdSpec::unsolicited(mac, r.pick(&ips)),
+        0 => NdSpec::solicit(mac, *r.pick(&ips), *r.pick(&ips)),
+        1 => NdSpec::unsolicited(mac, *r.pick(&ips)),
         _ => NdSpec::advert(
             mac,
-            r.pick(&ips),
+            *r.pick(&ips),
             [2, 0, 0, 0, 0, 1],
-            r.pick(&ips),
-            r.pick(&[0x40u8, 0x60, 0xe0, 0]),
+            *r.pick(&ips),
+            *r.pick(&[0x40u8, 0x60, 0xe0, 0]),
         ),
     };
     spec.sll = r.below(4) > 0;
-    spec.ext_headers = r.pick(&[0u8, 0, 0, 1, 2, 4, 5]);
-    spec.hop_limit = r.pick(&[255u8, 255, 255, 64]);
+    spec.ext_headers = *r.pick(&[0u8, 0, 0, 1, 2, 4, 5]);
+    spec.hop_limit = *r.pick(&[255u8, 255, 255, 64]);
     if tag_bytes >= 4 {
         spec.tags[0] = Some((0x8100, r.below(4096) as u16));
     }
@@ -153,18 +132,18 @@ fn generate_nd(r: &mut Rng, tag_bytes: usize) -> Vec<u8> {
     match r.below(6) {
         // A byte anywhere after the Ethernet header changed.
         0 => {
-            let at = 14 + r.below((f.len() - 14) as u64) as usize;
-            f[at] = r.next() as u8;
+            let at = 14 + r.below(f.len() - 14);
+            f[at] = r.next_u64() as u8;
         }
         // Cut (BPF_PROG_TEST_RUN wants a whole IPv6 header).
         1 => {
             let min = 14 + 40 + 4 * spec.tags.iter().flatten().count();
-            let cut = min + r.below((f.len() - min) as u64) as usize;
+            let cut = min + r.below(f.len() - min);
             f.truncate(cut);
         }
         // Ethernet padding.
         2 => {
-            let k = r.below(20) as usize;
+            let k = r.below(20);
             f.extend(r.bytes(k));
         }
         _ => {}

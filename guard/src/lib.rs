@@ -33,5 +33,5 @@ mod probe;
 mod sources;
 mod telemetry;
 
-#[cfg(feature = "testing")]
+#[cfg(any(test, feature = "testing"))]
 pub mod testing;

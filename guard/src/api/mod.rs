@@ -7,7 +7,7 @@
 
 use std::{collections::BTreeMap, sync::Arc, time::Duration};
 
-use crate::telemetry::ops::OPS;
+use crate::telemetry::ops::{ErrorCause, Ops};
 
 pub mod client;
 pub mod cluster;
@@ -35,7 +35,12 @@ pub const MAX_EVENT_STREAMS: usize = 16;
 /// the kubelet's probes); a failing `accept` (EMFILE when the process is out
 /// of file descriptors) is logged and retried with a back-off instead of
 /// ending the API.
-pub async fn serve(listener: tokio::net::TcpListener, router: axum::Router, paths: &'static str) {
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    router: axum::Router,
+    paths: &'static str,
+    ops: Arc<Ops>,
+) {
     if let Ok(addr) = listener.local_addr() {
         tracing::info!(%addr, paths, "API listening");
     }
@@ -58,7 +63,7 @@ pub async fn serve(listener: tokio::net::TcpListener, router: axum::Router, path
                 stream
             }
             Err(e) => {
-                OPS.error("api_accept");
+                ops.error(ErrorCause::ApiAccept);
                 if !failing {
                     tracing::warn!(error = %e, "the API cannot accept connections; retrying");
                     failing = true;
@@ -76,11 +81,11 @@ pub async fn serve(listener: tokio::net::TcpListener, router: axum::Router, path
                 .map(|(id, _)| *id);
             match oldest.and_then(|id| conns.remove(&id)) {
                 Some(c) => {
-                    OPS.error("api_connection_evicted");
+                    ops.error(ErrorCause::ApiConnectionEvicted);
                     c.task.abort();
                 }
                 None => {
-                    OPS.error("api_connection_limit");
+                    ops.error(ErrorCause::ApiConnectionLimit);
                     drop(stream);
                     continue;
                 }
@@ -135,7 +140,7 @@ mod tests {
     use axum::http::StatusCode;
 
     fn shared(maps: Option<(aya::maps::Map, aya::maps::Map)>) -> Shared {
-        Shared::new(maps, 10)
+        Shared::new(maps, 10, Default::default())
     }
 
     /// A metrics path that cannot read the kernel is not ready: every

@@ -126,7 +126,7 @@ async fn metrics_route(State(shared): State<Arc<Shared>>) -> Response {
     let rendered = shared.snapshot().and_then(|snapshot| {
         let st = shared.read();
         let mut fold = shared.fold.lock().unwrap_or_else(|p| p.into_inner());
-        metrics::render(Scrape {
+        let scrape = Scrape {
             snapshot: &snapshot,
             fold: &mut fold,
             max_ip_series: shared.metrics_max_ip_series,
@@ -138,6 +138,7 @@ async fn metrics_route(State(shared): State<Arc<Shared>>) -> Response {
             census: st.census.as_ref(),
             takeover: st.takeover.as_ref(),
             clients: st.clients.as_ref(),
+            ops: &shared.ops,
             presence_nodes: st.presence.as_ref().map(|p| {
                 let doc = super::cluster::ClusterDoc::of(Some(p), unix_now() as i64);
                 let expired = doc.guards.iter().filter(|g| g.expired).count();
@@ -154,7 +155,8 @@ async fn metrics_route(State(shared): State<Arc<Shared>>) -> Response {
                 v
             }),
             probes: st.probes.as_ref(),
-        })
+        };
+        Ok(metrics::render(scrape)?)
     });
     match rendered {
         Ok(body) => (

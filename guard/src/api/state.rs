@@ -4,7 +4,7 @@
 use std::{
     collections::BTreeMap,
     net::IpAddr,
-    sync::{atomic::AtomicU64, Mutex, RwLock},
+    sync::{atomic::AtomicU64, Arc, Mutex, RwLock},
     time::{Duration, Instant, SystemTime},
 };
 
@@ -16,7 +16,7 @@ use super::types::IpEntry;
 use crate::{
     model::{takeover::TakeoverRecord, view::View},
     telemetry::{
-        census::CensusDoc, clients::ClientsDoc, counters::Snapshot, metrics::Fold,
+        census::CensusDoc, clients::ClientsDoc, counters::Snapshot, metrics::Fold, ops::Ops,
         status::DaemonStatus, takeover::TakeoverStats,
     },
 };
@@ -68,12 +68,15 @@ pub struct Shared {
     pub metrics_max_ip_series: usize,
     /// Which counter rows /metrics labels with their IP.
     pub fold: Mutex<Fold>,
+    /// The daemon's operation counters (the same the feed counts in).
+    pub ops: Arc<Ops>,
 }
 
 impl Shared {
     pub fn new(
         maps: Option<(aya::maps::Map, aya::maps::Map)>,
         metrics_max_ip_series: usize,
+        ops: Arc<Ops>,
     ) -> Self {
         Shared {
             state: Default::default(),
@@ -82,6 +85,7 @@ impl Shared {
             events: broadcast::channel(1024).0,
             metrics_max_ip_series,
             fold: Default::default(),
+            ops,
         }
     }
 

@@ -155,8 +155,11 @@ impl Daemon {
     fn apply_changed(&mut self, changed: &Changed, additive: bool) {
         let ok = match changed {
             Changed::Nothing => return,
-            Changed::All => publish::apply(&mut self.dp, &self.view, additive),
-            Changed::Keys(keys) => publish::apply_changes(&mut self.dp, &self.view, keys, additive),
+            Changed::All => publish::apply(&mut self.dp, &self.view, additive, &self.shared.ops),
+            Changed::Keys(keys) => {
+                let ops = &self.shared.ops;
+                publish::apply_changes(&mut self.dp, &self.view, keys, additive, ops)
+            }
         };
         self.dirty = match changed {
             Changed::All => !ok,

@@ -28,7 +28,7 @@ use crate::{
         event_for, parse, Finding, IpFacts, Limiter, Memory, Occurrence, Offered, StreamKey,
         Thresholds,
     },
-    telemetry::ops::OPS,
+    telemetry::ops::{EventOutcome, Ops},
 };
 
 /// A request to the API (a GET of the Service, a POST or PATCH of the
@@ -50,7 +50,7 @@ pub(super) fn spawn(
     silent_after: Duration,
 ) {
     let (tx, rx) = mpsc::channel(QUEUE);
-    tokio::spawn(publish(kubeconfig, node.clone(), rx));
+    tokio::spawn(publish(kubeconfig, node.clone(), rx, shared.ops.clone()));
     let events = shared.events.subscribe();
     tokio::spawn(read(cfg, node, shared, silent_after, events, tx));
 }
@@ -59,11 +59,6 @@ pub(super) fn spawn(
 struct Job {
     stream: StreamKey,
     occurrence: Occurrence,
-}
-
-/// Count one Event of `reason` with `outcome`.
-fn count(reason: &str, outcome: &'static str) {
-    OPS.kube_event(reason, outcome);
 }
 
 /// Judge every line, publish what is due.
@@ -91,7 +86,7 @@ async fn read(
                     let Some((service, o)) = occurrence(&f, &node, &shared, &thresholds, &mut memory) else { continue };
                     let reason = o.reason;
                     if limiter.offer((service, reason), o) == Offered::Dropped {
-                        count(reason.as_str(), "dropped");
+                        shared.ops.kube_event(reason.as_str(), EventOutcome::Dropped);
                     }
                 }
                 // Lines missed while this task was behind: nothing to do
@@ -104,7 +99,7 @@ async fn read(
         for (stream, occurrence) in limiter.due(Instant::now()) {
             let reason = occurrence.reason.as_str();
             if tx.try_send(Job { stream, occurrence }).is_err() {
-                count(reason, "dropped");
+                shared.ops.kube_event(reason, EventOutcome::Dropped);
             }
         }
     }
@@ -136,13 +131,14 @@ async fn publish(
     kubeconfig: Option<std::path::PathBuf>,
     node: String,
     mut rx: mpsc::Receiver<Job>,
+    ops: Arc<Ops>,
 ) {
     let client = match crate::sources::cluster::task::client(kubeconfig.as_deref()).await {
         Ok(c) => c,
         Err(e) => {
             tracing::warn!(error = %format!("{e:#}"), "Kubernetes Events are off: no API client");
             while let Some(job) = rx.recv().await {
-                count(job.occurrence.reason.as_str(), "failed");
+                ops.kube_event(job.occurrence.reason.as_str(), EventOutcome::Failed);
             }
             return;
         }
@@ -176,22 +172,22 @@ async fn publish(
         let outcome = match tokio::time::timeout(REQUEST_TIMEOUT, recorder.publish(&ev, &reference))
             .await
         {
-            Ok(Ok(())) => "published",
+            Ok(Ok(())) => EventOutcome::Published,
             Ok(Err(e)) => {
                 if !failing {
                     tracing::warn!(service = %job.stream.0, reason, error = %e, "cannot publish a Kubernetes Event (guarding is not affected; said once until one succeeds)");
                 }
-                "failed"
+                EventOutcome::Failed
             }
             Err(_) => {
                 if !failing {
                     tracing::warn!(service = %job.stream.0, reason, "publishing a Kubernetes Event timed out (guarding is not affected)");
                 }
-                "timeout"
+                EventOutcome::Timeout
             }
         };
-        failing = outcome != "published";
-        count(reason, outcome);
+        failing = outcome != EventOutcome::Published;
+        ops.kube_event(reason, outcome);
     }
 }
 

@@ -27,7 +27,7 @@ use crate::{
     api::Shared,
     datapath::{CounterReclaimer, Datapath},
     model::{addrs::AddrTable, cluster::ClusterView, ownership::OwnershipFile, view::View},
-    telemetry::{ops::OPS, status::DaemonStatus},
+    telemetry::{ops::ErrorCause, status::DaemonStatus},
 };
 pub use config::{
     ApiConfig, ClientsConfig, DaemonConfig, KubeEventsConfig, OnExit, RunConfig, SourcesConfig,
@@ -156,7 +156,7 @@ impl Daemon {
         match self.dp.heartbeat() {
             Ok(()) => self.shared.beat(),
             Err(e) => {
-                OPS.error("heartbeat");
+                self.shared.ops.error(ErrorCause::Heartbeat);
                 tracing::warn!(error = %format!("{e:#}"), "cannot write the heartbeat");
             }
         }
@@ -257,7 +257,7 @@ impl Daemon {
 
     /// Bring the maps to `view`; false if some entry could not be written.
     fn apply(&mut self, view: &View, additive: bool) -> bool {
-        publish::apply(&mut self.dp, view, additive)
+        publish::apply(&mut self.dp, view, additive, &self.shared.ops)
     }
 
     /// A node name that matches no lease holder or announcing node is most

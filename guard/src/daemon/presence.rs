@@ -74,7 +74,7 @@ impl Daemon {
             }),
             publish: Box::new(move |seen| write.write().presence = Some(seen)),
         };
-        match presence::start(cfg, hooks) {
+        match presence::start(cfg, hooks, self.shared.ops.clone()) {
             Ok(h) => Some(h),
             Err(e) => {
                 tracing::warn!(error = %format!("{e:#}"), "presence cannot start; guarding without it");

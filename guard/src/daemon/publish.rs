@@ -18,7 +18,7 @@ use crate::{
     },
     telemetry::{
         counters::Snapshot,
-        ops::OPS,
+        ops::{ErrorCause, Ops},
         status::{Counts, DaemonStatus, FeedHealth},
     },
 };
@@ -100,14 +100,14 @@ impl Daemon {
 /// Bring the maps to `view`; false if some entry could not be written (it
 /// is retried every second). Entries that did not fit in a full map are
 /// reported, and retried on the next change or reconcile.
-pub(super) fn apply(dp: &mut Datapath, view: &View, additive: bool) -> bool {
+pub(super) fn apply(dp: &mut Datapath, view: &View, additive: bool, ops: &Ops) -> bool {
     let r = dp.apply(view, additive);
-    report(r)
+    report(r, ops)
 }
 
 /// Log and count what an apply did and could not do; false if some entry
 /// could not be written (other than for a full map).
-fn report(r: crate::datapath::maps::ApplyReport) -> bool {
+fn report(r: crate::datapath::maps::ApplyReport, ops: &Ops) -> bool {
     let full: Vec<String> = r.full().map(|f| f.entry.clone()).collect();
     if !full.is_empty() {
         tracing::warn!(
@@ -115,16 +115,16 @@ fn report(r: crate::datapath::maps::ApplyReport) -> bool {
             first = ?&full[..full.len().min(10)],
             "map full: these entries are not in the kernel; an LB IP that did not fit is not guarded (its frames pass)"
         );
-        OPS.error("map_full");
+        ops.error(ErrorCause::MapFull);
     }
-    OPS.map_writes
+    ops.map_writes
         .fetch_add(r.written as u64, std::sync::atomic::Ordering::Relaxed);
-    OPS.map_removes
+    ops.map_removes
         .fetch_add(r.removed as u64, std::sync::atomic::Ordering::Relaxed);
     let mut ok = true;
     for e in r.errors() {
         ok = false;
-        OPS.error("map_write");
+        ops.error(ErrorCause::MapWrite);
         tracing::error!(error = %e, "map update failed; that entry keeps its previous value");
     }
     tracing::debug!(written = r.written, removed = r.removed, "maps updated");
@@ -138,9 +138,10 @@ pub(super) fn apply_changes(
     view: &View,
     keys: &BTreeSet<std::net::IpAddr>,
     additive: bool,
+    ops: &Ops,
 ) -> bool {
     let r = dp.apply_changes(view, keys, additive);
-    report(r)
+    report(r, ops)
 }
 
 /// One line per LB IP added, removed or whose state changed.

@@ -27,7 +27,7 @@ use crate::{
         cluster::{task, ClusterConfig},
         file, file_watch,
     },
-    telemetry::{census, clients, memory, refresh},
+    telemetry::{census, clients, memory, ops::Ops, refresh},
 };
 
 /// The ownership file as parsed at start, with the text it was parsed from.
@@ -58,8 +58,11 @@ pub(super) async fn start(cfg: RunConfig) -> Result<(Daemon, Inputs)> {
     };
     let (nl, notifications) = addrs::connect()?;
     let table = addrs::dump(&nl).await?;
+    // The operation counters: one set for the daemon, counted in by the
+    // feed (started here) and everything the daemon starts later.
+    let ops = Arc::new(Ops::default());
     let (announcers, cluster_rx) = match &cfg.sources.cluster {
-        Some(c) => start_cluster(c).await?,
+        Some(c) => start_cluster(c, ops.clone()).await?,
         None => (Vec::new(), None),
     };
     let dp = Datapath::load(&cfg.datapath)?;
@@ -68,7 +71,7 @@ pub(super) async fn start(cfg: RunConfig) -> Result<(Daemon, Inputs)> {
         None => None,
     };
     let takeover = super::takeover::Takeover::new(&cfg.daemon.takeover)?;
-    let mut daemon = Daemon::new(cfg, node, dp, &table, announcers, takeover);
+    let mut daemon = Daemon::new(cfg, node, dp, &table, announcers, takeover, ops);
     daemon.enforce(file.as_ref().map(|(f, _)| f), &table, cluster_rx.is_some())?;
     let held = daemon.start_held_reader();
     let heard = daemon.start_telemetry(listeners);
@@ -120,10 +123,11 @@ fn read_file(cfg: &RunConfig) -> Option<JoinHandle<Result<FileAtStart>>> {
 /// retries, and its staleness rules apply).
 async fn start_cluster(
     c: &ClusterConfig,
+    ops: Arc<Ops>,
 ) -> Result<(Vec<&'static str>, Option<watch::Receiver<ClusterView>>)> {
     let names: Vec<&'static str> = c.feed.announcers.iter().map(|a| a.name()).collect();
     tracing::info!(announcers = ?names, "reading ownership from the Kubernetes API");
-    let rx = task::start(c.clone()).await?;
+    let rx = task::start(c.clone(), ops).await?;
     Ok((names, Some(rx)))
 }
 
@@ -164,6 +168,7 @@ impl Daemon {
         table: &AddrTable,
         announcers: Vec<&'static str>,
         takeover: super::takeover::Takeover,
+        ops: Arc<Ops>,
     ) -> Daemon {
         if cfg.datapath.pin_dir.is_some() {
             // Pinned maps carry what the previous daemon wrote: start the diff from there.
@@ -177,7 +182,8 @@ impl Daemon {
         let counters = dp
             .counter_maps()
             .map_err(warn("counters unavailable to the API"));
-        let shared = Arc::new(Shared::new(counters.ok(), cfg.api.metrics_max_ip_series));
+        let max_ip_series = cfg.api.metrics_max_ip_series;
+        let shared = Arc::new(Shared::new(counters.ok(), max_ip_series, ops));
         let reclaimer = dp
             .counter_reclaimer()
             .map_err(warn("counter rows cannot be reclaimed"))
@@ -277,11 +283,13 @@ impl Daemon {
         }
         if let Some(listener) = listeners.api {
             let router = api::routes::router(self.shared.clone());
-            tokio::spawn(api::serve(listener, router, api::routes::ALL_PATHS));
+            let ops = self.shared.ops.clone();
+            tokio::spawn(api::serve(listener, router, api::routes::ALL_PATHS, ops));
         }
         if let Some(listener) = listeners.metrics {
             let router = api::routes::metrics_router(self.shared.clone());
-            tokio::spawn(api::serve(listener, router, "/metrics"));
+            let ops = self.shared.ops.clone();
+            tokio::spawn(api::serve(listener, router, "/metrics", ops));
         }
         heard
     }

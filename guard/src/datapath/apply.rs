@@ -11,7 +11,7 @@ use std::{
 use guard_common::{LbEntry, MAP_LB_FILTER, MAP_LB_IPS, MAP_LB_IPS6};
 
 use super::{
-    error::{dp_err, Result},
+    error::{DatapathError, Result},
     maps::{ApplyReport, Lb6Hooks, LbHooks},
     Datapath,
 };
@@ -109,7 +109,10 @@ impl Datapath {
             // hold them, so that the next apply writes every entry again and
             // sets each one's bit first (in place, no gap).
             tables.lb.applied.clear();
-            return Err(dp_err!("writing {MAP_LB_FILTER}: {e}"));
+            return Err(DatapathError::WriteMap {
+                map: MAP_LB_FILTER,
+                source: e.into(),
+            });
         }
         let lb6 = tables.lb6.reload(ebpf)?;
         // Observe-only: a failed rebuild costs uncounted packets, retried at

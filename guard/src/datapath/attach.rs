@@ -7,7 +7,7 @@ use std::io;
 use aya::programs::{tc, LinkOrder, SchedClassifier, TcAttachType};
 
 use super::{
-    error::{dp_err, errno, Ctx as _, DatapathError, Result},
+    error::{errno, Blame as _, DatapathError, Result},
     map_data::map_data_mut,
     pins,
     sys::ifindex,
@@ -141,9 +141,7 @@ impl Datapath {
                     match std::fs::remove_file(&path) {
                         Ok(()) => {}
                         Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-                        Err(e) => {
-                            return Err(e).with_ctx(|| format!("removing {}", path.display()))
-                        }
+                        Err(e) => return Err(e).at_path("removing", &path),
                     }
                 }
                 // Our fd goes; without the pin this was the last reference.
@@ -196,10 +194,9 @@ impl Datapath {
                     // Its pin is gone (bpffs was lost): pin it again, or the
                     // link goes with our fd. pin() consumes the handle; if it
                     // fails the link detaches, as it would have anyway.
-                    AttachLink::Pinned { link, path } if !path.exists() => link
-                        .pin(&path)
-                        .map(drop)
-                        .map_err(|e| dp_err!("pinning {}: {e}", path.display())),
+                    AttachLink::Pinned { link, path } if !path.exists() => {
+                        link.pin(&path).map(drop).at_path("pinning", &path)
+                    }
                     link => self.release(link, false),
                 };
                 (a.iface, r)
@@ -258,8 +255,7 @@ impl Datapath {
                 path.exists(),
                 self.ebpf.map_mut(name).and_then(map_data_mut),
             ) {
-                m.pin(&path)
-                    .with_ctx(|| format!("pinning {}", path.display()))?;
+                m.pin(&path).at_path("pinning", &path)?;
             }
         }
         pins::pin_program(self.program_mut()?, &dir)?;
@@ -286,13 +282,11 @@ fn attach_pinned_tcx(
         Ok(old) => {
             let link: tc::SchedClassifierLink = FdLink::from(old)
                 .try_into()
-                .ctx("the pinned link is not a TCX link")?;
-            Some(prog.attach_to_link(link).with_ctx(|| {
-                format!(
-                    "replacing the program in the link pinned at {}",
-                    path.display()
-                )
-            })?)
+                .at_path("taking over the link (not a TCX link?) pinned at", &path)?;
+            Some(
+                prog.attach_to_link(link)
+                    .at_path("replacing the program in the link pinned at", &path)?,
+            )
         }
         Err(_) => None,
     };
@@ -311,16 +305,16 @@ fn attach_pinned_tcx(
             .map_err(|e| tcx_error(iface, e))?
         }
     };
-    let link: FdLink = prog.take_link(id)?.try_into().ctx("a TCX link")?;
+    let link: FdLink = prog
+        .take_link(id)?
+        .try_into()
+        .on_iface("taking the TCX link of", iface)?;
     let link = if path.exists() {
         link
     } else {
         // pin() hands the fd back inside the PinnedLink; we keep it for the
         // life of the daemon, the pin keeps the link after us.
-        FdLink::from(
-            link.pin(&path)
-                .with_ctx(|| format!("pinning {}", path.display()))?,
-        )
+        FdLink::from(link.pin(&path).at_path("pinning", &path)?)
     };
     Ok(AttachLink::Pinned { link, path })
 }
@@ -362,7 +356,7 @@ pub(super) fn attach_netlink(
     // EEXIST: a clsact qdisc is already there (ours from before, or Cilium's).
     if let Err(e) = tc::qdisc_add_clsact(iface) {
         if errno(&e) != Some(libc::EEXIST) {
-            return Err(e).with_ctx(|| format!("adding a clsact qdisc to {iface}"));
+            return Err(e).on_iface("adding a clsact qdisc to", iface);
         }
     }
     let options = tc::NlOptions {
@@ -379,7 +373,7 @@ pub(super) fn attach_netlink(
             let old = our_netlink_slot(iface, dir)?;
             let link = prog
                 .attach_to_link(old)
-                .with_ctx(|| format!("replacing the {what} filter left on {iface}"))?;
+                .on_iface(format!("replacing the {what} filter left on"), iface)?;
             match dir {
                 TcAttachType::Ingress => tracing::info!(
                     interface = iface,
@@ -408,11 +402,9 @@ pub fn remove_netlink_filter(iface: &str, dir: TcAttachType) -> Result<bool> {
         // No filter in our slot (ENOENT), or no clsact qdisc at all (the
         // kernel answers EINVAL: "cannot find specified qdisc").
         Err(e) if matches!(errno(&e), Some(libc::ENOENT) | Some(libc::EINVAL)) => Ok(false),
-        Err(e) => Err(e).with_ctx(|| {
-            format!(
-                "removing the netlink {} filter from {iface}",
-                slot_holder(dir)
-            )
-        }),
+        Err(e) => Err(e).on_iface(
+            format!("removing the netlink {} filter from", slot_holder(dir)),
+            iface,
+        ),
     }
 }

@@ -14,7 +14,7 @@ use guard_common::{
 
 use super::{
     attach::{attach_netlink, AttachHow, AttachMode},
-    error::{dp_err, DatapathError, Result},
+    error::{DatapathError, Result},
     Datapath,
 };
 use crate::model::census::CensusEntry;
@@ -69,7 +69,7 @@ pub(super) fn foreign_filter(ebpf: &mut aya::Ebpf, census: bool) -> Option<Map> 
 pub(super) fn load(ebpf: &mut aya::Ebpf) -> Result<()> {
     let prog: &mut SchedClassifier = ebpf
         .program_mut(CENSUS_PROGRAM)
-        .ok_or_else(|| dp_err!("program {CENSUS_PROGRAM} missing from the embedded object"))?
+        .ok_or(DatapathError::NoProgram(CENSUS_PROGRAM))?
         .try_into()?;
     prog.load().map_err(super::error::load_error)
 }
@@ -157,7 +157,7 @@ impl Datapath {
     /// main loop.
     pub fn census_reader(&self) -> Result<CensusReader> {
         if self.census.is_none() {
-            return Err(dp_err!("the census is not loaded"));
+            return Err(DatapathError::CensusNotLoaded);
         }
         Ok(CensusReader {
             responders: Map::LruHashMap(self.dup_map(MAP_RESPONDERS)?),
@@ -170,7 +170,7 @@ impl Datapath {
         let p = self
             .ebpf
             .program(CENSUS_PROGRAM)
-            .ok_or_else(|| dp_err!("program {CENSUS_PROGRAM} missing"))?;
+            .ok_or(DatapathError::NoProgram(CENSUS_PROGRAM))?;
         Ok(p.try_into()?)
     }
 
@@ -178,7 +178,7 @@ impl Datapath {
         let p = self
             .ebpf
             .program_mut(CENSUS_PROGRAM)
-            .ok_or_else(|| dp_err!("program {CENSUS_PROGRAM} missing"))?;
+            .ok_or(DatapathError::NoProgram(CENSUS_PROGRAM))?;
         Ok(p.try_into()?)
     }
 }

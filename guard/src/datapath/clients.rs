@@ -8,7 +8,7 @@ use guard_common::{
 };
 
 use super::{
-    error::{dp_err, Result},
+    error::{DatapathError, Result},
     Datapath,
 };
 use crate::model::clients::Entry;
@@ -17,7 +17,7 @@ impl Datapath {
     /// A reader of the misdirected-clients table on fds of its own.
     pub fn clients_reader(&self) -> Result<ClientsReader> {
         if !self.census_loaded() {
-            return Err(dp_err!("the census is not loaded"));
+            return Err(DatapathError::CensusNotLoaded);
         }
         Ok(ClientsReader {
             clients: Map::LruHashMap(self.dup_map(MAP_CLIENTS)?),

@@ -3,22 +3,15 @@
 //! full map from a failed write, name the daemon holding the pins), and
 //! matched by errno, never by message text.
 
-use std::io;
+use std::{io, path::PathBuf};
 
-/// A `DatapathError::Msg` from format arguments.
-macro_rules! dp_err {
-    ($($arg:tt)*) => {
-        $crate::datapath::error::DatapathError::Msg(format!($($arg)*))
-    };
-}
-pub(crate) use dp_err;
-
-/// Any error, for sources kept as they are.
 /// The datapath's result: its own error unless another is named.
 pub type Result<T, E = DatapathError> = std::result::Result<T, E>;
 
 pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 
+/// Each variant names what failed and its culprit (the interface, the path,
+/// the map or program); the errno stays in the source chain ([`errno`]).
 #[derive(Debug, thiserror::Error)]
 pub enum DatapathError {
     #[error("interface {0} not found in this network namespace")]
@@ -29,6 +22,18 @@ pub enum DatapathError {
     NoBpf(#[source] BoxError),
     #[error("the kernel rejected the BPF object; arp-guard needs Linux >= 5.10 with BPF_SYSCALL")]
     LoadRejected(#[source] BoxError),
+    /// A load that failed for a reason none of the above names.
+    #[error("loading the BPF program")]
+    Load(#[source] BoxError),
+    /// The embedded object lacks a program this build expects.
+    #[error("program {0} missing from the embedded object")]
+    NoProgram(&'static str),
+    /// The embedded object lacks a map this build expects.
+    #[error("map {0} missing from the embedded object")]
+    NoMap(String),
+    /// The responder census was not loaded (or failed to): nothing to read.
+    #[error("the census is not loaded")]
+    CensusNotLoaded,
     #[error("attaching to {iface} egress with TCX (needs Linux >= 6.6)")]
     Tcx {
         iface: String,
@@ -41,10 +46,56 @@ pub enum DatapathError {
         #[source]
         source: BoxError,
     },
+    /// Another operation on an interface's TC hooks (its clsact qdisc, a
+    /// filter left behind, its TCX programs).
+    #[error("{op} {iface}")]
+    Interface {
+        /// What was being done, ending in a preposition ("adding a clsact qdisc to").
+        op: String,
+        iface: String,
+        #[source]
+        source: BoxError,
+    },
+    /// Reading the TC filters of an interface over rtnetlink.
+    #[error("dumping the egress filters of ifindex {ifindex}")]
+    FilterDump {
+        ifindex: u32,
+        #[source]
+        source: BoxError,
+    },
     #[error("another arp-guard{} uses --pin-dir {dir}; one daemon per pin directory", .pid.map(|p| format!(" (pid {p})")).unwrap_or_default())]
     PinsLocked { dir: String, pid: Option<u32> },
     #[error("--pin-dir {0}: not on a bpffs (mount one: mount -t bpf bpf /sys/fs/bpf)")]
     NotBpffs(String),
+    #[error("{dir} is not a bpffs and mounting one failed")]
+    MountBpffs {
+        dir: String,
+        #[source]
+        source: io::Error,
+    },
+    /// A file, directory or pin: what was done to which path.
+    #[error("{op} {}", .path.display())]
+    Path {
+        /// What was being done ("removing", "pinning the program at").
+        op: &'static str,
+        path: PathBuf,
+        #[source]
+        source: BoxError,
+    },
+    /// One of our maps on a duplicated fd (for a reader off the main loop).
+    #[error("duplicating the fd of map {map}")]
+    DupMap {
+        map: String,
+        #[source]
+        source: io::Error,
+    },
+    /// Writing a map as a whole (the LB filter rebuilt from LB_IPS).
+    #[error("writing {map}")]
+    WriteMap {
+        map: &'static str,
+        #[source]
+        source: BoxError,
+    },
     /// The daemon's own sender (re-sent announcements, refreshes).
     #[error("opening the socket that re-sends held announcements: {what}")]
     Wire {
@@ -52,50 +103,43 @@ pub enum DatapathError {
         #[source]
         source: io::Error,
     },
-    #[error("{what}")]
-    Other {
-        what: String,
-        #[source]
-        source: BoxError,
-    },
-    #[error("{0}")]
-    Msg(String),
+    /// A program run by BPF_PROG_TEST_RUN (tests and benches only).
+    #[cfg_attr(not(feature = "testing"), allow(dead_code))]
+    #[error("BPF_PROG_TEST_RUN")]
+    TestRun(#[source] aya::programs::ProgramError),
+    // What aya and the OS report, passed on with `?` where the operation
+    // names its culprit no better than the source does.
+    #[error("I/O")]
+    Io(#[from] io::Error),
+    #[error("BPF map operation")]
+    Map(#[from] aya::maps::MapError),
+    #[error("BPF program operation")]
+    Program(#[from] aya::programs::ProgramError),
+    #[error("BPF link operation")]
+    Link(#[from] aya::programs::links::LinkError),
+    #[error("pinning a BPF object")]
+    Pin(#[from] aya::pin::PinError),
 }
 
-/// The errors of aya and the OS that the datapath passes on with `?`.
-macro_rules! from_source {
-    ($($t:ty => $what:literal),* $(,)?) => {$(
-        impl From<$t> for DatapathError {
-            fn from(e: $t) -> Self {
-                DatapathError::Other { what: $what.into(), source: Box::new(e) }
-            }
-        }
-    )*};
-}
-from_source!(
-    io::Error => "I/O",
-    aya::maps::MapError => "BPF map operation",
-    aya::programs::ProgramError => "BPF program operation",
-    aya::programs::links::LinkError => "BPF link operation",
-    aya::pin::PinError => "pinning a BPF object",
-);
-
-/// Give an error a sentence: `result.ctx("doing X")?`.
-pub trait Ctx<T> {
-    fn ctx(self, what: impl Into<String>) -> Result<T, DatapathError>;
-    fn with_ctx(self, what: impl FnOnce() -> String) -> Result<T, DatapathError>;
+/// Blame an error on the path or interface it concerns:
+/// `result.at_path("removing", &path)?`, `result.on_iface("adding a clsact qdisc to", iface)?`.
+pub trait Blame<T> {
+    fn at_path(self, op: &'static str, path: &std::path::Path) -> Result<T, DatapathError>;
+    fn on_iface(self, op: impl Into<String>, iface: &str) -> Result<T, DatapathError>;
 }
 
-impl<T, E: Into<BoxError>> Ctx<T> for Result<T, E> {
-    fn ctx(self, what: impl Into<String>) -> Result<T, DatapathError> {
-        self.map_err(|e| DatapathError::Other {
-            what: what.into(),
+impl<T, E: Into<BoxError>> Blame<T> for Result<T, E> {
+    fn at_path(self, op: &'static str, path: &std::path::Path) -> Result<T, DatapathError> {
+        self.map_err(|e| DatapathError::Path {
+            op,
+            path: path.to_owned(),
             source: e.into(),
         })
     }
-    fn with_ctx(self, what: impl FnOnce() -> String) -> Result<T, DatapathError> {
-        self.map_err(|e| DatapathError::Other {
-            what: what(),
+    fn on_iface(self, op: impl Into<String>, iface: &str) -> Result<T, DatapathError> {
+        self.map_err(|e| DatapathError::Interface {
+            op: op.into(),
+            iface: iface.to_owned(),
             source: e.into(),
         })
     }
@@ -132,10 +176,7 @@ pub fn load_error(e: impl Into<BoxError>) -> DatapathError {
         Some(libc::EPERM) | Some(libc::EACCES) => DatapathError::LoadNotPermitted(e),
         Some(libc::ENOSYS) => DatapathError::NoBpf(e),
         Some(libc::EINVAL) => DatapathError::LoadRejected(e),
-        _ => DatapathError::Other {
-            what: "loading the BPF program".into(),
-            source: e,
-        },
+        _ => DatapathError::Load(e),
     }
 }
 
@@ -146,8 +187,9 @@ mod tests {
     #[test]
     fn errno_is_found_through_the_chain() {
         let inner = io::Error::from_raw_os_error(libc::EEXIST);
-        let e = DatapathError::Other {
-            what: "adding a clsact qdisc".into(),
+        let e = DatapathError::Interface {
+            op: "adding a clsact qdisc to".into(),
+            iface: "eth9".into(),
             source: Box::new(inner),
         };
         assert_eq!(errno(&e), Some(libc::EEXIST));

@@ -16,7 +16,7 @@ use netlink_packet_route::tc::{TcAttribute, TcFilterBpfOption, TcOption};
 
 use super::{
     attach::{NETLINK_HANDLE, NETLINK_PRIORITY},
-    error::{Ctx as _, DatapathError, Result},
+    error::{Blame as _, BoxError, DatapathError, Result},
     pins::map_path,
     PROGRAM,
 };
@@ -41,7 +41,7 @@ pub struct Pinned {
 /// Read the pins under `dir`. Err only if the directory cannot be listed;
 /// a map that cannot be opened is a problem noted in the result.
 pub fn read_pinned(dir: &Path) -> Result<Pinned> {
-    let entries = std::fs::read_dir(dir).with_ctx(|| format!("reading {}", dir.display()))?;
+    let entries = std::fs::read_dir(dir).at_path("reading", dir)?;
     let mut out = Pinned::default();
     for e in entries.flatten().take(4096) {
         let name = e.file_name().to_string_lossy().into_owned();
@@ -52,7 +52,7 @@ pub fn read_pinned(dir: &Path) -> Result<Pinned> {
     out.links.sort_unstable();
     let open = |name: &str| -> Result<MapData> {
         let path = map_path(dir, name);
-        MapData::from_pin(&path).with_ctx(|| format!("opening {}", path.display()))
+        MapData::from_pin(&path).at_path("opening", &path)
     };
     let mut note = |r: Result<()>| {
         if let Err(e) = r {
@@ -107,7 +107,7 @@ pub fn tcx_egress(iface: &str) -> Result<Vec<String>> {
         // A kernel before 6.6 does not know the TCX attach type: no TCX
         // program can run there (the VM lane's 5.10 and 6.1 answer so).
         Err(e) if super::error::errno(&e) == Some(libc::EINVAL) => return Ok(Vec::new()),
-        Err(e) => return Err(e).with_ctx(|| format!("listing the TCX egress programs of {iface}")),
+        Err(e) => return Err(e).on_iface("listing the TCX egress programs of", iface),
     };
     Ok(progs
         .iter()
@@ -142,9 +142,11 @@ impl NetlinkFilter {
 /// The BPF filters on the clsact egress of interface `ifindex`, in the
 /// order the kernel lists them (by priority). No clsact qdisc: none.
 pub async fn netlink_egress(ifindex: u32) -> Result<Vec<NetlinkFilter>> {
-    let (conn, handle, _) = rtnetlink::new_connection().ctx("opening an rtnetlink socket")?;
+    let dump_error = |e: BoxError| DatapathError::FilterDump { ifindex, source: e };
+    let (conn, handle, _) = rtnetlink::new_connection().map_err(|e| dump_error(e.into()))?;
     let task = tokio::spawn(conn);
-    let index = i32::try_from(ifindex).ctx("interface index")?;
+    let index = i32::try_from(ifindex)
+        .map_err(|_| DatapathError::NoInterface(format!("ifindex:{ifindex}")))?;
     let mut dump = handle.traffic_filter(index).get().egress().execute();
     let mut out = Vec::new();
     let result = loop {
@@ -181,7 +183,7 @@ pub async fn netlink_egress(ifindex: u32) -> Result<Vec<NetlinkFilter>> {
             {
                 break Ok(Vec::new())
             }
-            Err(e) => break Err(e).ctx("dumping the egress filters"),
+            Err(e) => break Err(dump_error(e.into())),
         }
     };
     task.abort();

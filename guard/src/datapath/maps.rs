@@ -5,7 +5,6 @@
 
 use std::{
     collections::BTreeMap,
-    fmt,
     net::{Ipv4Addr, Ipv6Addr},
 };
 
@@ -19,7 +18,7 @@ use guard_common::{
 };
 
 use super::{
-    error::{dp_err, errno, Result},
+    error::{errno, DatapathError, Result},
     filter::{ForeignFilter, LbFilter},
 };
 
@@ -30,40 +29,31 @@ pub struct ApplyReport {
     pub removed: usize,
     /// Entries not brought to their desired state; each keeps its old value
     /// in the kernel (a new one: absent) and is tried again.
-    pub failed: Vec<Failure>,
+    pub failed: Vec<EntryFailure>,
 }
 
 impl ApplyReport {
     /// Entries that did not fit in a full map. An LB IP that did not fit is
     /// not in the LB set: its frames pass (fail safe). Retried on the next
     /// change and at each full reconcile.
-    pub fn full(&self) -> impl Iterator<Item = &Failure> {
+    pub fn full(&self) -> impl Iterator<Item = &EntryFailure> {
         self.failed.iter().filter(|f| f.error == EntryError::Full)
     }
 
     /// Failures other than a full map: retried every second.
-    pub fn errors(&self) -> impl Iterator<Item = &Failure> {
+    pub fn errors(&self) -> impl Iterator<Item = &EntryFailure> {
         self.failed.iter().filter(|f| f.error != EntryError::Full)
     }
 }
 
 /// One entry the reconciler could not bring to its desired state.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Failure {
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{entry} {}: {error}", .op.outcome())]
+pub struct EntryFailure {
     /// The entry, as an operator reads it ("LB IP 198.51.100.7").
     pub entry: String,
     pub op: Op,
     pub error: EntryError,
-}
-
-impl fmt::Display for Failure {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let op = match self.op {
-            Op::Write => "not written",
-            Op::Remove => "not removed",
-        };
-        write!(f, "{} {op}: {}", self.entry, self.error)
-    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -72,12 +62,26 @@ pub enum Op {
     Remove,
 }
 
+impl Op {
+    /// What became of an entry this operation failed for.
+    fn outcome(self) -> &'static str {
+        match self {
+            Op::Write => "not written",
+            Op::Remove => "not removed",
+        }
+    }
+}
+
 /// Why an entry is not as desired, by errno.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum EntryError {
     /// E2BIG: the map holds `max_entries` already.
+    #[error("the map is full")]
     Full,
+    #[error("{}", std::io::Error::from_raw_os_error(*.0))]
     Errno(i32),
+    /// An error without an errno, as aya words it.
+    #[error("{0}")]
     Other(String),
 }
 
@@ -87,16 +91,6 @@ impl EntryError {
             Some(libc::E2BIG) => EntryError::Full,
             Some(n) => EntryError::Errno(n),
             None => EntryError::Other(e.to_string()),
-        }
-    }
-}
-
-impl fmt::Display for EntryError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            EntryError::Full => f.write_str("the map is full"),
-            EntryError::Errno(n) => write!(f, "{}", std::io::Error::from_raw_os_error(*n)),
-            EntryError::Other(s) => f.write_str(s),
         }
     }
 }
@@ -212,7 +206,7 @@ impl<K: Pod + Ord, V: Pod + PartialEq> Table<K, V> {
             Ok(None) => EntryError::Other("map missing from the object".into()),
             Err(e) => EntryError::of(&e),
         };
-        report.failed.push(Failure {
+        report.failed.push(EntryFailure {
             entry: format!("map {}", self.name),
             op: Op::Write,
             error,
@@ -276,7 +270,7 @@ impl<K: Pod + Ord, V: Pod + PartialEq> Table<K, V> {
         hook: &mut dyn KeyHook<K, V>,
     ) {
         let fail = |report: &mut ApplyReport, entry: String, op, error| {
-            report.failed.push(Failure { entry, op, error })
+            report.failed.push(EntryFailure { entry, op, error })
         };
         let (mut full, mut stale) = (Vec::new(), Vec::new());
         for (k, v) in changes {
@@ -355,7 +349,7 @@ impl<K: Pod + Ord, V: Pod + PartialEq> Table<K, V> {
     pub(super) fn reload(&mut self, ebpf: &Ebpf) -> Result<usize> {
         let map = ebpf
             .map(self.name)
-            .ok_or_else(|| dp_err!("map {} missing", self.name))?;
+            .ok_or_else(|| DatapathError::NoMap(self.name.to_owned()))?;
         let map: HashMap<&MapData, K, V> = HashMap::try_from(map)?;
         let kernel = map.iter().collect::<Result<BTreeMap<K, V>, _>>()?;
         let n = differing(&kernel, &self.applied);

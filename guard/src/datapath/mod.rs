@@ -27,7 +27,7 @@ pub use sys::monotonic_ns;
 #[cfg(feature = "testing")]
 pub use test_run::timed_on;
 
-use error::{dp_err, Ctx as _, Result};
+use error::Result;
 
 use aya::{
     maps::{Array, MapData},
@@ -180,7 +180,7 @@ impl Datapath {
         let logger = program_logger(&mut ebpf);
         let prog: &mut SchedClassifier = ebpf
             .program_mut(PROGRAM)
-            .ok_or_else(|| dp_err!("program {PROGRAM} missing from the embedded object"))?
+            .ok_or(DatapathError::NoProgram(PROGRAM))?
             .try_into()?;
         prog.load().map_err(error::load_error)?;
         if let Some(dir) = pin_dir {
@@ -265,7 +265,7 @@ impl Datapath {
         let map = self
             .ebpf
             .take_map(name)
-            .ok_or_else(|| dp_err!("map {name} missing"))?;
+            .ok_or_else(|| DatapathError::NoMap(name.to_owned()))?;
         Ok(aya::maps::RingBuf::try_from(map)?)
     }
 
@@ -362,10 +362,13 @@ impl Datapath {
             .ebpf
             .map(name)
             .and_then(map_data)
-            .ok_or_else(|| dp_err!("map {name} missing"))?;
+            .ok_or_else(|| DatapathError::NoMap(name.to_owned()))?;
         let fd = std::os::fd::AsFd::as_fd(m.fd())
             .try_clone_to_owned()
-            .with_ctx(|| format!("duplicating the fd of map {name}"))?;
+            .map_err(|source| DatapathError::DupMap {
+                map: name.to_owned(),
+                source,
+            })?;
         Ok(MapData::from_fd(fd)?)
     }
 
@@ -385,14 +388,14 @@ impl Datapath {
         let p = self
             .ebpf
             .program_mut(PROGRAM)
-            .ok_or_else(|| dp_err!("program {PROGRAM} missing"))?;
+            .ok_or(DatapathError::NoProgram(PROGRAM))?;
         Ok(p.try_into()?)
     }
 
     fn map_mut(&mut self, name: &str) -> Result<&mut aya::maps::Map> {
         self.ebpf
             .map_mut(name)
-            .ok_or_else(|| dp_err!("map {name} missing from the embedded object"))
+            .ok_or_else(|| DatapathError::NoMap(name.to_owned()))
     }
 }
 

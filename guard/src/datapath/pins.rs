@@ -9,7 +9,7 @@
 //!   swaps its new program into this link in one `BPF_LINK_UPDATE`, so the
 //!   interface is never without a guard.
 
-use super::error::{dp_err, Ctx as _, DatapathError, Result};
+use super::error::{Blame as _, DatapathError, Result};
 
 use std::{
     io,
@@ -113,17 +113,17 @@ pub fn ensure_bpffs(dir: &Path) -> Result<()> {
                 )
             };
             if r != 0 {
-                return Err(dp_err!(
-                    "{DEFAULT_BPFFS} is not a bpffs and mounting one failed: {}",
-                    io::Error::last_os_error()
-                ));
+                return Err(DatapathError::MountBpffs {
+                    dir: DEFAULT_BPFFS.to_owned(),
+                    source: io::Error::last_os_error(),
+                });
             }
             tracing::info!("mounted bpffs at {DEFAULT_BPFFS}");
         } else if !is_bpffs(&probe) {
             return Err(DatapathError::NotBpffs(dir.display().to_string()));
         }
     }
-    std::fs::create_dir_all(dir).with_ctx(|| format!("creating {}", dir.display()))?;
+    std::fs::create_dir_all(dir).at_path("creating", dir)?;
     Ok(())
 }
 
@@ -156,8 +156,7 @@ pub fn drop_incompatible_maps(dir: &Path, lb_capacity: u32) {
 pub fn pin_program(prog: &mut aya::programs::SchedClassifier, dir: &Path) -> Result<()> {
     let path = prog_path(dir);
     let _ = std::fs::remove_file(&path);
-    prog.pin(&path)
-        .with_ctx(|| format!("pinning the program at {}", path.display()))
+    prog.pin(&path).at_path("pinning the program at", &path)
 }
 
 /// Remove every pin under `dir`: links are detached (their last reference
@@ -167,25 +166,21 @@ pub fn uninstall(dir: &Path) -> Result<Vec<String>> {
     let entries = match std::fs::read_dir(dir) {
         Ok(e) => e,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(done),
-        Err(e) => return Err(e).with_ctx(|| format!("reading {}", dir.display())),
+        Err(e) => return Err(e).at_path("reading", dir),
     };
     for e in entries.flatten() {
         let path = e.path();
         let name = e.file_name().to_string_lossy().into_owned();
         if name.starts_with("link_") {
-            let link =
-                PinnedLink::from_pin(&path).with_ctx(|| format!("opening {}", path.display()))?;
+            let link = PinnedLink::from_pin(&path).at_path("opening", &path)?;
             // Unpinned and dropped: the link's last reference is gone, so it detaches.
-            drop(
-                link.unpin()
-                    .with_ctx(|| format!("unpinning {}", path.display()))?,
-            );
+            drop(link.unpin().at_path("unpinning", &path)?);
         } else {
-            std::fs::remove_file(&path).with_ctx(|| format!("removing {}", path.display()))?;
+            std::fs::remove_file(&path).at_path("removing", &path)?;
         }
         done.push(name);
     }
-    std::fs::remove_dir(dir).with_ctx(|| format!("removing {}", dir.display()))?;
+    std::fs::remove_dir(dir).at_path("removing", dir)?;
     Ok(done)
 }
 
@@ -206,14 +201,14 @@ pub fn lock(dir: &Path) -> Result<PinLock> {
         .read(true)
         .custom_flags(libc::O_DIRECTORY)
         .open(dir)
-        .with_ctx(|| format!("opening {}", dir.display()))?;
+        .at_path("opening", dir)?;
     // SAFETY: flock on an fd we own.
     if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
         return Ok(PinLock { _dir: file });
     }
     let err = io::Error::last_os_error();
     if err.raw_os_error() != Some(libc::EWOULDBLOCK) {
-        return Err(err).with_ctx(|| format!("locking {}", dir.display()));
+        return Err(err).at_path("locking", dir);
     }
     Err(DatapathError::PinsLocked {
         dir: dir.display().to_string(),

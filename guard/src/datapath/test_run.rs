@@ -4,11 +4,7 @@
 
 use aya::programs::SchedClassifier;
 
-use super::{
-    census,
-    error::{dp_err, Ctx as _},
-    Datapath, Result, PROGRAM,
-};
+use super::{census, error::DatapathError, Datapath, Result, PROGRAM};
 
 impl Datapath {
     /// Run the loaded program on `frame` with BPF_PROG_TEST_RUN (nothing is
@@ -61,7 +57,7 @@ impl Datapath {
         let p = self
             .ebpf
             .program(PROGRAM)
-            .ok_or_else(|| dp_err!("program {PROGRAM} missing"))?;
+            .ok_or(DatapathError::NoProgram(PROGRAM))?;
         Ok(p.try_into()?)
     }
 }
@@ -89,7 +85,7 @@ pub(super) fn test_run_on(
             ctx_in: (ingress_ifindex != 0).then_some(&ctx[..]),
             ..TestRunOptions::new()
         })
-        .ctx("BPF_PROG_TEST_RUN")?;
+        .map_err(DatapathError::TestRun)?;
     out.truncate(res.data_size_out as usize);
     Ok((res.return_value as i32, out))
 }
@@ -103,6 +99,6 @@ pub fn timed_on(prog: &SchedClassifier, frame: &[u8], repeat: u32) -> Result<std
             repeat,
             ..TestRunOptions::new()
         })
-        .ctx("BPF_PROG_TEST_RUN")?;
+        .map_err(DatapathError::TestRun)?;
     Ok(res.duration)
 }

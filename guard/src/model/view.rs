@@ -426,16 +426,7 @@ mod tests {
         assert!(v.if_primary.is_empty());
     }
 
-    /// xorshift64*: deterministic, no dependency.
-    struct Rng(u64);
-    impl Rng {
-        fn below(&mut self, n: usize) -> usize {
-            self.0 ^= self.0 >> 12;
-            self.0 ^= self.0 << 25;
-            self.0 ^= self.0 >> 27;
-            (self.0.wrapping_mul(0x2545_f491_4f6c_dd1d) % n as u64) as usize
-        }
-    }
+    use crate::testing::Rng;
 
     /// After any sequence of address additions and removals (on the LB
     /// interface and on the uplink), claims that appear, change and go,

@@ -11,7 +11,6 @@
 
 use std::time::Duration;
 
-use anyhow::{Context as _, Result};
 use futures::{StreamExt as _, TryStreamExt as _};
 use netlink_packet_route::{
     address::{AddressAttribute, AddressHeaderFlags, AddressMessage},
@@ -192,11 +191,25 @@ impl AddrTable {
     }
 }
 
+/// Why the interfaces' addresses cannot be read.
+#[derive(Debug, thiserror::Error)]
+pub enum AddrsError {
+    #[error("cannot open an rtnetlink socket: {0}")]
+    Socket(std::io::Error),
+    /// A dump of `what` (links, addresses) failed.
+    #[error("netlink {what} dump: {error}")]
+    Dump {
+        what: &'static str,
+        error: rtnetlink::Error,
+    },
+}
+
 /// Read all links and their IPv4 and global IPv6 addresses once.
-pub async fn dump(handle: &Handle) -> Result<AddrTable> {
+pub async fn dump(handle: &Handle) -> Result<AddrTable, AddrsError> {
+    let failed = |what| move |error| AddrsError::Dump { what, error };
     let mut table = AddrTable::default();
     let mut links = handle.link().get().execute();
-    while let Some(msg) = links.try_next().await.context("netlink link dump")? {
+    while let Some(msg) = links.try_next().await.map_err(failed("link"))? {
         if let Some(name) = link_name(&msg) {
             table.links.insert(name, msg.header.index);
         }
@@ -205,7 +218,7 @@ pub async fn dump(handle: &Handle) -> Result<AddrTable> {
         }
     }
     let mut addrs = handle.address().get().execute();
-    while let Some(msg) = addrs.try_next().await.context("netlink address dump")? {
+    while let Some(msg) = addrs.try_next().await.map_err(failed("address"))? {
         if let Some((index, a)) = v4_addr(&msg) {
             table.v4.entry(index).or_default().push(a);
         }
@@ -223,13 +236,13 @@ pub type Notifications = futures::channel::mpsc::UnboundedReceiver<(
 )>;
 
 /// Open a netlink connection subscribed to link and address changes.
-pub fn connect() -> Result<(Handle, Notifications)> {
+pub fn connect() -> Result<(Handle, Notifications), AddrsError> {
     let (conn, handle, messages) = rtnetlink::new_multicast_connection(&[
         MulticastGroup::Link,
         MulticastGroup::Ipv4Ifaddr,
         MulticastGroup::Ipv6Ifaddr,
     ])
-    .context("cannot open an rtnetlink socket")?;
+    .map_err(AddrsError::Socket)?;
     tokio::spawn(conn);
     Ok((handle, messages))
 }

@@ -22,7 +22,6 @@
 
 use std::{
     collections::BTreeMap,
-    fmt,
     io::Read as _,
     net::IpAddr,
     path::{Path, PathBuf},
@@ -32,6 +31,7 @@ use serde::Deserialize;
 use serde_saphyr::Spanned;
 
 pub use crate::model::ownership::{check_node_name, Entry, OwnershipFile};
+use crate::model::text::clip;
 
 /// Default `--ownership-file-max-bytes`: room for about 65,536 typical
 /// entries. (A Kubernetes ConfigMap holds at most 1 MiB.)
@@ -61,7 +61,8 @@ struct RawEntry {
 }
 
 /// Why a file was rejected. `Display` names file, line and field.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{}{}{}: {message}", .path.display(), FileError::at_line(*.line), FileError::in_field(.field.as_deref()))]
 pub struct FileError {
     pub path: PathBuf,
     pub line: Option<usize>,
@@ -69,22 +70,17 @@ pub struct FileError {
     pub message: String,
 }
 
-impl fmt::Display for FileError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}", self.path.display())?;
-        if let Some(line) = self.line {
-            write!(f, ":{line}")?;
-        }
-        if let Some(field) = &self.field {
-            write!(f, ": field `{field}`")?;
-        }
-        write!(f, ": {}", self.message)
-    }
-}
-
-impl std::error::Error for FileError {}
-
 impl FileError {
+    /// `:LINE`, when the line is known.
+    fn at_line(line: Option<usize>) -> String {
+        line.map(|l| format!(":{l}")).unwrap_or_default()
+    }
+
+    /// `: field `NAME``, when the field is known.
+    fn in_field(field: Option<&str>) -> String {
+        field.map(|f| format!(": field `{f}`")).unwrap_or_default()
+    }
+
     fn whole(path: &Path, message: String) -> Self {
         FileError {
             path: path.to_owned(),
@@ -263,15 +259,6 @@ fn syntax_error(text: &str, e: &serde_saphyr::Error) -> (Option<usize>, Option<S
         clean_message(&e.to_string(), field.as_deref())
     };
     (line, field, message)
-}
-
-/// At most `max` characters of `s`, marked when cut: text from files and
-/// the cluster is shown to humans and logged, never in full when huge.
-pub fn clip(s: &str, max: usize) -> String {
-    match s.char_indices().nth(max) {
-        None => s.to_owned(),
-        Some((i, _)) => format!("{}...({} bytes)", &s[..i], s.len()),
-    }
 }
 
 fn non_root(p: String) -> Option<String> {

@@ -76,13 +76,13 @@ pub(super) fn by_stream(
 
 /// Kubernetes Events by reason and outcome.
 pub(super) fn kube_events(
-    m: &std::sync::Mutex<std::collections::BTreeMap<(String, &'static str), u64>>,
+    m: &std::sync::Mutex<std::collections::BTreeMap<(String, super::ops::EventOutcome), u64>>,
 ) -> super::family::Family<u64> {
     (
         "arp_guard_kube_events",
         "Kubernetes Events on Services, by reason and outcome (published, failed, timeout, dropped).",
         (m.lock().unwrap_or_else(|p| p.into_inner()).iter())
-            .map(|((r, o), n)| (vec![("reason", r.clone()), ("outcome", (*o).to_owned())], *n))
+            .map(|((r, o), n)| (vec![("reason", r.clone()), ("outcome", o.as_str().to_owned())], *n))
             .collect(),
     )
 }

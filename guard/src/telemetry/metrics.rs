@@ -53,7 +53,6 @@
 
 use std::sync::atomic::Ordering;
 
-use anyhow::Result;
 use prometheus_client::{
     collector::Collector,
     encoding::{DescriptorEncoder, EncodeMetric as _},
@@ -64,7 +63,7 @@ use prometheus_client::{
 use super::{
     counters::Snapshot,
     histogram::Histogram,
-    ops::OPS,
+    ops::Ops,
     status::{DaemonStatus, InterfaceState},
     takeover::{TakeoverStats, OUTCOMES},
 };
@@ -196,10 +195,12 @@ pub struct Scrape<'a> {
     pub presence_nodes: Option<Vec<(&'static str, f64)>>,
     /// The active census, while it runs.
     pub probes: Option<&'a super::probing::ProbesDoc>,
+    /// The daemon's operation counters.
+    pub ops: &'a Ops,
 }
 
-/// The Prometheus text of one scrape.
-pub fn render(scrape: Scrape<'_>) -> Result<String> {
+/// The Prometheus text of one scrape (it fails only if the encoder does).
+pub fn render(scrape: Scrape<'_>) -> Result<String, std::fmt::Error> {
     let mut v = Values::default();
     kernel(&mut v, scrape.snapshot, scrape.fold, scrape.max_ip_series);
     if let Some(status) = scrape.status {
@@ -240,7 +241,7 @@ pub fn render(scrape: Scrape<'_>) -> Result<String> {
     if let Some(p) = scrape.probes {
         super::probing::families(&mut v, p);
     }
-    operations(&mut v);
+    operations(&mut v, scrape.ops);
     let mut registry = Registry::default();
     registry.register_collector(Box::new(v));
     let mut out = String::new();
@@ -421,8 +422,7 @@ fn takeovers(v: &mut Values, t: &TakeoverStats) {
 }
 
 /// What the daemon did: feed events, rebuilds, map updates, errors.
-fn operations(v: &mut Values) {
-    let ops = &*OPS;
+fn operations(v: &mut Values, ops: &Ops) {
     v.counters
         .push(super::feed_metrics::kube_events(&ops.kube_events));
     v.counters.push((
@@ -452,7 +452,7 @@ fn operations(v: &mut Values) {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .iter()
-            .map(|((s, r), n)| (vec![("stream", s.clone()), ("reason", (*r).to_owned())], *n))
+            .map(|((s, r), n)| (vec![("stream", s.clone()), ("reason", r.as_str().to_owned())], *n))
             .collect(),
     ));
     v.counters.push((
@@ -476,7 +476,7 @@ fn operations(v: &mut Values) {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .iter()
-            .map(|(k, n)| (vec![("cause", (*k).to_owned())], *n))
+            .map(|(k, n)| (vec![("cause", k.as_str().to_owned())], *n))
             .collect(),
     ));
 }

@@ -11,6 +11,8 @@ use std::{
     path::{Path, PathBuf},
 };
 
+use crate::model::text::clip;
+
 /// A sysctl or other small value, or why it is unknown.
 pub type Reading = Result<i64, String>;
 
@@ -223,11 +225,7 @@ pub fn read_number(path: &Path) -> Reading {
     let text = read_file(path, SMALL)?;
     let t = text.trim();
     t.parse::<i64>()
-        .map_err(|_| format!("{} holds {:?}, not a number", path.display(), clip(t)))
-}
-
-fn clip(s: &str) -> String {
-    s.chars().take(40).collect()
+        .map_err(|_| format!("{} holds {:?}, not a number", path.display(), clip(t, 40)))
 }
 
 fn read_interfaces(dir: &Path) -> Result<BTreeMap<String, Option<u32>>, String> {

@@ -1,4 +1,4 @@
-//! A stream's events into the model: one object at a time as the watch
+//! A stream's events into the store: one object at a time as the watch
 //! delivers them, a relist swapped in whole at its end (until then the last
 //! known state holds: nothing vanishes because a list is in progress).
 //!
@@ -17,11 +17,11 @@ use std::{collections::BTreeMap, time::Instant};
 use super::{
     decode::{self, Bad, Obj},
     feed::{Feed, Read, Relist},
-    model::{Key, L2Status, ServiceInfo},
     objects,
+    store::{Key, L2Status, ServiceInfo},
     stream::{Event, Stream, Update},
 };
-use crate::telemetry::{memory, ops::OPS};
+use crate::telemetry::memory;
 
 fn key_of_bad(b: &Bad) -> Option<Key> {
     Some(objects::key(
@@ -31,7 +31,7 @@ fn key_of_bad(b: &Bad) -> Option<Key> {
 }
 
 impl Feed {
-    /// An event of `stream`: into the model (at once for a change, at the
+    /// An event of `stream`: into the store (at once for a change, at the
     /// end of a relist for a listed object).
     pub(super) fn apply(&mut self, stream: usize, upd: Update, now: Instant) {
         let done = match upd {
@@ -40,24 +40,29 @@ impl Feed {
             Update::L2(ev) => self.statuses(stream, *ev),
         };
         if done {
-            self.health[stream].synced = true;
+            self.streams[stream].health.synced = true;
             // The relist's pages, decoded and dropped, would stay resident.
             memory::release_free();
         }
     }
 
-    /// Whether to take in an object (`known`: the model has it, or needs
+    /// The relist `stream` has in progress.
+    fn relist(&mut self, stream: usize) -> &mut Option<Relist> {
+        &mut self.streams[stream].relist
+    }
+
+    /// Whether to take in an object (`known`: the store has it, or needs
     /// it for what it has). Under memory pressure, after the first sync, a
     /// new one is not: counted, logged once per stream, and the stream is
     /// relisted once the pressure is gone. Nothing known is ever dropped.
     fn admit(&mut self, stream: usize, known: bool) -> bool {
-        if known || !self.health[stream].synced || !memory::under_pressure() {
+        if known || !self.streams[stream].health.synced || !memory::under_pressure() {
             return true;
         }
-        OPS.feed_not_admitted(&self.names[stream]);
+        self.ops.feed_not_admitted(&self.streams[stream].name);
         if self.not_admitted.insert(stream) {
             tracing::warn!(
-                stream = %self.names[stream],
+                stream = %self.streams[stream].name,
                 "memory pressure: a new object is not taken in (what is guarded stays guarded); \
                  the stream is relisted once memory is back under the limit"
             );
@@ -77,7 +82,7 @@ impl Feed {
     fn services(&mut self, stream: usize, ev: Event<decode::Service>) -> bool {
         let filter = &self.cfg.filter;
         match ev {
-            Event::Listing => self.relists[stream] = Some(Relist::Services(BTreeMap::new())),
+            Event::Listing => self.streams[stream].relist = Some(Relist::Services(BTreeMap::new())),
             Event::Listed(o) => {
                 let item = match o {
                     Obj::Good(s) => (objects::service(&s, filter))
@@ -86,31 +91,30 @@ impl Feed {
                     Obj::Bad(b) => self.bad(stream, &b).map(|k| (k, Read::Bad(b))),
                 };
                 let item = item.filter(|(k, _)| {
-                    let known = self.model.services.contains_key(k);
+                    let known = self.store.services.contains_key(k);
                     self.admit(stream, known)
                 });
-                if let (Some((k, r)), Some(Relist::Services(m))) = (item, &mut self.relists[stream])
-                {
+                if let (Some((k, r)), Some(Relist::Services(m))) = (item, self.relist(stream)) {
                     m.insert(k, r);
                 }
             }
             Event::ListDone => {
-                let Some(Relist::Services(listed)) = self.relists[stream].take() else {
+                let Some(Relist::Services(listed)) = self.streams[stream].relist.take() else {
                     return false;
                 };
-                let gone: Vec<Key> = (self.model.services.keys())
+                let gone: Vec<Key> = (self.store.services.keys())
                     .filter(|k| !listed.contains_key(*k))
                     .cloned()
                     .collect();
                 for k in gone {
                     self.readable(stream, &k);
-                    self.model.set_service(k, None);
+                    self.store.set_service(k, None);
                 }
                 for (k, r) in listed {
                     match r {
                         Read::Good(info) => {
                             self.readable(stream, &k);
-                            self.model.set_service(k, Some(info));
+                            self.store.set_service(k, Some(info));
                         }
                         Read::Bad(_) => self.service_unreadable(k),
                     }
@@ -120,10 +124,10 @@ impl Feed {
             Event::Apply(Obj::Good(s)) => {
                 let info = objects::service(&s, filter);
                 if let Some(k) = objects::key_of(&Obj::Good(s)) {
-                    let known = self.model.services.contains_key(&k) || info.is_none();
+                    let known = self.store.services.contains_key(&k) || info.is_none();
                     if self.admit(stream, known) {
                         self.readable(stream, &k);
-                        self.model.set_service(k, info);
+                        self.store.set_service(k, info);
                     }
                 }
             }
@@ -135,7 +139,7 @@ impl Feed {
             Event::Delete(o) => match objects::key_of(&o) {
                 Some(k) => {
                     self.readable(stream, &k);
-                    self.model.set_service(k, None);
+                    self.store.set_service(k, None);
                 }
                 None => {
                     if let Obj::Bad(b) = o {
@@ -150,19 +154,19 @@ impl Feed {
     /// A Service's latest version cannot be read: its last good one stays,
     /// not trusted.
     fn service_unreadable(&mut self, k: Key) {
-        if let Some(old) = self.model.services.get(&k).filter(|s| !s.unreadable) {
+        if let Some(old) = self.store.services.get(&k).filter(|s| !s.unreadable) {
             let info = ServiceInfo {
                 unreadable: true,
                 ..old.clone()
             };
-            self.model.set_service(k, Some(info));
+            self.store.set_service(k, Some(info));
         }
     }
 
     /// A Lease event; true at the end of a relist.
     fn leases(&mut self, stream: usize, ev: Event<decode::Lease>, now: Instant) -> bool {
         match ev {
-            Event::Listing => self.relists[stream] = Some(Relist::Leases(BTreeMap::new())),
+            Event::Listing => self.streams[stream].relist = Some(Relist::Leases(BTreeMap::new())),
             Event::Listed(o) => {
                 let item = match o {
                     Obj::Good(l) => {
@@ -175,24 +179,24 @@ impl Feed {
                     let known = self.lease_needed(k);
                     self.admit(stream, known)
                 });
-                if let (Some((k, r)), Some(Relist::Leases(m))) = (item, &mut self.relists[stream]) {
+                if let (Some((k, r)), Some(Relist::Leases(m))) = (item, self.relist(stream)) {
                     m.insert(k, r);
                 }
             }
             Event::ListDone => {
-                let Some(Relist::Leases(listed)) = self.relists[stream].take() else {
+                let Some(Relist::Leases(listed)) = self.streams[stream].relist.take() else {
                     return false;
                 };
                 // upsert_lease keeps the observation time of a Lease whose
                 // holder and renewTime did not change: a relist never extends
                 // a lease that stopped being renewed.
-                let gone: Vec<Key> = (self.model.leases.keys())
+                let gone: Vec<Key> = (self.store.leases.keys())
                     .filter(|k| !listed.contains_key(*k))
                     .cloned()
                     .collect();
                 for k in gone {
                     self.readable(stream, &k);
-                    self.model.remove_lease(&k);
+                    self.store.remove_lease(&k);
                 }
                 self.clamp_warned.retain(|k| listed.contains_key(k));
                 for (k, r) in listed {
@@ -203,7 +207,7 @@ impl Feed {
                         }
                         Read::Bad(b) => {
                             let holder = objects::holder(b.holder.as_deref());
-                            self.model.lease_unreadable(k, holder, now);
+                            self.store.lease_unreadable(k, holder, now);
                         }
                     }
                 }
@@ -222,14 +226,14 @@ impl Feed {
             Event::Apply(Obj::Bad(b)) => {
                 if let Some(k) = self.bad(stream, &b) {
                     let holder = objects::holder(b.holder.as_deref());
-                    self.model.lease_unreadable(k, holder, now);
+                    self.store.lease_unreadable(k, holder, now);
                 }
             }
             Event::Delete(o) => match objects::key_of(&o) {
                 Some(k) => {
                     self.readable(stream, &k);
                     self.clamp_warned.remove(&k);
-                    self.model.remove_lease(&k);
+                    self.store.remove_lease(&k);
                 }
                 None => {
                     if let Obj::Bad(b) = o {
@@ -244,7 +248,7 @@ impl Feed {
     /// A ServiceL2Status event; true at the end of a relist.
     fn statuses(&mut self, stream: usize, ev: Event<decode::L2Status>) -> bool {
         match ev {
-            Event::Listing => self.relists[stream] = Some(Relist::L2(BTreeMap::new())),
+            Event::Listing => self.streams[stream].relist = Some(Relist::L2(BTreeMap::new())),
             Event::Listed(o) => {
                 let item = match o {
                     Obj::Good(s) => {
@@ -257,31 +261,33 @@ impl Feed {
                     let known = self.status_needed(k, r);
                     self.admit(stream, known)
                 });
-                if let (Some((k, r)), Some(Relist::L2(m))) = (item, &mut self.relists[stream]) {
+                if let (Some((k, r)), Some(Relist::L2(m))) = (item, self.relist(stream)) {
                     m.insert(k, r);
                 }
             }
             Event::ListDone => {
-                let Some(Relist::L2(listed)) = self.relists[stream].take() else {
+                let Some(Relist::L2(listed)) = self.streams[stream].relist.take() else {
                     return false;
                 };
-                let Some(Stream::L2 { namespace }) = self.streams.get(stream).cloned() else {
+                let Some(Stream::L2 { namespace }) =
+                    self.streams.get(stream).map(|s| s.kind.clone())
+                else {
                     return false;
                 };
                 // This stream owns its namespace's entries only.
-                let gone: Vec<Key> = (self.model.l2.keys())
+                let gone: Vec<Key> = (self.store.l2.keys())
                     .filter(|k| *k.ns == *namespace && !listed.contains_key(*k))
                     .cloned()
                     .collect();
                 for k in gone {
                     self.readable(stream, &k);
-                    self.model.set_l2(k, None);
+                    self.store.set_l2(k, None);
                 }
                 for (k, r) in listed {
                     match r {
                         Read::Good(s) => {
                             self.readable(stream, &k);
-                            self.model.set_l2(k, s);
+                            self.store.set_l2(k, s);
                         }
                         Read::Bad(_) => self.status_unreadable(k),
                     }
@@ -294,7 +300,7 @@ impl Feed {
                     let known = self.status_needed(&k, &Read::Good(status.clone()));
                     if self.admit(stream, known) {
                         self.readable(stream, &k);
-                        self.model.set_l2(k, status);
+                        self.store.set_l2(k, status);
                     }
                 }
             }
@@ -306,7 +312,7 @@ impl Feed {
             Event::Delete(o) => match objects::key_of(&o) {
                 Some(k) => {
                     self.readable(stream, &k);
-                    self.model.set_l2(k, None);
+                    self.store.set_l2(k, None);
                 }
                 None => {
                     if let Obj::Bad(b) = o {
@@ -318,27 +324,27 @@ impl Feed {
         false
     }
 
-    /// A Lease the model has, or that a Service it has depends on.
+    /// A Lease the store has, or that a Service it has depends on.
     fn lease_needed(&self, k: &Key) -> bool {
-        self.model.leases.contains_key(k) || self.model.idx.lease_services.contains_key(k)
+        self.store.leases.contains_key(k) || self.store.idx.lease_services.contains_key(k)
     }
 
-    /// A ServiceL2Status the model has, or that names a Service it has.
+    /// A ServiceL2Status the store has, or that names a Service it has.
     fn status_needed(&self, k: &Key, r: &Read<Option<L2Status>>) -> bool {
         let names_known =
-            matches!(r, Read::Good(Some(s)) if self.model.services.contains_key(&s.service));
-        self.model.l2.contains_key(k) || names_known
+            matches!(r, Read::Good(Some(s)) if self.store.services.contains_key(&s.service));
+        self.store.l2.contains_key(k) || names_known
     }
 
     /// A ServiceL2Status's latest version cannot be read: its last good
     /// one stays, not trusted.
     fn status_unreadable(&mut self, k: Key) {
-        if let Some(old) = self.model.l2.get(&k).filter(|s| !s.unreadable) {
+        if let Some(old) = self.store.l2.get(&k).filter(|s| !s.unreadable) {
             let s = L2Status {
                 unreadable: true,
                 ..old.clone()
             };
-            self.model.set_l2(k, Some(s));
+            self.store.set_l2(k, Some(s));
         }
     }
 }

@@ -10,11 +10,14 @@ use super::{
     cause::{Cause, Failure, Who},
     decode::{self, Obj},
     feed::Feed,
-    model::{Key, LeaseInfo},
     objects,
+    store::{Key, LeaseInfo},
     stream::backoff,
 };
-use crate::{sources::file::clip, telemetry::ops::OPS};
+use crate::{
+    model::text::clip,
+    telemetry::ops::{ErrorCause, Rebuild},
+};
 
 /// A GET that confirms a Lease: its timeout, and how soon a failed one is retried.
 pub const CONFIRM_TIMEOUT: Duration = Duration::from_secs(2);
@@ -33,7 +36,7 @@ impl Feed {
     /// to 30 s, with jitter).
     pub(crate) fn due_confirmations(&mut self, now: Instant, in_flight: usize) -> Vec<Key> {
         let room = CONFIRM_PARALLEL.saturating_sub(in_flight);
-        let unconfirmed = self.model.unconfirmed(now);
+        let unconfirmed = self.store.unconfirmed(now);
         if unconfirmed.is_empty() && self.confirm_failing.is_some() {
             // A GET failed, but the watch has since shown every Lease renewed
             // (or gone): nothing is left to confirm, so the guard is not
@@ -74,8 +77,8 @@ impl Feed {
         now: Instant,
     ) {
         // The watch told us something newer since the GET went out (or the
-        // Lease is gone from the model): the answer is old news.
-        match self.model.leases.get(&key) {
+        // Lease is gone from the store): the answer is old news.
+        match self.store.leases.get(&key) {
             Some(l) if l.checked <= sent => {}
             _ => {
                 self.confirm_sent.remove(&key);
@@ -91,7 +94,7 @@ impl Feed {
                     self.undecodable(i, Some(&key), &b);
                 }
                 let holder = objects::holder(b.holder.as_deref());
-                self.model.lease_unreadable(key, holder, now);
+                self.store.lease_unreadable(key, holder, now);
             }
             Ok(Some(Obj::Good(l))) => {
                 self.confirmed(&key);
@@ -111,7 +114,7 @@ impl Feed {
             }
             Ok(None) => {
                 self.confirmed(&key);
-                self.model.remove_lease(&key);
+                self.store.remove_lease(&key);
                 self.watch_stuck(
                     &key,
                     "a GET shows the Lease deleted, which the watch never delivered",
@@ -136,17 +139,17 @@ impl Feed {
     fn watch_stuck(&mut self, key: &Key, what: &str) {
         tracing::warn!(lease = %key, "{what}: the Lease watch is stuck; rebuilding it");
         if let Some(i) = self.lease_stream() {
-            let since = self.health[i].last_progress;
+            let since = self.streams[i].health.last_progress;
             let e = format!("missed a change of Lease {key}: stuck");
             self.failed(Some(i), &Failure::new(Cause::Other, e), since);
-            self.rebuild.insert(i, "stuck");
+            self.rebuild.insert(i, Rebuild::Stuck);
         }
     }
 
     /// A confirming GET failed: the guard is blind.
     fn unconfirmed(&mut self, key: &Key, f: &Failure, now: Instant) {
         {
-            OPS.error("kubernetes_feed");
+            self.ops.error(ErrorCause::KubernetesFeed);
             self.report(Who::Confirm, f);
             if let Some((_, fails)) = self.confirm_sent.get_mut(key) {
                 *fails += 1;
@@ -158,7 +161,7 @@ impl Feed {
                     "cannot confirm the expiry of a Lease: the guard is blind; its holder keeps its claim"
                 );
                 // Blind since the deadline the GET was to confirm.
-                let since = self.model.leases.get(key).map_or(now, LeaseInfo::deadline);
+                let since = self.store.leases.get(key).map_or(now, LeaseInfo::deadline);
                 self.confirm_failing = Some(since);
             }
             self.last_error = Some(format!("confirming Lease {key}: {e}"));

@@ -1,5 +1,5 @@
 //! What one watch event costs the feed itself, without any I/O: the line
-//! decoded, the object applied to the model, the view compared (and built
+//! decoded, the object applied to the store, the view compared (and built
 //! when it changed). For the benches (`testing` feature): the transport's
 //! share (HTTP, TCP, wake-ups) is measured there against a bare reader.
 
@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 use super::{
     decode::{self, Lease, Service, WatchLine},
     feed::Feed,
-    model::Announcer,
     objects::ServiceFilter,
+    store::Announcer,
     stream::{Event, Msg, Update},
     FeedConfig,
 };
@@ -75,6 +75,7 @@ fn listed(n: usize, now: Instant) -> Feed {
             watch_timeout: Duration::from_secs(55),
         },
         now,
+        Default::default(),
     );
     let svc = |e| Msg::Update(Update::Svc(Box::new(e)));
     let lease = |e| Msg::Update(Update::Lease(Box::new(e)));
@@ -150,7 +151,7 @@ fn heap_in_use() -> usize {
 }
 
 /// Heap bytes a feed holds once it has listed `n` LB Services and their
-/// Leases and published its claims (the model, its indexes, the claims
+/// Leases and published its claims (the store, its indexes, the claims
 /// table shared with the daemon).
 pub fn feed_bytes(n: usize) -> usize {
     let before = heap_in_use();

@@ -11,7 +11,7 @@
 //!   stream goes on.
 //! - Lenient where the guard can afford it: `renewTime` is kept as written
 //!   (it is only ever compared), and `leaseDurationSeconds` is any JSON
-//!   number (the model clamps absurd ones).
+//!   number (`objects` clamps absurd ones).
 
 use std::borrow::Cow;
 
@@ -181,7 +181,7 @@ pub struct LeaseSpec {
     pub renew_time: Option<String>,
 }
 
-/// A number of seconds as any JSON number, saturating to i64 (the model
+/// A number of seconds as any JSON number, saturating to i64 (the store
 /// clamps what is absurd; a string is still an error).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Seconds(pub i64);
@@ -201,7 +201,7 @@ impl<'de> Deserialize<'de> for Seconds {
                 Ok(Seconds(i64::try_from(v).unwrap_or(i64::MAX)))
             }
             fn visit_f64<E>(self, v: f64) -> Result<Seconds, E> {
-                // `as` saturates (and NaN is 0, which the model clamps).
+                // `as` saturates (and NaN is 0, which `objects` clamps).
                 Ok(Seconds(v as i64))
             }
         }
@@ -324,7 +324,7 @@ fn salvage<T: Object>(raw: &str) -> Bad {
         resource_version: text("/metadata/resourceVersion"),
         holder: text("/spec/holderIdentity").filter(|h| !h.is_empty()),
         // Errors quote what they met: kept short for the log.
-        error: crate::sources::file::clip(&error, 512),
+        error: crate::model::text::clip(&error, 512),
     }
 }
 

@@ -134,7 +134,7 @@ impl Driver {
         }
         if f.swap(false, Relaxed) {
             tracing::info!(
-                error = %crate::sources::file::clip(&s.message, 200),
+                error = %crate::model::text::clip(&s.message, 200),
                 "the API server cannot select Services by spec.type (Kubernetes before 1.31): \
                  reading every Service and keeping only those of type LoadBalancer"
             );

@@ -1,9 +1,10 @@
-//! The feed's state: the [`Model`] built from what each stream delivered
+//! The feed's state: the [`Store`] built from what each stream delivered
 //! (`apply`: only the slim objects the decisions need, a relist buffered and
 //! swapped in at its end), each stream's health, the objects it could not
 //! decode (`undecodable`), and the confirmations of Leases that seem to
 //! expire. Pure in time: every method takes `now`, so the rules are tested
-//! without an API server (`task` runs it).
+//! without an API server (`task` runs it); what it counts goes into the
+//! operation counters it is given.
 //!
 //! The guard must never take permission away because *it* is blind:
 //! - A Lease that seems to expire (no renewal seen within its duration) is
@@ -21,21 +22,22 @@
 
 use std::{
     collections::{BTreeMap, BTreeSet},
+    sync::Arc,
     time::{Duration, Instant},
 };
 
 use super::{
     cause::{Cause, Failure, Who},
     decode::Bad,
-    model::{Key, L2Status, Model, ServiceInfo},
     objects::{self, LeaseFields},
+    store::{Key, L2Status, ServiceInfo, Store},
     stream::{Msg, Stream},
     FeedConfig,
 };
 use crate::{
     model::cluster::{ClusterView, SharedClaims, StreamStatus},
-    sources::file::clip,
-    telemetry::ops::OPS,
+    model::text::clip,
+    telemetry::ops::{ErrorCause, Ops, Rebuild},
 };
 
 /// Default server-side end of each watch (`--kube-watch-timeout`).
@@ -45,7 +47,7 @@ pub const WATCH_TIMEOUT: Duration = Duration::from_secs(55);
 pub const THRESHOLD_FLOOR: Duration = Duration::from_secs(15);
 pub const THRESHOLD_CAP: Duration = Duration::from_secs(60);
 
-/// What a relist has delivered so far, as the model takes it.
+/// What a relist has delivered so far, as the store takes it.
 pub(super) enum Relist {
     Services(BTreeMap<Key, Read<ServiceInfo>>),
     Leases(BTreeMap<Key, Read<LeaseFields>>),
@@ -58,27 +60,12 @@ pub(super) enum Read<T> {
     Bad(Bad),
 }
 
-/// The keys of each stream's objects whose latest version could not be
-/// decoded, and the log budget.
+/// The log budget for undecodable objects (which they are is each
+/// stream's `unreadable`).
 #[derive(Debug, Default)]
-pub(crate) struct Undecodable {
-    pub(super) keys: Vec<BTreeSet<Key>>,
+pub(crate) struct UndecodableLog {
     pub(super) logged: usize,
     pub(super) muted: bool,
-}
-
-impl Undecodable {
-    pub(crate) fn new(streams: usize) -> Self {
-        Undecodable {
-            keys: vec![BTreeSet::new(); streams],
-            ..Default::default()
-        }
-    }
-
-    /// How many objects of `stream` are unreadable now.
-    pub(crate) fn count(&self, stream: usize) -> usize {
-        self.keys.get(stream).map_or(0, BTreeSet::len)
-    }
 }
 
 /// One stream's health.
@@ -90,15 +77,23 @@ pub(crate) struct Health {
     pub(super) last_error: Option<String>,
 }
 
+/// One stream as the feed keeps it: what it watches, its name, the relist
+/// in progress, its health and its objects that cannot be read now.
+pub(crate) struct StreamState {
+    pub(super) kind: Stream,
+    /// Its name (logs, metrics, status).
+    pub(super) name: String,
+    pub(super) relist: Option<Relist>,
+    pub(super) health: Health,
+    /// The keys of its objects whose latest version could not be decoded.
+    pub(super) unreadable: BTreeSet<Key>,
+}
+
 pub(crate) struct Feed {
     pub(super) cfg: FeedConfig,
-    pub(super) streams: Vec<Stream>,
-    /// Their names (logs, metrics, status).
-    pub(super) names: Vec<String>,
-    /// Per stream, the relist in progress.
-    pub(super) relists: Vec<Option<Relist>>,
-    pub(super) model: Model,
-    pub(super) health: Vec<Health>,
+    /// The streams, in the order the tasks and messages number them.
+    pub(super) streams: Vec<StreamState>,
+    pub(super) store: Store,
     /// The probe: failing since, and when it last answered.
     pub(super) probe_failing: Option<Instant>,
     probe_ok: Instant,
@@ -110,7 +105,7 @@ pub(crate) struct Feed {
     /// Confirming GETs failing since (the guard cannot confirm: blind).
     pub(super) confirm_failing: Option<Instant>,
     /// Streams to rebuild (relist), and why.
-    pub(super) rebuild: BTreeMap<usize, &'static str>,
+    pub(super) rebuild: BTreeMap<usize, Rebuild>,
     pub(super) last_error: Option<String>,
     /// Why each failing part fails, while it does.
     pub(super) problems: BTreeMap<Who, Cause>,
@@ -119,13 +114,15 @@ pub(crate) struct Feed {
     claims_version: u64,
     /// Causes logged since the feed was last healthy (each once).
     pub(super) logged: BTreeSet<Cause>,
-    /// Objects the streams could not decode.
-    pub(super) bad: Undecodable,
+    /// How many undecodable objects were logged.
+    pub(super) bad_log: UndecodableLog,
     /// Streams that did not take in a new object under memory pressure:
     /// relisted once it is gone.
     pub(super) not_admitted: BTreeSet<usize>,
     /// What the last published view showed.
     shown: Option<Shown>,
+    /// The daemon's operation counters (events, errors, rebuilds).
+    pub(super) ops: Arc<Ops>,
 }
 
 /// What a published view is compared by: what the daemon acts on or shows,
@@ -144,28 +141,29 @@ struct Shown {
 }
 
 impl Feed {
-    pub(crate) fn new(cfg: FeedConfig, now: Instant) -> Self {
-        let streams = Stream::all_for(&cfg.announcers);
-        let health = streams
-            .iter()
-            .map(|_| Health {
-                synced: false,
-                failing_since: None,
-                last_progress: now,
-                last_error: None,
+    pub(crate) fn new(cfg: FeedConfig, now: Instant, ops: Arc<Ops>) -> Self {
+        let streams = (Stream::all_for(&cfg.announcers).into_iter())
+            .map(|kind| StreamState {
+                name: kind.name(),
+                kind,
+                relist: None,
+                health: Health {
+                    synced: false,
+                    failing_since: None,
+                    last_progress: now,
+                    last_error: None,
+                },
+                unreadable: BTreeSet::new(),
             })
             .collect();
-        let model = Model::new(cfg.announcers.clone());
+        let store = Store::new(cfg.announcers.clone());
         Feed {
             cfg,
-            names: streams.iter().map(Stream::name).collect(),
-            relists: streams.iter().map(|_| None).collect(),
-            bad: Undecodable::new(streams.len()),
+            bad_log: UndecodableLog::default(),
             not_admitted: BTreeSet::new(),
             shown: None,
             streams,
-            model,
-            health,
+            store,
             probe_failing: None,
             probe_ok: now,
             clamp_warned: BTreeSet::new(),
@@ -177,15 +175,18 @@ impl Feed {
             logged: BTreeSet::new(),
             claims: SharedClaims::default(),
             claims_version: 0,
+            ops,
         }
     }
 
     pub(crate) fn name(&self, stream: usize) -> &str {
-        self.names.get(stream).map_or("probe", String::as_str)
+        self.streams
+            .get(stream)
+            .map_or("probe", |s| s.name.as_str())
     }
 
     pub(super) fn lease_stream(&self) -> Option<usize> {
-        self.streams.iter().position(|s| *s == Stream::Leases)
+        self.streams.iter().position(|s| s.kind == Stream::Leases)
     }
 
     /// Record a Lease the API told us about; log an absurd duration once.
@@ -198,7 +199,7 @@ impl Feed {
                 );
             }
         }
-        self.model
+        self.store
             .upsert_lease(key, f.holder, f.duration, f.renew, now)
     }
 
@@ -207,7 +208,7 @@ impl Feed {
     /// switch degradation off).
     pub(crate) fn threshold(&self) -> Duration {
         self.cfg.stale_after.unwrap_or_else(|| {
-            self.model
+            self.store
                 .max_lease_duration()
                 .unwrap_or_default()
                 .clamp(THRESHOLD_FLOOR, THRESHOLD_CAP)
@@ -217,9 +218,9 @@ impl Feed {
     /// Since when the guard has been blind: a failing stream or probe, or a
     /// Lease in use past its deadline that the API has not confirmed.
     pub(crate) fn failing_since(&self, now: Instant) -> Option<Instant> {
-        let streams = self.health.iter().filter_map(|h| h.failing_since);
+        let streams = self.streams.iter().filter_map(|s| s.health.failing_since);
         let leases = self
-            .model
+            .store
             .unconfirmed(now)
             .into_iter()
             .map(|(_, since)| since);
@@ -236,7 +237,7 @@ impl Feed {
     }
 
     fn synced(&self) -> bool {
-        self.health.iter().all(|h| h.synced)
+        self.streams.iter().all(|s| s.health.synced)
     }
 
     /// Bring the claims handed to the daemon to `now`: the IPs whose claim
@@ -246,13 +247,13 @@ impl Feed {
         if !self.synced() {
             return;
         }
-        let changed = self.model.refresh(now);
+        let changed = self.store.refresh(now);
         if changed.is_empty() {
             return;
         }
         let mut t = self.claims.lock();
         for ip in changed {
-            match self.model.claims().get(&ip) {
+            match self.store.claims().get(&ip) {
                 Some(c) => t.claims.insert(ip, c.clone()),
                 None => t.claims.remove(&ip),
             };
@@ -262,13 +263,13 @@ impl Feed {
     }
 
     fn stream_statuses(&self) -> Vec<StreamStatus> {
-        (self.health.iter().enumerate())
-            .map(|(i, h)| StreamStatus {
-                name: self.names[i].clone(),
-                synced: h.synced,
-                healthy: h.failing_since.is_none(),
-                error: h.failing_since.and(h.last_error.clone()),
-                undecodable: self.bad.count(i),
+        (self.streams.iter())
+            .map(|s| StreamStatus {
+                name: s.name.clone(),
+                synced: s.health.synced,
+                healthy: s.health.failing_since.is_none(),
+                error: s.health.failing_since.and(s.health.last_error.clone()),
+                undecodable: s.unreadable.len(),
             })
             .collect()
     }
@@ -278,9 +279,9 @@ impl Feed {
             claims_version: self.claims_version,
             synced: self.synced(),
             degraded: self.degraded(now),
-            holders_version: self.model.holders_version(),
+            holders_version: self.store.holders_version(),
             streams: self.stream_statuses(),
-            unconfirmed: self.model.unconfirmed(now).len(),
+            unconfirmed: self.store.unconfirmed(now).len(),
             blind: self.failing_since(now).is_some(),
             threshold: self.threshold(),
             problem: self.problem(),
@@ -296,7 +297,7 @@ impl Feed {
             synced,
             degraded: self.degraded(now),
             holders: self
-                .model
+                .store
                 .named_nodes()
                 .into_iter()
                 .map(str::to_owned)
@@ -304,7 +305,7 @@ impl Feed {
             event_at,
             failing_since: self.failing_since(now),
             streams: self.stream_statuses(),
-            unconfirmed: self.model.unconfirmed(now).len(),
+            unconfirmed: self.store.unconfirmed(now).len(),
             threshold: self.threshold(),
             problem: self.problem(),
         }
@@ -330,24 +331,25 @@ impl Feed {
     /// The last sign that the API answers: a stream's progress or the
     /// probe's answer.
     pub(crate) fn last_alive(&self) -> Instant {
-        (self.health.iter().map(|h| h.last_progress)).fold(self.probe_ok, Instant::max)
+        (self.streams.iter().map(|s| s.health.last_progress)).fold(self.probe_ok, Instant::max)
     }
 
     pub(crate) fn all_healthy(&self) -> bool {
         self.probe_failing.is_none()
             && self.confirm_failing.is_none()
-            && self.health.iter().all(|h| h.failing_since.is_none())
+            && self
+                .streams
+                .iter()
+                .all(|s| s.health.failing_since.is_none())
     }
 
     /// The API answered for `stream` (or the probe).
     pub(crate) fn ok(&mut self, stream: Option<usize>, now: Instant) {
         let (was, who) = match stream {
             Some(i) => {
-                self.health[i].last_progress = now;
-                (
-                    self.health[i].failing_since.take().is_some(),
-                    Who::Stream(i),
-                )
+                let h = &mut self.streams[i].health;
+                h.last_progress = now;
+                (h.failing_since.take().is_some(), Who::Stream(i))
             }
             None => {
                 self.probe_ok = now;
@@ -368,7 +370,7 @@ impl Feed {
         let name = self.name(stream.unwrap_or(usize::MAX)).to_owned();
         match stream {
             Some(i) => {
-                let h = &mut self.health[i];
+                let h = &mut self.streams[i].health;
                 h.failing_since.get_or_insert(since);
                 h.last_error = Some(e.clone());
             }
@@ -382,24 +384,24 @@ impl Feed {
     pub(crate) fn on_msg(&mut self, stream: usize, msg: Msg, now: Instant) {
         match msg {
             Msg::Update(u) => {
-                OPS.feed_event(self.name(stream));
+                self.ops.feed_event(self.name(stream));
                 self.ok(Some(stream), now);
                 self.apply(stream, u, now);
             }
             Msg::Progress => self.ok(Some(stream), now),
             Msg::Failed(f) => {
-                OPS.error("kubernetes_feed");
+                self.ops.error(ErrorCause::KubernetesFeed);
                 self.failed(Some(stream), &f, now);
             }
             Msg::Idle(idle) => {
                 let name = self.name(stream).to_owned();
                 // Blind since the last thing it delivered, not since now.
-                let since = self.health[stream].last_progress;
+                let since = self.streams[stream].health.last_progress;
                 tracing::warn!(
                     stream = %name, silent_for = ?idle,
                     "Kubernetes watch stream stuck: no event, bookmark or end of watch within its deadline; relisting"
                 );
-                OPS.feed_rebuild(&name, "idle");
+                self.ops.feed_rebuild(&name, Rebuild::Idle);
                 let e =
                     format!("no event, bookmark or end of watch within {idle:?}: stuck, relisting");
                 self.failed(Some(stream), &Failure::new(Cause::Other, e), since);
@@ -407,11 +409,11 @@ impl Feed {
         }
     }
 
-    pub(crate) fn take_rebuilds(&mut self) -> BTreeMap<usize, &'static str> {
+    pub(crate) fn take_rebuilds(&mut self) -> BTreeMap<usize, Rebuild> {
         if !self.not_admitted.is_empty() && !crate::telemetry::memory::under_pressure() {
             tracing::info!("memory back under the limit: relisting the streams that did not take in new objects");
             for s in std::mem::take(&mut self.not_admitted) {
-                self.rebuild.entry(s).or_insert("memory");
+                self.rebuild.entry(s).or_insert(Rebuild::Memory);
             }
         }
         std::mem::take(&mut self.rebuild)
@@ -422,8 +424,8 @@ impl Feed {
 mod tests {
     use super::super::{
         decode::{Lease, Obj, Seconds, Service},
-        model::Announcer,
         objects::ServiceFilter,
+        store::Announcer,
         stream::{Event, Update, IDLE_MARGIN},
     };
     use super::*;
@@ -458,6 +460,7 @@ mod tests {
                 watch_timeout: WATCH_TIMEOUT,
             },
             t0,
+            Default::default(),
         )
     }
 
@@ -625,7 +628,7 @@ mod tests {
             "2026-11-30T10:00:12.000000Z",
         ))));
         f.on_confirm(key(), t11, renewed, t12);
-        assert!(f.model.leases.is_empty());
+        assert!(f.store.leases.is_empty());
     }
 
     #[test]
@@ -696,10 +699,27 @@ mod tests {
         let v = f.view(t, None);
         assert!(!v.streams[0].healthy);
         assert!(v.streams[0].error.as_deref().unwrap().contains("stuck"));
-        assert_eq!(f.health[0].failing_since, Some(t0));
+        assert_eq!(f.streams[0].health.failing_since, Some(t0));
         assert!(v.degraded, "blind for longer than the threshold");
         f.on_msg(0, Msg::Progress, t);
         assert!(f.view(t, None).streams[0].healthy);
+    }
+
+    /// What the feed counts goes into the counters it was given (no global):
+    /// a watch event, a failure, a relist of a stuck stream.
+    #[test]
+    fn the_feed_counts_into_the_counters_it_is_given() {
+        let t0 = Instant::now();
+        let mut f = synced(t0);
+        let ops = f.ops.clone();
+        f.on_msg(0, Msg::Failed(Failure::new(Cause::Server, "500")), t0);
+        f.on_msg(0, Msg::Idle(WATCH_TIMEOUT + IDLE_MARGIN), t0);
+        let errors = ops.errors.lock().unwrap().clone();
+        assert_eq!(errors.get(&ErrorCause::KubernetesFeed), Some(&1));
+        let rebuilds = ops.feed_rebuilds.lock().unwrap().clone();
+        let name = f.name(0).to_owned();
+        assert_eq!(rebuilds.get(&(name, Rebuild::Idle)), Some(&1));
+        assert_eq!(Rebuild::Idle.as_str(), "idle");
     }
 
     /// A cause that needs a fix on this side is the feed's problem while any

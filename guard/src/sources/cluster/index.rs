@@ -1,7 +1,7 @@
 //! The claims kept incrementally: indexes from each object to the LB IPs it
 //! affects, so that a changed Service, Lease or ServiceL2Status re-derives
 //! the claims of those IPs only, with the same per-Service decision and
-//! per-IP merge as the full [`Model::ownership`]. Time matters too: a Lease
+//! per-IP merge as the full [`Store::ownership`]. Time matters too: a Lease
 //! reaching its deadline changes its Services' claims, so the Leases are
 //! indexed by deadline and only those whose deadline was crossed since the
 //! last look are re-evaluated.
@@ -14,7 +14,7 @@ use std::{
     time::Instant,
 };
 
-use super::model::{Announcer, Key, L2Status, LeaseInfo, LeaseState, Model, ServiceInfo};
+use super::store::{Announcer, Key, L2Status, LeaseInfo, LeaseState, ServiceInfo, Store};
 use crate::model::cluster::OwnerClaim;
 
 fn count<K: Ord>(m: &mut BTreeMap<K, usize>, k: K, add: bool) {
@@ -39,15 +39,15 @@ fn named(n: Option<&Arc<str>>) -> Option<Arc<str>> {
     n.filter(|n| !n.is_empty()).cloned()
 }
 
-impl Model {
-    /// A model whose incremental claims follow `announcers`.
+impl Store {
+    /// A store whose incremental claims follow `announcers`.
     pub fn new(announcers: Vec<Announcer>) -> Self {
-        let mut m = Model::default();
+        let mut m = Store::default();
         m.idx.announcers = announcers;
         m
     }
 
-    /// The claims as of the last [`Model::refresh`].
+    /// The claims as of the last [`Store::refresh`].
     pub fn claims(&self) -> &BTreeMap<IpAddr, Arc<OwnerClaim>> {
         &self.idx.claims
     }
@@ -316,22 +316,7 @@ mod tests {
     use super::*;
     use std::time::Duration;
 
-    /// xorshift64*: deterministic, no dependency.
-    struct Rng(u64);
-    impl Rng {
-        fn next(&mut self) -> u64 {
-            self.0 ^= self.0 >> 12;
-            self.0 ^= self.0 << 25;
-            self.0 ^= self.0 >> 27;
-            self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-        }
-        fn below(&mut self, n: usize) -> usize {
-            (self.next() % n as u64) as usize
-        }
-        fn pick<'a, T>(&mut self, v: &'a [T]) -> &'a T {
-            &v[self.below(v.len())]
-        }
-    }
+    use crate::testing::Rng;
 
     const IPS: [&str; 6] = [
         "10.0.0.1", "10.0.0.2", "10.0.0.3", "10.0.0.4", "10.0.0.5", "fd00::1",
@@ -346,13 +331,13 @@ mod tests {
     }
 
     /// The O(all) derivations the indexes replace, as the reference.
-    fn referenced(m: &Model, a: &[Announcer]) -> BTreeSet<Key> {
+    fn referenced(m: &Store, a: &[Announcer]) -> BTreeSet<Key> {
         (m.services.iter())
-            .flat_map(|(s, i)| a.iter().filter_map(move |a| Model::lease_key(s, i, a)))
+            .flat_map(|(s, i)| a.iter().filter_map(move |a| Store::lease_key(s, i, a)))
             .collect()
     }
 
-    fn check(m: &Model, a: &[Announcer], now: Instant) {
+    fn check(m: &Store, a: &[Announcer], now: Instant) {
         let claims: BTreeMap<IpAddr, OwnerClaim> = (m.claims().iter())
             .map(|(ip, c)| (*ip, OwnerClaim::clone(c)))
             .collect();
@@ -403,7 +388,7 @@ mod tests {
         ];
         for (seed, a) in (1..=30u64).zip(announcer_sets.iter().cycle()) {
             let mut r = Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15));
-            let mut m = Model::new(a.clone());
+            let mut m = Store::new(a.clone());
             let mut now = Instant::now();
             let mut prev = BTreeMap::new();
             for _ in 0..400 {

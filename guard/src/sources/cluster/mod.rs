@@ -4,8 +4,9 @@
 //! `cause` classifies failed requests (what to fix), `problems` logs each
 //! cause once and keeps the guard's own problem, `wire` makes the requests
 //! and `decode` reads their bodies object by object into slim types,
-//! `objects` turns those into the `model`'s plain types, `model` holds
-//! the ownership rules (pure), `stream` and `driver` run one list+watch,
+//! `objects` turns those into the `store`'s plain types, `store` holds
+//! them (the cluster objects the feed keeps) and the ownership rules over
+//! them (pure), `stream` and `driver` run one list+watch,
 //! `feed` keeps what the streams delivered and their health (pure in time;
 //! `apply` and `undecodable`), and `task` runs them all and publishes a
 //! `ClusterView`; `trust` decides which CA roots the client needs.
@@ -20,9 +21,9 @@ mod driver;
 pub mod feed;
 pub mod index;
 mod keys;
-pub mod model;
 pub mod objects;
 pub mod problems;
+pub mod store;
 pub mod stream;
 pub mod task;
 pub mod trust;
@@ -31,8 +32,8 @@ pub mod wire;
 
 use std::time::Duration;
 
-pub use model::{Announcer, Key};
 use objects::ServiceFilter;
+pub use store::{Announcer, Key};
 
 #[derive(Debug, Clone)]
 pub struct FeedConfig {

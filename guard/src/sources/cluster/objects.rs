@@ -1,4 +1,4 @@
-//! The API's objects (as `decode` reads them) -> the plain model types.
+//! The API's objects (as `decode` reads them) -> the store's plain types.
 //! Everything an object can get wrong (no IP, a hostname ingress, a missing
 //! field, an absurd duration) is decided here.
 
@@ -6,9 +6,9 @@ use std::{net::IpAddr, time::Duration};
 
 use super::{
     decode,
-    model::{Key, L2Status, ServiceInfo},
+    store::{Key, L2Status, ServiceInfo},
 };
-use crate::sources::file::clip;
+use crate::model::text::clip;
 
 /// Which Services count: type LoadBalancer, the asked-for class, and (when
 /// asked) spec.externalIPs besides the ingress IPs.
@@ -76,12 +76,12 @@ fn field(s: &str) -> String {
     clip(s, MAX_FIELD)
 }
 
-/// A holder as the model keeps it: None when empty, clipped.
+/// A holder as the store keeps it: None when empty, clipped.
 pub fn holder(h: Option<&str>) -> Option<String> {
     h.filter(|h| !h.is_empty()).map(field)
 }
 
-/// A Lease as the model reads it.
+/// A Lease as the store reads it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LeaseFields {
     pub holder: Option<String>,
@@ -92,7 +92,7 @@ pub struct LeaseFields {
     pub clamped: Option<i64>,
 }
 
-pub use super::model::{DEFAULT_LEASE, MAX_LEASE};
+pub use super::store::{DEFAULT_LEASE, MAX_LEASE};
 
 /// The fields of a Lease, strings clipped, duration made sane.
 pub fn lease(l: &decode::Lease) -> LeaseFields {

@@ -7,7 +7,7 @@ use super::{
     cause::{Failure, Who},
     feed::Feed,
 };
-use crate::sources::file::clip;
+use crate::model::text::clip;
 
 impl Feed {
     /// `who` failed: remember the cause while it lasts, and log it if it is

@@ -17,7 +17,7 @@ use kube::{
 use super::{
     cause::Failure,
     decode::{self, Obj},
-    model::Announcer,
+    store::Announcer,
 };
 
 /// A healthy stream shows progress (an event, a bookmark, or the server

@@ -20,12 +20,15 @@ use super::{
     confirm::{Confirmation, CONFIRM_TIMEOUT},
     decode, driver,
     feed::Feed,
-    model::Key,
+    store::Key,
     stream::{Msg, StreamCtl, StreamMsg},
     trust::{self, Trust},
     wire, ClusterConfig, FeedConfig,
 };
-use crate::{model::cluster::ClusterView, telemetry::ops::OPS};
+use crate::{
+    model::cluster::ClusterView,
+    telemetry::ops::{Ops, Rebuild},
+};
 
 /// The probe (is the API there at all?): at most this often...
 const PROBE_EVERY: Duration = Duration::from_secs(2);
@@ -44,10 +47,10 @@ const HUNG_REQUEST: Duration = Duration::from_secs(30);
 
 /// Start the feed on a thread of its own, with a single-threaded runtime:
 /// the client (its connection tasks), the streams, the confirmations and the
-/// model all live there, so that a watch event wakes one thread and nothing
+/// store all live there, so that a watch event wakes one thread and nothing
 /// else (the daemon's loop is woken only when the view changes). A client
-/// that cannot be configured is a start-up error.
-pub async fn start(cfg: ClusterConfig) -> Result<watch::Receiver<ClusterView>> {
+/// that cannot be configured is a start-up error. The feed counts into `ops`.
+pub async fn start(cfg: ClusterConfig, ops: Arc<Ops>) -> Result<watch::Receiver<ClusterView>> {
     let (tx, rx) = watch::channel(ClusterView::default());
     let (ready_tx, ready_rx) = tokio::sync::oneshot::channel::<Result<()>>();
     std::thread::Builder::new()
@@ -68,7 +71,7 @@ pub async fn start(cfg: ClusterConfig) -> Result<watch::Receiver<ClusterView>> {
                 let ok = c.is_ok();
                 let _ = ready_tx.send(c.as_ref().map(drop).map_err(|e| anyhow::anyhow!("{e:#}")));
                 if let (true, Ok(client)) = (ok, c) {
-                    run(client, cfg.feed, tx).await;
+                    run(client, cfg.feed, tx, ops).await;
                 }
             });
         })
@@ -167,11 +170,11 @@ struct Task {
 }
 
 /// Run the feed for the life of the daemon, publishing into `tx`.
-pub async fn run(client: Client, cfg: FeedConfig, tx: watch::Sender<ClusterView>) {
+pub async fn run(client: Client, cfg: FeedConfig, tx: watch::Sender<ClusterView>, ops: Arc<Ops>) {
     let (msg_tx, mut msg_rx) = mpsc::channel::<StreamMsg>(4096);
     let (confirm_tx, mut confirm_rx) = mpsc::channel(64);
     let mut t = Task {
-        feed: Feed::new(cfg.clone(), Instant::now()),
+        feed: Feed::new(cfg.clone(), Instant::now(), ops),
         client,
         cfg,
         running: Vec::new(),
@@ -227,7 +230,7 @@ pub async fn run(client: Client, cfg: FeedConfig, tx: watch::Sender<ClusterView>
 impl Task {
     fn spawn(&self, i: usize, generation: u64) -> Running {
         let ctl = Arc::new(StreamCtl::default());
-        let stream = &self.feed.streams[i];
+        let stream = &self.feed.streams[i].kind;
         let task = driver::spawn(
             &self.client,
             &self.cfg,
@@ -251,7 +254,7 @@ impl Task {
         let now = Instant::now();
         let f = &self.feed;
         [
-            f.model.next_expiry(now),
+            f.store.next_expiry(now),
             f.failing_since(now).map(|t| t + f.threshold()),
         ]
         .into_iter()
@@ -321,10 +324,9 @@ impl Task {
     /// shows would have been answered long ago (a connection dead since an
     /// outage): rebuild it. A request merely in flight is left alone.
     fn unstick(&mut self, now: Instant) {
-        for (i, h) in self.feed.health.iter().enumerate() {
-            let failing = h
-                .failing_since
-                .is_some_and(|t| now.duration_since(t) >= REBUILD_AFTER);
+        for (i, s) in self.feed.streams.iter().enumerate() {
+            let failing =
+                (s.health.failing_since).is_some_and(|t| now.duration_since(t) >= REBUILD_AFTER);
             let r = &mut self.running[i];
             if !failing || now.duration_since(r.last_kick) < REBUILD_AFTER {
                 continue;
@@ -336,7 +338,7 @@ impl Task {
                     r.ctl.kick();
                 }
                 Some(busy) if busy >= HUNG_REQUEST => {
-                    self.feed.rebuild.entry(i).or_insert("api_back");
+                    self.feed.rebuild.entry(i).or_insert(Rebuild::ApiBack);
                 }
                 Some(_) => {}
             }
@@ -347,10 +349,10 @@ impl Task {
     fn rebuild(&mut self) {
         for (i, why) in self.feed.take_rebuilds() {
             let name = self.feed.name(i);
-            if why == "api_back" {
+            if why == Rebuild::ApiBack {
                 tracing::info!(stream = %name, "Kubernetes API answers again, this stream's request hangs; relisting");
             }
-            OPS.feed_rebuild(name, why);
+            self.feed.ops.feed_rebuild(name, why);
             self.running[i].task.abort();
             let generation = self.running[i].generation + 1;
             self.running[i] = self.spawn(i, generation);
@@ -380,9 +382,9 @@ impl Task {
         if view.synced && !self.announced_sync {
             self.announced_sync = true;
             tracing::info!(
-                services = f.model.services.len(),
-                leases = f.model.leases.len(),
-                l2statuses = f.model.l2.len(),
+                services = f.store.services.len(),
+                leases = f.store.leases.len(),
+                l2statuses = f.store.l2.len(),
                 "initial sync from the Kubernetes API done"
             );
         }

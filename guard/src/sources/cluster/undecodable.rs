@@ -1,13 +1,10 @@
 //! Objects the API serves that the guard cannot decode: each is counted
 //! (`arp_guard_feed_undecodable_objects_total`), logged once while it stays
 //! unreadable (at most [`LOG_MAX`] lines until every stream reads cleanly
-//! again), and shown per stream in the status. What the model does with
+//! again), and shown per stream in the status. What the store does with
 //! them is `apply`'s.
 
-use std::collections::BTreeSet;
-
-use super::{decode::Bad, feed::Feed, model::Key, stream::Stream};
-use crate::telemetry::ops::OPS;
+use super::{decode::Bad, feed::Feed, store::Key, stream::Stream};
 
 /// Distinct undecodable objects logged one by one; past it, one line says
 /// that more are not.
@@ -30,26 +27,26 @@ fn consequence(s: Option<&Stream>) -> &'static str {
 impl Feed {
     /// `stream` delivered an object it cannot decode.
     pub(super) fn undecodable(&mut self, stream: usize, key: Option<&Key>, b: &Bad) {
-        OPS.feed_undecodable(&self.names[stream]);
-        let new = match (key, self.bad.keys.get_mut(stream)) {
-            (Some(k), Some(keys)) => keys.insert(k.clone()),
+        self.ops.feed_undecodable(&self.streams[stream].name);
+        let new = match (key, self.streams.get_mut(stream)) {
+            (Some(k), Some(s)) => s.unreadable.insert(k.clone()),
             _ => true,
         };
         if !new {
             return;
         }
-        if self.bad.logged < LOG_MAX {
-            self.bad.logged += 1;
+        if self.bad_log.logged < LOG_MAX {
+            self.bad_log.logged += 1;
             let object = key.map_or_else(|| "(no readable name)".to_owned(), Key::to_string);
             tracing::warn!(
-                stream = %self.names[stream],
+                stream = %self.streams[stream].name,
                 object = %object,
                 resource_version = b.resource_version.as_deref().unwrap_or(""),
                 error = %b.error,
-                consequence = consequence(self.streams.get(stream)),
+                consequence = consequence(self.streams.get(stream).map(|s| &s.kind)),
                 "an object from the Kubernetes API cannot be decoded: skipped, the rest of the stream is read"
             );
-        } else if !std::mem::replace(&mut self.bad.muted, true) {
+        } else if !std::mem::replace(&mut self.bad_log.muted, true) {
             tracing::warn!(
                 logged = LOG_MAX,
                 "more objects from the Kubernetes API cannot be decoded; not logged one by one \
@@ -60,15 +57,15 @@ impl Feed {
 
     /// `stream` read the object `key` (or saw it deleted): no longer unreadable.
     pub(super) fn readable(&mut self, stream: usize, key: &Key) {
-        let Some(keys) = self.bad.keys.get_mut(stream) else {
+        let Some(s) = self.streams.get_mut(stream) else {
             return;
         };
-        if keys.is_empty() || !keys.remove(key) {
+        if s.unreadable.is_empty() || !s.unreadable.remove(key) {
             return;
         }
-        tracing::info!(stream = %self.names[stream], object = %key, "the object can be read again");
-        if self.bad.keys.iter().all(BTreeSet::is_empty) {
-            (self.bad.logged, self.bad.muted) = (0, false);
+        tracing::info!(stream = %self.streams[stream].name, object = %key, "the object can be read again");
+        if self.streams.iter().all(|s| s.unreadable.is_empty()) {
+            (self.bad_log.logged, self.bad_log.muted) = (0, false);
         }
     }
 }

@@ -12,7 +12,6 @@
 
 use std::{collections::BTreeMap, path::PathBuf, sync::Arc, time::Duration};
 
-use anyhow::{Context as _, Result};
 use kube::{
     api::{DeleteParams, GetParams, ListParams, PostParams},
     core::Request,
@@ -21,13 +20,16 @@ use kube::{
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
+mod request;
+
+pub use request::PresenceError;
+use request::{build, decode, timed, Result};
+
 use crate::{
     model::presence::{self, Entry, Record, Seen, Table},
-    telemetry::ops::OPS,
+    telemetry::ops::{ErrorCause, Ops},
 };
 
-/// Each request gives up after this long.
-const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 /// Deleting the Lease at exit waits at most this long.
 pub const LEAVE_TIMEOUT: Duration = Duration::from_secs(2);
 /// Leases and Nodes per list page: a page of hostile Leases (each at most
@@ -75,7 +77,7 @@ impl Handle {
 }
 
 /// Start presence on a thread of its own.
-pub fn start(cfg: PresenceConfig, hooks: Hooks) -> Result<Handle> {
+pub fn start(cfg: PresenceConfig, hooks: Hooks, ops: Arc<Ops>) -> Result<Handle, PresenceError> {
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel();
     let (done_tx, done) = std::sync::mpsc::channel();
     std::thread::Builder::new()
@@ -85,12 +87,12 @@ pub fn start(cfg: PresenceConfig, hooks: Hooks) -> Result<Handle> {
                 .enable_all()
                 .build();
             match rt {
-                Ok(rt) => rt.block_on(run(cfg, hooks, stop_rx)),
+                Ok(rt) => rt.block_on(run(cfg, hooks, stop_rx, ops)),
                 Err(e) => tracing::warn!(error = %e, "presence cannot start its runtime; guarding without it"),
             }
             let _ = done_tx.send(());
         })
-        .context("starting the presence thread")?;
+        .map_err(PresenceError::Thread)?;
     Ok(Handle {
         stop: Some(stop_tx),
         done,
@@ -108,9 +110,46 @@ struct Task {
     seen: Seen,
     /// Errors already logged (once per kind until it works again).
     logged: BTreeMap<&'static str, String>,
+    ops: Arc<Ops>,
 }
 
-async fn run(cfg: PresenceConfig, hooks: Hooks, mut stop: tokio::sync::oneshot::Receiver<()>) {
+/// The requests of a period, each logged and counted on its own.
+#[derive(Debug, Clone, Copy)]
+enum Call {
+    /// This guard's Lease.
+    Write,
+    /// Every presence Lease.
+    List,
+    /// The cluster's Nodes.
+    Nodes,
+}
+
+impl Call {
+    /// Its name in the logs and in `/cluster`'s errors.
+    fn as_str(self) -> &'static str {
+        match self {
+            Call::Write => "write",
+            Call::List => "list",
+            Call::Nodes => "nodes",
+        }
+    }
+
+    /// What a failure of it counts as.
+    fn cause(self) -> ErrorCause {
+        match self {
+            Call::Write => ErrorCause::PresenceWrite,
+            Call::List => ErrorCause::PresenceList,
+            Call::Nodes => ErrorCause::PresenceNodes,
+        }
+    }
+}
+
+async fn run(
+    cfg: PresenceConfig,
+    hooks: Hooks,
+    mut stop: tokio::sync::oneshot::Receiver<()>,
+    ops: Arc<Ops>,
+) {
     let client = match crate::sources::cluster::task::client(cfg.kubeconfig.as_deref()).await {
         Ok(c) => c,
         Err(e) => {
@@ -131,6 +170,7 @@ async fn run(cfg: PresenceConfig, hooks: Hooks, mut stop: tokio::sync::oneshot::
         cfg,
         rv: None,
         logged: BTreeMap::new(),
+        ops,
     };
     tracing::info!(namespace = %t.namespace, lease = %t.lease, period = ?t.cfg.period, "publishing this guard's presence");
     let mut tick = tokio::time::interval(t.cfg.period);
@@ -142,13 +182,13 @@ async fn run(cfg: PresenceConfig, hooks: Hooks, mut stop: tokio::sync::oneshot::
             _ = &mut stop => break,
         }
         let r = t.write((hooks.record)()).await;
-        t.outcome("write", r.map(|_| ()));
+        t.outcome(Call::Write, r.map(|_| ()));
         let r = t.read().await;
-        t.outcome("list", r);
+        t.outcome(Call::List, r);
         if round.is_multiple_of(NODES_EVERY) {
             let r = t.nodes().await;
             t.seen.nodes = Some(r.as_ref().map_err(|e| format!("{e:#}")).cloned());
-            t.outcome("nodes", r.map(drop));
+            t.outcome(Call::Nodes, r.map(drop));
         }
         round = round.wrapping_add(1);
         (hooks.publish)(t.seen.clone());
@@ -157,26 +197,6 @@ async fn run(cfg: PresenceConfig, hooks: Hooks, mut stop: tokio::sync::oneshot::
 }
 
 /// Bound a request in time.
-async fn timed<T>(f: impl std::future::Future<Output = kube::Result<T>>) -> Result<T> {
-    match tokio::time::timeout(REQUEST_TIMEOUT, f).await {
-        Ok(r) => r.map_err(anyhow::Error::from),
-        Err(_) => anyhow::bail!("no answer within {REQUEST_TIMEOUT:?}"),
-    }
-}
-
-fn build(
-    r: Result<http::Request<Vec<u8>>, kube::core::request::Error>,
-) -> Result<http::Request<Vec<u8>>> {
-    r.map_err(|e| anyhow::anyhow!("building a request: {e}"))
-}
-
-/// The HTTP status of a failed request, if the API answered one.
-fn code(e: &anyhow::Error) -> Option<u16> {
-    match e.downcast_ref::<kube::Error>() {
-        Some(kube::Error::Api(s)) => Some(s.code),
-        _ => None,
-    }
-}
 
 #[derive(Deserialize)]
 struct Meta {
@@ -250,7 +270,7 @@ impl Task {
 
     async fn send(&self, req: http::Request<Vec<u8>>) -> Result<Option<String>> {
         let text = timed(self.client.request_text(req)).await?;
-        let o: LeaseObj = serde_json::from_str(&text).context("the API's answer")?;
+        let o: LeaseObj = decode(&text, "the API's answer")?;
         Ok(o.metadata.resource_version)
     }
 
@@ -279,24 +299,24 @@ impl Task {
                     self.seen.published = true;
                     return Ok(());
                 }
-                Err(e) if matches!(code(&e), Some(409) | Some(404)) => {
-                    OPS.error("presence_conflict");
+                Err(e) if matches!(e.code(), Some(409) | Some(404)) => {
+                    self.ops.error(ErrorCause::PresenceConflict);
                     self.rv = self.current_rv().await?;
                 }
                 Err(e) => return Err(e),
             }
         }
-        anyhow::bail!("the Lease {} kept changing under this guard", self.lease)
+        Err(PresenceError::KeptChanging(self.lease.clone()))
     }
 
     /// Our Lease's resourceVersion as the API has it (None: there is none).
     async fn current_rv(&self) -> Result<Option<String>> {
         let req = build(Request::new(self.path()).get(&self.lease, &GetParams::default()))?;
         match timed(self.client.request_text(req)).await {
-            Ok(text) => Ok(serde_json::from_str::<LeaseObj>(&text)?
+            Ok(text) => Ok(decode::<LeaseObj>(&text, "the API's answer")?
                 .metadata
                 .resource_version),
-            Err(e) if code(&e) == Some(404) => Ok(None),
+            Err(e) if e.code() == Some(404) => Ok(None),
             Err(e) => Err(e),
         }
     }
@@ -322,7 +342,7 @@ impl Task {
             };
             let req = build(Request::new(self.path()).list(&lp))?;
             let text = timed(self.client.request_text(req)).await?;
-            let page: Page = serde_json::from_str(&text).context("a list of Leases")?;
+            let page: Page = decode(&text, "a list of Leases")?;
             for item in &page.items {
                 match entry(item.get()) {
                     Ok(e) => {
@@ -330,7 +350,7 @@ impl Task {
                     }
                     Err(why) => {
                         table.skipped += 1;
-                        OPS.error("presence_skipped");
+                        self.ops.error(ErrorCause::PresenceSkipped);
                         tracing::debug!(why = %why, "presence: a Lease skipped");
                     }
                 }
@@ -375,7 +395,7 @@ impl Task {
                 ),
             );
             let text = timed(self.client.request_text(req)).await?;
-            let page: NodePage = serde_json::from_str(&text).context("a list of Nodes")?;
+            let page: NodePage = decode(&text, "a list of Nodes")?;
             out.extend(page.items.into_iter().map(|n| n.metadata.name));
             cont = page.metadata.cont.filter(|c| !c.is_empty());
             if cont.is_none() || out.len() >= presence::MAX_RECORDS * 2 {
@@ -385,7 +405,8 @@ impl Task {
     }
 
     /// Log a failure once per kind (and its end), count it, keep it for `/cluster`.
-    fn outcome(&mut self, what: &'static str, r: Result<()>) {
+    fn outcome(&mut self, req: Call, r: Result<()>) {
+        let what = req.as_str();
         match r {
             Ok(()) => {
                 if self.logged.remove(what).is_some() {
@@ -395,11 +416,7 @@ impl Task {
             }
             Err(e) => {
                 let msg = format!("{e:#}");
-                OPS.error(match what {
-                    "write" => "presence_write",
-                    "list" => "presence_list",
-                    _ => "presence_nodes",
-                });
+                self.ops.error(req.cause());
                 if self.logged.insert(what, msg.clone()).is_none() {
                     tracing::warn!(what, error = %msg, "presence: request failed (guarding goes on; retried every period)");
                 }

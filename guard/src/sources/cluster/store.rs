@@ -1,8 +1,10 @@
-//! What the cluster says about LB IPs and their owners, in plain types.
+//! The feed's store: what the cluster says about LB IPs and their owners
+//! (the Services, Leases and ServiceL2Statuses the feed keeps), in plain
+//! types, and the ownership rules over them.
 //!
 //! The watchers convert Services, Leases and ServiceL2Status objects into
 //! these types (see `objects.rs`); everything that decides ownership is here,
-//! as pure functions of the model and the time, so that it is tested without
+//! as pure functions of the store and the time, so that it is tested without
 //! an API server.
 
 use std::{
@@ -14,7 +16,7 @@ use std::{
 
 pub use super::keys::{Key, Keys};
 
-use crate::model::cluster::OwnerClaim as Claim;
+use crate::model::cluster::OwnerClaim;
 
 /// Lease durations the guard believes: client-go's default when unset or
 /// not positive; at most an hour (a holder that claims more cannot make a
@@ -154,7 +156,7 @@ pub struct Index {
     pub(super) dirty_services: BTreeSet<Key>,
     pub(super) dirty_ips: BTreeSet<IpAddr>,
     /// Every LB IP's claim as of `evaluated`.
-    pub(super) claims: BTreeMap<IpAddr, Arc<Claim>>,
+    pub(super) claims: BTreeMap<IpAddr, Arc<OwnerClaim>>,
     pub(super) evaluated: Option<Instant>,
 }
 
@@ -162,7 +164,7 @@ pub struct Index {
 /// incrementally (`index.rs`): read the maps freely, change them only
 /// through the methods, which keep the indexes and mark what to re-derive.
 #[derive(Debug, Default, Clone)]
-pub struct Model {
+pub struct Store {
     pub services: BTreeMap<Key, ServiceInfo>,
     pub leases: BTreeMap<Key, LeaseInfo>,
     pub l2: BTreeMap<Key, L2Status>,
@@ -180,7 +182,7 @@ pub fn renew_digest(renew: &str) -> u64 {
     KEY.get_or_init(Default::default).hash_one(renew)
 }
 
-impl Model {
+impl Store {
     /// Record a Lease as seen now. Keeps the observation time when neither
     /// holder nor renewTime changed (a resync or an unrelated field update).
     /// Returns whether holder or renewTime changed (a renewal we had not
@@ -297,17 +299,17 @@ impl Model {
         info: &ServiceInfo,
         a: &Announcer,
         now: Instant,
-    ) -> Option<Claim> {
+    ) -> Option<OwnerClaim> {
         let lease_claim = |key: Key| {
             let lease = self.leases.get(&key)?;
             Some(match lease.state(now) {
-                LeaseState::Live(h) => Claim {
+                LeaseState::Live(h) => OwnerClaim {
                     owner: Some(h.clone()),
                     why: format!("Lease {key} held by {h}").into(),
                     certain: true,
                     service: None,
                 },
-                LeaseState::Unconfirmed(h) => Claim {
+                LeaseState::Unconfirmed(h) => OwnerClaim {
                     owner: Some(h.clone()),
                     why: format!(
                         "Lease {key} held by {h}, not renewed within its duration as far as \
@@ -317,7 +319,7 @@ impl Model {
                     certain: false,
                     service: None,
                 },
-                LeaseState::Expired => Claim {
+                LeaseState::Expired => OwnerClaim {
                     owner: None,
                     why: format!(
                         "Lease {key} expired (holder {} stopped renewing)",
@@ -327,13 +329,13 @@ impl Model {
                     certain: true,
                     service: None,
                 },
-                LeaseState::Vacant => Claim {
+                LeaseState::Vacant => OwnerClaim {
                     owner: None,
                     why: format!("Lease {key} has no holder").into(),
                     certain: true,
                     service: None,
                 },
-                LeaseState::Unreadable(h) => Claim {
+                LeaseState::Unreadable(h) => OwnerClaim {
                     owner: h.cloned(),
                     why: format!(
                         "Lease {key} cannot be decoded (holder as last read: {}); not trusted",
@@ -355,7 +357,7 @@ impl Model {
 
     /// MetalLB's claim on one Service: the node its ServiceL2Status objects
     /// (in `namespace`) name, if they agree.
-    fn metallb_claim(&self, svc: &Key, namespace: &str) -> Option<Claim> {
+    fn metallb_claim(&self, svc: &Key, namespace: &str) -> Option<OwnerClaim> {
         let statuses = (self.idx.l2_of_service.get(svc))
             .into_iter()
             .flatten()
@@ -369,7 +371,7 @@ impl Model {
         let n = *nodes.first()?;
         if nodes.len() > 1 {
             let all: Vec<&str> = nodes.iter().map(|n| &***n).collect();
-            return Some(Claim {
+            return Some(OwnerClaim {
                 owner: None,
                 why: format!(
                     "ServiceL2Status for {svc} names several nodes ({}): owner unknown",
@@ -385,7 +387,7 @@ impl Model {
         } else {
             format!("ServiceL2Status for {svc}: node {n} as last read; it cannot be decoded now, not trusted")
         };
-        Some(Claim {
+        Some(OwnerClaim {
             owner: Some(n.clone()),
             why: why.into(),
             certain: readable,
@@ -401,11 +403,11 @@ impl Model {
         info: &ServiceInfo,
         announcers: &[Announcer],
         now: Instant,
-    ) -> Claim {
+    ) -> OwnerClaim {
         let mut claim = announcers
             .iter()
             .find_map(|a| self.service_claim(svc, info, a, now))
-            .unwrap_or_else(|| Claim {
+            .unwrap_or_else(|| OwnerClaim {
                 owner: None,
                 why: format!("Service {svc}: no announcer record").into(),
                 certain: true,
@@ -427,14 +429,14 @@ impl Model {
 
     /// Fold the claim of one more Service carrying an IP into the IP's
     /// claim so far: Services whose owners disagree leave it no owner.
-    pub(super) fn merge(prev: Option<Claim>, claim: Claim) -> Claim {
+    pub(super) fn merge(prev: Option<OwnerClaim>, claim: OwnerClaim) -> OwnerClaim {
         match prev {
             None => claim,
             Some(mut prev) if prev.owner == claim.owner => {
                 prev.certain &= claim.certain;
                 prev
             }
-            Some(prev) => Claim {
+            Some(prev) => OwnerClaim {
                 owner: None,
                 why: format!(
                     "IP shared by Services whose owners disagree: {} / {}",
@@ -452,8 +454,8 @@ impl Model {
     /// Service the first announcer (in the order given) that has a record
     /// decides; an IP shared by Services whose owners disagree has no owner.
     #[cfg(test)]
-    pub fn ownership(&self, announcers: &[Announcer], now: Instant) -> BTreeMap<IpAddr, Claim> {
-        let mut out: BTreeMap<IpAddr, Claim> = BTreeMap::new();
+    pub fn ownership(&self, announcers: &[Announcer], now: Instant) -> BTreeMap<IpAddr, OwnerClaim> {
+        let mut out: BTreeMap<IpAddr, OwnerClaim> = BTreeMap::new();
         for (svc, info) in &self.services {
             let claim = self.decision(svc, info, announcers, now);
             // An IP listed twice (an ingress IP that is an external IP too)
@@ -466,7 +468,7 @@ impl Model {
         out
     }
 
-    /// Changes whenever [`Model::named_nodes`] does.
+    /// Changes whenever [`Store::named_nodes`] does.
     pub fn holders_version(&self) -> u64 {
         self.idx.holders_version
     }
@@ -486,7 +488,7 @@ mod tests {
         s.parse().unwrap()
     }
 
-    fn svc(m: &mut Model, ns: &str, name: &str, ips: &[&str]) {
+    fn svc(m: &mut Store, ns: &str, name: &str, ips: &[&str]) {
         m.set_service(
             Key::new(ns, name),
             Some(ServiceInfo {
@@ -505,7 +507,7 @@ mod tests {
         let cilium = [Announcer::Cilium {
             namespace: "kube-system".into(),
         }];
-        let mut m = Model::new(cilium.to_vec());
+        let mut m = Store::new(cilium.to_vec());
         svc(&mut m, "default", "web", &["198.51.100.10", "fd00::10"]);
         let key = Key::new("kube-system", "cilium-l2announce-default-web");
         m.upsert_lease(
@@ -577,7 +579,7 @@ mod tests {
     #[test]
     fn holderless_lease_means_no_owner() {
         let t0 = Instant::now();
-        let mut m = Model::default();
+        let mut m = Store::default();
         svc(&mut m, "default", "web", &["198.51.100.10"]);
         m.upsert_lease(
             Key::new("kube-system", "cilium-l2announce-default-web"),
@@ -599,7 +601,7 @@ mod tests {
     #[test]
     fn kube_vip_lease_names() {
         let t0 = Instant::now();
-        let mut m = Model::default();
+        let mut m = Store::default();
         svc(&mut m, "shop", "checkout", &["198.51.100.20"]);
         m.set_service(
             Key::new("shop", "cart"),
@@ -662,7 +664,7 @@ mod tests {
     #[test]
     fn metallb_l2status_and_conflicts() {
         let t0 = Instant::now();
-        let mut m = Model::default();
+        let mut m = Store::default();
         svc(&mut m, "default", "web", &["198.51.100.30"]);
         let mlb = [Announcer::MetalLb {
             namespace: "metallb-system".into(),
@@ -714,7 +716,7 @@ mod tests {
     #[test]
     fn shared_ip_with_disagreeing_owners_has_none() {
         let t0 = Instant::now();
-        let mut m = Model::default();
+        let mut m = Store::default();
         svc(&mut m, "a", "tcp", &["198.51.100.40"]);
         svc(&mut m, "a", "udp", &["198.51.100.40"]);
         let mlb = [Announcer::MetalLb {
@@ -762,7 +764,7 @@ mod tests {
                 namespace: "metallb-system".into(),
             },
         ];
-        let mut m = Model::new(both.to_vec());
+        let mut m = Store::new(both.to_vec());
         svc(&mut m, "default", "web", &["198.51.100.50"]);
         m.set_l2(
             Key::new("metallb-system", "l2-1"),

@@ -1,5 +1,5 @@
-//! The test-only surface (cargo feature `testing`), for the integration
-//! tests and benches in `tests/`; the daemon never uses it.
+//! What the integration tests and benches in `tests/` need of the daemon
+//! (cargo feature `testing`).
 
 /// The fixture programs (`guard-ebpf/src/fixtures.rs`): a VLAN-tag pusher
 /// and a Cilium-like ARP responder, in an object of their own.

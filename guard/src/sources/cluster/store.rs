@@ -454,7 +454,11 @@ impl Store {
     /// Service the first announcer (in the order given) that has a record
     /// decides; an IP shared by Services whose owners disagree has no owner.
     #[cfg(test)]
-    pub fn ownership(&self, announcers: &[Announcer], now: Instant) -> BTreeMap<IpAddr, OwnerClaim> {
+    pub fn ownership(
+        &self,
+        announcers: &[Announcer],
+        now: Instant,
+    ) -> BTreeMap<IpAddr, OwnerClaim> {
         let mut out: BTreeMap<IpAddr, OwnerClaim> = BTreeMap::new();
         for (svc, info) in &self.services {
             let claim = self.decision(svc, info, announcers, now);

@@ -435,9 +435,11 @@ fn a_flood_of_forged_macs_stays_bounded() {
         ));
     }
     // Once the flood is over (the totals stand still for a read): a walk
-    // made during it may miss entries evicted under it.
+    // made during it may miss entries evicted under it. (A deadline, not a
+    // bound: the 6.1 lane, emulated beside the host's tests, was still
+    // counting the flood after 15 s.)
     let mut last = Value::Null;
-    let doc = wait_for(Duration::from_secs(15), || {
+    let doc = wait_for(Duration::from_secs(120), || {
         std::thread::sleep(Duration::from_millis(300));
         let d = clients(&bed.node);
         let done = d["totals"] == last

@@ -303,7 +303,9 @@ fn counters_of_departed_ips_are_reclaimed_and_metrics_stay_bounded() {
         // Rows of the IPs that left go once the grace period has passed.
         let earlier: Vec<_> = pool[..reloads * 60 - 60].to_vec();
         assert!(
-            wait_until(Duration::from_secs(5), || rows_for(&earlier) == 0),
+            // A deadline for "once the grace period has passed", not a
+            // bound on it: a loaded, emulated machine takes longer.
+            wait_until(Duration::from_secs(60), || rows_for(&earlier) == 0),
             "rows of departed IPs are reclaimed ({} left)",
             rows_for(&earlier)
         );

@@ -38,10 +38,12 @@ fn ownership_file_reload_valid_and_invalid() {
         "now owned: the node answers"
     );
 
-    // An invalid update in place: rejected with file, line and field; the
-    // last good state (owned) stays in force.
-    std::fs::write(&bed.owners, "ips:\n  - ip: 198.51.100.101\n    owner: node-a\n  - ip: 198.51.100.300\n    owner: node-b\n").unwrap();
-    let line = guard.expect_log("ownership file rejected", Duration::from_secs(5));
+    // An invalid update: rejected with file, line and field; the last good
+    // state (owned) stays in force. Replaced whole, so that the daemon
+    // sees one bad content (written in place, the watcher may also read it
+    // half written: rightly rejected, but a second error).
+    replace(&bed.owners, "ips:\n  - ip: 198.51.100.101\n    owner: node-a\n  - ip: 198.51.100.300\n    owner: node-b\n");
+    let line = guard.expect_log("ownership file rejected", Duration::from_secs(30));
     assert!(
         line.contains("owners.yaml:4"),
         "names file and line: {line}"
@@ -59,12 +61,11 @@ fn ownership_file_reload_valid_and_invalid() {
     );
 
     // A truncated file (cut mid-write into invalid YAML) is rejected too.
-    std::fs::write(
+    replace(
         &bed.owners,
         "ips:\n  - ip: 198.51.100.101\n    owner: [node-a\n",
-    )
-    .unwrap();
-    assert!(wait_until(Duration::from_secs(5), || guard
+    );
+    assert!(wait_until(Duration::from_secs(30), || guard
         .count_log("ownership file rejected")
         == 2));
     assert_eq!(bed.resolve(&f), Some(bed.node_mac));
@@ -293,4 +294,11 @@ fn reading_the_ownership_file_does_not_wake_its_own_reload() {
         opens <= 1,
         "the file was opened {opens} times in 3 s at rest"
     );
+}
+
+/// Replace `path` with `content` whole (write beside it, rename over it).
+fn replace(path: &std::path::Path, content: &str) {
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, content).unwrap();
+    std::fs::rename(&tmp, path).unwrap();
 }

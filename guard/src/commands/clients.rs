@@ -5,24 +5,16 @@
 
 use anyhow::Result;
 
-use super::query::fetch;
+use super::query::{per_ip, show};
 use crate::{
-    cli::{LbIpArgs, Output},
+    cli::LbIpArgs,
     model::clients::{Cause, ClientState, IpClients},
     telemetry::clients::ClientsDoc,
 };
 
 pub async fn clients(args: &LbIpArgs) -> Result<()> {
-    let path = match args.ip {
-        Some(ip) => format!("/clients?ip={ip}"),
-        None => "/clients".into(),
-    };
-    let (v, raw): (ClientsDoc, String) = fetch(&args.client, &path).await?;
-    if args.client.output == Output::Json {
-        print!("{raw}");
-    } else {
-        print_clients(&v);
-    }
+    let path = per_ip("/clients", args.ip);
+    let v: ClientsDoc = show(&args.client, &path, print_clients).await?;
     let stale: usize = v.ips.values().map(|c| c.stale).sum();
     if stale > 0 {
         return Err(super::Found(format!("{stale} stale client(s)")).into());

@@ -3,9 +3,9 @@
 
 use anyhow::Result;
 
-use super::query::fetch;
+use super::query::show;
 use crate::{
-    cli::{ClientArgs, Output},
+    cli::ClientArgs,
     model::probing::ProbingVerdict,
     telemetry::probing::ProbesDoc,
 };
@@ -13,12 +13,7 @@ use crate::{
 /// Exit status 1 when an IP's verdict is a conflict, a silent owner or a
 /// wrong interface.
 pub async fn probes(args: &ClientArgs) -> Result<()> {
-    let (doc, raw): (ProbesDoc, String) = fetch(args, "/probes").await?;
-    if args.output == Output::Json {
-        print!("{raw}");
-    } else {
-        print_doc(&doc);
-    }
+    let doc: ProbesDoc = show(args, "/probes", print_doc).await?;
     let bad: usize = (doc.verdicts.iter())
         .filter(|(v, _)| v.bad())
         .map(|(_, n)| n)

@@ -18,10 +18,7 @@ pub async fn probes(args: &ClientArgs) -> Result<()> {
         .filter(|(v, _)| v.bad())
         .map(|(_, n)| n)
         .sum();
-    if bad > 0 {
-        return Err(super::Found(format!("{bad} LB IP(s) with a bad verdict")).into());
-    }
-    Ok(())
+    super::Found::if_any(bad, "LB IP(s) with a bad verdict")
 }
 
 fn print_doc(doc: &ProbesDoc) {

@@ -51,6 +51,15 @@ pub(super) async fn show<T: DeserializeOwned>(
     Ok(doc)
 }
 
+/// "table 3/4096 entries", and why the table could not be read if so.
+pub(super) fn table_fill(entries: usize, capacity: u32, error: Option<&str>) -> String {
+    let unreadable = error.map(|e| format!(", unreadable: {e}"));
+    format!(
+        "table {entries}/{capacity} entries{}",
+        unreadable.unwrap_or_default()
+    )
+}
+
 /// The path of a per-LB-IP document: every IP's, or only `ip`'s.
 pub(super) fn per_ip(path: &str, ip: Option<IpAddr>) -> String {
     match ip {
@@ -269,22 +278,14 @@ pub async fn responders(args: &LbIpArgs) -> Result<()> {
     let path = per_ip("/responders", args.ip);
     let v: CensusDoc = show(&args.client, &path, print_census).await?;
     let n = v.ips.values().filter(|c| c.conflict.is_some()).count();
-    if n > 0 {
-        return Err(super::Found(format!("{n} LB IP(s) in conflict")).into());
-    }
-    Ok(())
+    super::Found::if_any(n, "LB IP(s) in conflict")
 }
 
 fn print_census(v: &CensusDoc) {
     println!(
-        "responder census: window {} s, table {}/{} entries{}",
+        "responder census: window {} s, {}",
         v.window_seconds,
-        v.entries,
-        v.capacity,
-        v.error
-            .as_deref()
-            .map(|e| format!(", unreadable: {e}"))
-            .unwrap_or_default()
+        table_fill(v.entries, v.capacity, v.error.as_deref())
     );
     if v.ips.is_empty() {
         println!("no claim of an LB IP seen yet");

@@ -4,10 +4,7 @@
 use anyhow::Result;
 
 use super::query::show;
-use crate::{
-    api::cluster::ClusterDoc,
-    cli::ClientArgs,
-};
+use crate::{api::cluster::ClusterDoc, cli::ClientArgs};
 
 /// Exit status 1 when a node has no live guard (or its guard is degraded).
 pub async fn cluster(args: &ClientArgs) -> Result<()> {

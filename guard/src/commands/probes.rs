@@ -4,11 +4,7 @@
 use anyhow::Result;
 
 use super::query::show;
-use crate::{
-    cli::ClientArgs,
-    model::probing::ProbingVerdict,
-    telemetry::probing::ProbesDoc,
-};
+use crate::{cli::ClientArgs, model::probing::ProbingVerdict, telemetry::probing::ProbesDoc};
 
 /// Exit status 1 when an IP's verdict is a conflict, a silent owner or a
 /// wrong interface.

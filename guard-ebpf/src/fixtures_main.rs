@@ -5,6 +5,8 @@
 
 #[cfg(target_arch = "bpf")]
 mod fixtures;
+#[cfg(target_arch = "bpf")]
+mod object;
 
 #[cfg(not(target_arch = "bpf"))]
 fn main() {}

@@ -22,6 +22,8 @@ mod maps;
 #[cfg(target_arch = "bpf")]
 mod ndp;
 #[cfg(target_arch = "bpf")]
+mod object;
+#[cfg(target_arch = "bpf")]
 mod program;
 #[cfg(target_arch = "bpf")]
 mod report;

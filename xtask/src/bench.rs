@@ -356,22 +356,7 @@ fn baseline_daemon(rev: &str) -> Result<(PathBuf, String)> {
         return Ok((kept, commit));
     }
     let tree = cache.join("tree-daemon");
-    let remove = || {
-        let _ = Command::new("git")
-            .args(["worktree", "remove", "--force"])
-            .arg(&tree)
-            .current_dir(workspace_root())
-            .status();
-        let _ = std::fs::remove_dir_all(&tree);
-    };
-    remove();
-    crate::run(
-        Command::new("git")
-            .args(["worktree", "add", "--detach"])
-            .arg(&tree)
-            .arg(&commit)
-            .current_dir(workspace_root()),
-    )?;
+    add_worktree(&tree, &commit)?;
     let target = cache.join("target-daemon");
     let result = crate::run(
         cargo()
@@ -384,8 +369,32 @@ fn baseline_daemon(rev: &str) -> Result<(PathBuf, String)> {
             .context("copying the baseline daemon")
             .map(drop)
     });
-    remove();
+    remove_worktree(&tree);
     result.map(|()| (kept, commit))
+}
+
+/// A throwaway worktree of `rev` at `tree`, made afresh: whatever an
+/// earlier run left there is removed first.
+fn add_worktree(tree: &Path, rev: &str) -> Result<()> {
+    remove_worktree(tree);
+    crate::run(
+        Command::new("git")
+            .args(["worktree", "add", "--detach"])
+            .arg(tree)
+            .arg(rev)
+            .current_dir(workspace_root()),
+    )
+}
+
+/// Remove the throwaway worktree at `tree`, if there is one (best effort:
+/// a failed removal is tried again by the next run's [`add_worktree`]).
+fn remove_worktree(tree: &Path) {
+    let _ = Command::new("git")
+        .args(["worktree", "remove", "--force"])
+        .arg(tree)
+        .current_dir(workspace_root())
+        .status();
+    let _ = std::fs::remove_dir_all(tree);
 }
 
 /// The egress program of git revision `rev`, built from a throwaway worktree
@@ -393,19 +402,7 @@ fn baseline_daemon(rev: &str) -> Result<(PathBuf, String)> {
 fn baseline_object(rev: &str) -> Result<PathBuf> {
     let cache = target_dir().join("bench").join("baseline");
     let tree = cache.join("tree");
-    let _ = Command::new("git")
-        .args(["worktree", "remove", "--force"])
-        .arg(&tree)
-        .current_dir(workspace_root())
-        .status();
-    let _ = std::fs::remove_dir_all(&tree);
-    crate::run(
-        Command::new("git")
-            .args(["worktree", "add", "--detach"])
-            .arg(&tree)
-            .arg(rev)
-            .current_dir(workspace_root()),
-    )?;
+    add_worktree(&tree, rev)?;
     let result = (|| {
         // The channel the revision pins (guard-ebpf/rust-toolchain.toml).
         let pin = std::fs::read_to_string(tree.join("guard-ebpf/rust-toolchain.toml"))?;
@@ -454,11 +451,7 @@ fn baseline_object(rev: &str) -> Result<PathBuf> {
         std::fs::copy(&obj, &kept).with_context(|| format!("copying {}", obj.display()))?;
         Ok(kept)
     })();
-    let _ = Command::new("git")
-        .args(["worktree", "remove", "--force"])
-        .arg(&tree)
-        .current_dir(workspace_root())
-        .status();
+    remove_worktree(&tree);
     result
 }
 

@@ -5,41 +5,25 @@
 
 use anyhow::Result;
 
-use super::query::fetch;
+use super::query::{per_ip, show, table_fill};
 use crate::{
-    cli::{LbIpArgs, Output},
+    cli::LbIpArgs,
     model::clients::{Cause, ClientState, IpClients},
     telemetry::clients::ClientsDoc,
 };
 
 pub async fn clients(args: &LbIpArgs) -> Result<()> {
-    let path = match args.ip {
-        Some(ip) => format!("/clients?ip={ip}"),
-        None => "/clients".into(),
-    };
-    let (v, raw): (ClientsDoc, String) = fetch(&args.client, &path).await?;
-    if args.client.output == Output::Json {
-        print!("{raw}");
-    } else {
-        print_clients(&v);
-    }
+    let path = per_ip("/clients", args.ip);
+    let v: ClientsDoc = show(&args.client, &path, print_clients).await?;
     let stale: usize = v.ips.values().map(|c| c.stale).sum();
-    if stale > 0 {
-        return Err(super::Found(format!("{stale} stale client(s)")).into());
-    }
-    Ok(())
+    super::Found::if_any(stale, "stale client(s)")
 }
 
 fn print_clients(v: &ClientsDoc) {
     println!(
-        "misdirected clients: stale after {} s, table {}/{} entries{}",
+        "misdirected clients: stale after {} s, {}",
         v.stale_after_seconds,
-        v.entries,
-        v.capacity,
-        v.error
-            .as_deref()
-            .map(|e| format!(", unreadable: {e}"))
-            .unwrap_or_default()
+        table_fill(v.entries, v.capacity, v.error.as_deref())
     );
     let h = &v.failover;
     if h.count > 0 {

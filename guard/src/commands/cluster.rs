@@ -3,20 +3,12 @@
 
 use anyhow::Result;
 
-use super::query::fetch;
-use crate::{
-    api::cluster::ClusterDoc,
-    cli::{ClientArgs, Output},
-};
+use super::query::show;
+use crate::{api::cluster::ClusterDoc, cli::ClientArgs};
 
 /// Exit status 1 when a node has no live guard (or its guard is degraded).
 pub async fn cluster(args: &ClientArgs) -> Result<()> {
-    let (doc, raw): (ClusterDoc, String) = fetch(args, "/cluster").await?;
-    if args.output == Output::Json {
-        print!("{raw}");
-    } else {
-        print_doc(&doc);
-    }
+    let doc: ClusterDoc = show(args, "/cluster", print_doc).await?;
     let uncovered = doc.uncovered.as_ref().is_some_and(|u| !u.is_empty());
     let unwell = doc
         .guards

@@ -53,6 +53,15 @@ pub struct Found(pub String);
 impl Found {
     /// The exit code of a command that found a problem.
     pub const EXIT_CODE: u8 = 1;
+
+    /// `Ok` when `n` is 0, else the finding "`n` `what`": a command's count
+    /// of the problems its output showed.
+    pub fn if_any(n: usize, what: &str) -> Result<()> {
+        if n > 0 {
+            return Err(Found(format!("{n} {what}")).into());
+        }
+        Ok(())
+    }
 }
 
 /// The exit code of a command that could not finish (bad arguments, no

@@ -3,30 +3,18 @@
 
 use anyhow::Result;
 
-use super::query::fetch;
-use crate::{
-    cli::{ClientArgs, Output},
-    model::probing::ProbingVerdict,
-    telemetry::probing::ProbesDoc,
-};
+use super::query::show;
+use crate::{cli::ClientArgs, model::probing::ProbingVerdict, telemetry::probing::ProbesDoc};
 
 /// Exit status 1 when an IP's verdict is a conflict, a silent owner or a
 /// wrong interface.
 pub async fn probes(args: &ClientArgs) -> Result<()> {
-    let (doc, raw): (ProbesDoc, String) = fetch(args, "/probes").await?;
-    if args.output == Output::Json {
-        print!("{raw}");
-    } else {
-        print_doc(&doc);
-    }
+    let doc: ProbesDoc = show(args, "/probes", print_doc).await?;
     let bad: usize = (doc.verdicts.iter())
         .filter(|(v, _)| v.bad())
         .map(|(_, n)| n)
         .sum();
-    if bad > 0 {
-        return Err(super::Found(format!("{bad} LB IP(s) with a bad verdict")).into());
-    }
-    Ok(())
+    super::Found::if_any(bad, "LB IP(s) with a bad verdict")
 }
 
 fn print_doc(doc: &ProbesDoc) {

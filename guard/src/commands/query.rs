@@ -1,6 +1,8 @@
 //! `arp-guard status | explain | events`: clients of the running daemon's
 //! API, reading its documents with the same types it writes them with.
 
+use std::net::IpAddr;
+
 use anyhow::{bail, Context as _, Result};
 use guard_common::Verdict;
 use serde::de::DeserializeOwned;
@@ -31,6 +33,39 @@ pub(super) async fn fetch<T: DeserializeOwned>(
         format!("the daemon's answer to {path} is not what this arp-guard reads")
     })?;
     Ok((doc, body))
+}
+
+/// GET `path` and show it: the daemon's JSON as it came for `-o json`, else
+/// `print`'s text. The document is returned for the command's exit status.
+pub(super) async fn show<T: DeserializeOwned>(
+    args: &ClientArgs,
+    path: &str,
+    print: impl FnOnce(&T),
+) -> Result<T> {
+    let (doc, raw) = fetch(args, path).await?;
+    if args.output == Output::Json {
+        print!("{raw}");
+    } else {
+        print(&doc);
+    }
+    Ok(doc)
+}
+
+/// "table 3/4096 entries", and why the table could not be read if so.
+pub(super) fn table_fill(entries: usize, capacity: u32, error: Option<&str>) -> String {
+    let unreadable = error.map(|e| format!(", unreadable: {e}"));
+    format!(
+        "table {entries}/{capacity} entries{}",
+        unreadable.unwrap_or_default()
+    )
+}
+
+/// The path of a per-LB-IP document: every IP's, or only `ip`'s.
+pub(super) fn per_ip(path: &str, ip: Option<IpAddr>) -> String {
+    match ip {
+        Some(ip) => format!("{path}?ip={ip}"),
+        None => path.into(),
+    }
 }
 
 fn or_dash<T: ToString>(v: Option<T>) -> String {
@@ -240,33 +275,17 @@ pub async fn explain(args: &ExplainArgs) -> Result<()> {
 /// `arp-guard responders [IP]`: who claims each LB IP on the segment, as
 /// this node's census saw it. Exit 1 when an IP shown is in conflict.
 pub async fn responders(args: &LbIpArgs) -> Result<()> {
-    let path = match args.ip {
-        Some(ip) => format!("/responders?ip={ip}"),
-        None => "/responders".into(),
-    };
-    let (v, raw): (CensusDoc, String) = fetch(&args.client, &path).await?;
-    if args.client.output == Output::Json {
-        print!("{raw}");
-    } else {
-        print_census(&v);
-    }
+    let path = per_ip("/responders", args.ip);
+    let v: CensusDoc = show(&args.client, &path, print_census).await?;
     let n = v.ips.values().filter(|c| c.conflict.is_some()).count();
-    if n > 0 {
-        return Err(super::Found(format!("{n} LB IP(s) in conflict")).into());
-    }
-    Ok(())
+    super::Found::if_any(n, "LB IP(s) in conflict")
 }
 
 fn print_census(v: &CensusDoc) {
     println!(
-        "responder census: window {} s, table {}/{} entries{}",
+        "responder census: window {} s, {}",
         v.window_seconds,
-        v.entries,
-        v.capacity,
-        v.error
-            .as_deref()
-            .map(|e| format!(", unreadable: {e}"))
-            .unwrap_or_default()
+        table_fill(v.entries, v.capacity, v.error.as_deref())
     );
     if v.ips.is_empty() {
         println!("no claim of an LB IP seen yet");

@@ -49,9 +49,13 @@ fn lb_summary(lb: &[(String, Ipv4Addr)]) -> String {
     format!("{} LB IPs on {}", lb.len(), ifaces.join(" and "))
 }
 
-/// The value the kernel uses (the maximum of `all` and `uplink`) and its
-/// display, or the check saying it is unknown.
+/// The value the kernel uses for `key` on `uplink` (the maximum of `all`
+/// and `uplink`) and its display, or the check saying why it is not known
+/// (no such interface, or the setting unreadable).
 fn effective(f: &Gathered, uplink: &str, key: &'static str) -> Result<(i64, String), Box<Check>> {
+    if !f.has_interface(uplink) {
+        return Err(Box::new(missing(key, uplink)));
+    }
     let (eff, detail) = f.node.effective(uplink, key);
     match eff {
         Ok(v) => Ok((v, format!("{v} ({detail})"))),
@@ -102,15 +106,12 @@ fn leaky(f: &Gathered, uplink: &str, v: i64, ips: &[Ipv4Addr]) -> Vec<Ipv4Addr> 
 /// `arp_ignore` on an uplink.
 pub fn arp_ignore(f: &Gathered, plan: &Plan, uplink: &str) -> Check {
     const C: &str = "arp_ignore";
-    if !f.has_interface(uplink) {
-        return missing(C, uplink);
-    }
     let (v, value) = match effective(f, uplink, C) {
         Ok(v) => v,
         Err(c) => return *c,
     };
-    let lb = f.lb_addresses(plan);
     let meaning = arp_ignore_meaning(v);
+    let lb = f.lb_addresses(plan);
     if arp_ignore_protects(v) {
         let why = if lb.is_empty() {
             format!("the kernel {meaning} (strictARP-like)")
@@ -174,9 +175,6 @@ pub fn arp_ignore(f: &Gathered, plan: &Plan, uplink: &str) -> Check {
 /// `arp_announce` on an uplink.
 pub fn arp_announce(f: &Gathered, plan: &Plan, uplink: &str) -> Check {
     const C: &str = "arp_announce";
-    if !f.has_interface(uplink) {
-        return missing(C, uplink);
-    }
     let (v, value) = match effective(f, uplink, C) {
         Ok(v) => v,
         Err(c) => return *c,

@@ -8,8 +8,6 @@ use std::time::{Duration, Instant};
 use super::{
     decode::{self, Lease, Service, WatchLine},
     feed::Feed,
-    objects::ServiceFilter,
-    store::Announcer,
     stream::{Event, Msg, Update},
     FeedConfig,
 };
@@ -65,15 +63,7 @@ fn holder(i: usize) -> &'static str {
 /// A feed that has listed `n` Services and their Leases, with its view published.
 fn listed(n: usize, now: Instant) -> Feed {
     let mut f = Feed::new(
-        FeedConfig {
-            announcers: vec![Announcer::Cilium {
-                namespace: "kube-system".into(),
-            }],
-            filter: ServiceFilter::default(),
-            selector: None,
-            stale_after: None,
-            watch_timeout: Duration::from_secs(55),
-        },
+        FeedConfig::cilium(Duration::from_secs(55)),
         now,
         Default::default(),
     );

@@ -424,8 +424,6 @@ impl Feed {
 mod tests {
     use super::super::{
         decode::{Lease, Obj, Seconds, Service},
-        objects::ServiceFilter,
-        store::Announcer,
         stream::{Event, Update, IDLE_MARGIN},
     };
     use super::*;
@@ -449,19 +447,7 @@ mod tests {
     }
 
     fn feed(t0: Instant) -> Feed {
-        Feed::new(
-            FeedConfig {
-                announcers: vec![Announcer::Cilium {
-                    namespace: "kube-system".into(),
-                }],
-                filter: ServiceFilter::default(),
-                selector: None,
-                stale_after: None,
-                watch_timeout: WATCH_TIMEOUT,
-            },
-            t0,
-            Default::default(),
-        )
+        Feed::new(FeedConfig::cilium(WATCH_TIMEOUT), t0, Default::default())
     }
 
     /// A relist of the Services stream with `services`.

@@ -49,6 +49,24 @@ pub struct FeedConfig {
     pub watch_timeout: Duration,
 }
 
+impl FeedConfig {
+    /// Cilium's Leases in kube-system for every LoadBalancer Service, the
+    /// staleness threshold taken from the Leases: the feed the unit tests
+    /// and the cost bench drive.
+    #[cfg(any(test, feature = "testing"))]
+    pub fn cilium(watch_timeout: Duration) -> Self {
+        FeedConfig {
+            announcers: vec![Announcer::Cilium {
+                namespace: "kube-system".into(),
+            }],
+            filter: ServiceFilter::default(),
+            selector: None,
+            stale_after: None,
+            watch_timeout,
+        }
+    }
+}
+
 /// Reading the API: where its configuration comes from, and the feed.
 #[derive(Debug, Clone)]
 pub struct ClusterConfig {

@@ -6,7 +6,7 @@
 use std::net::Ipv4Addr;
 
 use super::{
-    facts::{list, Coverage, Gathered, Plan},
+    gathered::{list, Coverage, Gathered, Plan},
     report::{Check, CheckStatus},
 };
 

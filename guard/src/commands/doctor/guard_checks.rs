@@ -5,7 +5,7 @@
 use std::path::Path;
 
 use super::{
-    facts::{list, Gathered, Plan},
+    gathered::{list, Gathered, Plan},
     guard_view::{Attached, GuardView},
     node::kernel_version,
     report::{Check, CheckStatus},

@@ -22,7 +22,7 @@ use std::net::Ipv6Addr;
 use guard_common::Ownership;
 
 use super::{
-    facts::{list, Coverage, Gathered, Plan},
+    gathered::{list, Coverage, Gathered, Plan},
     ipv6_view::{Addr6, Dad, Proxy6},
     node::Reading,
     report::{Check, CheckStatus},

@@ -8,7 +8,7 @@
 //! unit-tested on fixture trees.
 
 mod arp;
-mod facts;
+mod gathered;
 mod guard_checks;
 mod guard_view;
 mod ipv6;
@@ -28,7 +28,7 @@ use anyhow::Result;
 pub use report::{Check, CheckStatus, Report};
 
 use self::{
-    facts::{default_uplinks, Gathered, Plan},
+    gathered::{default_uplinks, Gathered, Plan},
     guard_view::GuardView,
     ipv6_view::Ipv6View,
     kube_proxy::KubeProxy,

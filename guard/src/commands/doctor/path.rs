@@ -8,7 +8,7 @@
 use std::{collections::BTreeMap, net::Ipv4Addr};
 
 use super::{
-    facts::{list, Gathered, Plan},
+    gathered::{list, Gathered, Plan},
     node::Route,
     report::{Check, CheckStatus},
 };

@@ -12,7 +12,7 @@ use std::path::PathBuf;
 use serde_json::json;
 
 use super::{
-    facts::{default_uplinks, Gathered, Plan},
+    gathered::{default_uplinks, Gathered, Plan},
     guard_view::{Chain, GuardView},
     ipv6_view::Ipv6View,
     kube_proxy::KubeProxy,

@@ -76,14 +76,19 @@ pub fn run(exes: Vec<&Exe>, plan: &Plan) -> Vec<Outcome> {
                     let next = lock(&queue).pop_front();
                     let Some(exe) = next else { break };
                     let (outcome, text) = run_one(exe, plan);
-                    // One lock for printing and keeping: blocks never interleave.
-                    let mut ended = lock(&ended);
-                    println!("     Running {} ({})", exe.shown, exe.path.display());
-                    print!("{text}");
+                    // One block, one write: the VM lane's lines print from
+                    // another thread and must not land inside it.
+                    let mut block = format!(
+                        "     Running {} ({})\n{text}",
+                        exe.shown,
+                        exe.path.display()
+                    );
                     if !outcome.ok {
-                        println!("xtask: {} FAILED after {:.1?}", exe.shown, outcome.took);
+                        block +=
+                            &format!("xtask: {} FAILED after {:.1?}\n", exe.shown, outcome.took);
                     }
-                    ended.push(outcome);
+                    print!("{block}");
+                    lock(&ended).push(outcome);
                 }
             });
         }

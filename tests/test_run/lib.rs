@@ -70,10 +70,22 @@ pub fn view(with_primary: bool) -> View {
     view
 }
 
+/// The capacity the fixture's maps are sized for. It holds nine LB IPs;
+/// at the daemon's default (65,536) COUNTERS has 524,288 buckets, and every
+/// read of the counters, which the table tests take before and after each
+/// frame, walks them all: that walk was most of `prog_test_run`'s time,
+/// minutes under emulation. Full maps are `map_health.rs`'s subject.
+pub const MAX_LB_IPS: u32 = 64;
+
 /// The real program, loaded, its maps holding [`view`].
 pub fn datapath(with_primary: bool) -> Datapath {
-    let mut dp = guard::testing::load(Mode::Enforce, LeakAction::Rewrite)
-        .expect("load the BPF program (root?)");
+    let mut dp = Datapath::load(&guard::testing::DatapathConfig {
+        mode: Mode::Enforce,
+        leak_action: LeakAction::Rewrite,
+        max_lb_ips: MAX_LB_IPS,
+        ..guard::testing::DatapathConfig::default()
+    })
+    .expect("load the BPF program (root?)");
     let r = dp.apply(&view(with_primary), false);
     assert!(r.failed.is_empty(), "{:?}", r.failed);
     // Short gate thresholds, so that the tests can fake a stale or dead

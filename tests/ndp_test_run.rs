@@ -11,7 +11,7 @@ use guard_common::{
     key_of_ip, ndp_build::NdSpec, Kind, Liveness, Mode, Origin, Ownership, Verdict,
 };
 
-use test_run::{counter_delta, datapath, date_heartbeat, lb_ips6, DROP, PASS};
+use test_run::{counted_run, counter_delta, datapath, date_heartbeat, lb_ips6, DROP, PASS};
 use testbed::nd_bytes;
 
 const MAC: [u8; 6] = [2, 0, 0x5e, 0, 0x53, 9];
@@ -69,9 +69,7 @@ fn advertisements_and_solicitations_follow_the_table() {
                             }
                             date_heartbeat(&mut dp, live);
                             let frame = nd_bytes(&NdSpec { tags: t, ..spec });
-                            let before = Snapshot::of_datapath(&dp).unwrap();
-                            let (ret, out) = dp.test_run_from(&frame, ingress).unwrap();
-                            let after = Snapshot::of_datapath(&dp).unwrap();
+                            let (ret, out, delta) = counted_run(&mut dp, &frame, ingress);
                             let (want, label) = expected(state, mode, live);
                             let ctx = format!(
                                 "{ip} {state:?} {kind:?} {origin:?} tags={t:?} {mode:?} {live:?}"
@@ -86,7 +84,6 @@ fn advertisements_and_solicitations_follow_the_table() {
                                 label as u8,
                                 want as u8,
                             );
-                            let delta = counter_delta(&before, &after);
                             assert_eq!(delta, BTreeMap::from([(key, 1)]), "counters: {ctx}");
                             runs += 1;
                         }

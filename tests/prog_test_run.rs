@@ -15,7 +15,7 @@ use guard_common::{
 };
 use testbed::ArpSpec;
 
-use test_run::{counter_delta, datapath, lb_ips, DROP, PASS, PRIMARY};
+use test_run::{counted_run, counter_delta, datapath, lb_ips, DROP, PASS, PRIMARY};
 
 const MAC: [u8; 6] = [2, 0, 0x5e, 0, 0x53, 9];
 const PEER: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 1);
@@ -88,10 +88,8 @@ fn program_agrees_with_reference_on_the_whole_table() {
                                 leak_action,
                                 liveness: live,
                             });
-                            let before = Snapshot::of_datapath(&dp).unwrap();
                             beat(&mut dp);
-                            let (ret, out) = dp.test_run_from(&frame, ingress).unwrap();
-                            let after = Snapshot::of_datapath(&dp).unwrap();
+                            let (ret, out, delta) = counted_run(&mut dp, &frame, ingress);
                             let ctx = format!("{ip} {state:?} on_egress={on_egress} {kind:?} {origin:?} ingress={ingress} op={} tags={tags:?} {mode:?} {leak_action:?} primary={with_primary} {live:?}", spec.op);
                             assert_eq!(
                                 ret,
@@ -104,7 +102,6 @@ fn program_agrees_with_reference_on_the_whole_table() {
                                 expected[spa..spa + 4].copy_from_slice(&PRIMARY.octets());
                             }
                             assert_eq!(out, expected, "frame after the program: {ctx}");
-                            let delta = counter_delta(&before, &after);
                             let judged = effective_state(state, live);
                             let key = (
                                 guard_common::v4_key(u32::from(ip)),

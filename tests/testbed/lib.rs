@@ -19,6 +19,7 @@ pub mod frames;
 pub mod http;
 pub mod kernel;
 pub mod lab;
+mod neigh;
 pub mod netns;
 pub mod packet;
 pub mod segment;

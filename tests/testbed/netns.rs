@@ -95,21 +95,21 @@ impl Netns {
         parse_mac(mac)
     }
 
-    /// The neighbour entry for `ip` on `iface`: (lladdr, state), if any.
+    /// The neighbour entry for `ip` on `iface`: (lladdr, state), if any, as
+    /// `ip neigh show to <ip> dev <iface>` shows it (read over rtnetlink in
+    /// this process: the tests poll it).
     pub fn neigh(&self, iface: &str, ip: &str) -> Result<Option<(Option<[u8; 6]>, String)>> {
-        let out = self.ip(&["neigh", "show", "to", ip, "dev", iface])?;
-        let Some(line) = out.lines().next() else {
-            return Ok(None);
-        };
-        let words: Vec<&str> = line.split_whitespace().collect();
-        let mac = words
-            .iter()
-            .position(|w| *w == "lladdr")
-            .and_then(|i| words.get(i + 1))
-            .map(|m| parse_mac(m))
-            .transpose()?;
-        let state = words.last().map(|s| s.to_string()).unwrap_or_default();
-        Ok(Some((mac, state)))
+        let addr: std::net::IpAddr = ip.parse().with_context(|| format!("address {ip}"))?;
+        let name = std::ffi::CString::new(iface)?;
+        let iface = iface.to_owned();
+        self.enter(move || {
+            // SAFETY: name is a valid NUL-terminated string.
+            let index = unsafe { libc::if_nametoindex(name.as_ptr()) };
+            if index == 0 {
+                bail!("no device {iface}: {}", std::io::Error::last_os_error());
+            }
+            crate::neigh::entry(index, addr)
+        })
     }
 
     /// The MAC `ip` is cached at, if the entry is usable (not INCOMPLETE/FAILED).

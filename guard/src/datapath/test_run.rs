@@ -53,6 +53,23 @@ impl Datapath {
         ])
     }
 
+    /// Empty COUNTERS, so that what one run counts is all it holds (the
+    /// tests that judge a frame at a time read it before and after).
+    pub fn clear_counters(&mut self) -> Result<()> {
+        use aya::maps::{MapData, PerCpuHashMap};
+        use guard_common::{CounterKey, CounterValue, MAP_COUNTERS};
+        let map = (self.ebpf)
+            .map_mut(MAP_COUNTERS)
+            .ok_or_else(|| DatapathError::NoMap(MAP_COUNTERS.into()))?;
+        let mut counters: PerCpuHashMap<&mut MapData, CounterKey, CounterValue> =
+            PerCpuHashMap::try_from(map)?;
+        let keys = counters.keys().collect::<Result<Vec<_>, _>>()?;
+        for key in keys {
+            counters.remove(&key)?;
+        }
+        Ok(())
+    }
+
     fn program(&self) -> Result<&SchedClassifier> {
         let p = self
             .ebpf

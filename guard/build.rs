@@ -19,6 +19,12 @@ use aya_build::{Package, Toolchain};
 const INNER: &str = "ARP_GUARD_BUILD_INNER";
 /// Print the nested build's output also when it succeeds.
 const VERBOSE: &str = "ARP_GUARD_BUILD_VERBOSE";
+/// A directory for the nested build to keep its target directory in,
+/// shared by every build of guard that names it (`cargo xtask` names one:
+/// its release and dev builds then build the BPF object, always `--release`
+/// for bpfel, once; each build compiled `core` for bpfel again, half a
+/// minute before guard itself could start to compile). Unset: OUT_DIR.
+const SHARED: &str = "ARP_GUARD_BPF_BUILD_DIR";
 
 fn main() -> ExitCode {
     if std::env::var_os(INNER).is_some() {
@@ -35,6 +41,7 @@ fn main() -> ExitCode {
         };
     }
     println!("cargo:rerun-if-env-changed={VERBOSE}");
+    println!("cargo:rerun-if-env-changed={SHARED}");
     let verbose = std::env::var(VERBOSE).is_ok_and(|v| v == "1" || v == "true");
     match relay(verbose) {
         Ok(()) => ExitCode::SUCCESS,
@@ -113,5 +120,27 @@ fn build_ebpf() -> anyhow::Result<()> {
         .and_then(|rest| rest.trim().strip_prefix('='))
         .map(|v| v.trim().trim_matches('"').to_owned())
         .ok_or_else(|| anyhow!("no channel in {}", toolchain_file.display()))?;
-    aya_build::build_ebpf([ebpf_package], Toolchain::Custom(&channel))
+    let Some(shared) = std::env::var_os(SHARED).map(std::path::PathBuf::from) else {
+        return aya_build::build_ebpf([ebpf_package], Toolchain::Custom(&channel));
+    };
+    // aya-build puts its target directory and the objects under OUT_DIR:
+    // point it at the shared directory, then copy the objects into ours.
+    // The lock keeps a second build from rewriting an object while this
+    // one copies it.
+    let out = std::env::var_os("OUT_DIR").ok_or_else(|| anyhow!("OUT_DIR not set"))?;
+    std::fs::create_dir_all(&shared).with_context(|| format!("creating {}", shared.display()))?;
+    let lock = std::fs::File::create(shared.join(".lock"))?;
+    lock.lock().context("locking the shared BPF build")?;
+    // Single-threaded here (set_var is sound); aya-build reads OUT_DIR.
+    std::env::set_var("OUT_DIR", &shared);
+    aya_build::build_ebpf([ebpf_package], Toolchain::Custom(&channel))?;
+    for entry in std::fs::read_dir(&shared)? {
+        let path = entry?.path();
+        if path.is_file() && path.file_name() != Some(".lock".as_ref()) {
+            let to = std::path::Path::new(&out).join(path.file_name().unwrap_or_default());
+            std::fs::copy(&path, &to)
+                .with_context(|| format!("copying {} to {}", path.display(), to.display()))?;
+        }
+    }
+    Ok(())
 }

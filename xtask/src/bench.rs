@@ -252,6 +252,7 @@ fn run_bench(
             .env("BENCH_BASELINE_NAME", rev);
     }
     c.stdout(Stdio::piped());
+    let started = std::time::Instant::now();
     let mut child = c
         .spawn()
         .with_context(|| format!("starting bench {name}"))?;
@@ -264,6 +265,11 @@ fn run_bench(
         out.push('\n');
     }
     let status = child.wait()?;
+    // Where a run of the benches spends its time (CI's short run too).
+    eprintln!(
+        "xtask bench: {name} took {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
     if !status.success() {
         bail!("bench {name} failed: {status}");
     }

@@ -30,10 +30,13 @@ pub fn target_dir() -> PathBuf {
         .unwrap_or_else(|| workspace_root().join("target"))
 }
 
-/// The cargo that runs xtask, in the workspace root.
+/// The cargo that runs xtask, in the workspace root. Every build of guard
+/// it starts shares one directory for the BPF object's nested build
+/// (guard/build.rs): the release and the dev build compile it once.
 pub fn cargo() -> Command {
     let mut c = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
-    c.current_dir(workspace_root());
+    c.current_dir(workspace_root())
+        .env("ARP_GUARD_BPF_BUILD_DIR", target_dir().join("bpf"));
     c
 }
 

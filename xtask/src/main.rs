@@ -50,9 +50,9 @@ enum Task {
 }
 
 /// `cargo xtask test`: every check CI runs, each a timed phase. The suite
-/// is built once ([`Built`]); then the VM lane boots beside the host's
-/// checks (clippy, the tests in `slots` slots, the benches' short run), so
-/// that the 2-core machine waits on neither alone.
+/// is built once, and linted as it builds ([`Built`]); then the VM lane
+/// boots beside the host's checks (the tests in `slots` slots, the benches'
+/// short run), so that the 2-core machine waits on neither alone.
 fn test_all(p: &mut Phases, args: &[String], slots: usize) -> Result<()> {
     p.phase("setup", |_| xtask::setup::setup())?;
     p.phase("fmt --check", |_| {
@@ -66,7 +66,7 @@ fn test_all(p: &mut Phases, args: &[String], slots: usize) -> Result<()> {
             .arg(workspace_root().join("scripts/shape.py"))
             .current_dir(workspace_root()))
     })?;
-    let built = p.phase("build (image, tests)", |_| Built::build())?;
+    let built = p.phase("build (image; tests + clippy)", |_| Built::build())?;
     let lane_args = VmArgs::lane("6.1");
     let lane_tests = suite::pick(&built.exes, suite::Kind::Test, xtask::vm::DEFAULT_TESTS)?;
     let mut failed = Vec::new();
@@ -81,7 +81,6 @@ fn test_all(p: &mut Phases, args: &[String], slots: usize) -> Result<()> {
                 failed.push(name.to_owned());
             }
         };
-        check("clippy", p.phase("clippy", |_| clippy()));
         let host = p.phase("tests (host)", |p| built.host_tests(p, args, slots));
         check("tests (host)", host);
         // Every bench in its short form, so that none can rot; the
@@ -98,19 +97,6 @@ fn test_all(p: &mut Phases, args: &[String], slots: usize) -> Result<()> {
         bail!("failed: {}", failed.join(", "));
     }
     Ok(())
-}
-
-fn clippy() -> Result<()> {
-    let mut clippy = cargo();
-    clippy.args([
-        "clippy",
-        "--workspace",
-        "--all-targets",
-        "--",
-        "-D",
-        "warnings",
-    ]);
-    run(&mut clippy)
 }
 
 /// What the suite runs, built once: the image, its static release daemon
@@ -132,13 +118,16 @@ impl Built {
             file_caps: false,
         })?;
         let daemon = target_dir().join(xtask::image::built_binary(&Arch::Amd64.triple()));
+        // Built and linted in one compile (clippy with -D warnings).
         let mut tests = cargo();
         tests.args(["test", "--workspace", "--all-targets", "--no-run"]);
+        suite::lint_while_building(&mut tests)?;
         let exes = suite::build(tests)?;
         // Doc tests build apart (there are none today): run so that one
         // added is not skipped.
         let mut doc = cargo();
         doc.args(["test", "--workspace", "--doc"]);
+        suite::lint_while_building(&mut doc)?;
         run(&mut doc)?;
         Ok(Built {
             exes,

@@ -37,6 +37,34 @@ pub struct Exe {
     pub dir: PathBuf,
 }
 
+/// Make `cmd` (a cargo build of the dev profile) also what `cargo clippy
+/// -- -D warnings` is: the workspace's crates are compiled by clippy-driver
+/// (cargo's `RUSTC_WORKSPACE_WRAPPER`, which is how `cargo clippy` runs it,
+/// over `cargo check`), so that one compile lints them and builds them. A
+/// separate `cargo clippy` type-checked the whole workspace and its
+/// dependencies a second time (three minutes of a fresh CI). Every cargo
+/// call that shares these artefacts must be given the same (cargo rebuilds
+/// a crate whose wrapper changed). The dependencies are built by rustc as
+/// before; clippy-driver builds the workspace's own test executables
+/// unoptimised anyway (it turns MIR optimisations off).
+pub fn lint_while_building(cmd: &mut Command) -> Result<()> {
+    let cargo = std::env::var_os("CARGO").map(PathBuf::from);
+    let driver = cargo
+        .as_deref()
+        .map(|c| c.with_file_name("clippy-driver"))
+        .filter(|d| d.exists())
+        .context(
+            "clippy-driver is not next to the cargo that runs xtask: rustup component add clippy",
+        )?;
+    // clippy-driver reads the lint arguments from CLIPPY_ARGS, each ended by
+    // this separator (what `cargo clippy -- -D warnings` sets).
+    cmd.env("RUSTC_WORKSPACE_WRAPPER", driver).env(
+        "CLIPPY_ARGS",
+        "-D__CLIPPY_HACKERY__warnings__CLIPPY_HACKERY__",
+    );
+    Ok(())
+}
+
 /// Run `cmd` (a `cargo test ... --no-run`) with JSON messages and return
 /// the test executables it built, in cargo's order. Diagnostics still
 /// reach the terminal (`json-render-diagnostics`).

@@ -90,18 +90,23 @@ fn program_agrees_with_reference_on_the_whole_table() {
                             });
                             beat(&mut dp);
                             let (ret, out, delta) = counted_run(&mut dp, &frame, ingress);
-                            let ctx = format!("{ip} {state:?} on_egress={on_egress} {kind:?} {origin:?} ingress={ingress} op={} tags={tags:?} {mode:?} {leak_action:?} primary={with_primary} {live:?}", spec.op);
+                            // Written out only when an assertion fails (thousands of
+                            // frames: formatting each cost seconds under emulation).
+                            let ctx = || {
+                                format!("{ip} {state:?} on_egress={on_egress} {kind:?} {origin:?} ingress={ingress} op={} tags={tags:?} {mode:?} {leak_action:?} primary={with_primary} {live:?}", spec.op)
+                            };
                             assert_eq!(
                                 ret,
                                 if want == Verdict::Dropped { DROP } else { PASS },
-                                "return code: {ctx}"
+                                "return code: {}",
+                                ctx()
                             );
                             let mut expected = frame.clone();
                             if want == Verdict::Rewritten {
                                 let spa = 14 + 4 * tags.len() + 14;
                                 expected[spa..spa + 4].copy_from_slice(&PRIMARY.octets());
                             }
-                            assert_eq!(out, expected, "frame after the program: {ctx}");
+                            assert_eq!(out, expected, "frame after the program: {}", ctx());
                             let judged = effective_state(state, live);
                             let key = (
                                 guard_common::v4_key(u32::from(ip)),
@@ -110,7 +115,7 @@ fn program_agrees_with_reference_on_the_whole_table() {
                                 judged as u8,
                                 want as u8,
                             );
-                            assert_eq!(delta, BTreeMap::from([(key, 1)]), "counters: {ctx}");
+                            assert_eq!(delta, BTreeMap::from([(key, 1)]), "counters: {}", ctx());
                         }
                     }
                 }

@@ -183,6 +183,19 @@ impl Datapath {
     }
 }
 
+/// At most `capacity` of `seen` (sorted by IP and MAC), the newest: a walk
+/// that the kernel restarted (its key evicted under a flood of claims)
+/// also returns entries evicted while it ran, more than the table can
+/// hold; the LRU table keeps the newest, so those are what it holds.
+fn newest_that_fit(mut seen: Vec<CensusEntry>, capacity: usize) -> Vec<CensusEntry> {
+    if seen.len() > capacity {
+        seen.sort_by_key(|c| std::cmp::Reverse(c.last_ns));
+        seen.truncate(capacity);
+        seen.sort_by_key(|c| (c.ip, c.mac));
+    }
+    seen
+}
+
 /// The census table and its totals, read from userspace.
 pub struct CensusReader {
     responders: Map,
@@ -212,7 +225,7 @@ impl CensusReader {
         }
         out.sort_by_key(|c| (c.ip, c.mac));
         out.dedup_by_key(|c| (c.ip, c.mac));
-        Ok(out)
+        Ok(newest_that_fit(out, MAX_RESPONDERS as usize))
     }
 
     /// The census totals, summed over CPUs.
@@ -222,5 +235,34 @@ impl CensusReader {
             .iter()
             .map(|s| Ok((s.as_str(), map.get(&(*s as u32), 0)?.iter().sum())))
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(last: u8, last_ns: u64) -> CensusEntry {
+        CensusEntry {
+            ip: std::net::Ipv4Addr::new(198, 51, 100, 7).into(),
+            mac: [2, 0, 0, 0, 0, last],
+            first_ns: 0,
+            last_ns,
+            count: 1,
+            ifindex: 2,
+            kinds: 1,
+        }
+    }
+
+    #[test]
+    fn a_walk_that_saw_more_than_the_table_holds_keeps_the_newest() {
+        let seen: Vec<_> = (0..6)
+            .map(|i| entry(i, [5, 1, 4, 2, 6, 3][i as usize]))
+            .collect();
+        let kept = newest_that_fit(seen.clone(), 3);
+        let macs: Vec<u8> = kept.iter().map(|c| c.mac[5]).collect();
+        // last_ns 5, 4 and 6: MACs ...:00, ...:02, ...:04, in (IP, MAC) order.
+        assert_eq!(macs, [0, 2, 4]);
+        assert_eq!(newest_that_fit(seen.clone(), 6), seen, "fits: unchanged");
     }
 }

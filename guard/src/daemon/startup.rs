@@ -75,9 +75,12 @@ pub(super) async fn start(cfg: RunConfig) -> Result<(Daemon, Inputs)> {
     daemon.enforce(file.as_ref().map(|(f, _)| f), &table, cluster_rx.is_some())?;
     let held = daemon.start_held_reader();
     let heard = daemon.start_telemetry(listeners);
-    daemon.presence = daemon.start_presence();
     let cluster_now = cluster_rx.as_ref().map(|c| c.borrow().clone());
     daemon.publish(cluster_now.as_ref(), &super::publish::Changed::All);
+    // After the first publish: the presence record is read from what it
+    // fills (the uplinks and their MACs). Started before, the first Lease
+    // could go out naming no interface (tests/presence.rs saw it).
+    daemon.presence = daemon.start_presence();
     daemon.announce();
 
     // The sources keep their facts current from now on.

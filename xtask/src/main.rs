@@ -149,6 +149,7 @@ impl Built {
             args,
             env: &env,
             slots,
+            deadline: suite::BINARY_DEADLINE,
         };
         let outcomes = xtask::slots::run(xtask::slots::slow_first(exes), &plan);
         p.binaries(&outcomes);

@@ -10,8 +10,9 @@ use std::{
     collections::VecDeque,
     ffi::OsString,
     io::Read as _,
+    os::unix::process::CommandExt as _,
     process::Command,
-    sync::Mutex,
+    sync::{mpsc, Arc, Mutex},
     time::{Duration, Instant},
 };
 
@@ -49,6 +50,8 @@ pub struct Plan<'a> {
     pub env: &'a [(String, OsString)],
     /// How many run at once.
     pub slots: usize,
+    /// How long one may run ([`crate::suite::BINARY_DEADLINE`] in CI).
+    pub deadline: Duration,
 }
 
 /// `exes` reordered: the ones named in [`SLOW_FIRST`] first.
@@ -101,37 +104,71 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 /// Run one executable where `cargo test` would (its package's directory),
-/// stdout and stderr in one pipe so that their order is kept.
+/// stdout and stderr in one pipe so that their order is kept. Past
+/// `plan.deadline` it is killed with its process group (the daemons its
+/// tests started, which would otherwise hold the pipe open) and reported
+/// with what it printed; its tests' namespaces and mounts may remain, as
+/// after any kill, which is why this is a failing run's last resort.
 fn run_one(exe: &Exe, plan: &Plan) -> (Outcome, String) {
     let started = Instant::now();
-    let mut text = String::new();
+    let held = Arc::new(Mutex::new(Vec::new()));
+    let mut note = String::new();
     let ok = (|| -> std::io::Result<bool> {
-        let (mut reader, writer) = std::io::pipe()?;
+        let (reader, writer) = std::io::pipe()?;
         let mut cmd = Command::new(&exe.path);
         cmd.args(plan.args)
             .current_dir(&exe.dir)
             .env("CARGO_MANIFEST_DIR", &exe.dir)
             .envs(plan.env.iter().map(|(k, v)| (k, v)))
+            .process_group(0)
             .stdout(writer.try_clone()?)
             .stderr(writer);
         let mut child = cmd.spawn()?;
-        // The write ends live in `cmd` too: gone, so the read ends with the child.
+        // The write ends live in `cmd` too: gone, so the read ends with the
+        // child and whatever it started.
         drop(cmd);
-        let mut bytes = Vec::new();
-        reader.read_to_end(&mut bytes)?;
-        text = String::from_utf8_lossy(&bytes).into_owned();
-        Ok(child.wait()?.success())
+        let drained = drain(reader, Arc::clone(&held));
+        let left = plan.deadline.saturating_sub(started.elapsed());
+        let in_time = drained.recv_timeout(left).is_ok();
+        if !in_time {
+            // SAFETY: kill has no memory preconditions; a negative pid names
+            // the process group the child leads (`process_group(0)`).
+            unsafe { libc::kill(-(child.id() as libc::pid_t), libc::SIGKILL) };
+            note = format!(
+                "xtask: {} passed its deadline of {:?}: killed with its process group\n",
+                exe.shown, plan.deadline
+            );
+            // A process that left the group could still hold the pipe:
+            // what was read so far is shown either way.
+            let _ = drained.recv_timeout(Duration::from_secs(5));
+        }
+        Ok(child.wait()?.success() && in_time)
     })()
     .unwrap_or_else(|e| {
-        text += &format!("xtask: running {}: {e}\n", exe.path.display());
+        note += &format!("xtask: running {}: {e}\n", exe.path.display());
         false
     });
+    let text = String::from_utf8_lossy(&lock(&held)).into_owned() + &note;
     let outcome = Outcome {
         shown: exe.shown.clone(),
         took: started.elapsed(),
         ok,
     };
     (outcome, text)
+}
+
+/// Read `reader` to its end into `held` on a thread of its own; the
+/// receiver hears when the end came (or the read failed).
+fn drain(mut reader: std::io::PipeReader, held: Arc<Mutex<Vec<u8>>>) -> mpsc::Receiver<()> {
+    let (done, drained) = mpsc::channel();
+    std::thread::spawn(move || {
+        let mut chunk = [0u8; 8192];
+        while let Ok(n @ 1..) = reader.read(&mut chunk) {
+            lock(&held).extend_from_slice(&chunk[..n]);
+        }
+        let _ = done.send(());
+    });
+    drained
 }
 
 #[cfg(test)]
@@ -177,12 +214,42 @@ mod tests {
             args: &args,
             env: &env,
             slots: 2,
+            deadline: Duration::from_secs(60),
         };
         let got = run(vec![&a, &b, &c], &plan);
         let _ = std::fs::remove_file(&marker);
         let by = |n: &str| got.iter().find(|o| o.shown == n).unwrap().clone();
         assert!(by("a.rs").ok && !by("b.rs").ok && by("c.rs").ok, "{got:?}");
         for e in [a, b, c] {
+            let _ = std::fs::remove_dir_all(e.path.parent().unwrap());
+        }
+    }
+
+    #[test]
+    fn a_binary_past_its_deadline_is_killed_and_shown() {
+        // One hangs itself; one exits well but leaves a child holding the
+        // pipe (a leaked daemon), which would have held the run forever.
+        let hangs = sh("hangs", "echo before the hang; sleep 60");
+        let leaks = sh("leaks", "sleep 60 & echo leaked");
+        let plan = Plan {
+            args: &[],
+            env: &[],
+            slots: 2,
+            deadline: Duration::from_secs(1),
+        };
+        let started = Instant::now();
+        let got = run(vec![&hangs, &leaks], &plan);
+        assert!(started.elapsed() < Duration::from_secs(20), "{got:?}");
+        assert_eq!(got.len(), 2, "{got:?}");
+        for o in &got {
+            assert!(!o.ok, "{o:?}");
+            assert!(o.took >= Duration::from_secs(1), "{o:?}");
+        }
+        // What they printed before the kill is kept, and the kill is named.
+        let (_, text) = run_one(&hangs, &plan);
+        assert!(text.contains("before the hang"), "{text}");
+        assert!(text.contains("passed its deadline of 1s"), "{text}");
+        for e in [hangs, leaks] {
             let _ = std::fs::remove_dir_all(e.path.parent().unwrap());
         }
     }

@@ -9,9 +9,17 @@
 use std::{
     path::{Path, PathBuf},
     process::{Command, Stdio},
+    time::Duration,
 };
 
 use anyhow::{bail, Context as _, Result};
+
+/// How long one test executable may run, on the host or in the VM lane,
+/// before it is killed and reported with the output it printed. The
+/// slowest take about 100 s here (300 s emulated on a loaded machine); a
+/// hung one would otherwise be silence until CI's own limit, with its
+/// held output lost.
+pub const BINARY_DEADLINE: Duration = Duration::from_secs(900);
 
 /// What a test executable holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -30,21 +30,32 @@ echo "vm: lane @LANE@, Linux $(uname -r), $(grep -c ^processor /proc/cpuinfo) CP
 # binary not yet claimed (mkdir is atomic; busybox has no flock), so the
 # slow ones given first do not leave a worker idle at the end. With more
 # than one worker a binary's output is held and printed whole when it
-# ends; with one it streams (a hang shows where it hangs).
+# ends; with one it streams (a hang shows where it hangs). Each is killed
+# past @DEADLINE@ s (xtask's BINARY_DEADLINE): a hung binary is named, and
+# the others still run, well before the VM's own timeout.
 rm -f /tmp/failed
 print_lock() { until mkdir /tmp/print.lock 2>/dev/null; do sleep 0.1; done; }
+# Killed by timeout: status 137 (128 + 9) once the deadline has passed
+# (an OOM kill before it has the same status).
+deadline_note() {
+    if [ "$rc" = 137 ] && [ $(( $(date +%s) - start )) -ge @DEADLINE@ ]; then
+        echo "vm: $name passed its deadline of @DEADLINE@ s: killed"
+    fi
+}
 run_test() {
     name=$1
     shift
     start=$(date +%s)
     if [ @JOBS@ = 1 ]; then
         echo "vm: running $name"
-        (cd /tmp && "$@")
+        (cd /tmp && timeout -s KILL @DEADLINE@ "$@")
         rc=$?
+        deadline_note
         echo "vm: $name exited $rc after $(( $(date +%s) - start )) s"
     else
-        (cd /tmp && "$@") >"/tmp/out-$name" 2>&1
+        (cd /tmp && timeout -s KILL @DEADLINE@ "$@") >"/tmp/out-$name" 2>&1
         rc=$?
+        deadline_note >>"/tmp/out-$name"
         print_lock
         echo "vm: running $name"
         cat "/tmp/out-$name"

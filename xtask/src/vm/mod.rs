@@ -191,6 +191,7 @@ fn run_lane(
             env: &env,
             lane: lane.name,
             jobs: args.jobs,
+            deadline: crate::suite::BINARY_DEADLINE,
         },
         &initrd,
     )?;

@@ -61,6 +61,8 @@ pub struct Plan<'a> {
     pub lane: &'a str,
     /// How many test binaries run at once in the guest.
     pub jobs: u32,
+    /// How long one test binary may run before it is killed.
+    pub deadline: std::time::Duration,
 }
 
 pub fn build(plan: &Plan, out: &Path) -> Result<()> {
@@ -302,6 +304,7 @@ fn init_script(plan: &Plan, modules: &[String]) -> String {
     s.replace("@TESTS@", &tests)
         .replace("@NAMES@", &names.join(" "))
         .replace("@JOBS@", &plan.jobs.max(1).to_string())
+        .replace("@DEADLINE@", &plan.deadline.as_secs().max(1).to_string())
 }
 
 #[cfg(test)]
@@ -331,6 +334,7 @@ mod tests {
             env: &[("ARP_GUARD_VM".into(), "6.1".into())],
             lane: "6.1",
             jobs: 2,
+            deadline: std::time::Duration::from_secs(900),
         };
         let init = init_script(&plan, &["veth".into(), "dummy".into()]);
         assert!(init.contains("for m in veth dummy; do"), "{init}");
@@ -343,6 +347,7 @@ mod tests {
         );
         assert!(init.contains("for t in verdicts; do"), "{init}");
         assert!(init.contains("for w in $(seq 2); do"), "{init}");
+        assert!(init.contains("timeout -s KILL 900 \"$@\""), "{init}");
         for placeholder in [
             "@MODULES@",
             "@ENV@",
@@ -350,6 +355,7 @@ mod tests {
             "@TESTS@",
             "@NAMES@",
             "@JOBS@",
+            "@DEADLINE@",
         ] {
             assert!(!init.contains(placeholder), "{placeholder} filled: {init}");
         }

@@ -14,7 +14,7 @@ use super::Daemon;
 use crate::{
     api::{state::ApiState, Shared},
     datapath::{
-        sys::{ifindex, link_locals_by_index, link_macs_by_index},
+        sys::{ifindex, link_addrs_by_index},
         wire::Wire,
     },
     model::probing::OwnerMacs,
@@ -98,7 +98,7 @@ impl Daemon {
 
 /// The share's inputs, now.
 fn plan_of(shared: &Arc<Shared>, stale_after_ns: u64) -> Plan {
-    let (macs, lls) = (link_macs_by_index(), link_locals_by_index());
+    let links = link_addrs_by_index();
     let st = shared.read();
     let now = crate::api::state::unix_now() as i64;
     Plan {
@@ -118,7 +118,7 @@ fn plan_of(shared: &Arc<Shared>, stale_after_ns: u64) -> Plan {
         uplinks: (st.uplinks.keys())
             .filter_map(|name| {
                 let i = ifindex(name).ok()?;
-                Some((i, *macs.get(&i)?, lls.get(&i).copied()))
+                Some((i, *links.macs.get(&i)?, links.link_locals.get(&i).copied()))
             })
             .collect(),
     }

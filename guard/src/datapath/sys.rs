@@ -73,23 +73,29 @@ pub fn link_macs() -> Vec<[u8; 6]> {
 
 /// [`link_macs`], by interface index.
 pub fn link_macs_by_index() -> std::collections::BTreeMap<u32, [u8; 6]> {
-    let mut out = std::collections::BTreeMap::new();
-    each_address(|ifa| {
-        if let Address::Link { ifindex, mac } = ifa {
-            out.insert(ifindex, mac);
-        }
-    });
-    out
+    link_addrs_by_index().macs
 }
 
-/// The IPv6 link-local address (fe80::/10) of every interface that has
-/// one, by interface index (the first one listed wins).
-pub fn link_locals_by_index() -> std::collections::BTreeMap<u32, std::net::Ipv6Addr> {
-    let mut out = std::collections::BTreeMap::new();
-    each_address(|ifa| {
-        if let Address::V6 { ifindex, ip } = ifa {
+/// What the active census sends from: every interface's MAC and IPv6
+/// link-local address, by interface index.
+#[derive(Debug, Default)]
+pub struct LinkAddrs {
+    pub macs: std::collections::BTreeMap<u32, [u8; 6]>,
+    /// fe80::/10, the first one listed wins.
+    pub link_locals: std::collections::BTreeMap<u32, std::net::Ipv6Addr>,
+}
+
+/// [`LinkAddrs`] from one walk of getifaddrs (a node with a veth per pod
+/// lists hundreds of entries; the census reads them every plan).
+pub fn link_addrs_by_index() -> LinkAddrs {
+    let mut out = LinkAddrs::default();
+    each_address(|ifa| match ifa {
+        Address::Link { ifindex, mac } => {
+            out.macs.insert(ifindex, mac);
+        }
+        Address::V6 { ifindex, ip } => {
             if ip.segments()[0] & 0xffc0 == 0xfe80 {
-                out.entry(ifindex).or_insert(ip);
+                out.link_locals.entry(ifindex).or_insert(ip);
             }
         }
     });

@@ -129,15 +129,19 @@ fn run_one(exe: &Exe, plan: &Plan) -> (Outcome, String) {
         drop(cmd);
         let drained = drain(reader, Arc::clone(&held));
         let left = plan.deadline.saturating_sub(started.elapsed());
-        let in_time = drained.recv_timeout(left).is_ok();
+        let ended = drained.recv_timeout(left);
+        let in_time = matches!(ended, Ok(Ok(())));
         if !in_time {
             // SAFETY: kill has no memory preconditions; a negative pid names
             // the process group the child leads (`process_group(0)`).
             unsafe { libc::kill(-(child.id() as libc::pid_t), libc::SIGKILL) };
-            note = format!(
-                "xtask: {} passed its deadline of {:?}: killed with its process group\n",
-                exe.shown, plan.deadline
-            );
+            note = match ended {
+                Ok(Err(e)) => format!("xtask: reading {}'s output: {e}; killed\n", exe.shown),
+                _ => format!(
+                    "xtask: {} passed its deadline of {:?}: killed with its process group\n",
+                    exe.shown, plan.deadline
+                ),
+            };
             // A process that left the group could still hold the pipe:
             // what was read so far is shown either way.
             let _ = drained.recv_timeout(Duration::from_secs(5));
@@ -158,15 +162,24 @@ fn run_one(exe: &Exe, plan: &Plan) -> (Outcome, String) {
 }
 
 /// Read `reader` to its end into `held` on a thread of its own; the
-/// receiver hears when the end came (or the read failed).
-fn drain(mut reader: std::io::PipeReader, held: Arc<Mutex<Vec<u8>>>) -> mpsc::Receiver<()> {
+/// receiver hears when the end came, or why the read failed (the child
+/// would then block on a full pipe: it is killed).
+fn drain(
+    mut reader: std::io::PipeReader,
+    held: Arc<Mutex<Vec<u8>>>,
+) -> mpsc::Receiver<std::io::Result<()>> {
     let (done, drained) = mpsc::channel();
     std::thread::spawn(move || {
         let mut chunk = [0u8; 8192];
-        while let Ok(n @ 1..) = reader.read(&mut chunk) {
-            lock(&held).extend_from_slice(&chunk[..n]);
-        }
-        let _ = done.send(());
+        let end = loop {
+            match reader.read(&mut chunk) {
+                Ok(0) => break Ok(()),
+                Ok(n) => lock(&held).extend_from_slice(&chunk[..n]),
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => break Err(e),
+            }
+        };
+        let _ = done.send(end);
     });
     drained
 }

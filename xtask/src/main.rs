@@ -66,27 +66,35 @@ fn test_all(p: &mut Phases, args: &[String], slots: usize) -> Result<()> {
             .arg(workspace_root().join("scripts/shape.py"))
             .current_dir(workspace_root()))
     })?;
-    let built = p.phase("build (image; tests + clippy)", |_| Built::build())?;
+    let first = p.phase("build (image; the lane's tests + clippy)", |_| {
+        LaneBuild::build()
+    })?;
     let lane_args = VmArgs::lane("6.1");
-    let lane_tests = suite::pick(&built.exes, suite::Kind::Test, xtask::vm::DEFAULT_TESTS)?;
+    let lane_tests = suite::pick(&first.exes, suite::Kind::Test, xtask::vm::DEFAULT_TESTS)?;
     let mut failed = Vec::new();
     std::thread::scope(|s| {
         let since = Instant::now();
         // The same tests on Debian 12's kernel (no TCX: the netlink
         // fallback), with the devices this machine's kernel lacks.
-        let lane = s.spawn(|| xtask::vm::run_lanes(&lane_args, &built.daemon, &lane_tests));
+        let lane = s.spawn(|| xtask::vm::run_lanes(&lane_args, &first.daemon, &lane_tests));
         let mut check = |name: &str, r: Result<()>| {
             if let Err(e) = r {
                 eprintln!("xtask: {name}: {e:#}");
                 failed.push(name.to_owned());
             }
         };
-        let host = p.phase("tests (host)", |p| built.host_tests(p, args, slots));
-        check("tests (host)", host);
-        // Every bench in its short form, so that none can rot; the
-        // numbers are printed, never asserted.
-        let benches = p.phase("benches (short)", |_| built.benches());
-        check("benches (short)", benches);
+        // The rest of the suite builds while the lane boots and runs.
+        match p.phase("build (other tests + clippy)", |_| Built::build(&first)) {
+            Ok(built) => {
+                let host = p.phase("tests (host)", |p| built.host_tests(p, args, slots));
+                check("tests (host)", host);
+                // Every bench in its short form, so that none can rot; the
+                // numbers are printed, never asserted.
+                let benches = p.phase("benches (short)", |_| built.benches());
+                check("benches (short)", benches);
+            }
+            Err(e) => check("build (other tests + clippy)", Err(e)),
+        }
         let lane = lane
             .join()
             .unwrap_or_else(|_| Err(anyhow::anyhow!("the VM lane's thread panicked")));
@@ -99,17 +107,19 @@ fn test_all(p: &mut Phases, args: &[String], slots: usize) -> Result<()> {
     Ok(())
 }
 
-/// What the suite runs, built once: the image, its static release daemon
-/// (the one the host tests, the VM lane and the benches start, so that
-/// they test what ships) and every test executable.
-struct Built {
+/// What the VM lane runs, built first so that the lane (the longest part
+/// of the run) boots while the rest of the suite builds: the image, its
+/// static release daemon (the one the host tests, the VM lane and the
+/// benches start, so that they test what ships) and the lane's test
+/// executables.
+struct LaneBuild {
     exes: Vec<suite::Exe>,
     daemon: PathBuf,
     image: PathBuf,
 }
 
-impl Built {
-    fn build() -> Result<Built> {
+impl LaneBuild {
+    fn build() -> Result<LaneBuild> {
         let image = xtask::image::image(&ImageArgs {
             arch: vec![Arch::Amd64],
             out: None,
@@ -118,6 +128,33 @@ impl Built {
             file_caps: false,
         })?;
         let daemon = target_dir().join(xtask::image::built_binary(&Arch::Amd64.triple()));
+        // The same packages as the whole suite's build below (`--workspace`),
+        // so that cargo resolves the same features and that build reuses
+        // every artefact of this one: only the targets are fewer.
+        let mut tests = cargo();
+        tests.args(["test", "--workspace", "--no-run"]);
+        for name in xtask::vm::DEFAULT_TESTS {
+            tests.args(["--test", name]);
+        }
+        suite::lint_while_building(&mut tests)?;
+        let exes = suite::build(tests)?;
+        Ok(LaneBuild {
+            exes,
+            daemon,
+            image,
+        })
+    }
+}
+
+/// What the suite runs: every test executable, built and linted once, and
+/// the lane's daemon and image.
+struct Built<'a> {
+    exes: Vec<suite::Exe>,
+    first: &'a LaneBuild,
+}
+
+impl<'a> Built<'a> {
+    fn build(first: &'a LaneBuild) -> Result<Built<'a>> {
         // Built and linted in one compile (clippy with -D warnings).
         let mut tests = cargo();
         tests.args(["test", "--workspace", "--all-targets", "--no-run"]);
@@ -129,11 +166,7 @@ impl Built {
         doc.args(["test", "--workspace", "--doc"]);
         suite::lint_while_building(&mut doc)?;
         run(&mut doc)?;
-        Ok(Built {
-            exes,
-            daemon,
-            image,
-        })
+        Ok(Built { exes, first })
     }
 
     /// Every unit and integration test binary, `slots` at a time.
@@ -142,8 +175,11 @@ impl Built {
             .filter(|e| e.kind != suite::Kind::Bench)
             .collect();
         let env = [
-            ("ARP_GUARD_BIN".to_owned(), self.daemon.clone().into()),
-            ("ARP_GUARD_IMAGE".to_owned(), self.image.clone().into()),
+            ("ARP_GUARD_BIN".to_owned(), self.first.daemon.clone().into()),
+            (
+                "ARP_GUARD_IMAGE".to_owned(),
+                self.first.image.clone().into(),
+            ),
         ];
         let plan = xtask::slots::Plan {
             args,
@@ -172,7 +208,7 @@ impl Built {
         };
         let built = xtask::bench::Built {
             benches: &self.exes,
-            daemon: &self.daemon,
+            daemon: &self.first.daemon,
         };
         xtask::bench::bench_with(&args, Some(&built))
     }

@@ -225,14 +225,31 @@ fn connects_are_attributed_to_each_responder() {
         (both["verdict"].as_str(), both["port"].as_u64()),
         (Some("conflict"), Some(8080))
     );
+    // Pins begin once a responder is known: the first round's answers can
+    // come after its connects were planned (probe6 saw it in the 6.1 lane),
+    // so 7 or 8 connects, alternating, each counted to the MAC it went to.
+    let mut made = 0;
     for (who, m) in macs(&seg, both) {
         let c = &m["connect"];
         match who {
-            "node1" => assert_eq!((n(&c["ok"]), n(&c["failed"])), (4, 0), "{m}"),
-            "node2" => assert_eq!((n(&c["ok"]), n(&c["timed_out"])), (0, 4), "{m}"),
+            "node1" => {
+                assert!(
+                    (3..=4).contains(&n(&c["ok"])) && n(&c["failed"]) == 0,
+                    "{m}"
+                );
+                made += n(&c["ok"]);
+            }
+            "node2" => {
+                assert!(
+                    n(&c["ok"]) == 0 && (3..=4).contains(&n(&c["timed_out"])),
+                    "{m}"
+                );
+                made += n(&c["timed_out"]);
+            }
             other => panic!("connect to {other}: {m}"),
         }
     }
+    assert!((7..=8).contains(&made), "{made} connects: {both}");
     // The pins are gone.
     let left = seg
         .client

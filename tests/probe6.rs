@@ -237,9 +237,12 @@ fn a_connect_through_an_ipv6_responder() {
         let one = ip(&doc, "fd00:2::100");
         assert_eq!(one["port"], PORT, "{one}");
         let c = &one["macs"][0]["connect"];
-        assert_eq!(
-            (n(&c["ok"]), n(&c["failed"])),
-            (4, 0),
+        // `pin` connects only once a responder is known: the first round's
+        // answer can come after that round's connects were planned (the
+        // 6.1 lane saw it at 71 ms and made 3). Every connect made succeeds.
+        let least = if neigh == "pin" { 3 } else { 4 };
+        assert!(
+            (least..=4).contains(&n(&c["ok"])) && n(&c["failed"]) == 0,
             "--neigh {neigh}: {one}"
         );
         assert_eq!(who(&seg, one), ["node1"]);

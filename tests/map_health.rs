@@ -1,6 +1,6 @@
 //! The maps kept healthy: drift repaired, the liveness gate opening in two
 //! steps when heartbeats stop, a full map failing safe, counters of departed
-//! IPs reclaimed with bounded metrics.
+//! IPs reclaimed with bounded metrics, a full counter map still deciding.
 
 use std::time::Duration;
 
@@ -235,16 +235,7 @@ fn counters_of_departed_ips_are_reclaimed_and_metrics_stay_bounded() {
             "50",
         ])
         .unwrap();
-    let bed_ips: Vec<std::net::Ipv4Addr> = testbed::bed::default_owners()
-        .lines()
-        .filter_map(|l| l.trim().strip_prefix("- ip: ")?.parse().ok())
-        .collect();
-    let pool: Vec<std::net::Ipv4Addr> = (2..255u8)
-        .map(|i| std::net::Ipv4Addr::new(203, 0, 113, i))
-        .chain((12..100u8).map(|i| std::net::Ipv4Addr::new(198, 51, 100, i)))
-        .chain((107..255u8).map(|i| std::net::Ipv4Addr::new(198, 51, 100, i)))
-        .filter(|ip| !bed_ips.contains(ip))
-        .collect();
+    let pool = churn_pool();
     let speaker = RawSocket::open(&bed.node, "eth0").unwrap();
     let rows_for = |ips: &[std::net::Ipv4Addr]| -> usize {
         let c = bed.counters().unwrap();
@@ -257,44 +248,8 @@ fn counters_of_departed_ips_are_reclaimed_and_metrics_stay_bounded() {
     };
     let mut reloads = 0;
     for round in pool.chunks(60).take(8) {
-        let mut file = String::from("ips:\n");
-        for ip in round {
-            file.push_str(&format!("  - ip: {ip}\n    owner: {OTHER}\n"));
-        }
-        let tmp = bed.dir.path().join(".owners.tmp");
-        std::fs::write(&tmp, file).unwrap();
-        std::fs::rename(&tmp, &bed.owners).unwrap();
         reloads += 1;
-        assert!(
-            wait_until(Duration::from_secs(5), || guard
-                .count_log("ownership file reloaded")
-                == reloads),
-            "{}",
-            guard.log_text()
-        );
-        // Applied once every IP's gratuitous ARP is stopped (the map is
-        // written entry by entry, in no order the test may rely on).
-        for ip in round {
-            let garp = ArpSpec::gratuitous(2, bed.node_mac, *ip).to_bytes();
-            assert!(wait_until(Duration::from_secs(5), || !speaker
-                .send(&garp)
-                .unwrap()));
-        }
-        // Three decisions per IP: reply, gratuitous, announce leak (all foreign).
-        for ip in round {
-            assert!(!speaker
-                .send(&ArpSpec::gratuitous(2, bed.node_mac, *ip).to_bytes())
-                .unwrap());
-            assert!(!speaker
-                .send(
-                    &ArpSpec::reply(bed.node_mac, *ip, bed.peer_mac, testbed::bed::PEER_IP)
-                        .to_bytes()
-                )
-                .unwrap());
-            assert!(speaker
-                .send(&ArpSpec::request(bed.node_mac, *ip, testbed::bed::PEER_IP).to_bytes())
-                .unwrap());
-        }
+        churn_round(&bed, &guard, &speaker, round, reloads);
         assert_eq!(
             rows_for(round),
             3 * round.len(),
@@ -334,4 +289,113 @@ fn counters_of_departed_ips_are_reclaimed_and_metrics_stay_bounded() {
     assert_eq!(per_ip, 50, "{m}");
     assert!(m.contains("lb_ip=\"other\""), "{m}");
     assert!(m.contains("arp_guard_metrics_folded_series 130"), "{m}");
+}
+
+/// A counter map that fills (IPs churn through faster than the grace period
+/// reclaims their rows) fails safe: every decision is still made and
+/// counted in total (`counter_map_full`), the newest IPs are still guarded,
+/// and the program's log, forwarded by the daemon, says so once per CPU
+/// (not once per frame).
+#[test]
+fn a_full_counter_map_keeps_deciding_and_says_so_once_per_cpu() {
+    testbed::require_root();
+    let bed = Bed::new("cfull").unwrap();
+    // A counter map of 1,024 rows; 7 rounds of 60 IPs with 3 decisions each
+    // (1,260 rows), none reclaimed within the hour.
+    let guard = bed
+        .start(&["--max-lb-ips", "64", "--counter-grace", "1h"])
+        .unwrap();
+    let speaker = RawSocket::open(&bed.node, "eth0").unwrap();
+    let pool = churn_pool();
+    let rounds: Vec<_> = pool.chunks(60).take(7).collect();
+    for (i, round) in rounds.iter().enumerate() {
+        churn_round(&bed, &guard, &speaker, round, i + 1);
+    }
+    let full = bed.total("counter_map_full").unwrap();
+    assert!(
+        full > 0,
+        "1,260 rows went into 1,024: {}",
+        bed.counters().unwrap()
+    );
+    let said = || guard.count_log("counter map full");
+    assert!(
+        wait_until(Duration::from_secs(5), || said() >= 1),
+        "the log says the map is full: {}",
+        guard.log_text()
+    );
+    // More decisions meet the full map (the last round again: its three
+    // verdicts each, checked again by churn_round, still hold); each CPU
+    // said it at most once.
+    churn_round(&bed, &guard, &speaker, rounds[6], 7);
+    assert!(bed.total("counter_map_full").unwrap() > full);
+    std::thread::sleep(Duration::from_secs(2));
+    // Per-CPU maps have a slot per possible CPU.
+    let cpus = aya::util::nr_cpus().unwrap();
+    assert!(
+        (1..=cpus).contains(&said()),
+        "said at most once per CPU ({cpus}): {}",
+        guard.log_text()
+    );
+}
+
+/// LB IPs for churn: the test nets' addresses not in the bed's own file.
+fn churn_pool() -> Vec<std::net::Ipv4Addr> {
+    let bed_ips: Vec<std::net::Ipv4Addr> = testbed::bed::default_owners()
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("- ip: ")?.parse().ok())
+        .collect();
+    (2..255u8)
+        .map(|i| std::net::Ipv4Addr::new(203, 0, 113, i))
+        .chain((12..100u8).map(|i| std::net::Ipv4Addr::new(198, 51, 100, i)))
+        .chain((107..255u8).map(|i| std::net::Ipv4Addr::new(198, 51, 100, i)))
+        .filter(|ip| !bed_ips.contains(ip))
+        .collect()
+}
+
+/// The ownership file becomes `round`, all owned by another node (the
+/// `reloads`th reload), and each IP gets three decisions: its gratuitous
+/// ARP and reply stopped, its announce leak passed (rewritten).
+fn churn_round(
+    bed: &Bed,
+    guard: &testbed::daemon::Daemon,
+    speaker: &RawSocket,
+    round: &[std::net::Ipv4Addr],
+    reloads: usize,
+) {
+    let mut file = String::from("ips:\n");
+    for ip in round {
+        file.push_str(&format!("  - ip: {ip}\n    owner: {OTHER}\n"));
+    }
+    let tmp = bed.dir.path().join(".owners.tmp");
+    std::fs::write(&tmp, file).unwrap();
+    std::fs::rename(&tmp, &bed.owners).unwrap();
+    assert!(
+        wait_until(Duration::from_secs(5), || guard
+            .count_log("ownership file reloaded")
+            >= reloads),
+        "{}",
+        guard.log_text()
+    );
+    // Applied once every IP's gratuitous ARP is stopped (the map is
+    // written entry by entry, in no order the test may rely on).
+    for ip in round {
+        let garp = ArpSpec::gratuitous(2, bed.node_mac, *ip).to_bytes();
+        assert!(wait_until(Duration::from_secs(5), || !speaker
+            .send(&garp)
+            .unwrap()));
+    }
+    // Three decisions per IP: reply, gratuitous, announce leak (all foreign).
+    for ip in round {
+        assert!(!speaker
+            .send(&ArpSpec::gratuitous(2, bed.node_mac, *ip).to_bytes())
+            .unwrap());
+        assert!(!speaker
+            .send(
+                &ArpSpec::reply(bed.node_mac, *ip, bed.peer_mac, testbed::bed::PEER_IP).to_bytes()
+            )
+            .unwrap());
+        assert!(speaker
+            .send(&ArpSpec::request(bed.node_mac, *ip, testbed::bed::PEER_IP).to_bytes())
+            .unwrap());
+    }
 }

@@ -12,7 +12,7 @@ use guard_common::{
 use crate::{
     claim::OutgoingClaim,
     maps::{CONFIG, HEARTBEAT, HELD, IF_ADDRS, IF_PRIMARY, VLAN_UPPERS},
-    report::{bump, count, emit, report_announcement},
+    report::{bump, count, emit, log_counter_map_full, report_announcement},
     skb::{DROP, PASS},
 };
 
@@ -66,7 +66,7 @@ pub(crate) fn act(ctx: &TcContext, c: &OutgoingClaim) -> i32 {
             verdict = Verdict::Dropped;
         }
     }
-    count(
+    let first_full = count(
         ctx,
         CounterKey {
             ip: c.ip,
@@ -86,11 +86,15 @@ pub(crate) fn act(ctx: &TcContext, c: &OutgoingClaim) -> i32 {
     if verdict == Verdict::Passed && kind.is_announcement() {
         report_announcement(c, env.ifindex, origin, j.state);
     }
-    if verdict == Verdict::Dropped {
+    let action = if verdict == Verdict::Dropped {
         DROP
     } else {
         PASS
+    };
+    if first_full {
+        log_counter_map_full(ctx);
     }
+    action
 }
 
 /// What `guard_common::judge` may ask, answered from the maps and the clock

@@ -369,3 +369,25 @@ fn a_rogue_node_and_a_stranger_are_named_on_the_owner() {
         "{text}"
     );
 }
+
+/// A `--presence-pods` that selects no guard Pod (a customised DaemonSet's
+/// labels) must not make every guard dead: the records alone say who is
+/// live, and `/cluster` says why.
+#[test]
+fn a_selector_matching_no_guard_pod_falls_back_to_the_records() {
+    testbed::require_root();
+    let bed = bed("prp");
+    let wrong = ["--presence-pods", "app=not-the-guard"];
+    let _a = start_with(&bed, 0, &wrong);
+    let _b = start_with(&bed, 1, &wrong);
+    let doc = cluster_until(&bed, 0, |d| live(d, "node-a") && live(d, "node-b"));
+    let why = doc["errors"]["pods"].as_str().unwrap_or_default();
+    assert!(
+        why.contains("no Pod matching --presence-pods") && why.contains("node-a"),
+        "{doc:#}"
+    );
+    assert!(
+        guard_row(&doc, "node-b").unwrap()["ready"].is_null(),
+        "{doc:#}"
+    );
+}

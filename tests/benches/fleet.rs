@@ -118,6 +118,7 @@ impl Run {
 
     fn print(&self, fit: &Fit) {
         let [req, bytes, events, bookmarks] = self.per_guard();
+        let quorum = self.fleet().quorum as f64 / (self.n as f64 * self.secs());
         let cpu = self.cpu_pct.iter().sum::<f64>() / self.cpu_pct.len().max(1) as f64;
         let cpu_max = self.cpu_pct.iter().copied().fold(0.0, f64::max);
         let rss = self.rss_kib.iter().max().copied().unwrap_or(0) as f64 / 1024.0;
@@ -134,7 +135,7 @@ impl Run {
             self.leave_events,
         );
         println!(
-            "RESULT fleet {n}_guards window_s={:.0} req/s_per_guard={req:.3} B/s_per_guard={bytes:.0} watch_events/s_per_guard={events:.3} bookmarks/s_per_guard={bookmarks:.3} lists/s_per_guard={:.4} GETs/s_per_guard={:.4} writes/s_per_guard={:.4} fleet_req/s={:.2} fleet_B/s={:.0} CPU_%_per_guard={cpu:.3} CPU_%_max={cpu_max:.3} RSS_MiB_max={rss:.1} join_events={} join_events_per_guard={:.2} join_B={} leave_events={} growth_req={:.2} growth_B={:.2}",
+            "RESULT fleet {n}_guards window_s={:.0} req/s_per_guard={req:.3} B/s_per_guard={bytes:.0} watch_events/s_per_guard={events:.3} bookmarks/s_per_guard={bookmarks:.3} lists/s_per_guard={:.4} GETs/s_per_guard={:.4} quorum_reads/s_per_guard={quorum:.4} writes/s_per_guard={:.4} fleet_req/s={:.2} fleet_B/s={:.0} CPU_%_per_guard={cpu:.3} CPU_%_max={cpu_max:.3} RSS_MiB_max={rss:.1} join_events={} join_events_per_guard={:.2} join_B={} leave_events={} growth_req={:.2} growth_B={:.2}",
             self.secs(),
             self.per_guard_verb("list"),
             self.per_guard_verb("get"),

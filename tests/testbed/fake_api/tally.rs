@@ -18,6 +18,10 @@ pub struct Counts {
     pub events: u64,
     /// Watch bookmarks sent.
     pub bookmarks: u64,
+    /// Lists and GETs that a real server answers with a quorum read of etcd
+    /// (no resourceVersion; a continuation page apart): every periodic read
+    /// should come from the watch cache (`resourceVersion=0`) instead.
+    pub quorum: u64,
 }
 
 impl std::ops::AddAssign for Counts {
@@ -26,6 +30,7 @@ impl std::ops::AddAssign for Counts {
         self.bytes += o.bytes;
         self.events += o.events;
         self.bookmarks += o.bookmarks;
+        self.quorum += o.quorum;
     }
 }
 

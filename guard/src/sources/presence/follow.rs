@@ -37,7 +37,31 @@ pub enum Step<T> {
     /// The server showed the watch is current (a bookmark, its end).
     Progress,
     /// A list or watch failed; retried with back-off.
-    Failed(String),
+    Failed(Failed),
+}
+
+/// Why a list or watch failed: the API's HTTP status when it answered one.
+#[derive(Debug, Clone)]
+pub struct Failed {
+    pub code: Option<u16>,
+    pub text: String,
+}
+
+impl Failed {
+    fn of(what: &str, e: &kube::Error) -> Failed {
+        let code = match e {
+            kube::Error::Api(s) => Some(s.code),
+            _ => None,
+        };
+        Failed {
+            code,
+            text: format!("{what}: {e}"),
+        }
+    }
+
+    fn other(text: String) -> Failed {
+        Failed { code: None, text }
+    }
 }
 
 /// Which collection, with which label selector.
@@ -63,7 +87,7 @@ pub async fn follow<T: Object>(c: Collection, tx: mpsc::Sender<Step<T>>) {
                 rv
             }
             Ok(Err(e)) => {
-                if failed(&tx, format!("list: {e}"), &mut attempt)
+                if failed(&tx, Failed::of("list", &e), &mut attempt)
                     .await
                     .is_err()
                 {
@@ -72,7 +96,7 @@ pub async fn follow<T: Object>(c: Collection, tx: mpsc::Sender<Step<T>>) {
                 continue;
             }
             Err(_) => {
-                let e = format!("list: no answer within {WATCH_TIMEOUT:?}");
+                let e = Failed::other(format!("list: no answer within {WATCH_TIMEOUT:?}"));
                 if failed(&tx, e, &mut attempt).await.is_err() {
                     return;
                 }
@@ -96,7 +120,7 @@ pub async fn follow<T: Object>(c: Collection, tx: mpsc::Sender<Step<T>>) {
 }
 
 /// Report a failure, then wait out the back-off.
-async fn failed<T>(tx: &mpsc::Sender<Step<T>>, e: String, attempt: &mut u32) -> Result<(), ()> {
+async fn failed<T>(tx: &mpsc::Sender<Step<T>>, e: Failed, attempt: &mut u32) -> Result<(), ()> {
     tx.send(Step::Failed(e)).await.map_err(drop)?;
     tokio::time::sleep(backoff(RETRY, *attempt)).await;
     *attempt += 1;
@@ -129,7 +153,7 @@ async fn list<T: Object>(c: &Collection) -> kube::Result<(Vec<Obj<T>>, String)> 
 enum End {
     Resume,
     Relist,
-    Failed(String),
+    Failed(Failed),
 }
 
 /// One watch from `rv` (kept current) until the server ends it or it fails.
@@ -145,21 +169,30 @@ async fn watch<T: Object>(
     let mut w = match tokio::time::timeout(idle, wire::watch(&c.client, &c.path, &wp, rv)).await {
         Ok(Ok(w)) => w,
         Ok(Err(kube::Error::Api(s))) if s.code == 410 => return Ok(End::Relist),
-        Ok(Err(e)) => return Ok(End::Failed(format!("watch: {e}"))),
-        Err(_) => return Ok(End::Failed(format!("watch: no answer within {idle:?}"))),
+        Ok(Err(e)) => return Ok(End::Failed(Failed::of("watch", &e))),
+        Err(_) => {
+            let e = format!("watch: no answer within {idle:?}");
+            return Ok(End::Failed(Failed::other(e)));
+        }
     };
     loop {
         let step = match tokio::time::timeout(idle, w.next::<T>()).await {
-            Err(_) => return Ok(End::Failed(format!("watch: silent for {idle:?}"))),
+            Err(_) => {
+                let e = format!("watch: silent for {idle:?}");
+                return Ok(End::Failed(Failed::other(e)));
+            }
             Ok(Read::End) => {
                 send(tx, Step::Progress).await?;
                 return Ok(End::Resume);
             }
-            Ok(Read::Failed(e)) => return Ok(End::Failed(format!("watch: {e}"))),
-            Ok(Read::Garbled(e)) => return Ok(End::Failed(e)),
+            Ok(Read::Failed(e)) => return Ok(End::Failed(Failed::other(format!("watch: {e}")))),
+            Ok(Read::Garbled(e)) => return Ok(End::Failed(Failed::other(e))),
             Ok(Read::Line(WatchLine::Error(410, _))) => return Ok(End::Relist),
             Ok(Read::Line(WatchLine::Error(code, m))) => {
-                return Ok(End::Failed(format!("watch: {m} ({code})")))
+                return Ok(End::Failed(Failed {
+                    code: Some(code),
+                    text: format!("watch: {m} ({code})"),
+                }))
             }
             Ok(Read::Line(WatchLine::Bookmark(v))) => {
                 if let Some(v) = v {

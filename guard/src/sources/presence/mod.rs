@@ -24,6 +24,7 @@ use std::{
 use kube::Client;
 use tokio::sync::{mpsc, Notify};
 
+mod apply;
 mod follow;
 mod nodes;
 mod objects;
@@ -37,7 +38,7 @@ use request::Result;
 
 use crate::{
     model::presence::{self, GuardPods, Record, Seen, Table},
-    sources::cluster::decode::{Lease, Obj},
+    sources::cluster::decode::Lease,
     telemetry::ops::{ErrorCause, Ops},
 };
 
@@ -313,109 +314,6 @@ impl Task {
         if published != self.seen.published {
             self.seen.published = published;
             self.dirty = true;
-        }
-    }
-
-    /// A step of the records' watch.
-    fn on_record(&mut self, s: Step<Lease>) {
-        match s {
-            Step::Listed(items) => {
-                self.table.nodes.clear();
-                self.table.bad.clear();
-                self.own.stored = None;
-                self.own.rv = None;
-                for o in items {
-                    self.apply_record(o);
-                }
-                self.records_listed = true;
-                self.outcome(Call::Records, Ok(()));
-            }
-            Step::Apply(o) => {
-                self.apply_record(o);
-                self.outcome(Call::Records, Ok(()));
-            }
-            Step::Delete(o) => {
-                self.outcome(Call::Records, Ok(()));
-                if let Some((_, name)) = o.names() {
-                    self.table.remove(name);
-                    if name == self.own.lease {
-                        (self.own.stored, self.own.rv) = (None, None);
-                    }
-                }
-            }
-            Step::Progress => self.outcome(Call::Records, Ok(())),
-            Step::Failed(e) => self.outcome(Call::Records, Err(PresenceError::Stream(e))),
-        }
-        self.progress();
-    }
-
-    fn apply_record(&mut self, o: Obj<Lease>) {
-        let Some((_, name)) = o.names() else { return };
-        let name = name.to_owned();
-        let read = match &o {
-            Obj::Good(l) => objects::entry(l),
-            Obj::Bad(b) => Err(format!("{name}: {}", b.error)),
-        };
-        if name == self.own.lease {
-            self.own.rv = o.resource_version().map(str::to_owned);
-            self.own.stored = read.as_ref().ok().map(|e| e.record.clone());
-        }
-        match read {
-            Ok(e) => {
-                self.table.insert(&name, e);
-            }
-            Err(why) => {
-                self.ops.error(ErrorCause::PresenceSkipped);
-                tracing::debug!(why = %why, "presence: a Lease skipped");
-                self.table.reject(&name, why);
-            }
-        }
-    }
-
-    /// A step of the Pods' watch.
-    fn on_pod(&mut self, s: Step<Pod>) {
-        match s {
-            Step::Listed(items) => {
-                self.pods = GuardPods::default();
-                for o in items {
-                    self.apply_pod(o);
-                }
-                self.pods_listed = true;
-                self.pods_refused = false;
-                self.outcome(Call::Pods, Ok(()));
-            }
-            Step::Apply(o) => {
-                self.apply_pod(o);
-                self.outcome(Call::Pods, Ok(()));
-            }
-            Step::Delete(o) => {
-                if let Some((_, name)) = o.names() {
-                    self.pods.remove(name);
-                }
-                self.outcome(Call::Pods, Ok(()));
-            }
-            Step::Progress => self.outcome(Call::Pods, Ok(())),
-            Step::Failed(e) => {
-                self.pods_refused = e.contains("403");
-                self.outcome(Call::Pods, Err(PresenceError::Stream(e)));
-            }
-        }
-        self.table.ready =
-            (self.pods_listed && !self.pods_refused).then(|| self.pods.ready_nodes());
-        self.progress();
-    }
-
-    fn apply_pod(&mut self, o: Obj<Pod>) {
-        let Some((_, name)) = o.names() else { return };
-        match &o {
-            Obj::Good(p) => match p.guard() {
-                Some(g) => {
-                    self.pods.apply(name, g);
-                }
-                None => self.pods.remove(name),
-            },
-            // A Pod that does not read is not known to be Ready.
-            Obj::Bad(_) => self.pods.remove(name),
         }
     }
 

@@ -391,3 +391,54 @@ fn a_selector_matching_no_guard_pod_falls_back_to_the_records() {
         "{doc:#}"
     );
 }
+
+/// kube-vip's per-Service election: the feed watches Leases cluster-wide,
+/// and the presence records are Leases. A record written (a guard whose
+/// record changes) reaches every guard's presence watch and no guard's
+/// feed.
+#[test]
+fn the_feeds_cluster_wide_lease_watch_never_receives_presence_records() {
+    testbed::require_root();
+    let bed = bed("prk");
+    let vip = [
+        "--announcer",
+        "kube-vip",
+        "--presence-period",
+        "1s",
+        "--presence-namespace",
+        NS,
+    ];
+    let run = |i: usize, more: &[&str]| {
+        let args: Vec<&str> = vip.iter().chain(more).copied().collect();
+        bed.start_on_wrapped(i, &daemonset_wrapper(), &args, Duration::from_secs(20))
+            .unwrap()
+    };
+    let _a = run(0, &[]);
+    let b = run(1, &[]);
+    cluster_until(&bed, 0, |d| live(d, "node-a") && live(d, "node-b"));
+    std::thread::sleep(Duration::from_secs(2));
+    bed.api.reset_tally();
+    drop(b);
+    let _b = run(1, &["--mode", "monitor"]);
+    cluster_until(&bed, 0, |d| {
+        guard_row(d, "node-b").is_some_and(|g| g["mode"] == "monitor" && g["live"] == true)
+    });
+    // Watch events on Leases, to the presence watches and to every other
+    // (the feeds', whatever their selector).
+    let (mut presence, mut feeds) = (0, 0);
+    for ((_, verb, res), c) in bed.api.tally() {
+        if verb == "watch" && res.starts_with("leases") {
+            if res.contains("component=arp-guard-presence") {
+                presence += c.events;
+            } else {
+                feeds += c.events;
+            }
+        }
+    }
+    let tally = bed.api.tally();
+    assert!(
+        presence >= 1,
+        "the change reached the presence watches: {tally:#?}"
+    );
+    assert_eq!(feeds, 0, "the feeds' Lease watches: {tally:#?}");
+}

@@ -288,6 +288,15 @@ fn jiff_now() -> String {
     )
 }
 
+/// Service `i`'s LB IP: 198.51.100.100-255, then 203.0.113.100-243 (the
+/// test ranges; the bed's nodes, peer and API use .1-.43 of each).
+fn service_ip(i: usize) -> String {
+    match i {
+        0..156 => format!("198.51.100.{}", 100 + i),
+        _ => format!("203.0.113.{}", 100 + i - 156),
+    }
+}
+
 fn args() -> Vec<&'static str> {
     vec![
         "--announcer",
@@ -305,15 +314,28 @@ fn run(n: usize, window: Duration) -> Run {
     bed.kubelet.set_every(Duration::from_secs(5));
     bed.api.preload(
         Resource::Services,
-        (0..SERVICES).map(|i| {
-            let ip = format!("10.64.{}.{}", i / 256, i % 256);
-            objects::service("default", &format!("svc-{i}"), &[&ip])
-        }),
+        (0..SERVICES).map(|i| objects::service("default", &format!("svc-{i}"), &[&service_ip(i)])),
     );
     bed.api.preload(
         Resource::Leases,
         (0..SERVICES).map(|i| lease(i, &bed.nodes[i % n].name)),
     );
+    // Each owner holds its IPs on its uplink, as kube-vip puts them: its
+    // kernel answers the active census, so nothing is found and no Event is
+    // posted (a fleet at rest).
+    for (i, node) in bed.nodes.iter().enumerate().take(n) {
+        for k in (i..SERVICES).step_by(n) {
+            node.ns
+                .ip(&[
+                    "addr",
+                    "add",
+                    &format!("{}/32", service_ip(k)),
+                    "dev",
+                    "eth0",
+                ])
+                .unwrap();
+        }
+    }
     let wrapper = daemonset_wrapper();
     let args = args();
     let guards: Vec<Daemon> = (0..n)

@@ -674,7 +674,7 @@ fn serve(stream: TcpStream, inner: &Inner) -> Result<()> {
             .collect();
         let param = |k: &str| params.get(k).map(String::as_str);
         let is_watch = matches!(param("watch"), Some("true") | Some("1"));
-        let key = tally::key(peer, &req.method, path, is_watch);
+        let key = tally::key(peer, &req.method, path, is_watch, param("labelSelector"));
         let read = matches!(key.1, "get" | "list") && param("continue").is_none();
         let quorum = read && param("resourceVersion").is_none_or(str::is_empty);
         let one = Counts {

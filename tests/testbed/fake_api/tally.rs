@@ -36,7 +36,7 @@ impl std::ops::AddAssign for Counts {
 
 /// (client, verb, resource): `verb` as the API server's audit log names it
 /// (get, list, watch, create, update, patch, delete), `resource` its plural
-/// (services, leases, pods, nodes, events, ...).
+/// (services, leases, pods, nodes, events, ...) with its label selector.
 pub type Key = (IpAddr, &'static str, String);
 
 #[derive(Debug, Default)]
@@ -85,9 +85,21 @@ pub(super) fn resource(path: &str) -> (String, bool) {
     }
 }
 
-/// The key of a request.
-pub(super) fn key(peer: IpAddr, method: &str, path: &str, watch: bool) -> Key {
+/// The key of a request; a label selector is part of the resource's name
+/// (`leases{app.kubernetes.io/component=arp-guard-presence}`): two watches
+/// of one resource by different selectors are counted apart.
+pub(super) fn key(
+    peer: IpAddr,
+    method: &str,
+    path: &str,
+    watch: bool,
+    labels: Option<&str>,
+) -> Key {
     let (res, named) = resource(path);
+    let res = match labels.filter(|l| !l.is_empty()) {
+        Some(l) => format!("{res}{{{l}}}"),
+        None => res,
+    };
     (peer, verb(method, named, watch), res)
 }
 

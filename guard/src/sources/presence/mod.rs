@@ -48,6 +48,8 @@ pub const LEAVE_TIMEOUT: Duration = Duration::from_secs(2);
 /// yet), its record is not written: a restart with nothing changed writes
 /// nothing at all.
 const STARTUP_GRACE: Duration = Duration::from_secs(30);
+/// Failed writes are retried after a back-off of at most this long.
+const WRITE_BACKOFF_MAX: Duration = Duration::from_secs(300);
 
 #[derive(Debug, Clone)]
 pub struct PresenceConfig {
@@ -162,6 +164,9 @@ struct Task {
     /// to "a record is live").
     pods_refused: bool,
     nodes_read: Option<Instant>,
+    /// No write before this (after failed ones), and how many failed in a row.
+    write_after: Option<Instant>,
+    write_failures: u32,
     started: Instant,
     /// Errors already logged (once per kind until it works again).
     logged: BTreeMap<&'static str, String>,
@@ -241,6 +246,8 @@ impl Task {
             pods_listed: false,
             pods_refused: false,
             nodes_read: None,
+            write_after: None,
+            write_failures: 0,
             started: Instant::now(),
             logged: BTreeMap::new(),
             ops,
@@ -297,7 +304,8 @@ impl Task {
     async fn check_record(&mut self, r: Record) {
         let listed = self.records_listed || self.seen.errors.contains_key("records");
         let starting = r.health == "degraded" && self.started.elapsed() < STARTUP_GRACE;
-        if !listed || starting || !self.own.differs(&r) {
+        let waiting = self.write_after.is_some_and(|t| Instant::now() < t);
+        if !listed || starting || waiting || !self.own.differs(&r) {
             return;
         }
         let ops = self.ops.clone();
@@ -305,6 +313,21 @@ impl Task {
             .own
             .write(&r, || ops.error(ErrorCause::PresenceConflict))
             .await;
+        // A write refused (a missing Role, an API that is down) is tried
+        // again after a back-off doubling from one period up to 5 minutes,
+        // not every period on every node.
+        self.write_after = match &w {
+            Ok(()) => {
+                self.write_failures = 0;
+                None
+            }
+            Err(_) => {
+                let wait = (self.cfg.period * 2u32.saturating_pow(self.write_failures.min(8)))
+                    .min(WRITE_BACKOFF_MAX);
+                self.write_failures += 1;
+                Some(Instant::now() + wait)
+            }
+        };
         self.outcome(Call::Write, w);
         self.set_published();
     }

@@ -161,6 +161,8 @@ impl RunArgs {
                     Duration::ZERO
                 },
                 silent_after: self.silent_takeover_after,
+                window: self.announce_hold,
+                verdict: self.kube_events.split_brain_after,
             },
             cgroup_root: self.cgroup_root.clone(),
         }

@@ -68,6 +68,13 @@ pub struct TakeoverConfig {
     pub hold: Duration,
     /// No announcement within this long after a takeover: a silent takeover.
     pub silent_after: Duration,
+    /// `--announce-hold` in either mode: a speaker's frame of an IP foreign
+    /// here is a takeover's own when the IP becomes owned here within it
+    /// (`model::takeover::fates`).
+    pub window: Duration,
+    /// `--split-brain-after`: owned here later than the window but within
+    /// this is a late feed; not by then, split brain.
+    pub verdict: Duration,
 }
 
 #[derive(Debug, Clone)]

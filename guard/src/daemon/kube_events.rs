@@ -25,8 +25,9 @@ use super::config::KubeEventsConfig;
 use crate::{
     api::Shared,
     model::kube_events::{
-        event_for, parse, Finding, IpFacts, Limiter, Memory, Occurrence, Offered, StreamKey,
-        Thresholds,
+        event_for,
+        kernel::{answers_now, nodes_answer, silenced},
+        parse, Finding, IpFacts, Limiter, Memory, Occurrence, Offered, StreamKey, Thresholds,
     },
     telemetry::ops::{EventOutcome, Ops},
 };
@@ -38,6 +39,9 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 const QUEUE: usize = 64;
 /// Service UIDs kept (kubectl finds a Service's Events by its UID).
 const MAX_UIDS: usize = 4096;
+/// How often the owner looks for other nodes' kernels answering for its IPs
+/// (the records are renewed every --presence-period).
+const KERNELS_EVERY: Duration = Duration::from_secs(5);
 
 /// Start the reader and the publisher (the API client is built on the
 /// publisher's task: a configuration that cannot be read is logged once,
@@ -78,6 +82,7 @@ async fn read(
     let mut limiter = Limiter::new(cfg.limits, Instant::now());
     let mut memory = Memory::default();
     let mut tick = tokio::time::interval(Duration::from_secs(1));
+    let mut kernels = tokio::time::interval(KERNELS_EVERY);
     loop {
         tokio::select! {
             line = events.recv() => match line {
@@ -95,6 +100,14 @@ async fn read(
                 Err(broadcast::error::RecvError::Closed) => return,
             },
             _ = tick.tick() => memory.prune(Instant::now()),
+            _ = kernels.tick() => {
+                for (service, o) in answering_kernels(&node, &shared) {
+                    let reason = o.reason;
+                    if limiter.offer((service, reason), o) == Offered::Dropped {
+                        shared.ops.kube_event(reason.as_str(), EventOutcome::Dropped);
+                    }
+                }
+            }
         }
         for (stream, occurrence) in limiter.due(Instant::now()) {
             let reason = occurrence.reason.as_str();
@@ -117,6 +130,14 @@ fn occurrence(
     let st = shared.read();
     let entry = st.ips.get(&f.ip())?;
     let service = entry.service.clone()?;
+    if let Some(p) = st.presence.as_ref() {
+        let now = crate::api::state::unix_now() as i64;
+        let here = answers_now(st.kernel_answered_ns, crate::datapath::sys::monotonic_ns());
+        let (who, answering) = (p.table.macs(now), p.table.kernel_answering(now));
+        if silenced(f, entry.owner.as_deref(), &who, &answering, here) {
+            return None;
+        }
+    }
     let facts = IpFacts {
         node,
         owned_here: entry.state == guard_common::Ownership::Owned,
@@ -124,6 +145,25 @@ fn occurrence(
     };
     let o = event_for(f, &facts, t, memory, Instant::now())?;
     Some((service, o))
+}
+
+/// For each LB IP this node owns, with a Service: the Event naming the
+/// other nodes whose kernels answer for LB IPs (their presence records).
+fn answering_kernels(node: &str, shared: &Shared) -> Vec<(String, Occurrence)> {
+    let st = shared.read();
+    let Some(p) = st.presence.as_ref() else {
+        return Vec::new();
+    };
+    let answering = p
+        .table
+        .kernel_answering(crate::api::state::unix_now() as i64);
+    if answering.iter().all(|n| n == node) {
+        return Vec::new();
+    }
+    (st.ips.iter())
+        .filter(|(_, e)| e.state == guard_common::Ownership::Owned)
+        .filter_map(|(ip, e)| Some((e.service.clone()?, nodes_answer(*ip, node, &answering)?)))
+        .collect()
 }
 
 /// Publish what the reader hands over, one at a time, each bounded in time.

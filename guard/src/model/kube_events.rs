@@ -21,6 +21,7 @@ pub enum Reason {
     StaleClients,
     SilentOwner,
     OwnerWrongInterface,
+    NodesAnswerArp,
 }
 
 impl Reason {
@@ -33,6 +34,15 @@ impl Reason {
             Reason::StaleClients => "StaleClients",
             Reason::SilentOwner => "SilentOwner",
             Reason::OwnerWrongInterface => "OwnerWrongInterface",
+            Reason::NodesAnswerArp => "NodesAnswerARP",
+        }
+    }
+
+    /// At least this long between two Events of a stream of this reason.
+    pub fn interval(self, per_stream: Duration) -> Duration {
+        match self {
+            Reason::NodesAnswerArp => per_stream.max(kernel::REPEAT),
+            _ => per_stream,
         }
     }
 
@@ -44,7 +54,9 @@ impl Reason {
     /// The Event's action: what arp-guard did that found it.
     pub fn action(self) -> &'static str {
         match self {
-            Reason::ResponderConflict | Reason::ResponderConflictResolved => "Census",
+            Reason::ResponderConflict
+            | Reason::ResponderConflictResolved
+            | Reason::NodesAnswerArp => "Census",
             Reason::SplitBrainSpeaker => "StopAnnouncement",
             Reason::SilentTakeover => "TimeTakeover",
             Reason::StaleClients => "WatchClients",
@@ -455,7 +467,8 @@ impl Limiter {
             self.minute = (now, 0);
         }
         let per = self.limits.per_stream;
-        self.last.retain(|_, t| now.duration_since(*t) < per);
+        self.last
+            .retain(|k, t| now.duration_since(*t) < k.1.interval(per));
         let ready: Vec<StreamKey> = (self.pending.keys())
             .filter(|k| !self.last.contains_key(*k))
             .take(self.limits.per_minute.saturating_sub(self.minute.1) as usize)
@@ -478,6 +491,7 @@ impl Limiter {
     }
 }
 
+pub mod kernel;
 mod probe;
 #[cfg(test)]
 mod tests;

@@ -50,6 +50,12 @@ pub struct Record {
     /// owner answering from one of them is on the wrong interface.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub other: Vec<Iface>,
+    /// Its kernel answered ARP for an LB IP another node owns, held on an
+    /// interface other than the one it answered on (arp_ignore=0: kube-proxy
+    /// IPVS with strictARP off), and the guard did not stop it (monitor
+    /// mode), lately (`model::kube_events::kernel`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub kernel_answers: bool,
 }
 
 /// Why a presence Lease was skipped.
@@ -225,6 +231,15 @@ impl Table {
         out
     }
 
+    /// The nodes with a live record whose kernel answers ARP for LB IPs
+    /// they do not own ([`Record::kernel_answers`]).
+    pub fn kernel_answering(&self, now_unix: i64) -> BTreeSet<String> {
+        (self.nodes.iter())
+            .filter(|(_, e)| !e.expired(now_unix) && e.record.kernel_answers)
+            .map(|(n, _)| n.clone())
+            .collect()
+    }
+
     /// The nodes with a live record.
     pub fn live(&self, now_unix: i64) -> Vec<String> {
         (self.nodes.iter())
@@ -298,6 +313,7 @@ mod tests {
                 })
                 .collect(),
             other: vec![],
+            kernel_answers: false,
         }
     }
 

@@ -12,10 +12,15 @@
 //! - [`Takeovers`]: for each IP that becomes owned here, the time from the
 //!   ownership change to the first announcement that left this node (or was
 //!   re-sent); none within a threshold is a silent takeover.
+//! - [`Fates`]: what the frames of an IP foreign here turned out to be: a
+//!   takeover's own, a late feed's, or split brain (`fates.rs`).
+
+mod fates;
 
 use std::{collections::BTreeMap, net::IpAddr, time::Duration};
 
-use guard_common::{Kind, Origin, Ownership};
+pub use fates::{Fates, Tally};
+use guard_common::{Kind, Origin, Ownership, Verdict};
 
 /// An announcement held back ([`guard_common::HeldFrame`], decoded).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -66,8 +71,10 @@ impl Held {
     }
 }
 
-/// An announcement of an LB IP that left this node, as the program reports
-/// it: the first after each change of the IP's entry.
+/// A frame of an LB IP as the program reports it: an announcement that
+/// left this node (`Passed`: the first after each change of the IP's
+/// entry), or one stopped, or that would have been (a drop event of an IP
+/// foreign here: what [`Fates`] and the kernel's answers are told from).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Heard {
     pub ip: IpAddr,
@@ -77,6 +84,7 @@ pub struct Heard {
     pub state: Ownership,
     pub kind: Kind,
     pub ifindex: u32,
+    pub verdict: Verdict,
 }
 
 /// What [`Holds::admit`] did with a frame.

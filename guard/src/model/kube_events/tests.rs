@@ -197,6 +197,35 @@ fn the_limiter_spaces_each_stream_and_caps_the_node() {
 }
 
 #[test]
+fn nodes_answering_arp_is_told_at_most_hourly() {
+    let t0 = Instant::now();
+    let limits = Limits {
+        per_stream: Duration::from_secs(60),
+        per_minute: 30,
+    };
+    let mut l = Limiter::new(limits, t0);
+    let key = ("default/web".to_owned(), Reason::NodesAnswerArp);
+    let at = |s| t0 + Duration::from_secs(s);
+    // The owner offers it every few seconds while it lasts.
+    let mut published = Vec::new();
+    for s in (0..7300).step_by(5) {
+        l.offer(key.clone(), occ(Reason::NodesAnswerArp));
+        if !l.due(at(s)).is_empty() {
+            published.push(s);
+        }
+    }
+    assert_eq!(published, [0, 3600, 7200]);
+    assert_eq!(
+        Reason::NodesAnswerArp.interval(Duration::from_secs(7200)),
+        Duration::from_secs(7200)
+    );
+    assert_eq!(
+        Reason::SilentOwner.interval(Duration::from_secs(60)),
+        Duration::from_secs(60)
+    );
+}
+
+#[test]
 fn the_active_census_verdicts_are_events_naming_the_owner() {
     let (t, mut m, now) = (thresholds(), Memory::default(), Instant::now());
     let line = |event: &str, by: &[&str]| {

@@ -65,10 +65,25 @@ impl ClusterBed {
         Self::with_api(tag, lb_ips, |switch| FakeApi::start(switch, API))
     }
 
+    /// The same with `n` nodes (at most 3: `node-a`, `node-b`, `node-c`,
+    /// on 198.51.100.11, .12, .13).
+    pub fn with_nodes(tag: &str, lb_ips: &[Ipv4Addr], n: usize) -> Result<Self> {
+        Self::build(tag, lb_ips, n, |switch| FakeApi::start(switch, API))
+    }
+
     /// The same with the API `start` makes in the switch namespace (listening on [`API`]).
     pub fn with_api(
         tag: &str,
         lb_ips: &[Ipv4Addr],
+        start: impl FnOnce(&Netns) -> Result<FakeApi>,
+    ) -> Result<Self> {
+        Self::build(tag, lb_ips, 2, start)
+    }
+
+    fn build(
+        tag: &str,
+        lb_ips: &[Ipv4Addr],
+        n: usize,
         start: impl FnOnce(&Netns) -> Result<FakeApi>,
     ) -> Result<Self> {
         let switch = Netns::new(&format!("{tag}-sw"))?;
@@ -82,7 +97,7 @@ impl ClusterBed {
         switch.ip(&["link", "set", "peer0", "master", "br0"])?;
         peer.ip(&["addr", "add", &format!("{PEER_IP}/24"), "dev", "eth0"])?;
         let mut nodes = Vec::new();
-        for (i, name) in ["node-a", "node-b"].iter().enumerate() {
+        for (i, name) in ["node-a", "node-b", "node-c"][..n].iter().enumerate() {
             let ns = Netns::new(&format!("{tag}-{}", &name[5..]))?;
             veth(&ns, "eth0", &switch, &format!("data{i}"))?;
             switch.ip(&["link", "set", &format!("data{i}"), "master", "br0"])?;

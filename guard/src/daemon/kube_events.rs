@@ -142,6 +142,9 @@ fn occurrence(
         node,
         owned_here: entry.state == guard_common::Ownership::Owned,
         why: &entry.source,
+        changed_ago: Duration::from_secs(
+            crate::api::state::unix_now().saturating_sub(entry.since_unix),
+        ),
     };
     let o = event_for(f, &facts, t, memory, Instant::now())?;
     Some((service, o))

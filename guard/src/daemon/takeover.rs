@@ -169,10 +169,17 @@ impl Daemon {
             log_replay(ip, sent, failed, &delays);
             return;
         }
-        let ip = h.ip;
+        let (ip, at) = (h.ip, h.at_ns);
         match holds.admit(h, now) {
             Admission::Held => {}
-            Admission::Duplicate => t.stats.count("duplicate", 1),
+            // Its copy is held, renewed; the repeat itself is judged too (a
+            // split-brain speaker repeating itself keeps its copy fresh).
+            Admission::Duplicate => {
+                t.stats.count("duplicate", 1);
+                if !t.fates.note(ip, at) {
+                    t.stats.count("overflow", 1);
+                }
+            }
             // Past the window already: the rest of its fate is the fates'.
             Admission::Late => lapse(&mut t.fates, &mut t.stats, ip, 1, now),
             Admission::Full => t.stats.count("overflow", 1),

@@ -92,7 +92,8 @@ pub struct Heard {
 pub enum Admission {
     Held,
     /// The same bytes on the same interface are held already (an announcer
-    /// repeating itself): the first is kept, with its time.
+    /// repeating itself, as MetalLB does for 5 s): one copy is kept, with
+    /// the latest time, so that the hold runs from the last repeat.
     Duplicate,
     /// Older than the window already (the daemon fell behind): discarded.
     Late,
@@ -149,10 +150,8 @@ impl Holds {
             return Admission::Late;
         }
         let held = self.by_ip.entry(h.ip).or_default();
-        if held
-            .iter()
-            .any(|o| o.ifindex == h.ifindex && o.bytes == h.bytes)
-        {
+        if let Some(o) = (held.iter_mut()).find(|o| o.ifindex == h.ifindex && o.bytes == h.bytes) {
+            o.at_ns = o.at_ns.max(h.at_ns);
             return Admission::Duplicate;
         }
         if held.len() >= PER_IP || self.count >= self.max {
@@ -401,14 +400,15 @@ mod tests {
         let mut h = Holds::new(Duration::from_secs(5), 100);
         assert_eq!(h.admit(held(1, S, 1), S), Admission::Held);
         assert_eq!(h.admit(held(1, 2 * S, 2), 2 * S), Admission::Held);
-        // The same bytes again: the first is kept, with its time.
+        // The same bytes again: one copy, with the latest time.
         assert_eq!(h.admit(held(1, 3 * S, 1), 3 * S), Admission::Duplicate);
         assert_eq!(h.len(), 2);
-        // Taken 5.5 s after the first: it has expired, the second has not.
-        let (fresh, expired) = h.take(&ip(1), 5 * S + 500 * MS + S);
+        // Taken 5.5 s after the second: it has expired, the repeated one
+        // (2.5 s old) has not.
+        let (fresh, expired) = h.take(&ip(1), 7 * S + 500 * MS);
         assert_eq!(expired, 1);
         assert_eq!(fresh.len(), 1);
-        assert_eq!(fresh[0].bytes[0], 2);
+        assert_eq!(fresh[0].bytes[0], 1);
         assert!(h.is_empty() && !h.holds(&ip(1)));
         // A frame that arrives older than the window is not kept.
         assert_eq!(h.admit(held(2, S, 1), 7 * S), Admission::Late);

@@ -26,7 +26,8 @@ pub const OUTCOMES: &[&str] = &[
     // A noted frame whose IP became owned here within --announce-hold: the
     // takeover's own.
     "in_time",
-    // The same bytes were held already (an announcer repeating itself).
+    // The same bytes were held already (an announcer repeating itself): the
+    // copy is renewed, and the repeat's fate is one of in_time, late, expired.
     "duplicate",
     // The daemon's store was full (or its queue from the reader).
     "overflow",

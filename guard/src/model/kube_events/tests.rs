@@ -7,6 +7,7 @@ fn facts(owned_here: bool) -> IpFacts<'static> {
         node: "node-b",
         owned_here,
         why: "Lease default/kubevip-web held by node-a",
+        changed_ago: Duration::from_secs(3600),
     }
 }
 
@@ -48,7 +49,12 @@ fn only_a_speakers_stopped_announcement_of_a_foreign_ip_is_a_finding() {
         })
     );
     let line = r#"{"event":"takeover_announced","lb_ip":"198.51.100.100"}"#;
-    assert_eq!(parse(line), None);
+    assert_eq!(
+        parse(line),
+        Some(Finding::TakeoverAnnounced {
+            ip: IP.parse().unwrap()
+        })
+    );
 }
 
 #[test]
@@ -65,6 +71,24 @@ fn a_split_brain_speaker_counts_once_stopped_for_the_threshold() {
     assert!(o.note.contains("stopped 3 of them"), "{}", o.note);
     // After a long pause a new run starts from zero.
     assert_eq!(event_for(&f, &facts(false), &t, &mut m, at(80)), None);
+    // Takeovers back and forth: each one's early announcements end with
+    // this node the owner, and never add up to a run.
+    let owned = Finding::TakeoverAnnounced {
+        ip: IP.parse().unwrap(),
+    };
+    assert_eq!(event_for(&owned, &facts(true), &t, &mut m, at(81)), None);
+    for s in (100..200).step_by(5) {
+        assert_eq!(event_for(&f, &facts(false), &t, &mut m, at(s)), None);
+        assert_eq!(event_for(&owned, &facts(true), &t, &mut m, at(s)), None);
+    }
+    // The IP changed hands between two of them (a takeover not timed, as
+    // right after a start): a new run.
+    let mut changed = facts(false);
+    assert_eq!(event_for(&f, &changed, &t, &mut m, at(300)), None);
+    changed.changed_ago = Duration::from_secs(2);
+    assert_eq!(event_for(&f, &changed, &t, &mut m, at(312)), None);
+    changed.changed_ago = Duration::from_secs(12);
+    assert!(event_for(&f, &changed, &t, &mut m, at(322)).is_some());
 }
 
 #[test]

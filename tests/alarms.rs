@@ -440,8 +440,7 @@ fn last_sum(r: &Run, series: &str, until: Duration) -> f64 {
             let s = r
                 .samples
                 .iter()
-                .filter(|s| s.instance == *node && s.at <= until)
-                .next_back()?;
+                .rfind(|s| s.instance == *node && s.at <= until)?;
             s.text
                 .lines()
                 .find_map(|l| l.strip_prefix(series)?.trim().parse::<f64>().ok())
@@ -532,4 +531,116 @@ fn ordinary_takeovers_raise_no_alarm_and_a_split_brain_does() {
         check(r);
     }
     eprintln!("with promtool: {:?}", t0.elapsed());
+}
+
+/// The seed incident in monitor mode: kube-proxy in IPVS mode with
+/// strictARP off, so every node's kernel answers ARP for every LB IP on its
+/// kube-ipvs0 (the ClusterBed's nodes, arp_ignore=0). Three nodes, two
+/// Services (owned by node-a and node-b), a client that asks for both every
+/// second, the active census asking every second, Events allowed every
+/// second: each Service gets exactly one Warning, from its owner, naming
+/// the other nodes, the cause and the fix, and nothing else (the probe
+/// conflicts the answering kernels cause are not told again; no repeat
+/// within the hour).
+#[test]
+fn nodes_whose_kernels_answer_make_one_warning_per_service() {
+    testbed::require_root();
+    let ips = [
+        Ipv4Addr::new(198, 51, 100, 120),
+        Ipv4Addr::new(198, 51, 100, 121),
+    ];
+    let bed = ClusterBed::with_nodes("alm-s", &ips, 3).unwrap();
+    bed.cilium_service("web0", &[&ips[0].to_string()], "node-a", 3600);
+    bed.cilium_service("web1", &[&ips[1].to_string()], "node-b", 3600);
+    for n in &bed.nodes {
+        bed.api.apply(Resource::Nodes, objects::node(&n.name));
+    }
+    let args: Vec<&str> = testbed::cluster_bed::CILIUM_PRESENCE_ARGS
+        .iter()
+        .copied()
+        .chain([
+            "--mode",
+            "monitor",
+            "--probe-interval",
+            "1s",
+            "--kube-events-interval",
+            "1s",
+        ])
+        .collect();
+    let guards = bed.start(&args).unwrap();
+    let warnings = |bed: &ClusterBed| -> Vec<Value> {
+        (bed.api.events().into_iter())
+            .filter(|e| e["type"] == "Warning")
+            .collect()
+    };
+    let t0 = Instant::now();
+    let mut told_at = None;
+    while t0.elapsed() < Duration::from_secs(60) {
+        for ip in ips {
+            bed.peer.flush_neigh("eth0").unwrap();
+            bed.peer.poke(&ip.to_string()).unwrap();
+        }
+        std::thread::sleep(Duration::from_millis(500));
+        let w = warnings(&bed);
+        let both = ["web0", "web1"]
+            .iter()
+            .all(|s| w.iter().any(|e| e["regarding"]["name"] == *s));
+        if both && told_at.is_none() {
+            told_at = Some(t0.elapsed());
+        }
+        // Once both are told, as long again: nothing more may come.
+        if told_at.is_some_and(|t| t0.elapsed() > t * 2 + Duration::from_secs(5)) {
+            break;
+        }
+    }
+    let logs = || {
+        (guards.iter().zip(&bed.nodes))
+            .map(|(g, n)| format!("{}:\n{}", n.name, g.log_text()))
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    let w = warnings(&bed);
+    eprintln!("told after {told_at:?}; {} Warning(s)", w.len());
+    assert!(told_at.is_some(), "not told: {w:#?}\n{}", logs());
+    assert_eq!(w.len(), 2, "one Warning per Service: {w:#?}\n{}", logs());
+    // What was not told again: the askers saw two MACs answer their
+    // requests (node-c asks about both IPs), and every node saw its own
+    // kernel answer.
+    let conflicts = testbed::counter(
+        &bed.nodes[2].ns,
+        "arp_guard_probe_ips{verdict=\"conflict\"}",
+    );
+    assert_eq!(conflicts, 2.0, "{}", logs());
+    for g in &guards {
+        assert!(g
+            .log_text()
+            .contains("kernel answers ARP for an LB IP another node owns"));
+    }
+    for (svc, owner, others) in [
+        ("web0", "node-a", "node-b, node-c"),
+        ("web1", "node-b", "node-a, node-c"),
+    ] {
+        let e = (w.iter())
+            .find(|e| e["regarding"]["name"] == svc)
+            .unwrap_or_else(|| panic!("no Warning on {svc}: {w:#?}"));
+        assert_eq!(e["reason"], "NodesAnswerARP", "{e:#}");
+        assert_eq!(e["reportingInstance"], owner, "{e:#}");
+        assert!(e["series"].is_null(), "repeated within the hour: {e:#}");
+        let note = e["note"].as_str().unwrap();
+        let ip = if svc == "web0" { ips[0] } else { ips[1] };
+        assert!(
+            note.starts_with(&format!(
+                "{others} also answer ARP for {ip}, which {owner} owns"
+            )),
+            "{note}"
+        );
+        for words in [
+            "strictARP: true",
+            "arp_ignore=0",
+            "arp_ignore=1",
+            "enforce mode",
+        ] {
+            assert!(note.contains(words), "{words}: {note}");
+        }
+    }
 }

@@ -54,6 +54,8 @@ impl KubeEventsArgs {
             },
             split_brain_after: self.split_brain_after,
             stale_clients: self.kube_events_stale_clients as usize,
+            // Set with presence (`cli/config.rs`).
+            review: std::time::Duration::ZERO,
         }
     }
 }

@@ -101,6 +101,11 @@ pub struct KubeEventsConfig {
     pub split_brain_after: std::time::Duration,
     /// This many stale clients of one LB IP make an Event.
     pub stale_clients: usize,
+    /// Conflicts wait this long before they are judged: nodes whose kernels
+    /// answer say so in their presence records within a few periods, and a
+    /// conflict they explain is told by the owner's NodesAnswerARP (zero:
+    /// presence off, judged at once).
+    pub review: std::time::Duration,
 }
 
 /// Misdirected clients (the census's client table).

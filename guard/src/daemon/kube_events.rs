@@ -12,7 +12,7 @@
 //! request is bounded in time, and failures are counted and logged.
 
 use std::{
-    collections::BTreeMap,
+    collections::{BTreeMap, VecDeque},
     sync::Arc,
     time::{Duration, Instant},
 };
@@ -26,7 +26,7 @@ use crate::{
     api::Shared,
     model::kube_events::{
         event_for,
-        kernel::{answers_now, nodes_answer, silenced},
+        kernel::{answers_now, explicable, nodes_answer, silenced},
         parse, Finding, IpFacts, Limiter, Memory, Occurrence, Offered, StreamKey, Thresholds,
     },
     telemetry::ops::{EventOutcome, Ops},
@@ -42,6 +42,8 @@ const MAX_UIDS: usize = 4096;
 /// How often the owner looks for other nodes' kernels answering for its IPs
 /// (the records are renewed every --presence-period).
 const KERNELS_EVERY: Duration = Duration::from_secs(5);
+/// Conflicts waiting for their review; more are judged at once.
+const MAX_WAITING: usize = 1024;
 
 /// Start the reader and the publisher (the API client is built on the
 /// publisher's task: a configuration that cannot be read is logged once,
@@ -74,24 +76,27 @@ async fn read(
     mut events: broadcast::Receiver<String>,
     tx: mpsc::Sender<Job>,
 ) {
-    let thresholds = Thresholds {
-        split_brain_after: cfg.split_brain_after,
-        stale_clients: cfg.stale_clients,
-        silent_after,
+    let mut r = Reader {
+        thresholds: Thresholds {
+            split_brain_after: cfg.split_brain_after,
+            stale_clients: cfg.stale_clients,
+            silent_after,
+        },
+        limiter: Limiter::new(cfg.limits, Instant::now()),
+        memory: Memory::default(),
+        review: cfg.review,
+        waiting: VecDeque::new(),
+        node,
+        shared,
     };
-    let mut limiter = Limiter::new(cfg.limits, Instant::now());
-    let mut memory = Memory::default();
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     let mut kernels = tokio::time::interval(KERNELS_EVERY);
     loop {
         tokio::select! {
             line = events.recv() => match line {
                 Ok(line) => {
-                    let Some(f) = parse(&line) else { continue };
-                    let Some((service, o)) = occurrence(&f, &node, &shared, &thresholds, &mut memory) else { continue };
-                    let reason = o.reason;
-                    if limiter.offer((service, reason), o) == Offered::Dropped {
-                        shared.ops.kube_event(reason.as_str(), EventOutcome::Dropped);
+                    if let Some(f) = parse(&line) {
+                        r.finding(f);
                     }
                 }
                 // Lines missed while this task was behind: nothing to do
@@ -99,20 +104,74 @@ async fn read(
                 Err(broadcast::error::RecvError::Lagged(_)) => continue,
                 Err(broadcast::error::RecvError::Closed) => return,
             },
-            _ = tick.tick() => memory.prune(Instant::now()),
+            _ = tick.tick() => r.tick(),
             _ = kernels.tick() => {
-                for (service, o) in answering_kernels(&node, &shared) {
-                    let reason = o.reason;
-                    if limiter.offer((service, reason), o) == Offered::Dropped {
-                        shared.ops.kube_event(reason.as_str(), EventOutcome::Dropped);
-                    }
+                for (service, o) in answering_kernels(&r.node, &r.shared) {
+                    r.offer(service, o);
                 }
             }
         }
-        for (stream, occurrence) in limiter.due(Instant::now()) {
+        for (stream, occurrence) in r.limiter.due(Instant::now()) {
             let reason = occurrence.reason.as_str();
             if tx.try_send(Job { stream, occurrence }).is_err() {
-                shared.ops.kube_event(reason, EventOutcome::Dropped);
+                r.shared.ops.kube_event(reason, EventOutcome::Dropped);
+            }
+        }
+    }
+}
+
+/// The reader's state.
+struct Reader {
+    thresholds: Thresholds,
+    limiter: Limiter,
+    memory: Memory,
+    /// How long a conflict waits before it is judged (see [`explicable`]).
+    review: Duration,
+    waiting: VecDeque<(Instant, Finding)>,
+    node: String,
+    shared: Arc<Shared>,
+}
+
+impl Reader {
+    /// A finding: judged now, or, when nodes whose kernels answer may
+    /// explain it and their presence records may not say so yet, after
+    /// `review`.
+    fn finding(&mut self, f: Finding) {
+        if explicable(&f) && !self.review.is_zero() {
+            if self.waiting.len() < MAX_WAITING {
+                self.waiting.push_back((Instant::now(), f));
+            }
+            return;
+        }
+        self.judge(&f);
+    }
+
+    fn judge(&mut self, f: &Finding) {
+        let t = &self.thresholds;
+        if let Some((service, o)) = occurrence(f, &self.node, &self.shared, t, &mut self.memory) {
+            self.offer(service, o);
+        }
+    }
+
+    fn offer(&mut self, service: String, o: Occurrence) {
+        let reason = o.reason;
+        if self.limiter.offer((service, reason), o) == Offered::Dropped {
+            self.shared
+                .ops
+                .kube_event(reason.as_str(), EventOutcome::Dropped);
+        }
+    }
+
+    /// Every second: forget what went quiet, judge what waited its turn.
+    fn tick(&mut self) {
+        let now = Instant::now();
+        self.memory.prune(now);
+        while let Some((at, _)) = self.waiting.front() {
+            if now.duration_since(*at) < self.review {
+                break;
+            }
+            if let Some((_, f)) = self.waiting.pop_front() {
+                self.judge(&f);
             }
         }
     }

@@ -127,6 +127,19 @@ pub fn silenced(
     }
 }
 
+/// Whether `f` is a conflict the answering kernels may explain (judged
+/// once the presence records had time to say whose kernels answer).
+pub fn explicable(f: &Finding) -> bool {
+    matches!(
+        f,
+        Finding::Conflict { .. }
+            | Finding::Probe {
+                verdict: ProbeVerdict::Conflict,
+                ..
+            }
+    )
+}
+
 /// The MACs a finding's words name (`02:00:..` anywhere in them).
 pub fn macs_in(words: &[String]) -> Vec<[u8; 6]> {
     (words.iter())
@@ -268,6 +281,8 @@ mod tests {
             &answering,
             true
         ));
+        assert!(explicable(&conflict) && explicable(&probe(ProbeVerdict::Conflict)));
+        assert!(!explicable(&probe(ProbeVerdict::SilentOwner)));
         let stale = Finding::StaleClient {
             ip: IP,
             client_ip: "198.51.100.1".into(),

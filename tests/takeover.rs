@@ -175,10 +175,11 @@ fn a_split_brain_speaker_stays_stopped_and_its_held_frames_expire() {
         Some(OTHER_MAC),
         "a split-brain speaker stays stopped"
     );
-    // Three identical frames: one held, two duplicates; it expired.
+    // Three identical frames: one held, two duplicates (its copy renewed,
+    // each judged): all three split brain.
     assert_eq!(
         metric(&bed.node, "arp_guard_announce_total{outcome=\"expired\"}"),
-        1.0
+        3.0
     );
     assert_eq!(
         metric(&bed.node, "arp_guard_announce_total{outcome=\"duplicate\"}"),

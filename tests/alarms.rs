@@ -195,6 +195,7 @@ fn bed(tag: &str, mode: &str) -> (ClusterBed, Vec<testbed::Daemon>, Holders) {
         "2s",
         "--probe-interval",
         "10s",
+        "--probe-in-monitor-mode",
         "--split-brain-after",
         "15s",
     ];
@@ -563,6 +564,7 @@ fn nodes_whose_kernels_answer_make_one_warning_per_service() {
             "monitor",
             "--probe-interval",
             "1s",
+            "--probe-in-monitor-mode",
             "--kube-events-interval",
             "1s",
         ])

@@ -347,16 +347,17 @@ fn check_guard(rel: &str, expect: &Expect) {
     }
 }
 
-/// Presence's RBAC: Lease writes in the guard's namespace only (a Role
-/// bound to its ServiceAccount), Nodes read-only cluster-wide, and no
-/// write verb in any ClusterRole.
+/// Presence's RBAC: Lease writes and Pod reads in the guard's namespace
+/// only (a Role bound to its ServiceAccount), Nodes read-only
+/// cluster-wide, and no write verb in any ClusterRole.
 fn check_presence_rbac(objs: &[Value], ns: &str, sa: &str, ctx: &str) {
     let role = named(objs, "Role", "arp-guard-presence");
     assert_eq!(role["metadata"]["namespace"], ns, "{ctx}");
     assert_eq!(
         role["rules"],
         serde_json::json!([{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
-            "verbs": ["get", "list", "watch", "create", "update", "delete"]}]),
+            "verbs": ["get", "list", "watch", "create", "update", "delete"]},
+            {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}]),
         "{ctx}"
     );
     let binding = named(objs, "RoleBinding", "arp-guard-presence");

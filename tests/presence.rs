@@ -1,9 +1,12 @@
 //! Presence: every guard publishes who it is (node, guarded interfaces and
-//! their MACs, mode, health) as a Lease in its namespace, and reads
-//! everyone's. Two guarded nodes of a ClusterBed, with the DaemonSet's
-//! privileges, against the fake API: the Leases' content, `/cluster` and
-//! `status --cluster` (coverage: a node without a guard), deletion on
-//! SIGTERM and expiry after SIGKILL, hostile records, the API down.
+//! their MACs, mode, health) as a Lease in its namespace, written when it
+//! changes, and follows everyone's with a watch; a guard is live while its
+//! Pod is Ready (the bed's kubelet probes `/readyz`). Two guarded nodes of
+//! a ClusterBed, with the DaemonSet's privileges, against the fake API: the
+//! Leases' content, `/cluster` and `status --cluster` (coverage: a node
+//! without a guard), no write and no list while nothing changes, a restart
+//! that writes nothing, deletion on SIGTERM and not live after SIGKILL,
+//! hostile records, the API down.
 
 use std::{net::Ipv4Addr, time::Duration};
 
@@ -89,7 +92,7 @@ fn guard_row<'a>(doc: &'a Value, node: &str) -> Option<&'a Value> {
 }
 
 fn live(doc: &Value, node: &str) -> bool {
-    guard_row(doc, node).is_some_and(|g| g["expired"] == false)
+    guard_row(doc, node).is_some_and(|g| g["live"] == true)
 }
 
 fn lease(bed: &ClusterBed, node: &str) -> Option<Value> {
@@ -119,7 +122,10 @@ fn two_guards_publish_their_macs_and_see_each_other_and_the_node_without_one() {
             "arp-guard-presence"
         );
         assert_eq!(l["spec"]["holderIdentity"], *node);
-        assert_eq!(l["spec"]["leaseDurationSeconds"], 3, "3 periods");
+        assert!(
+            l["spec"]["leaseDurationSeconds"].is_null(),
+            "not renewed: it lasts while its Pod is Ready"
+        );
         let r = record(&l);
         assert_eq!(r["node"], *node);
         assert_eq!(r["mode"], "enforce");
@@ -127,11 +133,6 @@ fn two_guards_publish_their_macs_and_see_each_other_and_the_node_without_one() {
         assert_eq!(r["interfaces"][0]["mac"], mac(bed.nodes[i].mac));
         assert_eq!(r["interfaces"].as_array().unwrap().len(), 1, "{r}");
     }
-    // Renewed: the resourceVersion moves (a replace at the version it saw).
-    let rv =
-        |bed: &ClusterBed| lease(bed, "node-a").unwrap()["metadata"]["resourceVersion"].clone();
-    let first = rv(&bed);
-    assert!(wait_for(Duration::from_secs(5), || (rv(&bed) != first).then_some(())).is_some());
     // Each sees the other, and node-c uncovered.
     for i in 0..2 {
         let doc = cluster_until(&bed, i, |d| {
@@ -165,8 +166,63 @@ fn two_guards_publish_their_macs_and_see_each_other_and_the_node_without_one() {
     check(bed.wait_answer(LB, Some("node-a"), Duration::from_secs(8)));
 }
 
+/// With nothing changing, presence writes nothing and lists nothing: over
+/// many periods (1 s here) the Leases keep their resourceVersion, and the
+/// API server sees no request of presence but the watches' reopenings (none
+/// in a few seconds: they last minutes). A restart with nothing changed
+/// writes nothing either; a change (monitor mode) is written once.
 #[test]
-fn a_record_is_deleted_on_sigterm_and_expires_after_sigkill() {
+fn nothing_changing_costs_no_write_and_no_list() {
+    testbed::require_root();
+    let bed = bed("prq");
+    let _a = start(&bed, 0);
+    let mut b = start(&bed, 1);
+    cluster_until(&bed, 0, |d| live(d, "node-a") && live(d, "node-b"));
+    let rv = |node: &str| lease(&bed, node).unwrap()["metadata"]["resourceVersion"].clone();
+    // Settled: both healthy, their records as they will stay.
+    cluster_until(&bed, 1, |d| {
+        d["guards"]
+            .as_array()
+            .is_some_and(|g| g.len() == 2 && g.iter().all(|g| g["health"] == "enforcing"))
+    });
+    std::thread::sleep(Duration::from_secs(2));
+    let before = (rv("node-a"), rv("node-b"));
+    bed.api.reset_tally();
+    std::thread::sleep(Duration::from_secs(6));
+    assert_eq!(
+        (rv("node-a"), rv("node-b")),
+        before,
+        "no write in 6 periods"
+    );
+    let asked: Vec<String> = (bed.api.tally().into_iter())
+        .filter(|((_, verb, res), _)| {
+            matches!(res.as_str(), "leases" | "pods" | "nodes") && *verb != "watch"
+        })
+        .map(|((ip, verb, res), c)| format!("{ip} {verb} {res}: {c:?}"))
+        .collect();
+    assert!(asked.is_empty(), "presence asked the API: {asked:?}");
+    // A restart of node-b's guard with nothing changed: no write.
+    b.stop(libc::SIGKILL, Duration::from_secs(10)).unwrap();
+    cluster_until(&bed, 0, |d| !live(d, "node-b"));
+    let _b = start(&bed, 1);
+    cluster_until(&bed, 0, |d| live(d, "node-b"));
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(
+        rv("node-b"),
+        before.1,
+        "restarted with the same record: not written"
+    );
+    // Its record changes (monitor mode): written once, seen by node-a.
+    drop(_b);
+    let _b = start_with(&bed, 1, &["--mode", "monitor"]);
+    cluster_until(&bed, 0, |d| {
+        live(d, "node-b") && guard_row(d, "node-b").is_some_and(|g| g["mode"] == "monitor")
+    });
+    assert_ne!(rv("node-b"), before.1);
+}
+
+#[test]
+fn a_record_is_deleted_on_sigterm_and_not_live_after_sigkill() {
     testbed::require_root();
     let bed = bed("prx");
     let _a = start(&bed, 0);
@@ -176,13 +232,14 @@ fn a_record_is_deleted_on_sigterm_and_expires_after_sigkill() {
     assert!(lease(&bed, "node-b").is_none(), "deleted at a clean exit");
     let doc = cluster_until(&bed, 0, |d| guard_row(d, "node-b").is_none());
     assert!(live(&doc, "node-a"));
-    // Killed: the Lease stays and expires after 3 periods; node-b uncovered.
+    // Killed: the Lease stays, but its Pod is not Ready (the kubelet's
+    // probe fails): not live, node-b uncovered.
     let mut b = start(&bed, 1);
     cluster_until(&bed, 0, |d| live(d, "node-b"));
     b.stop(libc::SIGKILL, Duration::from_secs(10)).unwrap();
     assert!(lease(&bed, "node-b").is_some());
     let doc = cluster_until(&bed, 0, |d| {
-        guard_row(d, "node-b").is_some_and(|g| g["expired"] == true)
+        guard_row(d, "node-b").is_some_and(|g| g["live"] == false && g["ready"] == false)
             && d["uncovered"]
                 .as_array()
                 .is_some_and(|u| u.iter().any(|n| n == "node-b"))
@@ -228,14 +285,14 @@ fn hostile_records_are_skipped_and_a_dead_api_leaves_guarding_alone() {
     );
     // The API down: presence fails (said, counted), guarding goes on.
     bed.api.set_down(true);
-    cluster_until(&bed, 0, |d| d["errors"]["write"].is_string());
+    cluster_until(&bed, 0, |d| d["errors"]["records"].is_string());
     check(bed.wait_answer(LB, Some("node-a"), Duration::from_secs(8)));
     let (code, _) = bed.nodes[0]
         .ns
         .enter(|| guard::testing::get("127.0.0.1:9477".parse().unwrap(), "/healthz"))
         .unwrap();
     assert_eq!(code, 200);
-    // Said once per kind of request (write, list, nodes), not every period.
+    // Said once per kind of request (records, pods, nodes), not every retry.
     std::thread::sleep(Duration::from_secs(3));
     let said = a.count_log("presence: request failed");
     assert!((1..=3).contains(&said), "{said} lines:\n{}", a.log_text());
@@ -311,5 +368,27 @@ fn a_rogue_node_and_a_stranger_are_named_on_the_owner() {
     assert!(
         text.contains("\"outside\":true") || text.contains("\"outside\": true"),
         "{text}"
+    );
+}
+
+/// A `--presence-pods` that selects no guard Pod (a customised DaemonSet's
+/// labels) must not make every guard dead: the records alone say who is
+/// live, and `/cluster` says why.
+#[test]
+fn a_selector_matching_no_guard_pod_falls_back_to_the_records() {
+    testbed::require_root();
+    let bed = bed("prp");
+    let wrong = ["--presence-pods", "app=not-the-guard"];
+    let _a = start_with(&bed, 0, &wrong);
+    let _b = start_with(&bed, 1, &wrong);
+    let doc = cluster_until(&bed, 0, |d| live(d, "node-a") && live(d, "node-b"));
+    let why = doc["errors"]["pods"].as_str().unwrap_or_default();
+    assert!(
+        why.contains("no Pod matching --presence-pods") && why.contains("node-a"),
+        "{doc:#}"
+    );
+    assert!(
+        guard_row(&doc, "node-b").unwrap()["ready"].is_null(),
+        "{doc:#}"
     );
 }

@@ -85,8 +85,8 @@ fn event(bed: &ClusterBed, reason: &str) -> Value {
     .unwrap_or_else(|| panic!("no {reason} Event: {:#?}", bed.api.events()))
 }
 
-/// A presence record for `node` in the fake API, live for decades: what a
-/// guard on it would publish.
+/// A presence record for `node` in the fake API, and its guard Pod Ready
+/// for good: what a guard on it would publish.
 fn presence_record(
     bed: &ClusterBed,
     node: &str,
@@ -106,10 +106,10 @@ fn presence_record(
             "metadata": {"name": format!("arp-guard-{node}"), "namespace": NS,
                 "labels": {"app.kubernetes.io/component": "arp-guard-presence"},
                 "annotations": {"arp-guard.io/presence": record.to_string()}},
-            "spec": {"holderIdentity": node, "renewTime": "2026-11-30T10:00:00.000000Z",
-                "leaseDurationSeconds": 1_000_000_000},
+            "spec": {"holderIdentity": node, "renewTime": "2026-11-30T10:00:00.000000Z"},
         }),
     );
+    bed.kubelet.pin(node, true);
 }
 
 /// The active census's requests among `frames`: ARP requests whose sender
@@ -308,11 +308,27 @@ fn each_ip_is_asked_by_its_share_at_the_capped_rate_and_off_sends_nothing() {
     }
     // Off: no request at all.
     drop((_a, _b));
-    let _off = start(&bed, 0, &["--probe-interval", "0"]);
+    let off = start(&bed, 0, &["--probe-interval", "0"]);
     assert!(probes(&bed, 0).is_none(), "/probes answers while off");
     wire.drain();
     let seen = requests(&wire.collect_arp(Duration::from_secs(4)).unwrap());
     assert!(seen.is_empty(), "{seen:?}");
+    // Monitor mode, every other flag at its default: nothing either (the
+    // trial that changes nothing on the wire)...
+    drop(off);
+    let monitor = start(&bed, 0, &["--mode", "monitor"]);
+    assert!(probes(&bed, 0).is_none(), "/probes answers in monitor mode");
+    wire.drain();
+    let seen = requests(&wire.collect_arp(Duration::from_secs(4)).unwrap());
+    assert!(seen.is_empty(), "monitor mode asked: {seen:?}");
+    // ...unless asked for.
+    drop(monitor);
+    let _asked = start(&bed, 0, &["--mode", "monitor", "--probe-in-monitor-mode"]);
+    let asked = wait_for(Duration::from_secs(20), || {
+        let seen = requests(&wire.collect_arp(Duration::from_secs(2)).unwrap());
+        (!seen.is_empty()).then_some(seen)
+    });
+    assert!(asked.is_some(), "--probe-in-monitor-mode asked nothing");
 }
 
 #[test]

@@ -202,7 +202,7 @@ fn with_a_rogue(tag: &str, from_before: bool, presence: bool) -> (TakeoverBed, T
             let live = doc["guards"]
                 .as_array()?
                 .iter()
-                .any(|g| g["node"] == t.bed.nodes[1].name.as_str() && g["expired"] == false);
+                .any(|g| g["node"] == t.bed.nodes[1].name.as_str() && g["live"] == true);
             live.then_some(r)
         })
         .expect("node-a never listed node-b's presence record");

@@ -349,6 +349,8 @@ impl Drop for Floor {
 /// Lease renewal over `renewals` paced at `rate` a second.
 fn cpu(lb: usize, rest: Duration, renewals: usize, rate: f64, build: &Build) {
     let bed = ClusterBed::new("bcpu", &[]).unwrap();
+    // The readiness probe as the DaemonSet sets it (every 5 s).
+    bed.kubelet.set_every(Duration::from_secs(5));
     load(&bed.api, lb, 0);
     let (guard, _) = start(&bed, build, lb);
     std::thread::sleep(Duration::from_secs(3));

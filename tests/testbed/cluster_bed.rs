@@ -21,6 +21,7 @@ use anyhow::Result;
 use crate::{
     bed::TempDir,
     fake_api::FakeApi,
+    kubelet::Kubelet,
     netns::{kube_ipvs0, veth},
     wait_for, Daemon, Netns,
 };
@@ -49,7 +50,14 @@ pub struct Node {
     pub mac: [u8; 6],
 }
 
+/// How often the bed's kubelet probes each guard's readiness (the
+/// DaemonSet's own readinessProbe: 5 s; tests want liveness to follow soon).
+pub const KUBELET_EVERY: Duration = Duration::from_secs(1);
+
 pub struct ClusterBed {
+    /// Each node's guard Pod, Ready as its `/readyz` says (first field:
+    /// dropped, its threads joined, before the namespaces go).
+    pub kubelet: Kubelet,
     pub api: FakeApi,
     pub kubeconfig: PathBuf,
     pub dir: TempDir,
@@ -68,7 +76,8 @@ impl ClusterBed {
     /// The same with `n` nodes (at most 3: `node-a`, `node-b`, `node-c`,
     /// on 198.51.100.11, .12, .13).
     pub fn with_nodes(tag: &str, lb_ips: &[Ipv4Addr], n: usize) -> Result<Self> {
-        Self::build(tag, lb_ips, n, |switch| FakeApi::start(switch, API))
+        let names = &["node-a", "node-b", "node-c"][..n];
+        Self::build(tag, names, lb_ips, |switch| FakeApi::start(switch, API))
     }
 
     /// The same with the API `start` makes in the switch namespace (listening on [`API`]).
@@ -77,13 +86,21 @@ impl ClusterBed {
         lb_ips: &[Ipv4Addr],
         start: impl FnOnce(&Netns) -> Result<FakeApi>,
     ) -> Result<Self> {
-        Self::build(tag, lb_ips, 2, start)
+        Self::build(tag, &["node-a", "node-b"], lb_ips, start)
+    }
+
+    /// `n` nodes `node-00`, `node-01`, ... (at most 40), plain HTTP: a fleet.
+    pub fn fleet(tag: &str, n: usize, lb_ips: &[Ipv4Addr]) -> Result<Self> {
+        anyhow::ensure!(n <= 40, "a fleet bed has at most 40 nodes");
+        let names: Vec<String> = (0..n).map(|i| format!("node-{i:02}")).collect();
+        let names: Vec<&str> = names.iter().map(String::as_str).collect();
+        Self::build(tag, &names, lb_ips, |switch| FakeApi::start(switch, API))
     }
 
     fn build(
         tag: &str,
+        names: &[&str],
         lb_ips: &[Ipv4Addr],
-        n: usize,
         start: impl FnOnce(&Netns) -> Result<FakeApi>,
     ) -> Result<Self> {
         let switch = Netns::new(&format!("{tag}-sw"))?;
@@ -97,7 +114,7 @@ impl ClusterBed {
         switch.ip(&["link", "set", "peer0", "master", "br0"])?;
         peer.ip(&["addr", "add", &format!("{PEER_IP}/24"), "dev", "eth0"])?;
         let mut nodes = Vec::new();
-        for (i, name) in ["node-a", "node-b", "node-c"][..n].iter().enumerate() {
+        for (i, name) in names.iter().enumerate() {
             let ns = Netns::new(&format!("{tag}-{}", &name[5..]))?;
             veth(&ns, "eth0", &switch, &format!("data{i}"))?;
             switch.ip(&["link", "set", &format!("data{i}"), "master", "br0"])?;
@@ -132,7 +149,11 @@ impl ClusterBed {
         let dir = TempDir::new(tag)?;
         let kubeconfig = dir.path().join("kubeconfig");
         std::fs::write(&kubeconfig, api.kubeconfig())?;
+        let probed: Vec<(String, String)> = (nodes.iter())
+            .map(|n| (n.name.clone(), n.ns.name.clone()))
+            .collect();
         Ok(ClusterBed {
+            kubelet: Kubelet::start(api.handle(), PRESENCE_NS, &probed, KUBELET_EVERY),
             api,
             kubeconfig,
             dir,

@@ -46,7 +46,10 @@ use serde_json::{json, Value};
 use crate::Netns;
 
 mod events;
+mod tally;
 pub mod tls;
+
+pub use tally::{Counts, Key as TallyKey};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Resource {
@@ -57,6 +60,8 @@ pub enum Resource {
     ConfigMaps,
     /// Cluster-scoped (stored under the namespace ""): presence lists them for coverage.
     Nodes,
+    /// The guard Pods (presence watches their Ready condition).
+    Pods,
 }
 
 impl Resource {
@@ -67,6 +72,7 @@ impl Resource {
             Resource::L2Statuses => "ServiceL2Status",
             Resource::ConfigMaps => "ConfigMap",
             Resource::Nodes => "Node",
+            Resource::Pods => "Pod",
         }
     }
     fn api_version(self) -> &'static str {
@@ -74,7 +80,7 @@ impl Resource {
             Resource::Services => "v1",
             Resource::Leases => "coordination.k8s.io/v1",
             Resource::L2Statuses => "metallb.io/v1beta1",
-            Resource::ConfigMaps | Resource::Nodes => "v1",
+            Resource::ConfigMaps | Resource::Nodes | Resource::Pods => "v1",
         }
     }
     /// (resource, namespace, object name) from a request path.
@@ -104,6 +110,7 @@ impl Resource {
             ("metallb", "servicel2statuses") => Resource::L2Statuses,
             ("core", "configmaps") => Resource::ConfigMaps,
             ("core", "nodes") => Resource::Nodes,
+            ("core", "pods") => Resource::Pods,
             _ => return None,
         };
         Some((res, ns, name))
@@ -182,6 +189,8 @@ struct Inner {
     next_conn: AtomicU64,
     /// Events the guard published (events.rs).
     events: Mutex<events::Store>,
+    /// What each client asked and was sent (tally.rs).
+    tally: Mutex<tally::Tally>,
 }
 
 /// The server; stops on drop.
@@ -221,6 +230,7 @@ impl FakeApi {
             conns: Mutex::new(BTreeMap::new()),
             next_conn: AtomicU64::new(0),
             events: Mutex::new(events::Store::default()),
+            tally: Mutex::new(tally::Tally::default()),
         });
         let server = inner.clone();
         std::thread::spawn(move || accept_loop(listener, server));
@@ -494,41 +504,49 @@ fn accept_loop(listener: TcpListener, inner: Arc<Inner>) {
     }
 }
 
-/// One connection: plain, or TLS over it.
-enum Conn {
+/// One connection: plain, or TLS over it; with the bytes written to it
+/// (before TLS), for the tally.
+struct Conn {
+    io: Io,
+    written: u64,
+}
+
+enum Io {
     Plain(TcpStream),
     Tls(Box<rustls::StreamOwned<rustls::ServerConnection, TcpStream>>),
 }
 
 impl Conn {
     fn tcp(&self) -> &TcpStream {
-        match self {
-            Conn::Plain(s) => s,
-            Conn::Tls(s) => &s.sock,
+        match &self.io {
+            Io::Plain(s) => s,
+            Io::Tls(s) => &s.sock,
         }
     }
 }
 
 impl Read for Conn {
     fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-        match self {
-            Conn::Plain(s) => s.read(buf),
-            Conn::Tls(s) => s.read(buf),
+        match &mut self.io {
+            Io::Plain(s) => s.read(buf),
+            Io::Tls(s) => s.read(buf),
         }
     }
 }
 
 impl Write for Conn {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        match self {
-            Conn::Plain(s) => s.write(buf),
-            Conn::Tls(s) => s.write(buf),
-        }
+        let n = match &mut self.io {
+            Io::Plain(s) => s.write(buf),
+            Io::Tls(s) => s.write(buf),
+        }?;
+        self.written += n as u64;
+        Ok(n)
     }
     fn flush(&mut self) -> std::io::Result<()> {
-        match self {
-            Conn::Plain(s) => s.flush(),
-            Conn::Tls(s) => s.flush(),
+        match &mut self.io {
+            Io::Plain(s) => s.flush(),
+            Io::Tls(s) => s.flush(),
         }
     }
 }
@@ -620,16 +638,31 @@ fn serve(stream: TcpStream, inner: &Inner) -> Result<()> {
         );
     }
     let tls = inner.tls.lock().unwrap().clone();
-    let conn = match tls {
-        Some(cfg) => Conn::Tls(Box::new(rustls::StreamOwned::new(
+    let peer = stream.peer_addr()?.ip();
+    let io = match tls {
+        Some(cfg) => Io::Tls(Box::new(rustls::StreamOwned::new(
             rustls::ServerConnection::new(cfg)?,
             stream,
         ))),
-        None => Conn::Plain(stream),
+        None => Io::Plain(stream),
     };
+    let conn = Conn { io, written: 0 };
     let mut reader = BufReader::new(conn);
+    // The request being answered and the bytes written before it.
+    let mut answering: Option<(TallyKey, u64)> = None;
     loop {
-        let Some(req) = read_request(&mut reader)? else {
+        let req = read_request(&mut reader);
+        if let Some((key, from)) = answering.take() {
+            let bytes = reader.get_ref().written - from;
+            inner.tally.lock().unwrap().add(
+                &key,
+                Counts {
+                    bytes,
+                    ..Counts::default()
+                },
+            );
+        }
+        let Some(req) = req? else {
             return Ok(());
         };
         let target = req.target;
@@ -640,6 +673,17 @@ fn serve(stream: TcpStream, inner: &Inner) -> Result<()> {
             .map(|(k, v)| (k, decode(v)))
             .collect();
         let param = |k: &str| params.get(k).map(String::as_str);
+        let is_watch = matches!(param("watch"), Some("true") | Some("1"));
+        let key = tally::key(peer, &req.method, path, is_watch);
+        let read = matches!(key.1, "get" | "list") && param("continue").is_none();
+        let quorum = read && param("resourceVersion").is_none_or(str::is_empty);
+        let one = Counts {
+            requests: 1,
+            quorum: u64::from(quorum),
+            ..Counts::default()
+        };
+        inner.tally.lock().unwrap().add(&key, one);
+        answering = Some((key.clone(), reader.get_ref().written));
         {
             let mut st = inner.state.lock().unwrap();
             st.requests += 1;
@@ -713,7 +757,7 @@ fn serve(stream: TcpStream, inner: &Inner) -> Result<()> {
             selector: param("labelSelector"),
             fields,
         };
-        if !matches!(param("watch"), Some("true") | Some("1")) {
+        if !is_watch {
             let limit = param("limit").and_then(|v| v.parse().ok());
             let cont = param("continue");
             respond(out, 200, &list(inner, &filter, limit, cont))?;
@@ -728,7 +772,7 @@ fn serve(stream: TcpStream, inner: &Inner) -> Result<()> {
         let bookmarks = param("allowWatchBookmarks") == Some("true");
         return watch_stream(
             reader.into_inner(),
-            inner,
+            (inner, &key),
             &filter,
             from,
             timeout,
@@ -1059,13 +1103,26 @@ fn chunk(out: &mut impl Write, line: &Value) -> std::io::Result<()> {
 
 fn watch_stream(
     mut out: Conn,
-    inner: &Inner,
+    (inner, key): (&Inner, &TallyKey),
     f: &Filter<'_>,
     from: u64,
     timeout: Duration,
     bookmarks: bool,
 ) -> Result<()> {
+    let mut mark = out.written;
+    let mut count = |out: &Conn, events: u64, bookmarks: u64| {
+        let bytes = out.written - mark;
+        mark = out.written;
+        let c = Counts {
+            bytes,
+            events,
+            bookmarks,
+            ..Counts::default()
+        };
+        inner.tally.lock().unwrap().add(key, c);
+    };
     write!(out, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n")?;
+    count(&out, 0, 0);
     if stuck(inner, f.res) {
         return hang(out, inner);
     }
@@ -1083,6 +1140,7 @@ fn watch_stream(
         drop(st);
         chunk(&mut out, &json!({"type": "ERROR", "object": gone}))?;
         write!(out, "0\r\n\r\n")?;
+        count(&out, 1, 0);
         return Ok(());
     }
     loop {
@@ -1098,6 +1156,7 @@ fn watch_stream(
             // timeoutSeconds reached: the server ends the stream properly.
             drop(st);
             write!(out, "0\r\n\r\n")?;
+            count(&out, 0, 0);
             return Ok(());
         }
         let first = st.log.partition_point(|e| e.rv <= sent_up_to);
@@ -1122,9 +1181,13 @@ fn watch_stream(
         for l in &lines {
             chunk(&mut out, l)?;
         }
+        let marked = bookmark.is_some();
         if let Some(b) = bookmark {
             chunk(&mut out, &b)?;
             last_bookmark = Instant::now();
+        }
+        if marked || !lines.is_empty() {
+            count(&out, lines.len() as u64, u64::from(marked));
         }
         st = inner.state.lock().unwrap();
         if st.rv == sent_up_to {
@@ -1202,6 +1265,30 @@ pub mod objects {
     /// A Node (only what a metadata list reads).
     pub fn node(name: &str) -> Value {
         json!({"metadata": {"name": name, "labels": {"kubernetes.io/hostname": name}}})
+    }
+
+    /// The guard's Pod on `node`, as the DaemonSet's controller and the
+    /// kubelet leave it (labels, owner, a container, its status and Ready
+    /// condition; about 2 kB of JSON, a real one with its managed fields
+    /// is 5-8 kB).
+    pub fn guard_pod(ns: &str, node: &str, ready: bool) -> Value {
+        let r = if ready { "True" } else { "False" };
+        json!({
+            "metadata": {"name": format!("arp-guard-{node}"), "namespace": ns,
+                "labels": {"app.kubernetes.io/name": "arp-guard", "controller-revision-hash": "6d9f8b7c5d", "pod-template-generation": "1"},
+                "ownerReferences": [{"apiVersion": "apps/v1", "kind": "DaemonSet", "name": "arp-guard", "uid": "ds-uid", "controller": true, "blockOwnerDeletion": true}]},
+            "spec": {"nodeName": node, "serviceAccountName": "arp-guard", "hostNetwork": true,
+                "containers": [{"name": "arp-guard", "image": "arp-guard:0.1.0", "args": ["run", "--announcer", "cilium"],
+                    "readinessProbe": {"httpGet": {"host": "127.0.0.1", "port": 9477, "path": "/readyz"}, "periodSeconds": 5}}]},
+            "status": {"phase": "Running", "hostIP": "203.0.113.11", "podIP": "203.0.113.11",
+                "conditions": [
+                    {"type": "Initialized", "status": "True", "lastTransitionTime": "2026-11-30T10:00:00Z"},
+                    {"type": "Ready", "status": r, "lastTransitionTime": "2026-11-30T10:00:05Z"},
+                    {"type": "ContainersReady", "status": r, "lastTransitionTime": "2026-11-30T10:00:05Z"},
+                    {"type": "PodScheduled", "status": "True", "lastTransitionTime": "2026-11-30T10:00:00Z"}],
+                "containerStatuses": [{"name": "arp-guard", "ready": ready, "restartCount": 0, "image": "arp-guard:0.1.0",
+                    "state": {"running": {"startedAt": "2026-11-30T10:00:01Z"}}}]}
+        })
     }
 
     /// A Lease as client-go's leader election writes it.

@@ -18,6 +18,7 @@ pub mod fake_api;
 pub mod frames;
 pub mod http;
 pub mod kernel;
+pub mod kubelet;
 pub mod lab;
 mod neigh;
 pub mod netns;

@@ -28,6 +28,7 @@ pub const BENCHES: &[&str] = &[
     "alternatives",
     "takeover",
     "probing",
+    "fleet",
 ];
 
 #[derive(Debug, clap::Args)]

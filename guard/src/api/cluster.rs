@@ -1,7 +1,7 @@
 //! `/cluster`: every guard of the cluster, as the presence records say
 //! (`model::presence`), and the nodes without one (coverage).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
@@ -15,10 +15,15 @@ pub struct GuardRow {
     pub health: String,
     pub version: String,
     pub interfaces: Vec<Iface>,
-    /// Seconds since its last renewal.
+    /// Seconds since its guard last wrote it (a record is written when it
+    /// changes, not renewed).
     pub age_s: i64,
-    /// Not renewed within its duration: its guard is gone or cut off.
-    pub expired: bool,
+    /// Its guard's Pod is Ready (None: the Pods cannot be read, and every
+    /// record counts as live).
+    pub ready: Option<bool>,
+    /// Its guard counts as there: the census names its MACs, the active
+    /// census shares the work with it.
+    pub live: bool,
 }
 
 /// `/cluster`.
@@ -29,18 +34,22 @@ pub struct ClusterDoc {
     pub namespace: String,
     /// This guard's own record was written at least once.
     pub published: bool,
-    /// Seconds since the records were last listed (None: never yet).
+    /// Seconds since the records and Pods were last known current (None:
+    /// never yet).
     pub read_age_s: Option<i64>,
-    /// Live records first, then expired ones; by node.
+    /// Live records first, then the others; by node.
     pub guards: Vec<GuardRow>,
     /// The cluster's nodes without a live guard (None: the nodes cannot be
     /// read, see `nodes_error`, or were not read yet).
     pub uncovered: Option<Vec<String>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub nodes_error: Option<String>,
+    /// Seconds since the Nodes were read (None: never on this guard).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nodes_age_s: Option<i64>,
     /// Presence Leases skipped (malformed, too large, past the bound).
     pub skipped: usize,
-    /// Requests failing now (`write`, `list`, `nodes`) and why.
+    /// Requests failing now (`write`, `records`, `pods`, `nodes`) and why.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub errors: BTreeMap<String, String>,
 }
@@ -51,35 +60,25 @@ impl ClusterDoc {
         let Some(s) = seen else {
             return ClusterDoc::default();
         };
-        let mut guards: Vec<GuardRow> = (s.table.nodes.values())
+        let t = &s.table;
+        let mut guards: Vec<GuardRow> = (t.nodes.values())
             .map(|e| GuardRow {
                 node: e.record.node.clone(),
                 mode: e.record.mode.clone(),
                 health: e.record.health.clone(),
                 version: e.record.version.clone(),
                 interfaces: e.record.interfaces.clone(),
-                age_s: now_unix.saturating_sub(e.renew_unix).max(0),
-                expired: e.expired(now_unix),
+                age_s: now_unix.saturating_sub(e.written_unix).max(0),
+                ready: (t.ready.as_ref()).map(|r| r.contains(&e.record.node)),
+                live: t.is_live(&e.record.node),
             })
             .collect();
-        guards.sort_by(|a, b| (a.expired, &a.node).cmp(&(b.expired, &b.node)));
-        let live: BTreeSet<&str> = (guards.iter())
-            .filter(|g| !g.expired)
-            .map(|g| g.node.as_str())
-            .collect();
-        let (uncovered, nodes_error) = match &s.nodes {
-            Some(Ok(nodes)) => (
-                Some(
-                    (nodes.iter())
-                        .filter(|n| !live.contains(n.as_str()))
-                        .cloned()
-                        .collect(),
-                ),
-                None,
-            ),
-            Some(Err(e)) => (None, Some(format!("cannot read the cluster's nodes: {e}"))),
-            None => (None, None),
+        guards.sort_by(|a, b| (!a.live, &a.node).cmp(&(!b.live, &b.node)));
+        let nodes_error = match &s.nodes {
+            Some(Err(e)) => Some(format!("cannot read the cluster's nodes: {e}")),
+            _ => None,
         };
+        let uncovered = s.uncovered();
         ClusterDoc {
             enabled: true,
             namespace: s.namespace.clone(),
@@ -88,7 +87,8 @@ impl ClusterDoc {
             guards,
             uncovered,
             nodes_error,
-            skipped: s.table.skipped,
+            nodes_age_s: s.nodes_unix.map(|t| now_unix.saturating_sub(t)),
+            skipped: s.table.skipped(),
             errors: s.errors.clone(),
         }
     }

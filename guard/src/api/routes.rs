@@ -140,16 +140,19 @@ async fn metrics_route(State(shared): State<Arc<Shared>>) -> Response {
             clients: st.clients.as_ref(),
             ops: &shared.ops,
             presence_nodes: st.presence.as_ref().map(|p| {
-                let doc = super::cluster::ClusterDoc::of(Some(p), unix_now() as i64);
-                let expired = doc.guards.iter().filter(|g| g.expired).count();
+                let live = p.table.live().len();
                 let mut v = vec![
-                    ("live", (doc.guards.len() - expired) as f64),
-                    ("expired", expired as f64),
+                    ("live", live as f64),
+                    ("not_ready", (p.table.nodes.len() - live) as f64),
                 ];
-                // Unknown (Nodes not read) is no series at all, not 0: the
-                // alert takes the lowest count across guards, and a 0 from
-                // a guard that cannot see would silence it.
-                if let Some(u) = doc.uncovered {
+                // Unknown (Nodes not read lately: only the guard that keeps
+                // coverage reads them on a timer) is no series at all, not
+                // 0: the alert takes the lowest count across guards, and a
+                // 0 from a guard that cannot see would silence it.
+                let fresh = p.nodes_unix.is_some_and(|t| {
+                    unix_now() as i64 - t <= crate::model::presence::UNCOVERED_FRESH_S
+                });
+                if let Some(u) = p.uncovered().filter(|_| fresh) {
                     v.push(("uncovered", u.len() as f64));
                 }
                 v
@@ -332,14 +335,32 @@ async fn probes(State(shared): State<Arc<Shared>>) -> Response {
     }
 }
 
-/// Every guard of the cluster and the nodes without one (presence).
+/// Every guard of the cluster and the nodes without one (presence). The
+/// Nodes are read for the asker (from a list at most half a minute old),
+/// waiting a moment for them: presence reads them only when asked, or on
+/// the one guard that keeps coverage.
 async fn cluster(State(shared): State<Arc<Shared>>) -> Response {
+    let nodes_unix = |s: &Shared| s.read().presence.as_ref().and_then(|p| p.nodes_unix);
+    let before = nodes_unix(&shared);
+    let on = shared.read().presence.is_some();
+    if on && before.is_none_or(|t| unix_now() as i64 - t >= 30) {
+        shared.nodes_wanted.notify_one();
+        for _ in 0..NODES_WAIT_STEPS {
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            if nodes_unix(&shared) != before {
+                break;
+            }
+        }
+    }
     let now = unix_now() as i64;
     json(&super::cluster::ClusterDoc::of(
         shared.read().presence.as_ref(),
         now,
     ))
 }
+
+/// `/cluster` waits at most this many tenths of a second for the Nodes.
+const NODES_WAIT_STEPS: u32 = 30;
 
 /// Misdirected and stale clients; with `?ip=`, that LB IP only (an empty
 /// table if no client of it came here). 404 when the census is off.

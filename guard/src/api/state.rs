@@ -74,6 +74,9 @@ pub struct Shared {
     pub fold: Mutex<Fold>,
     /// The daemon's operation counters (the same the feed counts in).
     pub ops: Arc<Ops>,
+    /// Notified when `/cluster` wants the cluster's Nodes (presence reads
+    /// them only when asked, or on the one guard that keeps coverage).
+    pub nodes_wanted: Arc<tokio::sync::Notify>,
 }
 
 impl Shared {
@@ -90,6 +93,7 @@ impl Shared {
             metrics_max_ip_series,
             fold: Default::default(),
             ops,
+            nodes_wanted: Default::default(),
         }
     }
 

@@ -9,12 +9,23 @@ use super::{parse_duration, ClientArgs};
 
 #[derive(Debug, Clone, Args)]
 pub struct PresenceArgs {
-    /// How often this guard renews its presence Lease `arp-guard-<node>`
-    /// (its interfaces' MACs, mode, version, health; it lasts 3 periods) and
-    /// reads every guard's. Needs the Kubernetes API (an announcer that
-    /// reads it); 0 turns presence off.
+    /// How often this guard compares its presence record (its interfaces'
+    /// MACs, mode, version, health) with the Lease `arp-guard-<node>` it
+    /// wrote: a local check, the Lease is written only when they differ.
+    /// Every guard's record is followed with one watch, their liveness
+    /// with a watch of the guard Pods' readiness: nothing is renewed.
+    /// Needs the Kubernetes API (an announcer that reads it); 0 turns
+    /// presence off.
     #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_duration)]
     pub presence_period: Duration,
+    /// Label selector of the guard Pods in the presence namespace: a guard
+    /// is live while its record exists and its Pod on that node is Ready.
+    #[arg(
+        long,
+        value_name = "SELECTOR",
+        default_value = "app.kubernetes.io/name=arp-guard"
+    )]
+    pub presence_pods: String,
     /// Namespace of the presence Leases: the guard's own ($POD_NAMESPACE from
     /// the downward API), else the service account's, else the kubeconfig's.
     #[arg(long, env = "POD_NAMESPACE", value_name = "NS")]
@@ -46,6 +57,10 @@ pub struct ProbeArgs {
     /// Requests in a row without the owner's answer that make it a silent owner.
     #[arg(long, value_name = "N", default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=100))]
     pub probe_silent_after: u32,
+    /// Run the active census in monitor mode too. Off by default: monitor
+    /// mode sends nothing on the wire (the passive census still listens).
+    #[arg(long)]
+    pub probe_in_monitor_mode: bool,
 }
 
 impl ProbeArgs {

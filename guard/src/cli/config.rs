@@ -47,8 +47,24 @@ impl RunArgs {
                     .map_or(Duration::ZERO, |p| p.period * 2 + Duration::from_secs(1)),
                 ..self.kube_events.config()
             },
-            probing: self.presence.probing.pace(),
+            probing: self.probing(),
         })
+    }
+
+    /// The active census: in enforce mode, or in monitor mode when asked
+    /// for (`--probe-in-monitor-mode`). Monitor mode is the trial that
+    /// changes nothing: nothing of the guard's own goes on the wire.
+    fn probing(&self) -> Option<crate::model::probing::Pace> {
+        let pace = self.presence.probing.pace()?;
+        let monitor = self.mode != super::ModeArg::Enforce;
+        if monitor && !self.presence.probing.probe_in_monitor_mode {
+            tracing::info!(
+                "the active census does not run in monitor mode (nothing is sent); \
+                 --probe-in-monitor-mode turns it on"
+            );
+            return None;
+        }
+        Some(pace)
     }
 
     /// Spellings still accepted that have a better one now, each with what
@@ -140,6 +156,7 @@ impl RunArgs {
             namespace: p.presence_namespace.clone().filter(|n| !n.is_empty()),
             node: String::new(),
             period: p.presence_period,
+            pods: p.presence_pods.clone(),
         })
     }
 

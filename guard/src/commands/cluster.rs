@@ -10,10 +10,7 @@ use crate::{api::cluster::ClusterDoc, cli::ClientArgs};
 pub async fn cluster(args: &ClientArgs) -> Result<()> {
     let doc: ClusterDoc = show(args, "/cluster", print_doc).await?;
     let uncovered = doc.uncovered.as_ref().is_some_and(|u| !u.is_empty());
-    let unwell = doc
-        .guards
-        .iter()
-        .any(|g| g.expired || g.health == "degraded");
+    let unwell = doc.guards.iter().any(|g| !g.live || g.health == "degraded");
     if uncovered || unwell {
         std::process::exit(1);
     }
@@ -28,7 +25,7 @@ fn print_doc(doc: &ClusterDoc) {
         return;
     }
     println!(
-        "presence Leases in namespace {}; read {} ago; this guard's record {}",
+        "presence Leases in namespace {}; current {} ago; this guard's record {}",
         doc.namespace,
         doc.read_age_s
             .map_or_else(|| "never".into(), |s| format!("{s}s")),
@@ -46,10 +43,10 @@ fn print_doc(doc: &ClusterDoc) {
         let ifaces: Vec<String> = (g.interfaces.iter())
             .map(|i| format!("{} {}", i.name, i.mac))
             .collect();
-        let health = if g.expired {
-            "expired"
-        } else {
+        let health = if g.live {
             g.health.as_str()
+        } else {
+            "not ready"
         };
         println!(
             "{:<24} {:<8} {:<11} {:>5}s  {}",
@@ -64,7 +61,7 @@ fn print_doc(doc: &ClusterDoc) {
         (Some(u), _) if u.is_empty() => println!("every node of the cluster runs a live guard"),
         (Some(u), _) => println!("nodes without a live guard ({}): {}", u.len(), u.join(", ")),
         (None, Some(e)) => println!("coverage unknown: {e}"),
-        (None, None) => println!("coverage unknown: the nodes were not read yet"),
+        (None, None) => println!("coverage unknown: the nodes were not read yet (ask again)"),
     }
     if doc.skipped > 0 {
         println!(

@@ -190,9 +190,8 @@ fn occurrence(
     let entry = st.ips.get(&f.ip())?;
     let service = entry.service.clone()?;
     if let Some(p) = st.presence.as_ref() {
-        let now = crate::api::state::unix_now() as i64;
         let here = answers_now(st.kernel_answered_ns, crate::datapath::sys::monotonic_ns());
-        let (who, answering) = (p.table.macs(now), p.table.kernel_answering(now));
+        let (who, answering) = (p.table.macs(), p.table.kernel_answering());
         if silenced(f, entry.owner.as_deref(), &who, &answering, here) {
             return None;
         }
@@ -216,9 +215,7 @@ fn answering_kernels(node: &str, shared: &Shared) -> Vec<(String, Occurrence)> {
     let Some(p) = st.presence.as_ref() else {
         return Vec::new();
     };
-    let answering = p
-        .table
-        .kernel_answering(crate::api::state::unix_now() as i64);
+    let answering = p.table.kernel_answering();
     if answering.iter().all(|n| n == node) {
         return Vec::new();
     }

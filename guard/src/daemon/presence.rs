@@ -75,6 +75,7 @@ impl Daemon {
                 }
             }),
             publish: Box::new(move |seen| write.write().presence = Some(seen)),
+            nodes_wanted: self.shared.nodes_wanted.clone(),
         };
         match presence::start(cfg, hooks, self.shared.ops.clone()) {
             Ok(h) => Some(h),
@@ -91,11 +92,10 @@ impl Daemon {
 pub(super) fn who_is(shared: Arc<Shared>) -> crate::telemetry::census::WhoIs {
     Box::new(move |ips: &BTreeSet<IpAddr>| {
         let st = shared.read();
-        let now = crate::api::state::unix_now() as i64;
         Who {
             on: st.presence.is_some(),
             macs: (st.presence.as_ref())
-                .map(|p| p.table.macs(now))
+                .map(|p| p.table.macs())
                 .unwrap_or_default(),
             owners: (ips.iter())
                 .filter_map(|ip| Some((*ip, st.ips.get(ip)?.owner.clone()?)))
@@ -111,14 +111,13 @@ pub(super) fn presence_facts(
     ips: &BTreeSet<IpAddr>,
 ) -> Option<crate::telemetry::refresh::PresenceFacts> {
     let p = st.presence.as_ref()?;
-    let now = crate::api::state::unix_now() as i64;
     Some(crate::telemetry::refresh::PresenceFacts {
         owner_macs: (ips.iter())
             .filter_map(|ip| {
                 let owner = st.ips.get(ip)?.owner.as_deref()?;
-                Some((*ip, p.table.macs_of(owner, now)?))
+                Some((*ip, p.table.macs_of(owner)?))
             })
             .collect(),
-        uplink_macs: p.table.macs(now).into_keys().collect(),
+        uplink_macs: p.table.macs().into_keys().collect(),
     })
 }

@@ -100,13 +100,12 @@ impl Daemon {
 fn plan_of(shared: &Arc<Shared>, stale_after_ns: u64) -> Plan {
     let links = link_addrs_by_index();
     let st = shared.read();
-    let now = crate::api::state::unix_now() as i64;
     Plan {
         live: st
             .presence
             .as_ref()
             .filter(|p| p.read_unix.is_some())
-            .map(|p| p.table.live(now)),
+            .map(|p| p.table.live()),
         foreign: (st.ips.iter())
             .filter(|(_, e)| e.state == Ownership::Foreign)
             .map(|(ip, e)| (*ip, e.owner.clone()))
@@ -126,11 +125,10 @@ fn plan_of(shared: &Arc<Shared>, stale_after_ns: u64) -> Plan {
 
 /// What the answers about `ips` are judged against, now.
 fn facts_of(st: &ApiState, ips: &BTreeSet<IpAddr>) -> ProbingFacts {
-    let now = crate::api::state::unix_now() as i64;
     let table = st.presence.as_ref().map(|p| p.table.clone());
     ProbingFacts {
         claims: st.census.as_ref().map(|c| c.claims.clone()),
-        known: table.as_ref().map(|t| t.macs(now)).unwrap_or_default(),
+        known: table.as_ref().map(|t| t.macs()).unwrap_or_default(),
         owner_now: (ips.iter())
             .map(|ip| (*ip, st.ips.get(ip).and_then(|e| e.owner.clone())))
             .collect(),
@@ -142,8 +140,8 @@ fn facts_of(st: &ApiState, ips: &BTreeSet<IpAddr>) -> ProbingFacts {
                 Some((
                     *ip,
                     OwnerMacs {
-                        uplinks: t.macs_of(owner, now),
-                        other: t.other_macs_of(owner, now),
+                        uplinks: t.macs_of(owner),
+                        other: t.other_macs_of(owner),
                     },
                 ))
             })

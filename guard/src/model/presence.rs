@@ -156,29 +156,31 @@ pub fn lease_name(node: &str) -> String {
     name
 }
 
-/// One node's record as read, with its Lease's times.
+/// One node's record as read.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Entry {
     pub record: Record,
-    /// `spec.renewTime` (Unix seconds; 0: unset).
-    pub renew_unix: i64,
-    /// `spec.leaseDurationSeconds`.
-    pub duration_s: i64,
+    /// When its guard last wrote it (`spec.renewTime`, Unix seconds; 0:
+    /// unset): a record is written when its content changes, not renewed.
+    pub written_unix: i64,
 }
 
-impl Entry {
-    /// Not renewed within its duration: its guard is gone (or cut off).
-    pub fn expired(&self, now_unix: i64) -> bool {
-        self.renew_unix.saturating_add(self.duration_s) < now_unix
-    }
-}
-
-/// Every guard's record, by node, as last read.
+/// Every guard's record, by node, as the records' watch last delivered it,
+/// and which nodes' guards are alive: a record says who a guard is, its
+/// Pod's Ready condition whether it is still there. Liveness comes from a
+/// signal the cluster already pays for and that changes only when
+/// something changes (the kubelet's readiness probe, written to the API
+/// only when its result flips): a renewal of every record every period,
+/// read by every guard, is N^2 for the API server.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Table {
     pub nodes: BTreeMap<String, Entry>,
-    /// Leases skipped as malformed, too large, or past [`MAX_RECORDS`].
-    pub skipped: usize,
+    /// Presence Leases that could not be read (malformed, too large, a
+    /// record in another node's Lease, past [`MAX_RECORDS`]), by Lease name.
+    pub bad: BTreeMap<String, String>,
+    /// The nodes whose guard Pod is Ready (None: the Pods cannot be read;
+    /// then every record counts as live, and `/cluster` says why).
+    pub ready: Option<BTreeSet<String>>,
 }
 
 /// What the presence task last saw, as it publishes it.
@@ -186,16 +188,40 @@ pub struct Table {
 pub struct Seen {
     /// Where the records live.
     pub namespace: String,
-    /// Every record, as last listed (kept while the API cannot be read).
+    /// Every record, as last delivered (kept while the API cannot be read).
     pub table: std::sync::Arc<Table>,
-    /// When the records were last listed (Unix seconds).
+    /// When the records and the Pods were last known current (Unix seconds:
+    /// their lists done, or a watch's sign of progress); None: not yet.
     pub read_unix: Option<i64>,
     /// The cluster's nodes (None: not read yet; Err: why they cannot be read).
     pub nodes: Option<Result<Vec<String>, String>>,
-    /// This guard's own record was written at least once.
+    /// When the nodes were last read (Unix seconds).
+    pub nodes_unix: Option<i64>,
+    /// This guard's own record is in the API as it is now.
     pub published: bool,
-    /// The failing requests (`write`, `list`, `nodes`) and their errors.
+    /// The failing requests (`write`, `records`, `pods`, `nodes`) and their errors.
     pub errors: BTreeMap<String, String>,
+}
+
+/// A coverage count older than this is not exported: only the guard that
+/// keeps coverage reads the Nodes on a timer (every 10 minutes); another
+/// guard's read, made for someone who asked, would go stale.
+pub const UNCOVERED_FRESH_S: i64 = 900;
+
+impl Seen {
+    /// The cluster's nodes without a live guard (None: the Nodes were not
+    /// read, or cannot be).
+    pub fn uncovered(&self) -> Option<Vec<String>> {
+        let Some(Ok(nodes)) = &self.nodes else {
+            return None;
+        };
+        Some(
+            (nodes.iter())
+                .filter(|n| !self.table.is_live(n))
+                .cloned()
+                .collect(),
+        )
+    }
 }
 
 /// Who a MAC is, as the presence records tell.
@@ -208,20 +234,51 @@ pub enum Whose {
 }
 
 impl Table {
-    /// Insert a record read from a Lease; false when the table is full.
-    pub fn insert(&mut self, e: Entry) -> bool {
+    /// Insert the record of Lease `lease`; false when the table is full.
+    pub fn insert(&mut self, lease: &str, e: Entry) -> bool {
         if self.nodes.len() >= MAX_RECORDS && !self.nodes.contains_key(&e.record.node) {
-            self.skipped += 1;
+            self.bad
+                .insert(lease.to_owned(), format!("past {MAX_RECORDS} records"));
             return false;
         }
+        self.bad.remove(lease);
         self.nodes.insert(e.record.node.clone(), e);
         true
     }
 
+    /// Lease `lease` could not be read: whatever it held before is gone.
+    pub fn reject(&mut self, lease: &str, why: String) {
+        self.remove(lease);
+        if self.bad.len() < MAX_RECORDS || self.bad.contains_key(lease) {
+            self.bad.insert(lease.to_owned(), why);
+        }
+    }
+
+    /// Lease `lease` was deleted.
+    pub fn remove(&mut self, lease: &str) {
+        self.bad.remove(lease);
+        self.nodes.retain(|node, _| lease_name(node) != lease);
+    }
+
+    /// Leases skipped (malformed, too large, forged, past the bound).
+    pub fn skipped(&self) -> usize {
+        self.bad.len()
+    }
+
+    /// `node` has a record and its guard's Pod is Ready (or the Pods
+    /// cannot be read).
+    pub fn is_live(&self, node: &str) -> bool {
+        self.nodes.contains_key(node) && self.ready.as_ref().is_none_or(|r| r.contains(node))
+    }
+
+    fn live_entries(&self) -> impl Iterator<Item = (&String, &Entry)> {
+        self.nodes.iter().filter(|(n, _)| self.is_live(n))
+    }
+
     /// MAC -> (node, interface) of every live record.
-    pub fn macs(&self, now_unix: i64) -> BTreeMap<[u8; 6], (String, String)> {
+    pub fn macs(&self) -> BTreeMap<[u8; 6], (String, String)> {
         let mut out = BTreeMap::new();
-        for (node, e) in self.nodes.iter().filter(|(_, e)| !e.expired(now_unix)) {
+        for (node, e) in self.live_entries() {
             for i in &e.record.interfaces {
                 if let Some(mac) = parse_mac(&i.mac) {
                     out.insert(mac, (node.clone(), i.name.clone()));
@@ -233,28 +290,25 @@ impl Table {
 
     /// The nodes with a live record whose kernel answers ARP for LB IPs
     /// they do not own ([`Record::kernel_answers`]).
-    pub fn kernel_answering(&self, now_unix: i64) -> BTreeSet<String> {
-        (self.nodes.iter())
-            .filter(|(_, e)| !e.expired(now_unix) && e.record.kernel_answers)
+    pub fn kernel_answering(&self) -> BTreeSet<String> {
+        self.live_entries()
+            .filter(|(_, e)| e.record.kernel_answers)
             .map(|(n, _)| n.clone())
             .collect()
     }
 
     /// The nodes with a live record.
-    pub fn live(&self, now_unix: i64) -> Vec<String> {
-        (self.nodes.iter())
-            .filter(|(_, e)| !e.expired(now_unix))
-            .map(|(n, _)| n.clone())
-            .collect()
+    pub fn live(&self) -> Vec<String> {
+        self.live_entries().map(|(n, _)| n.clone()).collect()
     }
 
     /// The MACs of `node`'s other interfaces (not uplinks), by MAC (empty: no live
     /// record, or none listed).
-    pub fn other_macs_of(&self, node: &str, now_unix: i64) -> BTreeMap<[u8; 6], String> {
+    pub fn other_macs_of(&self, node: &str) -> BTreeMap<[u8; 6], String> {
         (self
             .nodes
             .get(node)
-            .filter(|e| !e.expired(now_unix))
+            .filter(|_| self.is_live(node))
             .into_iter())
         .flat_map(|e| &e.record.other)
         .filter_map(|i| Some((parse_mac(&i.mac)?, i.name.clone())))
@@ -262,13 +316,51 @@ impl Table {
     }
 
     /// The MACs of `node`'s live record (None: no live record).
-    pub fn macs_of(&self, node: &str, now_unix: i64) -> Option<BTreeSet<[u8; 6]>> {
-        let e = self.nodes.get(node).filter(|e| !e.expired(now_unix))?;
+    pub fn macs_of(&self, node: &str) -> Option<BTreeSet<[u8; 6]>> {
+        let e = self.nodes.get(node).filter(|_| self.is_live(node))?;
         Some(
             (e.record.interfaces.iter())
                 .filter_map(|i| parse_mac(&i.mac))
                 .collect(),
         )
+    }
+}
+
+/// One guard Pod as the presence task reads it: the node it runs on and
+/// whether it is Ready and not being deleted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GuardPod {
+    pub node: String,
+    pub ready: bool,
+}
+
+/// The guard Pods, by Pod name (a node has two during a rolling update: the
+/// old one terminating, the new one starting).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct GuardPods {
+    pub pods: BTreeMap<String, GuardPod>,
+}
+
+impl GuardPods {
+    /// A Pod added or changed; false when the table is full.
+    pub fn apply(&mut self, name: &str, pod: GuardPod) -> bool {
+        if self.pods.len() >= 2 * MAX_RECORDS && !self.pods.contains_key(name) {
+            return false;
+        }
+        self.pods.insert(name.to_owned(), pod);
+        true
+    }
+
+    pub fn remove(&mut self, name: &str) {
+        self.pods.remove(name);
+    }
+
+    /// The nodes with a Ready guard Pod.
+    pub fn ready_nodes(&self) -> BTreeSet<String> {
+        (self.pods.values())
+            .filter(|p| p.ready)
+            .map(|p| p.node.clone())
+            .collect()
     }
 }
 
@@ -332,14 +424,18 @@ mod tests {
         assert_eq!(back.interfaces, r.interfaces);
         assert!(!back.other.is_empty() && back.other.len() < 32);
         let mut t = Table::default();
-        t.insert(Entry {
-            record: back,
-            renew_unix: 100,
-            duration_s: 30,
-        });
-        assert_eq!(t.other_macs_of("node-a", 110).len(), 1);
-        assert_eq!(t.live(110), ["node-a"]);
-        assert!(t.live(200).is_empty() && t.other_macs_of("node-a", 200).is_empty());
+        t.insert(
+            "arp-guard-node-a",
+            Entry {
+                record: back,
+                written_unix: 100,
+            },
+        );
+        assert_eq!(t.other_macs_of("node-a").len(), 1);
+        assert_eq!(t.live(), ["node-a"]);
+        // Its Pod not Ready: not live, and nothing of it is used.
+        t.ready = Some(BTreeSet::new());
+        assert!(t.live().is_empty() && t.other_macs_of("node-a").is_empty());
     }
 
     #[test]
@@ -391,41 +487,91 @@ mod tests {
     }
 
     #[test]
-    fn macs_of_live_records_name_their_node_and_expired_ones_do_not() {
+    fn macs_of_live_records_name_their_node_and_not_ready_ones_do_not() {
         let mut t = Table::default();
-        for (node, mac, renew) in [
-            ("node-a", "02:00:00:00:00:0a", 100),
-            ("node-b", "02:00:00:00:00:0b", 10),
+        for (node, mac) in [
+            ("node-a", "02:00:00:00:00:0a"),
+            ("node-b", "02:00:00:00:00:0b"),
         ] {
-            t.insert(Entry {
-                record: record(node, &[mac]),
-                renew_unix: renew,
-                duration_s: 30,
-            });
+            t.insert(
+                &lease_name(node),
+                Entry {
+                    record: record(node, &[mac]),
+                    written_unix: 100,
+                },
+            );
         }
-        let macs = t.macs(110);
+        // node-b's guard Pod is not Ready (its guard was killed).
+        let mut pods = GuardPods::default();
+        for (pod, node, ready) in [("g-1", "node-a", true), ("g-2", "node-b", false)] {
+            pods.apply(
+                pod,
+                GuardPod {
+                    node: node.into(),
+                    ready,
+                },
+            );
+        }
+        t.ready = Some(pods.ready_nodes());
+        let macs = t.macs();
         let a = parse_mac("02:00:00:00:00:0a").unwrap();
         let b = parse_mac("02:00:00:00:00:0b").unwrap();
         assert_eq!(
             describe(&whose(&macs, &a), &a),
             "node-a (eth0, 02:00:00:00:00:0a)"
         );
-        assert_eq!(whose(&macs, &b), Whose::Outside, "node-b's record expired");
+        assert_eq!(
+            whose(&macs, &b),
+            Whose::Outside,
+            "node-b's guard is not Ready"
+        );
         assert!(describe(&Whose::Outside, &b).contains("not a guarded node"));
-        assert_eq!(t.macs_of("node-a", 110), Some(BTreeSet::from([a])));
-        assert_eq!(t.macs_of("node-b", 110), None);
+        assert_eq!(t.macs_of("node-a"), Some(BTreeSet::from([a])));
+        assert_eq!(t.macs_of("node-b"), None);
+        // A new Pod on node-b is Ready (a restart): live again.
+        pods.apply(
+            "g-3",
+            GuardPod {
+                node: "node-b".into(),
+                ready: true,
+            },
+        );
+        t.ready = Some(pods.ready_nodes());
+        assert_eq!(t.live(), ["node-a", "node-b"]);
+        // Its Lease deleted (a clean exit): gone, whatever its Pod says.
+        t.remove(&lease_name("node-b"));
+        assert_eq!(t.live(), ["node-a"]);
     }
 
     #[test]
     fn the_table_is_bounded() {
         let mut t = Table::default();
         for i in 0..MAX_RECORDS + 5 {
-            t.insert(Entry {
-                record: record(&format!("n{i}"), &[]),
-                renew_unix: 0,
-                duration_s: 0,
-            });
+            let node = format!("n{i}");
+            t.insert(
+                &lease_name(&node),
+                Entry {
+                    record: record(&node, &[]),
+                    written_unix: 0,
+                },
+            );
         }
-        assert_eq!((t.nodes.len(), t.skipped), (MAX_RECORDS, 5));
+        assert_eq!((t.nodes.len(), t.skipped()), (MAX_RECORDS, 5));
+        // A bad Lease fixed later is read; one deleted is forgotten.
+        t.reject("arp-guard-x", "malformed".into());
+        assert_eq!(t.skipped(), 6);
+        t.remove("arp-guard-x");
+        assert_eq!(t.skipped(), 5);
+        let mut pods = GuardPods::default();
+        for i in 0..2 * MAX_RECORDS + 3 {
+            pods.apply(
+                &format!("p{i}"),
+                GuardPod {
+                    node: format!("n{i}"),
+                    ready: true,
+                },
+            );
+        }
+        assert_eq!(pods.pods.len(), 2 * MAX_RECORDS);
     }
 }

@@ -443,6 +443,16 @@ impl Schedule {
         self.queue.insert((t, ip));
     }
 
+    /// When the next IP is due and the bucket at `node_max` a second has a
+    /// token for it (None: nothing asked).
+    pub fn next_due(&self, node_max: u32) -> Option<u64> {
+        let (t, _) = self.queue.first()?;
+        let rate = f64::from(node_max.max(1));
+        let short = (1.0 - self.tokens).max(0.0);
+        let token_at = self.last_ns + (short / rate * 1e9) as u64;
+        Some((*t).max(token_at))
+    }
+
     /// The IPs due now, at most as many as the bucket allows at `node_max`
     /// a second; each is due again one jittered `interval` later. The most
     /// overdue first, so that a cap that binds delays every IP alike.
@@ -672,6 +682,34 @@ mod tests {
                 );
             }
         }
+    }
+
+    /// Woken only when `next_due` says (as the runner sleeps), the schedule
+    /// sends what a fixed tick would: the cap holds, every IP is asked once
+    /// an interval, and the wake-ups number about the requests, not 10 a
+    /// second.
+    #[test]
+    fn waking_when_next_due_keeps_the_pace_with_few_wake_ups() {
+        let mut s = Schedule::default();
+        let asked: BTreeSet<IpAddr> = (0..150).map(ip).collect();
+        let interval = Duration::from_secs(30);
+        s.follow(&asked, interval, 0, 7);
+        let (mut now, mut wakes, mut sent) = (0u64, 0, 0);
+        let end = 120_000_000_000;
+        let mut per_second = BTreeMap::<u64, usize>::new();
+        while now < end {
+            let n = s.take(now, interval, 10, 7).len();
+            sent += n;
+            *per_second.entry(now / 1_000_000_000).or_default() += n;
+            wakes += 1;
+            let next = s.next_due(10).unwrap().min(now + 1_000_000_000);
+            now = next.max(now + 20_000_000);
+        }
+        // 150 IPs every 30 s over 120 s: 600 requests, 5 a second.
+        assert!((570..=630).contains(&sent), "{sent}");
+        assert!(per_second.values().all(|n| *n <= 11), "{per_second:?}");
+        assert!(wakes <= sent + 130, "{wakes} wake-ups for {sent} requests");
+        assert_eq!(Schedule::default().next_due(10), None);
     }
 
     #[test]

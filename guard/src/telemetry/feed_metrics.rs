@@ -91,7 +91,7 @@ pub(super) fn kube_events(
 pub(super) fn presence(v: &mut Values, by_state: Vec<(&'static str, f64)>) {
     v.gauges.push((
         "arp_guard_presence_nodes",
-        "Nodes by their guard's presence record: live, expired (its guard gone or cut off), uncovered (a Node without a live guard).",
+        "Nodes by their guard's presence record: live, not_ready (a record whose guard Pod is not Ready: gone or failing), uncovered (a Node without a live guard; exported by the guard that read the Nodes in the last 15 minutes).",
         (by_state.into_iter())
             .map(|(state, n)| (vec![("state", state.to_owned())], n))
             .collect(),

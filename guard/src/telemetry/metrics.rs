@@ -26,7 +26,7 @@
 //! | `arp_guard_memory_bytes` | gauge | kind (resident, maps) |
 //! | `arp_guard_memory_limit_bytes` | gauge | |
 //! | `arp_guard_memory_pressure` | gauge | |
-//! | `arp_guard_presence_nodes` | gauge | state (live, expired, uncovered) |
+//! | `arp_guard_presence_nodes` | gauge | state (live, not_ready, uncovered) |
 //! | `arp_guard_probes_sent_total` | counter | family (the active census's requests) |
 //! | `arp_guard_probe_send_errors_total` | counter | |
 //! | `arp_guard_probe_ips` | gauge | verdict (pending, answered, conflict, silent_owner, wrong_interface) |
@@ -191,7 +191,7 @@ pub struct Scrape<'a> {
     pub takeover: Option<&'a TakeoverStats>,
     /// Misdirected and stale clients, when the census runs.
     pub clients: Option<&'a ClientsDoc>,
-    /// Presence, when it runs: nodes by state (live, expired, uncovered).
+    /// Presence, when it runs: nodes by state (live, not_ready, uncovered).
     pub presence_nodes: Option<Vec<(&'static str, f64)>>,
     /// The active census, while it runs.
     pub probes: Option<&'a super::probing::ProbesDoc>,

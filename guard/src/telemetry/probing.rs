@@ -38,8 +38,11 @@ use crate::{
 /// How long after a request its answers are read: a reply takes
 /// milliseconds, the census reads its table every second.
 pub const WAIT: Duration = Duration::from_millis(2500);
-/// The loop's step.
-const TICK: Duration = Duration::from_millis(100);
+/// The loop sleeps until the next request is due, at least this long (a
+/// few due together go out in one wake-up)...
+const MIN_SLEEP: Duration = Duration::from_millis(20);
+/// ...and at most this long (the judgement and the document, once a second).
+const MAX_SLEEP: Duration = Duration::from_secs(1);
 /// The share is computed again this often (presence and ownership move
 /// slowly; a new owner is also seen at the next judgement).
 const REPLAN: Duration = Duration::from_secs(5);
@@ -95,7 +98,9 @@ pub struct ProbesDoc {
     pub send_errors: u64,
     /// IPs this node asks, by verdict.
     pub verdicts: BTreeMap<ProbingVerdict, usize>,
-    pub ips: BTreeMap<IpAddr, IpProbe>,
+    /// Shared with the copy last published: the document goes out every
+    /// second, the table only when a verdict changed (or every 10 s).
+    pub ips: Arc<BTreeMap<IpAddr, IpProbe>>,
 }
 
 /// What the answers about some IPs are judged against, read now.
@@ -171,9 +176,20 @@ impl Runner {
     }
 
     fn run(mut self) {
-        let (mut published_ns, mut copied_ns) = (0, 0);
+        let (mut published_ns, mut copied_ns): (u64, u64) = (0, 0);
         loop {
-            std::thread::sleep(TICK);
+            // Asleep until the next request is due or the next judgement,
+            // whichever comes first: a node asking a few IPs a second wakes
+            // a few times a second, not on a fixed tick.
+            let now = monotonic_ns();
+            let next_second = published_ns.saturating_add(1_000_000_000);
+            let next = match self.doc.paused {
+                None => (self.schedule.next_due(self.t.pace.node_max))
+                    .map_or(next_second, |t| t.min(next_second)),
+                Some(_) => next_second,
+            };
+            let sleep = Duration::from_nanos(next.saturating_sub(now));
+            std::thread::sleep(sleep.clamp(MIN_SLEEP, MAX_SLEEP));
             let now = monotonic_ns();
             if self
                 .planned_ns
@@ -196,7 +212,7 @@ impl Runner {
                 // of tens of thousands of IPs every second would cost more
                 // than the asking.
                 if self.changed || now.saturating_sub(copied_ns) >= 10_000_000_000 {
-                    self.doc.ips = self.tracker.ips.clone();
+                    self.doc.ips = Arc::new(self.tracker.ips.clone());
                     (self.changed, copied_ns) = (false, now);
                 }
                 self.doc.verdicts = self.tracker.counts();

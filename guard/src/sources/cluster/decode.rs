@@ -25,17 +25,19 @@ use serde_json::value::RawValue;
 pub const KUBE_VIP_LEASE_ANNOTATION: &str = "kube-vip.io/leaseName";
 
 /// Annotations and labels the guard reads (any other is skipped unread).
-pub const PICKED: [&str; 4] = [
+pub const PICKED: [&str; 5] = [
     KUBE_VIP_LEASE_ANNOTATION,
     "metallb.io/node",
     "metallb.io/service-name",
     "metallb.io/service-namespace",
+    // A guard's presence record (read by presence, never by the feed).
+    crate::model::presence::ANNOTATION,
 ];
 
 /// The values of the [`PICKED`] keys of one map (annotations or labels),
 /// by position. Other keys are compared without being copied.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
-pub struct Picked(pub [Option<String>; 4]);
+pub struct Picked(pub [Option<String>; PICKED.len()]);
 
 impl Picked {
     pub fn get(&self, key: &str) -> Option<&str> {

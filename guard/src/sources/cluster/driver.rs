@@ -31,6 +31,17 @@ use super::{
 
 /// Objects per list page.
 const PAGE: u32 = 500;
+/// The Lease stream never receives the guards' own presence records (they
+/// live in the guard's namespace, which a cluster-wide watch for kube-vip's
+/// per-Service Leases, or Cilium's namespace, may include): a guard joining
+/// or changing would otherwise reach every guard's feed.
+static NOT_PRESENCE: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    format!(
+        "{}!={}",
+        crate::model::presence::LABEL,
+        crate::model::presence::LABEL_VALUE
+    )
+});
 /// First retry of a failed list or watch; doubling per attempt up to 30 s.
 const RETRY: Duration = Duration::from_millis(500);
 
@@ -379,7 +390,7 @@ pub fn spawn(
         Stream::Leases => {
             let (path, fields) = lease_scope(&cfg.announcers);
             tokio::spawn(
-                d.collection(path, None, fields)
+                d.collection(path, Some(NOT_PRESENCE.clone()), fields)
                     .run(|e| Update::Lease(Box::new(e))),
             )
         }

@@ -33,11 +33,15 @@ use crate::{
 /// The probe (is the API there at all?): at most this often...
 const PROBE_EVERY: Duration = Duration::from_secs(2);
 /// ...and, while the feed is healthy, only once nothing has shown the API
-/// alive for this long (a stream's event, bookmark or end of watch does):
+/// alive for a while (a stream's event, bookmark or end of watch does):
 /// with Leases renewed every few seconds it never runs. Its failure makes
 /// the guard blind since that last sign of life, so a quieter probe never
-/// delays degradation.
-const PROBE_QUIET: Duration = Duration::from_secs(5);
+/// delays degradation as long as it fails before the staleness threshold:
+/// it runs [`PROBE_TIMEOUT`] and a second before it, and not more often
+/// than every [`PROBE_QUIET_MIN`]. On a quiet cluster (MetalLB: nothing
+/// renewed) that is one cached GET per 12 s per guard at the default 15 s
+/// threshold, the largest of a guard's steady requests.
+const PROBE_QUIET_MIN: Duration = Duration::from_secs(5);
 const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
 /// A stream failing this long while the API answers has its back-off cut
 /// short; one whose request has hung this long while the probe answers
@@ -121,11 +125,18 @@ pub async fn client(kubeconfig: Option<&std::path::Path>) -> Result<Client> {
     }
 }
 
+/// How long a healthy feed waits after its last sign of life before it
+/// probes, for a staleness `threshold`: the probe fails (times out) a
+/// second before the threshold, so that blindness is still seen in time.
+fn probe_quiet(threshold: Duration) -> Duration {
+    (threshold.saturating_sub(PROBE_TIMEOUT + Duration::from_secs(1))).max(PROBE_QUIET_MIN)
+}
+
 /// When the probe is due: not before `next` (spacing); while the feed is
-/// `healthy`, not before [`PROBE_QUIET`] after its last sign of life.
-fn probe_at(next: Instant, healthy: bool, last_alive: Instant) -> Instant {
+/// `healthy`, not before `quiet` after its last sign of life.
+fn probe_at(next: Instant, healthy: bool, last_alive: Instant, quiet: Duration) -> Instant {
     if healthy {
-        next.max(last_alive + PROBE_QUIET)
+        next.max(last_alive + quiet)
     } else {
         next
     }
@@ -296,6 +307,7 @@ impl Task {
             self.next_probe,
             self.feed.all_healthy(),
             self.feed.last_alive(),
+            probe_quiet(self.feed.threshold()),
         )
     }
 
@@ -409,13 +421,19 @@ mod tests {
     fn the_probe_runs_when_the_loop_wakes_for_it() {
         let t0 = Instant::now();
         let s = Duration::from_secs;
-        // Quiet and healthy: 5 s after the last sign of life, not before.
-        assert_eq!(probe_at(t0, true, t0), t0 + PROBE_QUIET);
+        let q = probe_quiet(s(15));
+        // Quiet and healthy: 12 s after the last sign of life at the default
+        // 15 s threshold (its timeout ends a second before the threshold).
+        assert_eq!(q, s(12));
+        assert_eq!(probe_at(t0, true, t0, q), t0 + q);
         // A stream delivered a moment ago: later still.
-        assert_eq!(probe_at(t0, true, t0 + s(3)), t0 + s(3) + PROBE_QUIET);
+        assert_eq!(probe_at(t0, true, t0 + s(3), q), t0 + s(3) + q);
         // Failing: every PROBE_EVERY, whatever the last sign of life.
-        assert_eq!(probe_at(t0 + s(2), false, t0 + s(9)), t0 + s(2));
+        assert_eq!(probe_at(t0 + s(2), false, t0 + s(9), q), t0 + s(2));
         // Spacing is kept either way.
-        assert_eq!(probe_at(t0 + s(9), true, t0), t0 + s(9));
+        assert_eq!(probe_at(t0 + s(13), true, t0, q), t0 + s(13));
+        // A short threshold: never more often than PROBE_QUIET_MIN.
+        assert_eq!(probe_quiet(s(3)), PROBE_QUIET_MIN);
+        assert!(probe_quiet(s(60)) + PROBE_TIMEOUT < s(60));
     }
 }

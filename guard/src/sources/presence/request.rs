@@ -28,6 +28,9 @@ pub enum PresenceError {
     },
     #[error("the Lease {0} kept changing under this guard")]
     KeptChanging(String),
+    /// A list or watch of a followed collection failed (retried with back-off).
+    #[error("{0}")]
+    Stream(String),
 }
 
 impl PresenceError {

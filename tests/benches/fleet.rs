@@ -1,0 +1,373 @@
+//! `cargo xtask bench --only fleet`: what a fleet of guards costs the API
+//! server, against the number of guards. N real daemons (4, 8, 16, 32; 2
+//! and 4 in the short run) in network namespaces of one bed, each on its
+//! node's segment with the DaemonSet's defaults (kube-vip's per-Service
+//! election: the cluster-wide Lease watch; presence; the active census),
+//! against the project's fake API server, which counts every request, the
+//! bytes it sends and the watch events, by client, verb and resource. 300 LB
+//! Services whose Leases do not change; bookmarks every minute and the
+//! readiness probe every 5 s, as a real API server and kubelet do.
+//!
+//! With nothing changing, a guard's requests, bytes and watch events per
+//! second must not grow with N (presence's lists of every guard's record,
+//! renewed every 10 s, doubled with every doubling of N). Then one more
+//! guard joins and leaves: the events that costs the others in total (O(N)).
+//!
+//! Tables: `fleet` (per guard and for the fleet, per N, with the fitted
+//! growth), `fleet_requests` (the largest N by verb and resource, per
+//! guard), `fleet_model` (the fitted figures at 100 / 1,000 / 5,000 nodes
+//! next to the announcers' own load). `BENCH_FLEET_WINDOW=s` sets the
+//! measured window (default 120 s, short run 20 s).
+
+use std::{
+    collections::BTreeMap,
+    net::IpAddr,
+    time::{Duration, Instant},
+};
+
+use testbed::{
+    bench::short,
+    cluster_bed::{ClusterBed, PRESENCE_NS},
+    deploy::daemonset_wrapper,
+    fake_api::{objects, Counts, Resource},
+    Daemon,
+};
+
+/// LB Services, each with its kube-vip Lease.
+const SERVICES: usize = 300;
+
+fn main() {
+    testbed::require_root();
+    let sizes: Vec<usize> = if short() {
+        vec![2, 4]
+    } else {
+        vec![4, 8, 16, 32]
+    };
+    let window = Duration::from_secs(
+        std::env::var("BENCH_FLEET_WINDOW")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(if short() { 20 } else { 120 }),
+    );
+    let runs: Vec<Run> = sizes.iter().map(|&n| run(n, window)).collect();
+    let fit = Fit::of(&runs);
+    for r in &runs {
+        r.print(&fit);
+    }
+    if let Some(last) = runs.last() {
+        last.print_requests();
+        model(&runs, &fit);
+    }
+}
+
+/// What one fleet of `n` cost over the window.
+struct Run {
+    n: usize,
+    window: Duration,
+    /// Every guard's counts over the window, by (verb, resource).
+    by: BTreeMap<(IpAddr, &'static str, String), Counts>,
+    /// CPU of each guard over the window, % of a core.
+    cpu_pct: Vec<f64>,
+    rss_kib: Vec<u64>,
+    /// Watch events sent to the fleet while one more guard joined, then left.
+    join_events: u64,
+    leave_events: u64,
+    join_bytes: u64,
+}
+
+/// The same verb/resource counts summed over guards.
+fn total<'a>(it: impl Iterator<Item = &'a Counts>) -> Counts {
+    let mut c = Counts::default();
+    for x in it {
+        c += *x;
+    }
+    c
+}
+
+impl Run {
+    fn secs(&self) -> f64 {
+        self.window.as_secs_f64()
+    }
+
+    /// The fleet's counts over the window.
+    fn fleet(&self) -> Counts {
+        total(self.by.values())
+    }
+
+    /// Per guard and second: requests, bytes, events, bookmarks.
+    fn per_guard(&self) -> [f64; 4] {
+        let c = self.fleet();
+        let d = self.n as f64 * self.secs();
+        [
+            c.requests as f64 / d,
+            c.bytes as f64 / d,
+            c.events as f64 / d,
+            c.bookmarks as f64 / d,
+        ]
+    }
+
+    /// Requests per guard and second of the verbs that are no watch.
+    fn per_guard_verb(&self, verb: &str) -> f64 {
+        let c = total(
+            (self.by.iter())
+                .filter(|((_, v, _), _)| *v == verb)
+                .map(|(_, c)| c),
+        );
+        c.requests as f64 / (self.n as f64 * self.secs())
+    }
+
+    fn print(&self, fit: &Fit) {
+        let [req, bytes, events, bookmarks] = self.per_guard();
+        let quorum = self.fleet().quorum as f64 / (self.n as f64 * self.secs());
+        let cpu = self.cpu_pct.iter().sum::<f64>() / self.cpu_pct.len().max(1) as f64;
+        let cpu_max = self.cpu_pct.iter().copied().fold(0.0, f64::max);
+        let rss = self.rss_kib.iter().max().copied().unwrap_or(0) as f64 / 1024.0;
+        let n = self.n;
+        println!(
+            "[fleet {n}] per guard: {req:.3} req/s, {bytes:.0} B/s, {events:.3} watch events/s, {bookmarks:.3} bookmarks/s; \
+             lists {:.4}/s, GETs {:.4}/s, writes {:.4}/s; CPU {cpu:.3} % of a core (max {cpu_max:.3}); \
+             a guard joining: {} watch events to the fleet ({:.2} per guard), leaving: {}",
+            self.per_guard_verb("list"),
+            self.per_guard_verb("get"),
+            self.per_guard_verb("create") + self.per_guard_verb("update") + self.per_guard_verb("patch"),
+            self.join_events,
+            self.join_events as f64 / n as f64,
+            self.leave_events,
+        );
+        println!(
+            "RESULT fleet {n}_guards window_s={:.0} req/s_per_guard={req:.3} B/s_per_guard={bytes:.0} watch_events/s_per_guard={events:.3} bookmarks/s_per_guard={bookmarks:.3} lists/s_per_guard={:.4} GETs/s_per_guard={:.4} quorum_reads/s_per_guard={quorum:.4} writes/s_per_guard={:.4} fleet_req/s={:.2} fleet_B/s={:.0} CPU_%_per_guard={cpu:.3} CPU_%_max={cpu_max:.3} RSS_MiB_max={rss:.1} join_events={} join_events_per_guard={:.2} join_B={} leave_events={} growth_req={:.2} growth_B={:.2}",
+            self.secs(),
+            self.per_guard_verb("list"),
+            self.per_guard_verb("get"),
+            self.per_guard_verb("create") + self.per_guard_verb("update") + self.per_guard_verb("patch"),
+            req * n as f64,
+            bytes * n as f64,
+            self.join_events,
+            self.join_events as f64 / n as f64,
+            self.join_bytes,
+            self.leave_events,
+            fit.req,
+            fit.bytes,
+        );
+    }
+
+    /// Per guard, by verb and resource.
+    fn print_requests(&self) {
+        let mut by: BTreeMap<(&str, &str), Counts> = BTreeMap::new();
+        for ((_, verb, res), c) in &self.by {
+            *by.entry((verb, res.as_str())).or_default() += *c;
+        }
+        let d = self.n as f64 * self.secs();
+        for ((verb, res), c) in by {
+            println!(
+                "RESULT fleet_requests {verb}_{}_({}_guards) req/s_per_guard={:.4} B/s_per_guard={:.1} watch_events/s_per_guard={:.4} bookmarks/s_per_guard={:.4}",
+                res.replace(' ', "_"),
+                self.n,
+                c.requests as f64 / d,
+                c.bytes as f64 / d,
+                c.events as f64 / d,
+                c.bookmarks as f64 / d,
+            );
+        }
+    }
+}
+
+/// The growth of the per-guard figures with N: the slope of log(figure)
+/// against log(N) by least squares (0: flat; 1: doubles with N).
+struct Fit {
+    req: f64,
+    bytes: f64,
+    events: f64,
+}
+
+impl Fit {
+    fn of(runs: &[Run]) -> Fit {
+        Fit {
+            req: slope(runs, &|r| r.per_guard()[0]),
+            bytes: slope(runs, &|r| r.per_guard()[1]),
+            events: slope(runs, &|r| r.per_guard()[2] + r.per_guard()[3]),
+        }
+    }
+}
+
+/// The slope of log(f) against log(N); 0 where f is 0 at every N (nothing
+/// to grow), NaN where it is 0 at some N only (no power law fits).
+fn slope(runs: &[Run], f: &dyn Fn(&Run) -> f64) -> f64 {
+    let ys: Vec<f64> = runs.iter().map(f).collect();
+    if ys.iter().all(|y| *y == 0.0) {
+        return 0.0;
+    }
+    if ys.iter().any(|y| *y <= 0.0) || runs.len() < 2 {
+        return f64::NAN;
+    }
+    let pts: Vec<(f64, f64)> = (runs.iter().zip(&ys))
+        .map(|(r, y)| ((r.n as f64).ln(), y.ln()))
+        .collect();
+    let k = pts.len() as f64;
+    let mx = pts.iter().map(|p| p.0).sum::<f64>() / k;
+    let my = pts.iter().map(|p| p.1).sum::<f64>() / k;
+    let sxx: f64 = pts.iter().map(|p| (p.0 - mx).powi(2)).sum();
+    let sxy: f64 = pts.iter().map(|p| (p.0 - mx) * (p.1 - my)).sum();
+    sxy / sxx
+}
+
+/// The fleet at 100, 1,000 and 5,000 nodes, from the largest run's per-guard
+/// figures grown by the fitted exponents, next to the announcers' own load.
+fn model(runs: &[Run], fit: &Fit) {
+    let Some(last) = runs.last() else { return };
+    let [req, bytes, events, bookmarks] = last.per_guard();
+    let join_per_guard = last.join_events as f64 / last.n as f64;
+    for nodes in [100usize, 1_000, 5_000] {
+        // Flat figures stay what the largest fleet measured; one that grows
+        // (or fits no power law) is grown by the exponent measured, at
+        // least linearly when unknown: the model errs high, never low.
+        let grow = |e: f64| {
+            let e = if e.is_nan() { 1.0 } else { e.max(0.0) };
+            (nodes as f64 / last.n as f64).powf(e)
+        };
+        let g_req = req * grow(fit.req);
+        let g_bytes = bytes * grow(fit.bytes);
+        let g_events = (events + bookmarks) * grow(fit.events);
+        // Cilium L2 announcements, 300 Services, retry period 2 s: one Lease
+        // write per Service per 2 s, and every candidate node's GET of each
+        // Lease it does not hold per retry (client-go's leader election).
+        let cilium_writes = SERVICES as f64 / 2.0;
+        let cilium_gets = nodes as f64 * SERVICES as f64 / 2.0;
+        println!(
+            "RESULT fleet_model {nodes}_nodes guards_req/s={:.1} guards_B/s={:.0} guards_watch_events+bookmarks/s={:.1} \
+             a_guard_joining_or_leaving_events={:.0} cilium_300_Services_Lease_writes/s={cilium_writes:.0} \
+             cilium_candidate_GETs/s={cilium_gets:.0} guards_req/s_vs_cilium_writes={:.2} metallb_ServiceL2Status_writes_per_move=2",
+            g_req * nodes as f64,
+            g_bytes * nodes as f64,
+            g_events * nodes as f64,
+            join_per_guard * nodes as f64,
+            g_req * nodes as f64 / cilium_writes,
+        );
+    }
+}
+
+fn lease(i: usize, holder: &str) -> serde_json::Value {
+    let mut l = objects::lease(
+        "default",
+        &format!("kubevip-svc-{i}"),
+        holder,
+        3600,
+        &jiff_now(),
+    );
+    l["metadata"]["managedFields"] = serde_json::json!([objects::managed_field(
+        "kube-vip",
+        "Update",
+        serde_json::json!({"f:spec": {"f:acquireTime": {}, "f:holderIdentity": {},
+            "f:leaseDurationSeconds": {}, "f:leaseTransitions": {}, "f:renewTime": {}}})
+    )]);
+    l
+}
+
+/// Now as a Lease's renewTime (the Leases must not expire in the window).
+fn jiff_now() -> String {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64;
+    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
+    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!(
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}.000000Z",
+        rem / 3600,
+        (rem / 60) % 60,
+        rem % 60
+    )
+}
+
+fn args() -> Vec<&'static str> {
+    vec![
+        "--announcer",
+        "kube-vip",
+        "--presence-namespace",
+        PRESENCE_NS,
+    ]
+}
+
+/// One fleet of `n`: started, settled, measured over `window`; then one more
+/// guard joins and leaves.
+fn run(n: usize, window: Duration) -> Run {
+    let bed = ClusterBed::fleet(&format!("flt{n}"), n + 1, &[]).unwrap();
+    bed.api.set_bookmark_every(Duration::from_secs(60));
+    bed.kubelet.set_every(Duration::from_secs(5));
+    bed.api.preload(
+        Resource::Services,
+        (0..SERVICES).map(|i| {
+            let ip = format!("10.64.{}.{}", i / 256, i % 256);
+            objects::service("default", &format!("svc-{i}"), &[&ip])
+        }),
+    );
+    bed.api.preload(
+        Resource::Leases,
+        (0..SERVICES).map(|i| lease(i, &bed.nodes[i % n].name)),
+    );
+    let wrapper = daemonset_wrapper();
+    let args = args();
+    let guards: Vec<Daemon> = (0..n)
+        .map(|i| {
+            bed.start_on_wrapped(i, &wrapper, &args, Duration::from_secs(60))
+                .unwrap()
+        })
+        .collect();
+    // Settled: every guard live to the others, its record written once.
+    std::thread::sleep(Duration::from_secs(if short() { 10 } else { 20 }));
+    bed.api.reset_tally();
+    let c0: Vec<Duration> = guards.iter().map(Daemon::cpu_time).collect();
+    let t0 = Instant::now();
+    std::thread::sleep(window);
+    let by = bed.api.tally();
+    let wall = t0.elapsed();
+    let cpu_pct = (guards.iter().zip(&c0))
+        .map(|(g, c)| (g.cpu_time() - *c).as_secs_f64() / wall.as_secs_f64() * 100.0)
+        .collect();
+    let rss_kib = guards.iter().map(Daemon::rss_kib).collect();
+    // One more guard joins (its record, its Pod Ready) and, a while later,
+    // leaves (SIGTERM: its Lease deleted, its Pod not Ready).
+    bed.api.reset_tally();
+    let mut extra = bed
+        .start_on_wrapped(n, &wrapper, &args, Duration::from_secs(60))
+        .unwrap();
+    std::thread::sleep(Duration::from_secs(12));
+    let joined = bed.api.tally();
+    bed.api.reset_tally();
+    extra.stop(libc::SIGTERM, Duration::from_secs(10)).unwrap();
+    std::thread::sleep(Duration::from_secs(8));
+    let left = bed.api.tally();
+    // What the others received (the newcomer's own list and watches apart).
+    let newcomer: IpAddr = format!("203.0.113.{}", 11 + n).parse().unwrap();
+    let to_others = |t: &BTreeMap<(IpAddr, &'static str, String), Counts>| {
+        total(
+            (t.iter())
+                .filter(|((ip, _, _), _)| *ip != newcomer)
+                .map(|(_, c)| c),
+        )
+    };
+    let (j, l) = (to_others(&joined), to_others(&left));
+    drop(guards);
+    Run {
+        n,
+        window: wall,
+        by: by
+            .into_iter()
+            .filter(|((ip, _, _), _)| *ip != newcomer)
+            .collect(),
+        cpu_pct,
+        rss_kib,
+        join_events: j.events,
+        leave_events: l.events,
+        join_bytes: j.bytes,
+    }
+}

@@ -232,7 +232,6 @@ impl Daemon {
             t.stats.count("overflow", 1);
         }
         t.changed = true;
-        self.publish_takeovers();
     }
 
     /// LB IPs changed state (seen at `at_ns`, in the maps now): time new

@@ -187,7 +187,9 @@ fn two_speakers_claiming_one_ip_are_a_conflict_on_a_third_node() {
 fn a_rogue_mac_claiming_the_owners_ip_is_raised_on_the_owner() {
     testbed::require_root();
     let bed = Bed::new("cenr").unwrap();
-    let guard = bed.start(&[]).unwrap();
+    // A claim of an owned IP is reported once it outlasts a late feed
+    // (--split-brain-after; 3 s here).
+    let guard = bed.start(&["--split-brain-after", "3s"]).unwrap();
     let wire = RawSocket::open(&bed.peer, "eth0").unwrap();
     // Claims in the first 2 s after the node became the owner are taken for
     // the previous owner's last words: the rogue comes later.
@@ -225,7 +227,7 @@ fn ipv6_advertisements_are_claims_with_their_family() {
     };
     testbed::require_root();
     let bed = Bed6::new("cen6").unwrap();
-    let _guard = bed.start(&[]).unwrap();
+    let _guard = bed.start(&["--split-brain-after", "3s"]).unwrap();
     let wire = RawSocket::open(&bed.peer, "eth0").unwrap();
     std::thread::sleep(Duration::from_secs(3));
     // A rogue host tells the segment "OWNED6 is at ROGUE".

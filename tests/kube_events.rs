@@ -171,7 +171,12 @@ fn a_split_brain_speaker_is_one_warning_whose_repeats_are_a_series() {
 #[test]
 fn a_forged_claim_of_an_owned_ip_is_a_conflict_then_resolved() {
     testbed::require_root();
-    let t = bed("kev-cf", &["--census-window", "3s"]);
+    // Presence renewed every second: conflicts are judged once the records
+    // could say whose kernels answer (2 periods and a second).
+    let t = bed(
+        "kev-cf",
+        &["--census-window", "3s", "--presence-period", "1s"],
+    );
     let forged = [0x02, 0, 0, 0, 0, 0x99];
     let garp = ArpSpec::gratuitous(2, forged, LB).to_bytes();
     // The conflict counts once it lasted CONFIRM_AFTER (3 s).

@@ -304,7 +304,8 @@ fn hostile_records_are_skipped_and_a_dead_api_leaves_guarding_alone() {
 fn a_rogue_node_and_a_stranger_are_named_on_the_owner() {
     testbed::require_root();
     let bed = bed("prr");
-    let a = start(&bed, 0);
+    // A claim of an owned IP is reported once it outlasts a late feed.
+    let a = start_with(&bed, 0, &["--split-brain-after", "3s"]);
     // node-b in monitor mode: its guard lets its own speaker's claims out.
     let _b = start_with(&bed, 1, &["--mode", "monitor"]);
     let doc = cluster_until(&bed, 0, |d| live(d, "node-a") && live(d, "node-b"));

@@ -154,7 +154,9 @@ fn an_announcement_held_for_a_takeover_goes_out_once_the_ip_is_owned() {
 fn a_split_brain_speaker_stays_stopped_and_its_held_frames_expire() {
     testbed::require_root();
     let bed = Bed::new("tks").unwrap();
-    let guard = bed.start(&["--announce-hold", "1s"]).unwrap();
+    let guard = bed
+        .start(&["--announce-hold", "1s", "--split-brain-after", "2s"])
+        .unwrap();
     let speaker = RawSocket::open(&bed.node, "eth0").unwrap();
     peer_knows(&bed, FOREIGN, OTHER_MAC);
     std::thread::sleep(Duration::from_millis(1100));
@@ -162,16 +164,22 @@ fn a_split_brain_speaker_stays_stopped_and_its_held_frames_expire() {
         assert!(!garp(&speaker, bed.node_mac, FOREIGN));
         std::thread::sleep(Duration::from_millis(100));
     }
-    guard.expect_log("held announcements discarded", Duration::from_secs(4));
+    // Given up after the hold, split brain once --split-brain-after passed
+    // without the IP becoming owned here.
+    guard.expect_log(
+        "split brain: a speaker on this node",
+        Duration::from_secs(5),
+    );
     assert_eq!(
         bed.peer.cached_mac("eth0", &FOREIGN.to_string()).unwrap(),
         Some(OTHER_MAC),
         "a split-brain speaker stays stopped"
     );
-    // Three identical frames: one held, two duplicates; it expired.
+    // Three identical frames: one held, two duplicates (its copy renewed,
+    // each judged): all three split brain.
     assert_eq!(
         metric(&bed.node, "arp_guard_announce_total{outcome=\"expired\"}"),
-        1.0
+        3.0
     );
     assert_eq!(
         metric(&bed.node, "arp_guard_announce_total{outcome=\"duplicate\"}"),
@@ -194,6 +202,46 @@ fn a_split_brain_speaker_stays_stopped_and_its_held_frames_expire() {
         bed.peer.cached_mac("eth0", &FOREIGN.to_string()).unwrap(),
         Some(OTHER_MAC)
     );
+}
+
+/// The ownership feed later than the hold (MetalLB's status seconds after
+/// its announcements): the held frame is not re-sent, and it is counted as
+/// late, not as split brain; in monitor mode the same (the frame passed).
+#[test]
+fn a_takeover_after_the_hold_is_a_late_feed_not_split_brain() {
+    testbed::require_root();
+    for mode in ["enforce", "monitor"] {
+        let bed = Bed::new(&format!("tkl{}", &mode[..1])).unwrap();
+        let guard = bed
+            .start(&[
+                "--mode",
+                mode,
+                "--announce-hold",
+                "1s",
+                "--split-brain-after",
+                "20s",
+            ])
+            .unwrap();
+        let speaker = RawSocket::open(&bed.node, "eth0").unwrap();
+        assert_eq!(garp(&speaker, bed.node_mac, FOREIGN), mode == "monitor");
+        std::thread::sleep(Duration::from_millis(2500));
+        set_owner(&bed, FOREIGN, NODE);
+        wait_state(&bed.node, FOREIGN, "owned");
+        let late = "arp_guard_announce_total{outcome=\"late\"}";
+        assert!(
+            testbed::wait_until(Duration::from_secs(3), || metric(&bed.node, late) == 1.0),
+            "{mode}: late {}\n{}",
+            metric(&bed.node, late),
+            guard.log_text()
+        );
+        guard.expect_log("the ownership feed was late", Duration::from_secs(1));
+        for outcome in ["expired", "replayed", "in_time"] {
+            let series = format!("arp_guard_announce_total{{outcome=\"{outcome}\"}}");
+            assert_eq!(metric(&bed.node, &series), 0.0, "{mode}: {outcome}");
+        }
+        let noted = metric(&bed.node, "arp_guard_announce_total{outcome=\"noted\"}");
+        assert_eq!(noted, if mode == "monitor" { 1.0 } else { 0.0 }, "{mode}");
+    }
 }
 
 #[test]

@@ -73,6 +73,13 @@ impl ClusterBed {
         Self::with_api(tag, lb_ips, |switch| FakeApi::start(switch, API))
     }
 
+    /// The same with `n` nodes (at most 3: `node-a`, `node-b`, `node-c`,
+    /// on 198.51.100.11, .12, .13).
+    pub fn with_nodes(tag: &str, lb_ips: &[Ipv4Addr], n: usize) -> Result<Self> {
+        let names = &["node-a", "node-b", "node-c"][..n];
+        Self::build(tag, names, lb_ips, |switch| FakeApi::start(switch, API))
+    }
+
     /// The same with the API `start` makes in the switch namespace (listening on [`API`]).
     pub fn with_api(
         tag: &str,

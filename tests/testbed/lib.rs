@@ -23,6 +23,8 @@ pub mod lab;
 mod neigh;
 pub mod netns;
 pub mod packet;
+pub mod promtool;
+pub mod scrape;
 pub mod segment;
 pub mod takeover;
 pub mod tc;

@@ -23,6 +23,7 @@ use crate::suite::Exe;
 /// the order given.
 pub const SLOW_FIRST: &[&str] = &[
     "image",
+    "alarms",
     "cluster",
     "incluster",
     "takeover_rounds",

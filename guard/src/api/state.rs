@@ -53,6 +53,10 @@ pub struct ApiState {
     pub presence: Option<crate::model::presence::Seen>,
     /// The active census, while it runs.
     pub probes: Option<crate::telemetry::probing::ProbesDoc>,
+    /// When this node's kernel last answered ARP, unstopped, for an LB IP
+    /// another node owns that is held on another interface (arp_ignore=0;
+    /// CLOCK_MONOTONIC ns): `model::kube_events::kernel`.
+    pub kernel_answered_ns: Option<u64>,
 }
 
 /// Everything the API serves from, shared with the main loop.

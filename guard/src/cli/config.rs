@@ -7,7 +7,10 @@ use anyhow::{bail, Result};
 
 use super::{AnnouncerArg, AttachArg, KubeVipElection, OnExit, RunArgs};
 use crate::{
-    daemon::{ApiConfig, ClientsConfig, DaemonConfig, RunConfig, SourcesConfig, TakeoverConfig},
+    daemon::{
+        ApiConfig, ClientsConfig, DaemonConfig, KubeEventsConfig, RunConfig, SourcesConfig,
+        TakeoverConfig,
+    },
     datapath::{AttachMode, DatapathConfig, Gate},
     sources::{
         cluster::{objects::ServiceFilter, Announcer, ClusterConfig, FeedConfig, Key},
@@ -36,7 +39,14 @@ impl RunArgs {
                 read_period: self.clients_read_period,
                 refresh_per_minute: self.refresh(),
             },
-            kube_events: self.kube_events.config(),
+            kube_events: KubeEventsConfig {
+                // Two reads of the records after the answering node's next
+                // renewal, and a second to spare.
+                review: self
+                    .presence()
+                    .map_or(Duration::ZERO, |p| p.period * 2 + Duration::from_secs(1)),
+                ..self.kube_events.config()
+            },
             probing: self.probing(),
         })
     }
@@ -178,6 +188,8 @@ impl RunArgs {
                     Duration::ZERO
                 },
                 silent_after: self.silent_takeover_after,
+                window: self.announce_hold,
+                verdict: self.kube_events.split_brain_after,
             },
             cgroup_root: self.cgroup_root.clone(),
         }

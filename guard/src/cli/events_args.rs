@@ -30,7 +30,11 @@ pub struct KubeEventsArgs {
 
     /// A speaker on this node announcing an LB IP another node owns, stopped
     /// by the guard without a pause (of a minute) this long, is split brain:
-    /// a SplitBrainSpeaker Event.
+    /// a SplitBrainSpeaker Event. Also how late the ownership feed may be at
+    /// a takeover: a speaker's frame of an IP that becomes owned here within
+    /// it (after --announce-hold) is counted late, not split brain
+    /// (arp_guard_announce_total), and another MAC claiming an IP owned here
+    /// is a responder conflict once it has lasted this long.
     #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = parse_duration)]
     pub split_brain_after: Duration,
 
@@ -50,6 +54,8 @@ impl KubeEventsArgs {
             },
             split_brain_after: self.split_brain_after,
             stale_clients: self.kube_events_stale_clients as usize,
+            // Set with presence (`cli/config.rs`).
+            review: std::time::Duration::ZERO,
         }
     }
 }

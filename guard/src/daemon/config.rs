@@ -68,6 +68,13 @@ pub struct TakeoverConfig {
     pub hold: Duration,
     /// No announcement within this long after a takeover: a silent takeover.
     pub silent_after: Duration,
+    /// `--announce-hold` in either mode: a speaker's frame of an IP foreign
+    /// here is a takeover's own when the IP becomes owned here within it
+    /// (`model::takeover::fates`).
+    pub window: Duration,
+    /// `--split-brain-after`: owned here later than the window but within
+    /// this is a late feed; not by then, split brain.
+    pub verdict: Duration,
 }
 
 #[derive(Debug, Clone)]
@@ -94,6 +101,11 @@ pub struct KubeEventsConfig {
     pub split_brain_after: std::time::Duration,
     /// This many stale clients of one LB IP make an Event.
     pub stale_clients: usize,
+    /// Conflicts wait this long before they are judged: nodes whose kernels
+    /// answer say so in their presence records within a few periods, and a
+    /// conflict they explain is told by the owner's NodesAnswerARP (zero:
+    /// presence off, judged at once).
+    pub review: std::time::Duration,
 }
 
 /// Misdirected clients (the census's client table).

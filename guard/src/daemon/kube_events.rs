@@ -12,7 +12,7 @@
 //! request is bounded in time, and failures are counted and logged.
 
 use std::{
-    collections::BTreeMap,
+    collections::{BTreeMap, VecDeque},
     sync::Arc,
     time::{Duration, Instant},
 };
@@ -25,8 +25,9 @@ use super::config::KubeEventsConfig;
 use crate::{
     api::Shared,
     model::kube_events::{
-        event_for, parse, Finding, IpFacts, Limiter, Memory, Occurrence, Offered, StreamKey,
-        Thresholds,
+        event_for,
+        kernel::{answers_now, explicable, nodes_answer, silenced},
+        parse, Finding, IpFacts, Limiter, Memory, Occurrence, Offered, StreamKey, Thresholds,
     },
     telemetry::ops::{EventOutcome, Ops},
 };
@@ -38,6 +39,11 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 const QUEUE: usize = 64;
 /// Service UIDs kept (kubectl finds a Service's Events by its UID).
 const MAX_UIDS: usize = 4096;
+/// How often the owner looks for other nodes' kernels answering for its IPs
+/// (the records are renewed every --presence-period).
+const KERNELS_EVERY: Duration = Duration::from_secs(5);
+/// Conflicts waiting for their review; more are judged at once.
+const MAX_WAITING: usize = 1024;
 
 /// Start the reader and the publisher (the API client is built on the
 /// publisher's task: a configuration that cannot be read is logged once,
@@ -70,23 +76,27 @@ async fn read(
     mut events: broadcast::Receiver<String>,
     tx: mpsc::Sender<Job>,
 ) {
-    let thresholds = Thresholds {
-        split_brain_after: cfg.split_brain_after,
-        stale_clients: cfg.stale_clients,
-        silent_after,
+    let mut r = Reader {
+        thresholds: Thresholds {
+            split_brain_after: cfg.split_brain_after,
+            stale_clients: cfg.stale_clients,
+            silent_after,
+        },
+        limiter: Limiter::new(cfg.limits, Instant::now()),
+        memory: Memory::default(),
+        review: cfg.review,
+        waiting: VecDeque::new(),
+        node,
+        shared,
     };
-    let mut limiter = Limiter::new(cfg.limits, Instant::now());
-    let mut memory = Memory::default();
     let mut tick = tokio::time::interval(Duration::from_secs(1));
+    let mut kernels = tokio::time::interval(KERNELS_EVERY);
     loop {
         tokio::select! {
             line = events.recv() => match line {
                 Ok(line) => {
-                    let Some(f) = parse(&line) else { continue };
-                    let Some((service, o)) = occurrence(&f, &node, &shared, &thresholds, &mut memory) else { continue };
-                    let reason = o.reason;
-                    if limiter.offer((service, reason), o) == Offered::Dropped {
-                        shared.ops.kube_event(reason.as_str(), EventOutcome::Dropped);
+                    if let Some(f) = parse(&line) {
+                        r.finding(f);
                     }
                 }
                 // Lines missed while this task was behind: nothing to do
@@ -94,12 +104,74 @@ async fn read(
                 Err(broadcast::error::RecvError::Lagged(_)) => continue,
                 Err(broadcast::error::RecvError::Closed) => return,
             },
-            _ = tick.tick() => memory.prune(Instant::now()),
+            _ = tick.tick() => r.tick(),
+            _ = kernels.tick() => {
+                for (service, o) in answering_kernels(&r.node, &r.shared) {
+                    r.offer(service, o);
+                }
+            }
         }
-        for (stream, occurrence) in limiter.due(Instant::now()) {
+        for (stream, occurrence) in r.limiter.due(Instant::now()) {
             let reason = occurrence.reason.as_str();
             if tx.try_send(Job { stream, occurrence }).is_err() {
-                shared.ops.kube_event(reason, EventOutcome::Dropped);
+                r.shared.ops.kube_event(reason, EventOutcome::Dropped);
+            }
+        }
+    }
+}
+
+/// The reader's state.
+struct Reader {
+    thresholds: Thresholds,
+    limiter: Limiter,
+    memory: Memory,
+    /// How long a conflict waits before it is judged (see [`explicable`]).
+    review: Duration,
+    waiting: VecDeque<(Instant, Finding)>,
+    node: String,
+    shared: Arc<Shared>,
+}
+
+impl Reader {
+    /// A finding: judged now, or, when nodes whose kernels answer may
+    /// explain it and their presence records may not say so yet, after
+    /// `review`.
+    fn finding(&mut self, f: Finding) {
+        if explicable(&f) && !self.review.is_zero() {
+            if self.waiting.len() < MAX_WAITING {
+                self.waiting.push_back((Instant::now(), f));
+            }
+            return;
+        }
+        self.judge(&f);
+    }
+
+    fn judge(&mut self, f: &Finding) {
+        let t = &self.thresholds;
+        if let Some((service, o)) = occurrence(f, &self.node, &self.shared, t, &mut self.memory) {
+            self.offer(service, o);
+        }
+    }
+
+    fn offer(&mut self, service: String, o: Occurrence) {
+        let reason = o.reason;
+        if self.limiter.offer((service, reason), o) == Offered::Dropped {
+            self.shared
+                .ops
+                .kube_event(reason.as_str(), EventOutcome::Dropped);
+        }
+    }
+
+    /// Every second: forget what went quiet, judge what waited its turn.
+    fn tick(&mut self) {
+        let now = Instant::now();
+        self.memory.prune(now);
+        while let Some((at, _)) = self.waiting.front() {
+            if now.duration_since(*at) < self.review {
+                break;
+            }
+            if let Some((_, f)) = self.waiting.pop_front() {
+                self.judge(&f);
             }
         }
     }
@@ -117,13 +189,40 @@ fn occurrence(
     let st = shared.read();
     let entry = st.ips.get(&f.ip())?;
     let service = entry.service.clone()?;
+    if let Some(p) = st.presence.as_ref() {
+        let here = answers_now(st.kernel_answered_ns, crate::datapath::sys::monotonic_ns());
+        let (who, answering) = (p.table.macs(), p.table.kernel_answering());
+        if silenced(f, entry.owner.as_deref(), &who, &answering, here) {
+            return None;
+        }
+    }
     let facts = IpFacts {
         node,
         owned_here: entry.state == guard_common::Ownership::Owned,
         why: &entry.source,
+        changed_ago: Duration::from_secs(
+            crate::api::state::unix_now().saturating_sub(entry.since_unix),
+        ),
     };
     let o = event_for(f, &facts, t, memory, Instant::now())?;
     Some((service, o))
+}
+
+/// For each LB IP this node owns, with a Service: the Event naming the
+/// other nodes whose kernels answer for LB IPs (their presence records).
+fn answering_kernels(node: &str, shared: &Shared) -> Vec<(String, Occurrence)> {
+    let st = shared.read();
+    let Some(p) = st.presence.as_ref() else {
+        return Vec::new();
+    };
+    let answering = p.table.kernel_answering();
+    if answering.iter().all(|n| n == node) {
+        return Vec::new();
+    }
+    (st.ips.iter())
+        .filter(|(_, e)| e.state == guard_common::Ownership::Owned)
+        .filter_map(|(ip, e)| Some((e.service.clone()?, nodes_answer(*ip, node, &answering)?)))
+        .collect()
 }
 
 /// Publish what the reader hands over, one at a time, each bounded in time.

@@ -9,6 +9,7 @@
 mod attachments;
 mod changes;
 pub mod config;
+mod kernel;
 mod kube_events;
 mod preflight;
 mod presence;

@@ -10,10 +10,11 @@ use guard_common::Mode;
 use super::Daemon;
 use crate::{
     api::Shared,
-    datapath::sys::{ifindex, link_macs_by_index},
+    datapath::sys::{ifindex, link_macs_by_index, monotonic_ns},
     model::{
         census::Who,
         fmt_mac,
+        kube_events::kernel::answers_now,
         presence::{Iface, Record},
     },
     sources::presence::{self, Handle, Hooks},
@@ -70,6 +71,7 @@ impl Daemon {
                     .into(),
                     interfaces,
                     other,
+                    kernel_answers: answers_now(st.kernel_answered_ns, monotonic_ns()),
                 }
             }),
             publish: Box::new(move |seen| write.write().presence = Some(seen)),

@@ -333,6 +333,7 @@ impl Daemon {
             who: super::presence::who_is(self.shared.clone()),
             publish: Box::new(move |doc| publish.write().census = Some(doc)),
             events: self.shared.events.clone(),
+            claimed_elsewhere_after: self.cfg.daemon.takeover.verdict,
         });
         if let Err(e) = spawned {
             tracing::warn!(error = %e, "the responder census cannot start its thread; guarding without it");

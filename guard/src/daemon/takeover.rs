@@ -1,9 +1,12 @@
 //! Takeovers in the daemon: announcements the program dropped because the
 //! IP was foreign here are held (`model::takeover::Holds`) and re-sent,
 //! byte for byte, the moment the IP becomes owned here; each takeover is
-//! timed to its first announcement, or called silent. The kernel reports
-//! reach the main loop through two queues (held frames, announcements
-//! heard); every decision here is the pure model's.
+//! timed to its first announcement, or called silent. A speaker's frames
+//! of an IP foreign here that are not held (monitor mode; replies) are
+//! noted, and every one is told in the end as a takeover's own, a late
+//! feed's or split brain (`model::takeover::Fates`). The kernel reports
+//! reach the main loop through two queues (held frames, frames heard);
+//! every decision here is the pure model's.
 
 use std::{
     collections::BTreeSet,
@@ -16,13 +19,13 @@ use std::{
 };
 
 use aya::maps::{MapData, RingBuf};
-use guard_common::{HeldFrame, Ownership};
+use guard_common::{HeldFrame, Origin, Ownership, Verdict};
 use tokio::{io::unix::AsyncFd, sync::mpsc};
 
 use super::{Daemon, TakeoverConfig};
 use crate::{
     datapath::{monotonic_ns, wire::Wire},
-    model::takeover::{Admission, Announced, Heard, Held, Holds, Takeovers},
+    model::takeover::{Admission, Announced, Fates, Heard, Held, Holds, Takeovers, Tally},
     telemetry::takeover::TakeoverStats,
 };
 
@@ -39,10 +42,12 @@ pub(super) struct Takeover {
     /// None: nothing is held (`--announce-hold 0`, monitor mode).
     holds: Option<(Holds, Wire)>,
     timing: Takeovers,
+    /// Frames whose fate is not decided yet (given up by the hold, or noted).
+    fates: Fates,
     pub(super) stats: TakeoverStats,
     /// Frames the reader could not queue (counted as overflow).
     reader_overflow: Arc<AtomicU64>,
-    /// IPs whose expiry was logged, until their state changes (a
+    /// IPs whose split brain was logged, until their state changes (a
     /// split-brain speaker repeating itself is logged once).
     expiry_logged: BTreeSet<IpAddr>,
     /// The API's copy is behind.
@@ -69,8 +74,10 @@ impl Takeover {
         Ok(Takeover {
             holds,
             // An announcement within the hold window before the change counts
-            // for it (at least a second: the feed lags).
-            timing: Takeovers::new(cfg.silent_after, cfg.hold.max(Duration::from_secs(1))),
+            // for it (at least a second: the feed lags); in monitor mode too,
+            // where a foreign IP's announcement passes (would_drop).
+            timing: Takeovers::new(cfg.silent_after, cfg.window.max(Duration::from_secs(1))),
+            fates: Fates::new(cfg.window, cfg.verdict),
             stats: TakeoverStats::default(),
             reader_overflow: Arc::new(AtomicU64::new(0)),
             expiry_logged: BTreeSet::new(),
@@ -162,17 +169,30 @@ impl Daemon {
             log_replay(ip, sent, failed, &delays);
             return;
         }
+        let (ip, at) = (h.ip, h.at_ns);
         match holds.admit(h, now) {
             Admission::Held => {}
-            Admission::Duplicate => t.stats.count("duplicate", 1),
-            Admission::Late => t.stats.count("expired", 1),
+            // Its copy is held, renewed; the repeat itself is judged too (a
+            // split-brain speaker repeating itself keeps its copy fresh).
+            Admission::Duplicate => {
+                t.stats.count("duplicate", 1);
+                if !t.fates.note(ip, at) {
+                    t.stats.count("overflow", 1);
+                }
+            }
+            // Past the window already: the rest of its fate is the fates'.
+            Admission::Late => lapse(&mut t.fates, &mut t.stats, ip, 1, now),
             Admission::Full => t.stats.count("overflow", 1),
         }
         t.stats.holding = holds.len();
     }
 
-    /// The program reported an announcement that left.
+    /// The program reported an announcement that left, or a frame of an IP
+    /// foreign here that it stopped (or would have, in monitor mode).
     pub(super) fn on_heard(&mut self, h: Heard) {
+        if h.verdict != Verdict::Passed {
+            return self.on_stopped(h);
+        }
         if let Some(a) = self
             .takeover
             .timing
@@ -180,6 +200,38 @@ impl Daemon {
         {
             self.takeover_announced(a);
         }
+    }
+
+    /// A frame of an IP foreign here, stopped or that would have been: a
+    /// speaker's is noted unless it is held (its fate decides whether it was
+    /// a takeover's), one that left anyway (monitor mode) may be the
+    /// takeover's announcement; the kernel's answer says how this node's
+    /// kernel is set up.
+    fn on_stopped(&mut self, h: Heard) {
+        if h.via == Origin::Kernel {
+            return self.kernel_answered(&h);
+        }
+        if !matches!(h.via, Origin::Speaker | Origin::Redirect) {
+            return;
+        }
+        let t = &mut self.takeover;
+        if h.verdict == Verdict::WouldDrop && h.kind.is_announcement() {
+            // It left: the takeover that follows is announced.
+            t.timing.announced(h.ip, h.at_ns, h.via, h.state);
+        }
+        // A dropped announcement is held (and counted) from its copy.
+        if h.verdict == Verdict::Dropped && h.kind.is_announcement() && t.holds.is_some() {
+            return;
+        }
+        t.stats.count("noted", 1);
+        // Judged foreign just before the map said owned (its report came
+        // after the change): the takeover's own.
+        if self.view.lb.get(&h.ip).map(|l| l.state) == Some(Ownership::Owned) {
+            t.stats.count("in_time", 1);
+        } else if !t.fates.note(h.ip, h.at_ns) {
+            t.stats.count("overflow", 1);
+        }
+        t.changed = true;
     }
 
     /// LB IPs changed state (seen at `at_ns`, in the maps now): time new
@@ -203,17 +255,27 @@ impl Daemon {
                 }
             }
             let t = &mut self.takeover;
+            if new == Some(Ownership::Owned) && old != Some(Ownership::Owned) {
+                let tally = t.fates.owned(&ip, at_ns);
+                t.changed |= count_tally(&mut t.stats, tally);
+                log_late(ip, tally);
+            } else if new.is_none() {
+                let gone = t.fates.forget(&ip);
+                t.stats.count("expired", gone);
+                t.changed |= gone > 0;
+            }
             let Some((holds, wire)) = t.holds.as_mut() else {
                 continue;
             };
             if !holds.holds(&ip) || !(new == Some(Ownership::Owned) || new.is_none()) {
                 continue;
             }
-            let (fresh, expired) = holds.take(&ip, now);
-            t.stats.count("expired", expired as u64);
+            let (fresh, lapsed) = holds.take(&ip, now);
             if new.is_none() {
-                t.stats.count("expired", fresh.len() as u64);
+                t.stats.count("expired", (fresh.len() + lapsed) as u64);
             } else {
+                // Given up a moment ago, owned now: late, not split brain.
+                t.stats.count("late", lapsed as u64);
                 let (sent, failed, delays) = replay(wire, fresh, now);
                 record_replays(&mut t.stats, sent, failed, &delays);
                 log_replay(ip, sent, failed, &delays);
@@ -241,16 +303,20 @@ impl Daemon {
                 holds.expire(now)
             };
             for (ip, n) in expired {
-                t.stats.count("expired", n as u64);
+                lapse(&mut t.fates, &mut t.stats, ip, n as u64, now);
                 t.changed = true;
-                if t.expiry_logged.insert(ip) {
-                    tracing::info!(
-                        lb_ip = %ip, frames = n,
-                        "held announcements discarded: this node did not become the IP's owner within --announce-hold (a speaker announcing an IP another node owns stays stopped)"
-                    );
-                }
             }
             t.stats.holding = holds.len();
+        }
+        for (ip, n) in t.fates.expire(now) {
+            t.stats.count("expired", n);
+            t.changed = true;
+            if t.expiry_logged.insert(ip) {
+                tracing::warn!(
+                    lb_ip = %ip, frames = n,
+                    "split brain: a speaker on this node announced (or answered for) an IP another node owns, and this node did not become its owner within --split-brain-after (held announcements were discarded; in monitor mode they went out)"
+                );
+            }
         }
         for ip in t.timing.tick(now) {
             let t = &mut self.takeover;
@@ -316,6 +382,33 @@ fn replay(wire: &Wire, frames: Vec<Held>, now_ns: u64) -> (u64, u64, Vec<Duratio
         }
     }
     (sent, failed, delays)
+}
+
+/// `n` held frames of `ip` given up by the hold at `now_ns`: their fate is
+/// decided later (no room to wait: given up for good, counted expired).
+fn lapse(fates: &mut Fates, stats: &mut TakeoverStats, ip: IpAddr, n: u64, now_ns: u64) {
+    if !fates.lapsed(ip, n, now_ns) {
+        stats.count("expired", n);
+    }
+}
+
+/// Count what the frames of an IP now owned here were; whether any.
+fn count_tally(stats: &mut TakeoverStats, t: Tally) -> bool {
+    stats.count("in_time", t.in_time);
+    stats.count("late", t.late);
+    stats.count("expired", t.expired);
+    t != Tally::default()
+}
+
+/// One line when a takeover's frames were given up before the feed said
+/// so: the feed was late (a held announcement was not re-sent).
+fn log_late(ip: IpAddr, t: Tally) {
+    if t.late > 0 {
+        tracing::info!(
+            lb_ip = %ip, frames = t.late,
+            "this node became the IP's owner after --announce-hold had passed for its speaker's frames: the ownership feed was late (not split brain); held ones were not re-sent"
+        );
+    }
 }
 
 fn record_replays(stats: &mut TakeoverStats, sent: u64, failed: u64, delays: &[Duration]) {

@@ -3,6 +3,9 @@
 //! reason and in which words, and how often one may be published. Pure:
 //! the publisher (`daemon/kube_events.rs`) hands it lines and the clock.
 
+#[cfg(test)]
+pub use limiter::MAX_PENDING;
+pub use limiter::{Limiter, Limits, Offered, StreamKey};
 use probe::probe;
 pub use probe::ProbeVerdict;
 use std::{
@@ -21,6 +24,7 @@ pub enum Reason {
     StaleClients,
     SilentOwner,
     OwnerWrongInterface,
+    NodesAnswerArp,
 }
 
 impl Reason {
@@ -33,6 +37,15 @@ impl Reason {
             Reason::StaleClients => "StaleClients",
             Reason::SilentOwner => "SilentOwner",
             Reason::OwnerWrongInterface => "OwnerWrongInterface",
+            Reason::NodesAnswerArp => "NodesAnswerARP",
+        }
+    }
+
+    /// At least this long between two Events of a stream of this reason.
+    pub fn interval(self, per_stream: Duration) -> Duration {
+        match self {
+            Reason::NodesAnswerArp => per_stream.max(kernel::REPEAT),
+            _ => per_stream,
         }
     }
 
@@ -44,7 +57,9 @@ impl Reason {
     /// The Event's action: what arp-guard did that found it.
     pub fn action(self) -> &'static str {
         match self {
-            Reason::ResponderConflict | Reason::ResponderConflictResolved => "Census",
+            Reason::ResponderConflict
+            | Reason::ResponderConflictResolved
+            | Reason::NodesAnswerArp => "Census",
             Reason::SplitBrainSpeaker => "StopAnnouncement",
             Reason::SilentTakeover => "TimeTakeover",
             Reason::StaleClients => "WatchClients",
@@ -73,6 +88,12 @@ pub enum Finding {
     SilentTakeover {
         ip: IpAddr,
     },
+    /// This node became the IP's owner and its first announcement left:
+    /// the stopped announcements before were the takeover's, not a run of
+    /// split brain.
+    TakeoverAnnounced {
+        ip: IpAddr,
+    },
     StaleClient {
         ip: IpAddr,
         client_ip: String,
@@ -96,6 +117,7 @@ impl Finding {
             Finding::Conflict { ip, .. }
             | Finding::SpeakerStopped { ip, .. }
             | Finding::SilentTakeover { ip }
+            | Finding::TakeoverAnnounced { ip }
             | Finding::StaleClient { ip, .. }
             | Finding::Probe { ip, .. } => *ip,
         }
@@ -138,6 +160,7 @@ pub fn parse(line: &str) -> Option<Finding> {
             ended: e == "responder_conflict_ended",
         }),
         "silent_takeover" => Some(Finding::SilentTakeover { ip }),
+        "takeover_announced" => Some(Finding::TakeoverAnnounced { ip }),
         e if e.starts_with("probe_conflict")
             || e.starts_with("silent_owner")
             || e.starts_with("owner_wrong_interface") =>
@@ -180,6 +203,8 @@ pub struct IpFacts<'a> {
     pub owned_here: bool,
     /// Which object says who owns it (the feed's words).
     pub why: &'a str,
+    /// How long ago this node's state for the IP last changed.
+    pub changed_ago: Duration,
 }
 
 /// An Event to publish: its reason, its message, and the node at fault
@@ -246,6 +271,10 @@ pub fn event_for(
         Finding::SpeakerStopped {
             stopped, interface, ..
         } => speaker_stopped(ip, *stopped, interface, facts, t, m, now),
+        Finding::TakeoverAnnounced { .. } => {
+            m.runs.remove(&ip);
+            None
+        }
         Finding::SilentTakeover { .. } => Some(Occurrence {
             reason: Reason::SilentTakeover,
             note: format!(
@@ -327,11 +356,16 @@ fn speaker_stopped(
     m: &mut Memory,
     now: Instant,
 ) -> Option<Occurrence> {
-    if m.runs.len() >= MAX_REMEMBERED && !m.runs.contains_key(&ip) {
+    // Owned here by now: it was the takeover's (judged a moment before the
+    // map said owned).
+    if facts.owned_here || (m.runs.len() >= MAX_REMEMBERED && !m.runs.contains_key(&ip)) {
         return None;
     }
     let run = m.runs.entry(ip).or_insert((now, now, 0));
-    if now.duration_since(run.1) >= RUN_GAP {
+    // A pause, or the IP changed hands since (a takeover came between):
+    // a new run.
+    let since_last = now.duration_since(run.1);
+    if since_last >= RUN_GAP || since_last > facts.changed_ago {
         *run = (now, now, 0);
     }
     run.1 = now;
@@ -395,89 +429,8 @@ fn stale_client(
     })
 }
 
-/// How often Events may be published from one node.
-#[derive(Debug, Clone, Copy)]
-pub struct Limits {
-    /// At most one per Service and reason this often.
-    pub per_stream: Duration,
-    /// At most this many per minute in all.
-    pub per_minute: u32,
-}
-
-/// One Event stream: a Service (namespace/name) and a reason.
-pub type StreamKey = (String, Reason);
-
-/// At most this many streams wait for their turn; more are dropped.
-pub const MAX_PENDING: usize = 1024;
-
-/// The rate limits: an occurrence is published at once when its stream and
-/// the node's budget allow it; otherwise it waits (the latest of a stream
-/// replaces the one waiting) and goes when they do. A flapping IP costs the
-/// API server one Event (or one series update) per stream and period.
-#[derive(Debug)]
-pub struct Limiter {
-    limits: Limits,
-    last: BTreeMap<StreamKey, Instant>,
-    pending: BTreeMap<StreamKey, Occurrence>,
-    minute: (Instant, u32),
-}
-
-/// What became of an occurrence offered to the limiter.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Offered {
-    /// Waiting for its turn (possibly replacing an earlier one).
-    Waiting,
-    /// Dropped: too many streams wait already.
-    Dropped,
-}
-
-impl Limiter {
-    pub fn new(limits: Limits, now: Instant) -> Self {
-        Limiter {
-            limits,
-            last: BTreeMap::new(),
-            pending: BTreeMap::new(),
-            minute: (now, 0),
-        }
-    }
-
-    pub fn offer(&mut self, key: StreamKey, o: Occurrence) -> Offered {
-        if self.pending.len() >= MAX_PENDING && !self.pending.contains_key(&key) {
-            return Offered::Dropped;
-        }
-        self.pending.insert(key, o);
-        Offered::Waiting
-    }
-
-    /// The occurrences whose turn has come, taken out.
-    pub fn due(&mut self, now: Instant) -> Vec<(StreamKey, Occurrence)> {
-        if now.duration_since(self.minute.0) >= Duration::from_secs(60) {
-            self.minute = (now, 0);
-        }
-        let per = self.limits.per_stream;
-        self.last.retain(|_, t| now.duration_since(*t) < per);
-        let ready: Vec<StreamKey> = (self.pending.keys())
-            .filter(|k| !self.last.contains_key(*k))
-            .take(self.limits.per_minute.saturating_sub(self.minute.1) as usize)
-            .cloned()
-            .collect();
-        let mut out = Vec::with_capacity(ready.len());
-        for k in ready {
-            if let Some(o) = self.pending.remove(&k) {
-                self.last.insert(k.clone(), now);
-                self.minute.1 += 1;
-                out.push((k, o));
-            }
-        }
-        out
-    }
-
-    #[cfg(test)]
-    pub fn waiting(&self) -> usize {
-        self.pending.len()
-    }
-}
-
+pub mod kernel;
+mod limiter;
 mod probe;
 #[cfg(test)]
 mod tests;

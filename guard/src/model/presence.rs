@@ -50,6 +50,12 @@ pub struct Record {
     /// owner answering from one of them is on the wrong interface.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub other: Vec<Iface>,
+    /// Its kernel answered ARP for an LB IP another node owns, held on an
+    /// interface other than the one it answered on (arp_ignore=0: kube-proxy
+    /// IPVS with strictARP off), and the guard did not stop it (monitor
+    /// mode), lately (`model::kube_events::kernel`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub kernel_answers: bool,
 }
 
 /// Why a presence Lease was skipped.
@@ -282,6 +288,15 @@ impl Table {
         out
     }
 
+    /// The nodes with a live record whose kernel answers ARP for LB IPs
+    /// they do not own ([`Record::kernel_answers`]).
+    pub fn kernel_answering(&self) -> BTreeSet<String> {
+        self.live_entries()
+            .filter(|(_, e)| e.record.kernel_answers)
+            .map(|(n, _)| n.clone())
+            .collect()
+    }
+
     /// The nodes with a live record.
     pub fn live(&self) -> Vec<String> {
         self.live_entries().map(|(n, _)| n.clone()).collect()
@@ -390,6 +405,7 @@ mod tests {
                 })
                 .collect(),
             other: vec![],
+            kernel_answers: false,
         }
     }
 

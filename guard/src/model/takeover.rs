@@ -12,10 +12,15 @@
 //! - [`Takeovers`]: for each IP that becomes owned here, the time from the
 //!   ownership change to the first announcement that left this node (or was
 //!   re-sent); none within a threshold is a silent takeover.
+//! - [`Fates`]: what the frames of an IP foreign here turned out to be: a
+//!   takeover's own, a late feed's, or split brain (`fates.rs`).
+
+mod fates;
 
 use std::{collections::BTreeMap, net::IpAddr, time::Duration};
 
-use guard_common::{Kind, Origin, Ownership};
+pub use fates::{Fates, Tally};
+use guard_common::{Kind, Origin, Ownership, Verdict};
 
 /// An announcement held back ([`guard_common::HeldFrame`], decoded).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -66,8 +71,10 @@ impl Held {
     }
 }
 
-/// An announcement of an LB IP that left this node, as the program reports
-/// it: the first after each change of the IP's entry.
+/// A frame of an LB IP as the program reports it: an announcement that
+/// left this node (`Passed`: the first after each change of the IP's
+/// entry), or one stopped, or that would have been (a drop event of an IP
+/// foreign here: what [`Fates`] and the kernel's answers are told from).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Heard {
     pub ip: IpAddr,
@@ -77,6 +84,7 @@ pub struct Heard {
     pub state: Ownership,
     pub kind: Kind,
     pub ifindex: u32,
+    pub verdict: Verdict,
 }
 
 /// What [`Holds::admit`] did with a frame.
@@ -84,7 +92,8 @@ pub struct Heard {
 pub enum Admission {
     Held,
     /// The same bytes on the same interface are held already (an announcer
-    /// repeating itself): the first is kept, with its time.
+    /// repeating itself, as MetalLB does for 5 s): one copy is kept, with
+    /// the latest time, so that the hold runs from the last repeat.
     Duplicate,
     /// Older than the window already (the daemon fell behind): discarded.
     Late,
@@ -141,10 +150,8 @@ impl Holds {
             return Admission::Late;
         }
         let held = self.by_ip.entry(h.ip).or_default();
-        if held
-            .iter()
-            .any(|o| o.ifindex == h.ifindex && o.bytes == h.bytes)
-        {
+        if let Some(o) = (held.iter_mut()).find(|o| o.ifindex == h.ifindex && o.bytes == h.bytes) {
+            o.at_ns = o.at_ns.max(h.at_ns);
             return Admission::Duplicate;
         }
         if held.len() >= PER_IP || self.count >= self.max {
@@ -393,14 +400,15 @@ mod tests {
         let mut h = Holds::new(Duration::from_secs(5), 100);
         assert_eq!(h.admit(held(1, S, 1), S), Admission::Held);
         assert_eq!(h.admit(held(1, 2 * S, 2), 2 * S), Admission::Held);
-        // The same bytes again: the first is kept, with its time.
+        // The same bytes again: one copy, with the latest time.
         assert_eq!(h.admit(held(1, 3 * S, 1), 3 * S), Admission::Duplicate);
         assert_eq!(h.len(), 2);
-        // Taken 5.5 s after the first: it has expired, the second has not.
-        let (fresh, expired) = h.take(&ip(1), 5 * S + 500 * MS + S);
+        // Taken 5.5 s after the second: it has expired, the repeated one
+        // (2.5 s old) has not.
+        let (fresh, expired) = h.take(&ip(1), 7 * S + 500 * MS);
         assert_eq!(expired, 1);
         assert_eq!(fresh.len(), 1);
-        assert_eq!(fresh[0].bytes[0], 2);
+        assert_eq!(fresh[0].bytes[0], 1);
         assert!(h.is_empty() && !h.holds(&ip(1)));
         // A frame that arrives older than the window is not kept.
         assert_eq!(h.admit(held(2, S, 1), 7 * S), Admission::Late);

@@ -72,6 +72,11 @@ pub struct CensusTask {
     pub who: WhoIs,
     pub publish: Box<dyn Fn(CensusDoc) + Send + Sync>,
     pub events: broadcast::Sender<String>,
+    /// `--split-brain-after`: another MAC claiming an IP this node owns is
+    /// reported once it has lasted this long (at least [`CONFIRM_AFTER`]):
+    /// MetalLB's new owner announces seconds before its status moves the IP
+    /// away from this node, and that late feed is a takeover, not a rogue.
+    pub claimed_elsewhere_after: Duration,
 }
 
 /// A conflict is reported (log, event, status, metrics) once it has been
@@ -119,6 +124,7 @@ fn run(task: CensusTask) {
         who,
         publish,
         events,
+        claimed_elsewhere_after,
     } = task;
     let mut m = Memory::default();
     loop {
@@ -154,7 +160,7 @@ fn run(task: CensusTask) {
             m.walked_at = Some(claim_totals(&stats));
         }
         let mut census = assess(&m.claims, &context(window, &owned, &who, &m.claims));
-        let confirmed = confirm(&mut m.seen, &mut census);
+        let confirmed = confirm(&mut m.seen, &mut census, claimed_elsewhere_after);
         report_changes(&m.reported, &confirmed, &census, &events);
         m.reported = confirmed;
         m.last = CensusDoc {
@@ -227,10 +233,12 @@ fn context(
 }
 
 /// Keep in `census` only the conflicts seen for [`CONFIRM_AFTER`] without a
-/// break; returns them.
+/// break (a claim of an IP owned here: `claimed_elsewhere_after`); returns
+/// them.
 fn confirm(
     seen: &mut BTreeMap<IpAddr, (Reason, std::time::Instant)>,
     census: &mut Census,
+    claimed_elsewhere_after: Duration,
 ) -> BTreeMap<IpAddr, Reason> {
     let now = std::time::Instant::now();
     let current = conflicts(census);
@@ -241,7 +249,13 @@ fn confirm(
     let mut confirmed = BTreeMap::new();
     for (ip, c) in census.iter_mut() {
         match seen.get(ip) {
-            Some((r, since)) if now.duration_since(*since) >= CONFIRM_AFTER => {
+            Some((r, since))
+                if now.duration_since(*since)
+                    >= match r {
+                        Reason::Contested => CONFIRM_AFTER,
+                        Reason::ClaimedElsewhere => claimed_elsewhere_after.max(CONFIRM_AFTER),
+                    } =>
+            {
                 confirmed.insert(*ip, *r);
             }
             _ => c.conflict = None,
@@ -363,7 +377,7 @@ mod tests {
         let mut seen = BTreeMap::new();
         // First seen now: not reported yet, and hidden from the document.
         let mut c = census(Some(Reason::Contested));
-        assert!(confirm(&mut seen, &mut c).is_empty());
+        assert!(confirm(&mut seen, &mut c, CONFIRM_AFTER).is_empty());
         assert_eq!(c[&ip].conflict, None);
         // Seen since long enough: reported.
         seen.insert(
@@ -372,15 +386,32 @@ mod tests {
         );
         let mut c = census(Some(Reason::Contested));
         assert_eq!(
-            confirm(&mut seen, &mut c).get(&ip),
+            confirm(&mut seen, &mut c, CONFIRM_AFTER).get(&ip),
             Some(&Reason::Contested)
         );
         assert_eq!(c[&ip].conflict, Some(Reason::Contested));
-        // A break (or another reason) starts the clock again.
+        // A claim of an IP owned here waits for a late feed.
         let mut c = census(Some(Reason::ClaimedElsewhere));
-        assert!(confirm(&mut seen, &mut c).is_empty());
+        assert!(confirm(&mut seen, &mut c, Duration::from_secs(30)).is_empty());
+        seen.insert(
+            ip,
+            (
+                Reason::ClaimedElsewhere,
+                std::time::Instant::now() - Duration::from_secs(30),
+            ),
+        );
+        let mut c = census(Some(Reason::ClaimedElsewhere));
+        assert_eq!(
+            confirm(&mut seen, &mut c, Duration::from_secs(30)).get(&ip),
+            Some(&Reason::ClaimedElsewhere)
+        );
+        // A break (or another reason) starts the clock again.
+        let mut c = census(Some(Reason::Contested));
+        assert!(confirm(&mut seen, &mut c, CONFIRM_AFTER).is_empty());
+        let mut c = census(Some(Reason::ClaimedElsewhere));
+        assert!(confirm(&mut seen, &mut c, CONFIRM_AFTER).is_empty());
         let mut c = census(None);
-        assert!(confirm(&mut seen, &mut c).is_empty());
+        assert!(confirm(&mut seen, &mut c, CONFIRM_AFTER).is_empty());
         assert!(seen.is_empty());
     }
 }

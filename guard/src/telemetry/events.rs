@@ -46,19 +46,32 @@ fn raw(bytes: &[u8]) -> Option<DropEvent> {
     Some(unsafe { std::ptr::read_unaligned(bytes.as_ptr() as *const DropEvent) })
 }
 
-/// A record that reports an announcement that passed (not a drop event).
+/// A record the daemon's main loop hears of: an announcement that passed
+/// (not a drop event), or a drop event of an IP foreign here that is a
+/// speaker's or datapath responder's answer or announcement (what became
+/// of it: `model::takeover::Fates`) or the kernel's answer (the node
+/// answers for IPs it does not own). The second kind is a drop event too.
 fn heard(e: &DropEvent) -> Option<Heard> {
-    if e.verdict != Verdict::Passed as u8 {
-        return None;
-    }
-    Some(Heard {
+    let verdict = match e.verdict {
+        v if v == Verdict::Passed as u8 => Verdict::Passed,
+        v if v == Verdict::Dropped as u8 => Verdict::Dropped,
+        v if v == Verdict::WouldDrop as u8 => Verdict::WouldDrop,
+        _ => return None,
+    };
+    let h = Heard {
         ip: guard_common::ip_of_key(e.lb_ip),
         at_ns: e.at_ns,
         via: Origin::from_u8(e.origin)?,
         state: Ownership::from_u8(e.state)?,
         kind: Kind::from_u8(e.kind)?,
         ifindex: e.ifindex,
-    })
+        verdict,
+    };
+    let claim = matches!(
+        h.kind,
+        Kind::Reply | Kind::Gratuitous | Kind::NaSolicited | Kind::NaUnsolicited
+    );
+    (verdict == Verdict::Passed || (h.state == Ownership::Foreign && claim)).then_some(h)
 }
 
 pub fn decode(bytes: &[u8]) -> Option<EventJson> {
@@ -117,7 +130,9 @@ pub async fn run(
                 while let Some(item) = ring.next() {
                     if let Some(h) = raw(&item).as_ref().and_then(heard) {
                         let _ = heard_tx.try_send(h);
-                        continue;
+                        if h.verdict == Verdict::Passed {
+                            continue;
+                        }
                     }
                     let Some(ev) = decode(&item) else { continue };
                     let key = (ev.lb_ip.clone(), ev.kind.clone(), ev.verdict.clone());

@@ -385,7 +385,7 @@ fn census(v: &mut Values, c: &CensusDoc, max_ip_series: usize) {
 fn takeovers(v: &mut Values, t: &TakeoverStats) {
     v.counters.push((
         "arp_guard_announce",
-        "Announcements of LB IPs foreign here that the program dropped and copied to the daemon (deferred), and what became of them: re-sent once the IP was owned here (replayed), discarded after --announce-hold (expired), already held (duplicate), no room (overflow), re-send failed (replay_failed).",
+        "A speaker's (or datapath responder's) frames of LB IPs foreign here: announcements the program dropped and copied to the daemon (deferred), and frames not held but noted (noted: monitor mode, replies), and what became of them: this node became the owner within --announce-hold (replayed: re-sent; in_time), later within --split-brain-after (late: a late ownership feed), not by then (expired: split brain); already held (duplicate: the copy renewed, the repeat judged like a noted one), no room (overflow), re-send failed (replay_failed), not this node's (not_local).",
         OUTCOMES
             .iter()
             .map(|o| {

@@ -14,9 +14,20 @@ pub const OUTCOMES: &[&str] = &[
     "deferred",
     // Re-sent once the IP was owned here.
     "replayed",
-    // Discarded: the IP did not become owned here within the window.
+    // Split brain: the IP did not become owned here within
+    // --split-brain-after (at least --announce-hold) of the frame.
     "expired",
-    // The same bytes were held already (an announcer repeating itself).
+    // Owned here after --announce-hold but within --split-brain-after: the
+    // ownership feed was late (a held frame had been given up, not re-sent).
+    "late",
+    // Not held but noted (a speaker's frame that passed in monitor mode, a
+    // reply, which is never held): its fate is one of in_time, late, expired.
+    "noted",
+    // A noted frame whose IP became owned here within --announce-hold: the
+    // takeover's own.
+    "in_time",
+    // The same bytes were held already (an announcer repeating itself): the
+    // copy is renewed, and the repeat's fate is one of in_time, late, expired.
     "duplicate",
     // The daemon's store was full (or its queue from the reader).
     "overflow",

@@ -7,6 +7,7 @@ fn facts(owned_here: bool) -> IpFacts<'static> {
         node: "node-b",
         owned_here,
         why: "Lease default/kubevip-web held by node-a",
+        changed_ago: Duration::from_secs(3600),
     }
 }
 
@@ -48,7 +49,12 @@ fn only_a_speakers_stopped_announcement_of_a_foreign_ip_is_a_finding() {
         })
     );
     let line = r#"{"event":"takeover_announced","lb_ip":"198.51.100.100"}"#;
-    assert_eq!(parse(line), None);
+    assert_eq!(
+        parse(line),
+        Some(Finding::TakeoverAnnounced {
+            ip: IP.parse().unwrap()
+        })
+    );
 }
 
 #[test]
@@ -65,6 +71,24 @@ fn a_split_brain_speaker_counts_once_stopped_for_the_threshold() {
     assert!(o.note.contains("stopped 3 of them"), "{}", o.note);
     // After a long pause a new run starts from zero.
     assert_eq!(event_for(&f, &facts(false), &t, &mut m, at(80)), None);
+    // Takeovers back and forth: each one's early announcements end with
+    // this node the owner, and never add up to a run.
+    let owned = Finding::TakeoverAnnounced {
+        ip: IP.parse().unwrap(),
+    };
+    assert_eq!(event_for(&owned, &facts(true), &t, &mut m, at(81)), None);
+    for s in (100..200).step_by(5) {
+        assert_eq!(event_for(&f, &facts(false), &t, &mut m, at(s)), None);
+        assert_eq!(event_for(&owned, &facts(true), &t, &mut m, at(s)), None);
+    }
+    // The IP changed hands between two of them (a takeover not timed, as
+    // right after a start): a new run.
+    let mut changed = facts(false);
+    assert_eq!(event_for(&f, &changed, &t, &mut m, at(300)), None);
+    changed.changed_ago = Duration::from_secs(2);
+    assert_eq!(event_for(&f, &changed, &t, &mut m, at(312)), None);
+    changed.changed_ago = Duration::from_secs(12);
+    assert!(event_for(&f, &changed, &t, &mut m, at(322)).is_some());
 }
 
 #[test]
@@ -193,6 +217,35 @@ fn the_limiter_spaces_each_stream_and_caps_the_node() {
             occ(Reason::StaleClients)
         ),
         Offered::Dropped
+    );
+}
+
+#[test]
+fn nodes_answering_arp_is_told_at_most_hourly() {
+    let t0 = Instant::now();
+    let limits = Limits {
+        per_stream: Duration::from_secs(60),
+        per_minute: 30,
+    };
+    let mut l = Limiter::new(limits, t0);
+    let key = ("default/web".to_owned(), Reason::NodesAnswerArp);
+    let at = |s| t0 + Duration::from_secs(s);
+    // The owner offers it every few seconds while it lasts.
+    let mut published = Vec::new();
+    for s in (0..7300).step_by(5) {
+        l.offer(key.clone(), occ(Reason::NodesAnswerArp));
+        if !l.due(at(s)).is_empty() {
+            published.push(s);
+        }
+    }
+    assert_eq!(published, [0, 3600, 7200]);
+    assert_eq!(
+        Reason::NodesAnswerArp.interval(Duration::from_secs(7200)),
+        Duration::from_secs(7200)
+    );
+    assert_eq!(
+        Reason::SilentOwner.interval(Duration::from_secs(60)),
+        Duration::from_secs(60)
     );
 }
 

@@ -106,6 +106,7 @@ mod tests {
                 mac: "02:00:00:00:00:0a".into(),
             }],
             other: vec![],
+            kernel_answers: false,
         };
         let e = entry(&lease("arp-guard-node-a", r.encode().into())).unwrap();
         assert_eq!(

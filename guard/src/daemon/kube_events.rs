@@ -300,7 +300,10 @@ async fn service_ref(
     let (ns, name) = service.split_once('/').unwrap_or(("default", service));
     if !uids.contains_key(service) {
         let api: kube::Api<Service> = kube::Api::namespaced(client.clone(), ns);
-        let uid = match tokio::time::timeout(REQUEST_TIMEOUT, api.get(name)).await {
+        // Metadata only, from the API server's cache: a UID never changes.
+        let cached = kube::api::GetParams::any();
+        let get = api.get_metadata_with(name, &cached);
+        let uid = match tokio::time::timeout(REQUEST_TIMEOUT, get).await {
             Ok(Ok(m)) => m.metadata.uid,
             _ => None,
         };

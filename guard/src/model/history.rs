@@ -1,0 +1,480 @@
+//! What the guard knew of recent moves, kept across a restart (pure): the
+//! history one daemon leaves for the next (a rolling upgrade, a crash), its
+//! format, its bounds, and how it is taken back.
+//!
+//! It holds, per LB IP this node lost, took over or counted misdirected
+//! packets for: its state, source and since when (as `status` shows them),
+//! when this node lost it, its last takeover by this node (when, the delay
+//! to its first announcement, silent or not, or still waiting for one),
+//! and the packets counted; and the misdirected clients as last read, with
+//! their counts since the move and what was reported of them. So that
+//! `clients`, the takeover records, Events and refreshes after a restart
+//! are what they would have been without it.
+//!
+//! The format: one header line `arp-guard-history VERSION LENGTH FNV64\n`,
+//! then LENGTH bytes of JSON ([`History`]) whose FNV-1a hash is FNV64 (hex);
+//! zero bytes may follow (a store that pads). Another version, another
+//! node's, a wrong length or hash, JSON that does not parse or breaks a
+//! bound, more than [`MAX_BYTES`]: rejected whole, with the reason. Times
+//! are wall-clock Unix milliseconds (the daemon's CLOCK_MONOTONIC restarts
+//! at a reboot): [`Clock`] converts, with the writer's own clock pair when
+//! the reader runs in the same boot (exact across a wall-clock step), else
+//! with the reader's. Entries older than [`WINDOW`], or in the future, are
+//! dropped when read. Written: at most [`MAX_IPS`] IPs and [`MAX_CLIENTS`]
+//! clients, the most recent first, the oldest dropped until the whole fits
+//! in [`MAX_BYTES`].
+
+use std::{collections::BTreeMap, fmt, net::IpAddr, time::Duration};
+
+use guard_common::{Origin, Ownership};
+use serde::{Deserialize, Serialize};
+
+use super::{
+    clients::{Entry, Kept},
+    takeover::{KeptTakeover, TakeoverRecord},
+};
+
+/// The format version this daemon writes and reads.
+pub const VERSION: u32 = 1;
+const MAGIC: &str = "arp-guard-history";
+/// The largest history written or read (header and padding aside).
+pub const MAX_BYTES: usize = 1 << 20;
+/// At most this many LB IPs and clients are kept.
+pub const MAX_IPS: usize = 4096;
+pub const MAX_CLIENTS: usize = 2048;
+/// A source longer than this is cut (it then matches nothing when read).
+const MAX_SOURCE: usize = 256;
+/// What is older than this when read is dropped: a move a day old is
+/// history, and a restart takes seconds.
+pub const WINDOW: Duration = Duration::from_secs(24 * 3600);
+/// A time this far ahead of the reader's clock is not believed.
+const FUTURE_SLACK_MS: u64 = 60_000;
+/// The header line is at most this long.
+const MAX_HEADER: usize = 128;
+/// The most a store reads: a history at its bound, its header, a page of
+/// padding. Anything larger is rejected unread.
+pub const MAX_STORED: usize = MAX_BYTES + MAX_HEADER + 4096;
+
+/// CLOCK_MONOTONIC and the wall clock read at one instant, in one boot.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Clock {
+    /// The boot (`/proc/sys/kernel/random/boot_id`; empty: unknown).
+    pub boot: String,
+    pub mono_ns: u64,
+    pub unix_ms: u64,
+}
+
+impl Clock {
+    /// A monotonic time as Unix milliseconds.
+    pub fn unix_ms_of(&self, mono_ns: u64) -> u64 {
+        let d = i128::from(mono_ns) - i128::from(self.mono_ns);
+        clamp(i128::from(self.unix_ms) + d.div_euclid(1_000_000), 0)
+    }
+
+    /// Unix milliseconds as a monotonic time; before the clock's start (an
+    /// earlier boot) it is its earliest instant.
+    pub fn mono_ns_of(&self, unix_ms: u64) -> u64 {
+        let d = (i128::from(unix_ms) - i128::from(self.unix_ms)) * 1_000_000;
+        clamp(i128::from(self.mono_ns) + d, 1)
+    }
+}
+
+fn clamp(v: i128, min: u64) -> u64 {
+    u64::try_from(v.max(i128::from(min))).unwrap_or(u64::MAX)
+}
+
+/// What a daemon knows, on its own monotonic clock: what it writes, and
+/// what it takes back.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Known {
+    pub ips: BTreeMap<IpAddr, IpKnown>,
+    pub clients: Vec<Kept>,
+}
+
+/// What is known of one LB IP.
+#[derive(Debug, Clone, PartialEq)]
+pub struct IpKnown {
+    /// Its state and source here, and since when (Unix seconds).
+    pub state: Ownership,
+    pub source: String,
+    pub since_unix: u64,
+    /// When this node lost it (CLOCK_MONOTONIC ns), while not owned here again.
+    pub lost_ns: Option<u64>,
+    /// Its last takeover by this node.
+    pub takeover: Option<KeptTakeover>,
+    /// Misdirected packets counted for it.
+    pub packets: u64,
+}
+
+/// The history as it is stored.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct History {
+    /// The node that wrote it: another node's is not taken.
+    pub node: String,
+    /// When it was written (Unix ms).
+    pub saved_ms: u64,
+    /// The writer's clock pair (fixed for a daemon's life).
+    pub clock: Clock,
+    pub ips: Vec<IpRecord>,
+    pub clients: Vec<ClientRecord>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct IpRecord {
+    pub ip: IpAddr,
+    pub state: Ownership,
+    pub source: String,
+    pub since: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lost_ms: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub takeover: Option<TakeoverKept>,
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub packets: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TakeoverKept {
+    /// The record as `status` shows it.
+    pub at_unix: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub first_ms: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub via: Option<Origin>,
+    pub silent: bool,
+    /// Still waiting for its first announcement: since when (Unix ms).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pending_ms: Option<u64>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClientRecord {
+    pub ip: IpAddr,
+    pub mac: [u8; 6],
+    pub client_ip: IpAddr,
+    pub first_ms: u64,
+    pub last_ms: u64,
+    pub packets: u64,
+    pub baseline: u64,
+    pub ifindex: u32,
+    pub vlan: u16,
+    pub run_ms: u64,
+    /// Bits: 1 failover time observed, 2 staleness reported, 4 announced.
+    pub flags: u8,
+}
+
+/// Why a stored history is not taken.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Rejected {
+    Empty,
+    TooLarge(usize),
+    NotHistory,
+    Version(String),
+    Corrupt(String),
+    OtherNode(String),
+    Stale { age_s: u64 },
+    Future,
+}
+
+impl fmt::Display for Rejected {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Rejected::Empty => write!(f, "empty"),
+            Rejected::TooLarge(n) => write!(f, "{n} bytes, more than a history holds"),
+            Rejected::NotHistory => write!(f, "not an arp-guard history (no header line)"),
+            Rejected::Version(v) => {
+                write!(
+                    f,
+                    "format version {v}; this arp-guard reads version {VERSION}"
+                )
+            }
+            Rejected::Corrupt(why) => write!(f, "corrupt: {why}"),
+            Rejected::OtherNode(n) => write!(f, "written on node {n}, not this one"),
+            Rejected::Stale { age_s } => write!(
+                f,
+                "written {age_s} s ago, longer than the {} h it is kept",
+                WINDOW.as_secs() / 3600
+            ),
+            Rejected::Future => write!(f, "written in the future (the clock went back?)"),
+        }
+    }
+}
+
+/// The history to write for `known`, bounded: the most recent IPs and
+/// clients first, at most [`MAX_IPS`] and [`MAX_CLIENTS`] of them.
+pub fn history(known: &Known, node: &str, clock: &Clock, saved_ms: u64) -> History {
+    let mut ips: Vec<(u64, IpRecord)> = (known.ips.iter())
+        .map(|(ip, k)| record_of(*ip, k, clock))
+        .collect();
+    ips.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.ip.cmp(&b.1.ip)));
+    ips.truncate(MAX_IPS);
+    let mut clients: Vec<&Kept> = known.clients.iter().collect();
+    clients.sort_by_key(|k| (std::cmp::Reverse(k.entry.last_ns), k.entry.ip, k.entry.mac));
+    clients.truncate(MAX_CLIENTS);
+    History {
+        node: node.to_owned(),
+        saved_ms,
+        clock: clock.clone(),
+        ips: ips.into_iter().map(|(_, r)| r).collect(),
+        clients: clients.into_iter().map(|k| client_of(k, clock)).collect(),
+    }
+}
+
+/// One IP's record, with how recent it is (Unix ms; 0: counts only).
+fn record_of(ip: IpAddr, k: &IpKnown, clock: &Clock) -> (u64, IpRecord) {
+    let lost_ms = k.lost_ns.map(|t| clock.unix_ms_of(t));
+    let takeover = k.takeover.as_ref().map(|t| TakeoverKept {
+        at_unix: t.record.at_unix,
+        first_ms: t.record.first_announcement_ms,
+        via: t.record.via,
+        silent: t.record.silent,
+        pending_ms: t.pending.map(|(since, _)| clock.unix_ms_of(since)),
+    });
+    let recent = lost_ms.unwrap_or(0).max(
+        takeover
+            .as_ref()
+            .map_or(0, |t| t.at_unix.saturating_mul(1000)),
+    );
+    let mut source = k.source.clone();
+    if source.len() > MAX_SOURCE {
+        let mut end = MAX_SOURCE;
+        while !source.is_char_boundary(end) {
+            end -= 1;
+        }
+        source.truncate(end);
+    }
+    let r = IpRecord {
+        ip,
+        state: k.state,
+        source,
+        since: k.since_unix,
+        lost_ms,
+        takeover,
+        packets: k.packets,
+    };
+    (recent, r)
+}
+
+fn client_of(k: &Kept, clock: &Clock) -> ClientRecord {
+    let e = &k.entry;
+    ClientRecord {
+        ip: e.ip,
+        mac: e.mac,
+        client_ip: e.client_ip,
+        first_ms: clock.unix_ms_of(e.first_ns),
+        last_ms: clock.unix_ms_of(e.last_ns),
+        packets: e.packets,
+        baseline: k.baseline,
+        ifindex: e.ifindex,
+        vlan: e.vlan,
+        run_ms: if k.run == 0 {
+            0
+        } else {
+            clock.unix_ms_of(k.run)
+        },
+        flags: u8::from(k.observed) | u8::from(k.stale_reported) << 1 | u8::from(k.announced) << 2,
+    }
+}
+
+/// The bytes of `h`: its header line and its JSON, within [`MAX_BYTES`]
+/// (the oldest clients, then the oldest IPs, dropped until it fits).
+pub fn encode(h: &History) -> Vec<u8> {
+    let mut h = std::borrow::Cow::Borrowed(h);
+    loop {
+        // Plain data with string keys: serialising cannot fail.
+        let body = serde_json::to_vec(&*h).unwrap_or_default();
+        if body.len() <= MAX_BYTES || (h.clients.is_empty() && h.ips.is_empty()) {
+            let mut out = header(&body).into_bytes();
+            out.extend_from_slice(&body);
+            return out;
+        }
+        let h = h.to_mut();
+        if h.clients.is_empty() {
+            h.ips.truncate(h.ips.len() * 3 / 4);
+        } else {
+            h.clients.truncate(h.clients.len() * 3 / 4);
+        }
+    }
+}
+
+fn header(body: &[u8]) -> String {
+    format!("{MAGIC} {VERSION} {} {:016x}\n", body.len(), fnv64(body))
+}
+
+/// FNV-1a, 64 bits: catches a torn or altered history (not an attacker,
+/// whose history is only ever data, read within bounds).
+fn fnv64(b: &[u8]) -> u64 {
+    b.iter().fold(0xcbf2_9ce4_8422_2325, |h, x| {
+        (h ^ u64::from(*x)).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
+/// The JSON of a stored history, checked: its header, length and hash.
+pub fn parse(bytes: &[u8]) -> Result<History, Rejected> {
+    if bytes.iter().all(|b| *b == 0) {
+        return Err(Rejected::Empty);
+    }
+    if bytes.len() > MAX_STORED {
+        return Err(Rejected::TooLarge(bytes.len()));
+    }
+    let nl = (bytes.iter().take(MAX_HEADER))
+        .position(|b| *b == b'\n')
+        .ok_or(Rejected::NotHistory)?;
+    let line = std::str::from_utf8(&bytes[..nl]).map_err(|_| Rejected::NotHistory)?;
+    let f: Vec<&str> = line.split(' ').collect();
+    if f.first() != Some(&MAGIC) {
+        return Err(Rejected::NotHistory);
+    }
+    let version = f.get(1).copied().unwrap_or_default();
+    if version.parse::<u32>().ok() != Some(VERSION) {
+        return Err(Rejected::Version(version.chars().take(16).collect()));
+    }
+    let bad = |why: &str| Rejected::Corrupt(why.to_owned());
+    let (Some(len), Some(sum), 4) = (
+        f.get(2).and_then(|l| l.parse::<usize>().ok()),
+        f.get(3).and_then(|s| u64::from_str_radix(s, 16).ok()),
+        f.len(),
+    ) else {
+        return Err(bad("a malformed header line"));
+    };
+    if len > MAX_BYTES {
+        return Err(Rejected::TooLarge(len));
+    }
+    let rest = &bytes[nl + 1..];
+    if rest.len() < len {
+        return Err(Rejected::Corrupt(format!(
+            "truncated: {} of {len} bytes",
+            rest.len()
+        )));
+    }
+    let (body, pad) = rest.split_at(len);
+    if pad.iter().any(|b| *b != 0) || fnv64(body) != sum {
+        return Err(bad("its content does not match its checksum"));
+    }
+    serde_json::from_slice(body).map_err(|e| Rejected::Corrupt(format!("{e}")))
+}
+
+/// What a stored history gives back, on the reader's clock (`now`), and
+/// how many entries were dropped as too old or ahead of the clock.
+pub fn decode(bytes: &[u8], node: &str, now: &Clock) -> Result<(Known, usize), Rejected> {
+    let h = parse(bytes)?;
+    if h.node != node {
+        return Err(Rejected::OtherNode(h.node.chars().take(64).collect()));
+    }
+    let window_ms = u64::try_from(WINDOW.as_millis()).unwrap_or(u64::MAX);
+    if h.saved_ms > now.unix_ms.saturating_add(FUTURE_SLACK_MS) {
+        return Err(Rejected::Future);
+    }
+    if h.saved_ms.saturating_add(window_ms) < now.unix_ms {
+        let age_s = (now.unix_ms - h.saved_ms) / 1000;
+        return Err(Rejected::Stale { age_s });
+    }
+    if h.ips.len() > MAX_IPS || h.clients.len() > MAX_CLIENTS {
+        return Err(Rejected::Corrupt(
+            "more entries than a history holds".into(),
+        ));
+    }
+    // The writer's clock pair converts exactly within its boot.
+    let clock = if !h.clock.boot.is_empty() && h.clock.boot == now.boot {
+        &h.clock
+    } else {
+        now
+    };
+    let fresh = |ms: u64| {
+        ms.saturating_add(window_ms) >= now.unix_ms
+            && ms <= now.unix_ms.saturating_add(FUTURE_SLACK_MS)
+    };
+    let mut dropped = 0;
+    let mut known = Known::default();
+    for r in h.ips {
+        if known.ips.contains_key(&r.ip) {
+            dropped += 1;
+            continue;
+        }
+        let (k, gone) = ip_known(r.clone(), clock, &fresh);
+        dropped += gone;
+        if k.lost_ns.is_some() || k.takeover.is_some() || k.packets > 0 {
+            known.ips.insert(r.ip, k);
+        }
+    }
+    for c in h.clients {
+        if fresh(c.last_ms) {
+            known.clients.push(kept_of(&c, clock));
+        } else {
+            dropped += 1;
+        }
+    }
+    Ok((known, dropped))
+}
+
+/// One IP record on the reader's clock; how many of its parts were dropped.
+fn ip_known(r: IpRecord, clock: &Clock, fresh: &impl Fn(u64) -> bool) -> (IpKnown, usize) {
+    let mut dropped = 0;
+    let lost_ns = match r.lost_ms {
+        Some(ms) if fresh(ms) => Some(clock.mono_ns_of(ms)),
+        Some(_) => {
+            dropped += 1;
+            None
+        }
+        None => None,
+    };
+    let takeover = match r.takeover {
+        Some(t) if fresh(t.at_unix.saturating_mul(1000)) && t.pending_ms.is_none_or(fresh) => {
+            Some(KeptTakeover {
+                pending: t.pending_ms.map(|ms| (clock.mono_ns_of(ms), t.silent)),
+                record: TakeoverRecord {
+                    at_unix: t.at_unix,
+                    first_announcement_ms: t.first_ms,
+                    via: t.via,
+                    silent: t.silent,
+                },
+            })
+        }
+        Some(_) => {
+            dropped += 1;
+            None
+        }
+        None => None,
+    };
+    let k = IpKnown {
+        state: r.state,
+        source: r.source,
+        since_unix: r.since,
+        lost_ns,
+        takeover,
+        packets: r.packets,
+    };
+    (k, dropped)
+}
+
+fn kept_of(c: &ClientRecord, clock: &Clock) -> Kept {
+    let last_ns = clock.mono_ns_of(c.last_ms);
+    Kept {
+        entry: Entry {
+            ip: c.ip,
+            mac: c.mac,
+            client_ip: c.client_ip,
+            first_ns: clock.mono_ns_of(c.first_ms).min(last_ns),
+            last_ns,
+            packets: c.packets,
+            ifindex: c.ifindex,
+            vlan: c.vlan,
+        },
+        baseline: c.baseline.min(c.packets),
+        run: if c.run_ms == 0 {
+            0
+        } else {
+            clock.mono_ns_of(c.run_ms)
+        },
+        observed: c.flags & 1 != 0,
+        stale_reported: c.flags & 2 != 0,
+        announced: c.flags & 4 != 0,
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -73,6 +73,30 @@ pub struct Shared {
     /// Notified when `/cluster` wants the cluster's Nodes (presence reads
     /// them only when asked, or on the one guard that keeps coverage).
     pub nodes_wanted: Arc<tokio::sync::Notify>,
+    /// Misdirected clients between their reader and the history kept
+    /// across restarts (`daemon/history.rs`).
+    pub clients_history: Mutex<ClientsHandoff>,
+}
+
+/// What the clients' reader and the history hand each other.
+#[derive(Debug, Default)]
+pub struct ClientsHandoff {
+    /// What the previous daemon knew, for the reader to take back once the
+    /// view has settled (put here under the state's write lock, with the
+    /// losses it was counted from; taken under its read lock).
+    pub restore: Option<crate::model::clients::Restore>,
+    /// What the reader knows, refreshed every few seconds, for the next
+    /// daemon: its clients and its counts per LB IP.
+    pub kept: Option<(Vec<crate::model::clients::Kept>, BTreeMap<IpAddr, u64>)>,
+}
+
+impl Shared {
+    /// The handoff, however a holder of its lock ended.
+    pub fn clients_history(&self) -> std::sync::MutexGuard<'_, ClientsHandoff> {
+        self.clients_history
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+    }
 }
 
 impl Shared {
@@ -90,6 +114,7 @@ impl Shared {
             fold: Default::default(),
             ops,
             nodes_wanted: Default::default(),
+            clients_history: Default::default(),
         }
     }
 

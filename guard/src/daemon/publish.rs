@@ -62,8 +62,9 @@ impl Daemon {
             .iter()
             .map(|(n, a)| (a.ifindex, n.clone()))
             .collect();
-        let mut st = self.shared.write();
-        let st = &mut *st;
+        let shared = self.shared.clone();
+        let mut guard = shared.write();
+        let st = &mut *guard;
         let now_ns = crate::datapath::monotonic_ns();
         match changed {
             Changed::Keys(keys) if !st.ips.is_empty() => {
@@ -94,6 +95,9 @@ impl Daemon {
         st.leak_action = Some(self.cfg.datapath.leak_action);
         st.feed_enabled = cluster.is_some();
         st.feed_failing_since = cluster.and_then(|c| c.failing_since);
+        self.take_back_history(st, cluster.is_none_or(|c| c.synced));
+        drop(guard);
+        self.publish_takeovers();
     }
 }
 

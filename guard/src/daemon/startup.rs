@@ -20,8 +20,8 @@ use super::{
 use crate::{
     api::{self, Shared},
     datapath::{sys::ifindex, wire::Wire, Datapath},
+    model::refresh::Refresher,
     model::{addrs::AddrTable, cluster::ClusterView, ownership::OwnershipFile},
-    model::{clients::IpState, refresh::Refresher},
     sources::{
         addrs,
         cluster::{task, ClusterConfig},
@@ -192,6 +192,7 @@ impl Daemon {
             .map_err(warn("counter rows cannot be reclaimed"))
             .ok()
             .map(|r| Arc::new(tokio::sync::Mutex::new(r)));
+        let history = super::history::HistoryState::load(cfg.datapath.pin_dir.as_deref(), &node);
         let attachments = Attachments::new(
             &cfg.daemon.uplinks,
             &cfg.sources.lb_ifaces,
@@ -216,6 +217,7 @@ impl Daemon {
             reclaimer,
             takeover,
             presence: None,
+            history,
             cfg,
         }
     }
@@ -354,31 +356,24 @@ impl Daemon {
         };
         let c = &self.cfg.clients;
         self.shared.write().clients = Some(clients::ClientsDoc::empty(c.stale_after));
-        let (states, publish) = (self.shared.clone(), self.shared.clone());
+        let (keep, publish) = (self.shared.clone(), self.shared.clone());
         let spawned = clients::spawn(clients::ClientsTask {
             reader,
             period: c.read_period,
             stale_after: c.stale_after,
             max_ip_series: self.cfg.api.metrics_max_ip_series,
-            states: Box::new(move |asked| {
-                let st = states.read();
-                (asked.iter().chain(st.lost.keys()))
-                    .filter_map(|ip| {
-                        let e = st.ips.get(ip)?;
-                        let lost_ns = st.lost.get(ip).copied();
-                        Some((
-                            *ip,
-                            IpState {
-                                state: e.state,
-                                lost_ns,
-                            },
-                        ))
-                    })
-                    .collect()
-            }),
+            states: super::history::clients_states(self.shared.clone()),
             publish: Box::new(move |doc| publish.write().clients = Some(doc)),
             events: self.shared.events.clone(),
             healer: self.healer(),
+            keep: self
+                .cfg
+                .datapath
+                .pin_dir
+                .is_some()
+                .then(|| -> clients::Keep {
+                    Box::new(move |k, t| keep.clients_history().kept = Some((k, t)))
+                }),
         });
         if let Err(e) = spawned {
             tracing::warn!(error = %e, "the client reader cannot start its thread; guarding without it");

@@ -38,7 +38,7 @@ pub(super) type Transition = (IpAddr, Option<Ownership>, Option<Ownership>);
 pub(super) struct Takeover {
     /// None: nothing is held (`--announce-hold 0`, monitor mode).
     holds: Option<(Holds, Wire)>,
-    timing: Takeovers,
+    pub(super) timing: Takeovers,
     pub(super) stats: TakeoverStats,
     /// Frames the reader could not queue (counted as overflow).
     reader_overflow: Arc<AtomicU64>,

@@ -249,7 +249,9 @@ impl Memory {
     /// The LB IPs it keeps totals or a move for: their state is needed at
     /// the next read, whether or not the table still holds a client of them.
     pub fn ips(&self) -> impl Iterator<Item = IpAddr> + '_ {
-        self.totals.keys().chain(self.moves.keys()).copied()
+        (self.totals.keys().chain(self.moves.keys()))
+            .chain(self.carried.keys().map(|(ip, _)| ip))
+            .copied()
     }
 }
 

@@ -16,7 +16,7 @@
 //! zero bytes may follow (a store that pads). Another version, another
 //! node's, a wrong length or hash, JSON that does not parse or breaks a
 //! bound, more than [`MAX_BYTES`]: rejected whole, with the reason. Times
-//! are wall-clock Unix milliseconds (the daemon's CLOCK_MONOTONIC restarts
+//! are wall-clock Unix nanoseconds (the daemon's CLOCK_MONOTONIC restarts
 //! at a reboot): [`Clock`] converts, with the writer's own clock pair when
 //! the reader runs in the same boot (exact across a wall-clock step), else
 //! with the reader's. Entries older than [`WINDOW`], or in the future, are
@@ -47,8 +47,12 @@ const MAX_SOURCE: usize = 256;
 /// What is older than this when read is dropped: a move a day old is
 /// history, and a restart takes seconds.
 pub const WINDOW: Duration = Duration::from_secs(24 * 3600);
-/// A time this far ahead of the reader's clock is not believed.
-const FUTURE_SLACK_MS: u64 = 60_000;
+/// A time this far ahead of the reader's clock is not believed (ns).
+const FUTURE_SLACK: u64 = 60_000_000_000;
+
+fn secs_ns(s: u64) -> u64 {
+    s.saturating_mul(1_000_000_000)
+}
 /// The header line is at most this long.
 const MAX_HEADER: usize = 128;
 /// The most a store reads: a history at its bound, its header, a page of
@@ -61,20 +65,21 @@ pub struct Clock {
     /// The boot (`/proc/sys/kernel/random/boot_id`; empty: unknown).
     pub boot: String,
     pub mono_ns: u64,
-    pub unix_ms: u64,
+    /// Unix nanoseconds.
+    pub unix_ns: u64,
 }
 
 impl Clock {
-    /// A monotonic time as Unix milliseconds.
-    pub fn unix_ms_of(&self, mono_ns: u64) -> u64 {
+    /// A monotonic time as Unix nanoseconds.
+    pub fn unix_ns_of(&self, mono_ns: u64) -> u64 {
         let d = i128::from(mono_ns) - i128::from(self.mono_ns);
-        clamp(i128::from(self.unix_ms) + d.div_euclid(1_000_000), 0)
+        clamp(i128::from(self.unix_ns) + d, 0)
     }
 
-    /// Unix milliseconds as a monotonic time; before the clock's start (an
+    /// Unix nanoseconds as a monotonic time; before the clock's start (an
     /// earlier boot) it is its earliest instant.
-    pub fn mono_ns_of(&self, unix_ms: u64) -> u64 {
-        let d = (i128::from(unix_ms) - i128::from(self.unix_ms)) * 1_000_000;
+    pub fn mono_ns_of(&self, unix_ns: u64) -> u64 {
+        let d = i128::from(unix_ns) - i128::from(self.unix_ns);
         clamp(i128::from(self.mono_ns) + d, 1)
     }
 }
@@ -111,8 +116,8 @@ pub struct IpKnown {
 pub struct History {
     /// The node that wrote it: another node's is not taken.
     pub node: String,
-    /// When it was written (Unix ms).
-    pub saved_ms: u64,
+    /// When it was written (Unix ns, as every time stored).
+    pub saved_at: u64,
     /// The writer's clock pair (fixed for a daemon's life).
     pub clock: Clock,
     pub ips: Vec<IpRecord>,
@@ -126,7 +131,7 @@ pub struct IpRecord {
     pub source: String,
     pub since: u64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub lost_ms: Option<u64>,
+    pub lost_at: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub takeover: Option<TakeoverKept>,
     #[serde(default, skip_serializing_if = "is_zero")]
@@ -146,9 +151,9 @@ pub struct TakeoverKept {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub via: Option<Origin>,
     pub silent: bool,
-    /// Still waiting for its first announcement: since when (Unix ms).
+    /// Still waiting for its first announcement: since when.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub pending_ms: Option<u64>,
+    pub pending_at: Option<u64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -156,13 +161,13 @@ pub struct ClientRecord {
     pub ip: IpAddr,
     pub mac: [u8; 6],
     pub client_ip: IpAddr,
-    pub first_ms: u64,
-    pub last_ms: u64,
+    pub first_at: u64,
+    pub last_at: u64,
     pub packets: u64,
     pub baseline: u64,
     pub ifindex: u32,
     pub vlan: u16,
-    pub run_ms: u64,
+    pub run_at: u64,
     /// Bits: 1 failover time observed, 2 staleness reported, 4 announced.
     pub flags: u8,
 }
@@ -206,7 +211,7 @@ impl fmt::Display for Rejected {
 
 /// The history to write for `known`, bounded: the most recent IPs and
 /// clients first, at most [`MAX_IPS`] and [`MAX_CLIENTS`] of them.
-pub fn history(known: &Known, node: &str, clock: &Clock, saved_ms: u64) -> History {
+pub fn history(known: &Known, node: &str, clock: &Clock, saved_at: u64) -> History {
     let mut ips: Vec<(u64, IpRecord)> = (known.ips.iter())
         .map(|(ip, k)| record_of(*ip, k, clock))
         .collect();
@@ -217,28 +222,24 @@ pub fn history(known: &Known, node: &str, clock: &Clock, saved_ms: u64) -> Histo
     clients.truncate(MAX_CLIENTS);
     History {
         node: node.to_owned(),
-        saved_ms,
+        saved_at,
         clock: clock.clone(),
         ips: ips.into_iter().map(|(_, r)| r).collect(),
         clients: clients.into_iter().map(|k| client_of(k, clock)).collect(),
     }
 }
 
-/// One IP's record, with how recent it is (Unix ms; 0: counts only).
+/// One IP's record, with how recent it is (Unix ns; 0: counts only).
 fn record_of(ip: IpAddr, k: &IpKnown, clock: &Clock) -> (u64, IpRecord) {
-    let lost_ms = k.lost_ns.map(|t| clock.unix_ms_of(t));
+    let lost_at = k.lost_ns.map(|t| clock.unix_ns_of(t));
     let takeover = k.takeover.as_ref().map(|t| TakeoverKept {
         at_unix: t.record.at_unix,
         first_ms: t.record.first_announcement_ms,
         via: t.record.via,
         silent: t.record.silent,
-        pending_ms: t.pending.map(|(since, _)| clock.unix_ms_of(since)),
+        pending_at: t.pending.map(|(since, _)| clock.unix_ns_of(since)),
     });
-    let recent = lost_ms.unwrap_or(0).max(
-        takeover
-            .as_ref()
-            .map_or(0, |t| t.at_unix.saturating_mul(1000)),
-    );
+    let recent = (lost_at.unwrap_or(0)).max(takeover.as_ref().map_or(0, |t| secs_ns(t.at_unix)));
     let mut source = k.source.clone();
     if source.len() > MAX_SOURCE {
         let mut end = MAX_SOURCE;
@@ -252,7 +253,7 @@ fn record_of(ip: IpAddr, k: &IpKnown, clock: &Clock) -> (u64, IpRecord) {
         state: k.state,
         source,
         since: k.since_unix,
-        lost_ms,
+        lost_at,
         takeover,
         packets: k.packets,
     };
@@ -265,16 +266,16 @@ fn client_of(k: &Kept, clock: &Clock) -> ClientRecord {
         ip: e.ip,
         mac: e.mac,
         client_ip: e.client_ip,
-        first_ms: clock.unix_ms_of(e.first_ns),
-        last_ms: clock.unix_ms_of(e.last_ns),
+        first_at: clock.unix_ns_of(e.first_ns),
+        last_at: clock.unix_ns_of(e.last_ns),
         packets: e.packets,
         baseline: k.baseline,
         ifindex: e.ifindex,
         vlan: e.vlan,
-        run_ms: if k.run == 0 {
+        run_at: if k.run == 0 {
             0
         } else {
-            clock.unix_ms_of(k.run)
+            clock.unix_ns_of(k.run)
         },
         flags: u8::from(k.observed) | u8::from(k.stale_reported) << 1 | u8::from(k.announced) << 2,
     }
@@ -365,12 +366,12 @@ pub fn decode(bytes: &[u8], node: &str, now: &Clock) -> Result<(Known, usize), R
     if h.node != node {
         return Err(Rejected::OtherNode(h.node.chars().take(64).collect()));
     }
-    let window_ms = u64::try_from(WINDOW.as_millis()).unwrap_or(u64::MAX);
-    if h.saved_ms > now.unix_ms.saturating_add(FUTURE_SLACK_MS) {
+    let window = u64::try_from(WINDOW.as_nanos()).unwrap_or(u64::MAX);
+    if h.saved_at > now.unix_ns.saturating_add(FUTURE_SLACK) {
         return Err(Rejected::Future);
     }
-    if h.saved_ms.saturating_add(window_ms) < now.unix_ms {
-        let age_s = (now.unix_ms - h.saved_ms) / 1000;
+    if h.saved_at.saturating_add(window) < now.unix_ns {
+        let age_s = (now.unix_ns - h.saved_at) / 1_000_000_000;
         return Err(Rejected::Stale { age_s });
     }
     if h.ips.len() > MAX_IPS || h.clients.len() > MAX_CLIENTS {
@@ -384,9 +385,8 @@ pub fn decode(bytes: &[u8], node: &str, now: &Clock) -> Result<(Known, usize), R
     } else {
         now
     };
-    let fresh = |ms: u64| {
-        ms.saturating_add(window_ms) >= now.unix_ms
-            && ms <= now.unix_ms.saturating_add(FUTURE_SLACK_MS)
+    let fresh = |t: u64| {
+        t.saturating_add(window) >= now.unix_ns && t <= now.unix_ns.saturating_add(FUTURE_SLACK)
     };
     let mut dropped = 0;
     let mut known = Known::default();
@@ -402,7 +402,7 @@ pub fn decode(bytes: &[u8], node: &str, now: &Clock) -> Result<(Known, usize), R
         }
     }
     for c in h.clients {
-        if fresh(c.last_ms) {
+        if fresh(c.last_at) {
             known.clients.push(kept_of(&c, clock));
         } else {
             dropped += 1;
@@ -414,8 +414,8 @@ pub fn decode(bytes: &[u8], node: &str, now: &Clock) -> Result<(Known, usize), R
 /// One IP record on the reader's clock; how many of its parts were dropped.
 fn ip_known(r: IpRecord, clock: &Clock, fresh: &impl Fn(u64) -> bool) -> (IpKnown, usize) {
     let mut dropped = 0;
-    let lost_ns = match r.lost_ms {
-        Some(ms) if fresh(ms) => Some(clock.mono_ns_of(ms)),
+    let lost_ns = match r.lost_at {
+        Some(t) if fresh(t) => Some(clock.mono_ns_of(t)),
         Some(_) => {
             dropped += 1;
             None
@@ -423,9 +423,9 @@ fn ip_known(r: IpRecord, clock: &Clock, fresh: &impl Fn(u64) -> bool) -> (IpKnow
         None => None,
     };
     let takeover = match r.takeover {
-        Some(t) if fresh(t.at_unix.saturating_mul(1000)) && t.pending_ms.is_none_or(fresh) => {
+        Some(t) if fresh(secs_ns(t.at_unix)) && t.pending_at.is_none_or(fresh) => {
             Some(KeptTakeover {
-                pending: t.pending_ms.map(|ms| (clock.mono_ns_of(ms), t.silent)),
+                pending: t.pending_at.map(|at| (clock.mono_ns_of(at), t.silent)),
                 record: TakeoverRecord {
                     at_unix: t.at_unix,
                     first_announcement_ms: t.first_ms,
@@ -452,23 +452,23 @@ fn ip_known(r: IpRecord, clock: &Clock, fresh: &impl Fn(u64) -> bool) -> (IpKnow
 }
 
 fn kept_of(c: &ClientRecord, clock: &Clock) -> Kept {
-    let last_ns = clock.mono_ns_of(c.last_ms);
+    let last_ns = clock.mono_ns_of(c.last_at);
     Kept {
         entry: Entry {
             ip: c.ip,
             mac: c.mac,
             client_ip: c.client_ip,
-            first_ns: clock.mono_ns_of(c.first_ms).min(last_ns),
+            first_ns: clock.mono_ns_of(c.first_at).min(last_ns),
             last_ns,
             packets: c.packets,
             ifindex: c.ifindex,
             vlan: c.vlan,
         },
         baseline: c.baseline.min(c.packets),
-        run: if c.run_ms == 0 {
+        run: if c.run_at == 0 {
             0
         } else {
-            clock.mono_ns_of(c.run_ms)
+            clock.mono_ns_of(c.run_at)
         },
         observed: c.flags & 1 != 0,
         stale_reported: c.flags & 2 != 0,

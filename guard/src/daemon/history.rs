@@ -12,9 +12,11 @@
 //! without a feed), for the LB IPs still in it: a loss only while the IP is
 //! not owned here, a takeover only when this daemon has none of its own, a
 //! state's `since` only when state and source are the same. Written after
-//! that when its content changed, at most every [`SAVE_PERIOD`], and at
-//! SIGTERM; a write that fails is logged (once until one succeeds) and the
-//! last one written stays.
+//! that when its content changed, at most every [`SAVE_PERIOD`], again
+//! after [`REWRITE_AFTER`] without a change (so that a history left behind
+//! by a daemon that keeps none, a downgrade, is recognised by its age
+//! against the pinned heartbeat), and at SIGTERM; a write that fails is
+//! logged (once until one succeeds) and the last one written stays.
 
 use std::{
     collections::BTreeMap,
@@ -32,7 +34,7 @@ use crate::{
     datapath::{history as store, monotonic_ns},
     model::{
         clients::{IpState, Restore},
-        history::{self, Clock, History, IpKnown, Known, MAX_STORED},
+        history::{self, Clock, History, IpKnown, Known, MAX_STORED, REWRITE_AFTER},
     },
     telemetry::clients::IpStates,
 };
@@ -52,7 +54,9 @@ pub(super) struct HistoryState {
     settled: bool,
     /// What was written last (without its time).
     last: Option<History>,
+    /// When it was last looked at, and last written.
     saved_at: Option<Instant>,
+    written_at: Option<Instant>,
     failing: bool,
 }
 
@@ -70,14 +74,16 @@ fn unix_ns() -> u64 {
 }
 
 impl HistoryState {
-    /// Read what the previous daemon left under `dir` (once).
-    pub(super) fn load(dir: Option<&Path>, node: &str) -> Self {
+    /// Read what the previous daemon left under `dir` (once), before this
+    /// daemon's first heartbeat (`last_alive`: the previous daemon's last,
+    /// in the pinned maps).
+    pub(super) fn load(dir: Option<&Path>, node: &str, last_alive: Option<u64>) -> Self {
         let clock = Clock {
             boot: boot_id(),
             mono_ns: monotonic_ns(),
             unix_ns: unix_ns(),
         };
-        let pending = dir.and_then(|dir| read(dir, node, &clock));
+        let pending = dir.and_then(|dir| read(dir, node, &clock, last_alive));
         HistoryState {
             dir: dir.map(Path::to_owned),
             clock,
@@ -85,13 +91,14 @@ impl HistoryState {
             settled: false,
             last: None,
             saved_at: None,
+            written_at: None,
             failing: false,
         }
     }
 }
 
 /// The history under `dir`, or None, said in one line either way.
-fn read(dir: &Path, node: &str, clock: &Clock) -> Option<Known> {
+fn read(dir: &Path, node: &str, clock: &Clock, last_alive: Option<u64>) -> Option<Known> {
     let path = store::history_path(dir);
     let t = Instant::now();
     let bytes = match store::read(dir, MAX_STORED) {
@@ -105,7 +112,7 @@ fn read(dir: &Path, node: &str, clock: &Clock) -> Option<Known> {
             return None;
         }
     };
-    match history::decode(&bytes, node, clock) {
+    match history::decode(&bytes, node, clock, last_alive) {
         Ok((known, dropped)) => {
             let count = |f: fn(&IpKnown) -> bool| known.ips.values().filter(|k| f(k)).count();
             tracing::info!(
@@ -182,8 +189,9 @@ impl Daemon {
         }
     }
 
-    /// Write the history if it changed (`force`: whenever it is due or
-    /// not: at SIGTERM).
+    /// Write the history if it changed, or has not been written for
+    /// [`REWRITE_AFTER`] (`force`: whenever it was last looked at: at
+    /// SIGTERM).
     pub(super) fn save_history(&mut self, force: bool) {
         let h = &self.history;
         let Some(dir) = h.dir.clone() else { return };
@@ -193,7 +201,8 @@ impl Daemon {
         self.history.saved_at = Some(Instant::now());
         let known = self.known();
         let mut next = history::history(&known, &self.node, &self.history.clock, 0);
-        if self.history.last.as_ref() == Some(&next) {
+        let recent = (self.history.written_at).is_some_and(|t| t.elapsed() < REWRITE_AFTER);
+        if self.history.last.as_ref() == Some(&next) && recent {
             return;
         }
         let t = Instant::now();
@@ -207,6 +216,7 @@ impl Daemon {
                 }
                 self.history.failing = false;
                 self.history.last = Some(unchanged);
+                self.history.written_at = Some(Instant::now());
                 tracing::debug!(
                     bytes = bytes.len(),
                     took_us = t.elapsed().as_micros() as u64,

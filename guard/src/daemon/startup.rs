@@ -192,7 +192,8 @@ impl Daemon {
             .map_err(warn("counter rows cannot be reclaimed"))
             .ok()
             .map(|r| Arc::new(tokio::sync::Mutex::new(r)));
-        let history = super::history::HistoryState::load(cfg.datapath.pin_dir.as_deref(), &node);
+        let pins = cfg.datapath.pin_dir.as_deref();
+        let history = super::history::HistoryState::load(pins, &node, dp.last_heartbeat());
         let attachments = Attachments::new(
             &cfg.daemon.uplinks,
             &cfg.sources.lb_ifaces,

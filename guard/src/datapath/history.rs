@@ -17,7 +17,10 @@ use std::path::{Path, PathBuf};
 
 use aya::maps::{Array, Map, MapData, MapType};
 
-use super::error::{Blame as _, DatapathError, Result};
+use super::{
+    error::{Blame as _, DatapathError, Result},
+    Datapath,
+};
 
 /// The history's pin under `--pin-dir`.
 pub const HISTORY_PIN: &str = "history";
@@ -89,4 +92,15 @@ pub fn write(dir: &Path, bytes: &[u8]) -> Result<()> {
     array.pin(&tmp).at_path("pinning the history at", &tmp)?;
     let path = history_path(dir);
     std::fs::rename(&tmp, &path).at_path("renaming the history to", &path)
+}
+
+impl Datapath {
+    /// The last heartbeat in the heartbeat map (CLOCK_MONOTONIC ns): before
+    /// this daemon's first, the previous daemon's, when its pinned map was
+    /// taken over. None when there is none.
+    pub fn last_heartbeat(&self) -> Option<u64> {
+        let map = self.ebpf.map(guard_common::MAP_HEARTBEAT)?;
+        let hb: Array<&MapData, u64> = Array::try_from(map).ok()?;
+        hb.get(&0, 0).ok().filter(|ns| *ns != 0)
+    }
 }

@@ -29,10 +29,7 @@ use std::{collections::BTreeMap, fmt, net::IpAddr, time::Duration};
 use guard_common::{Origin, Ownership};
 use serde::{Deserialize, Serialize};
 
-use super::{
-    clients::{Entry, Kept},
-    takeover::{KeptTakeover, TakeoverRecord},
-};
+use super::{clients::Kept, takeover::KeptTakeover};
 
 /// The format version this daemon writes and reads.
 pub const VERSION: u32 = 1;
@@ -47,6 +44,13 @@ const MAX_SOURCE: usize = 256;
 /// What is older than this when read is dropped: a move a day old is
 /// history, and a restart takes seconds.
 pub const WINDOW: Duration = Duration::from_secs(24 * 3600);
+/// A history whose content did not change is written again after this
+/// long: its time then says that the daemon that kept it was alive.
+pub const REWRITE_AFTER: Duration = Duration::from_secs(60);
+/// Written this much longer before the previous daemon's last heartbeat: a
+/// daemon that keeps no history (an older arp-guard) ran since, and what
+/// it saw is not in it.
+const MAX_SILENCE: Duration = Duration::from_secs(75);
 /// A time this far ahead of the reader's clock is not believed (ns).
 const FUTURE_SLACK: u64 = 60_000_000_000;
 
@@ -183,6 +187,7 @@ pub enum Rejected {
     OtherNode(String),
     Stale { age_s: u64 },
     Future,
+    Outdated { before_s: u64 },
 }
 
 impl fmt::Display for Rejected {
@@ -205,6 +210,11 @@ impl fmt::Display for Rejected {
                 WINDOW.as_secs() / 3600
             ),
             Rejected::Future => write!(f, "written in the future (the clock went back?)"),
+            Rejected::Outdated { before_s } => write!(
+                f,
+                "written {before_s} s before the previous daemon's last heartbeat: a daemon that \
+                 keeps no history (an older arp-guard?) ran since"
+            ),
         }
     }
 }
@@ -226,58 +236,6 @@ pub fn history(known: &Known, node: &str, clock: &Clock, saved_at: u64) -> Histo
         clock: clock.clone(),
         ips: ips.into_iter().map(|(_, r)| r).collect(),
         clients: clients.into_iter().map(|k| client_of(k, clock)).collect(),
-    }
-}
-
-/// One IP's record, with how recent it is (Unix ns; 0: counts only).
-fn record_of(ip: IpAddr, k: &IpKnown, clock: &Clock) -> (u64, IpRecord) {
-    let lost_at = k.lost_ns.map(|t| clock.unix_ns_of(t));
-    let takeover = k.takeover.as_ref().map(|t| TakeoverKept {
-        at_unix: t.record.at_unix,
-        first_ms: t.record.first_announcement_ms,
-        via: t.record.via,
-        silent: t.record.silent,
-        pending_at: t.pending.map(|(since, _)| clock.unix_ns_of(since)),
-    });
-    let recent = (lost_at.unwrap_or(0)).max(takeover.as_ref().map_or(0, |t| secs_ns(t.at_unix)));
-    let mut source = k.source.clone();
-    if source.len() > MAX_SOURCE {
-        let mut end = MAX_SOURCE;
-        while !source.is_char_boundary(end) {
-            end -= 1;
-        }
-        source.truncate(end);
-    }
-    let r = IpRecord {
-        ip,
-        state: k.state,
-        source,
-        since: k.since_unix,
-        lost_at,
-        takeover,
-        packets: k.packets,
-    };
-    (recent, r)
-}
-
-fn client_of(k: &Kept, clock: &Clock) -> ClientRecord {
-    let e = &k.entry;
-    ClientRecord {
-        ip: e.ip,
-        mac: e.mac,
-        client_ip: e.client_ip,
-        first_at: clock.unix_ns_of(e.first_ns),
-        last_at: clock.unix_ns_of(e.last_ns),
-        packets: e.packets,
-        baseline: k.baseline,
-        ifindex: e.ifindex,
-        vlan: e.vlan,
-        run_at: if k.run == 0 {
-            0
-        } else {
-            clock.unix_ns_of(k.run)
-        },
-        flags: u8::from(k.observed) | u8::from(k.stale_reported) << 1 | u8::from(k.announced) << 2,
     }
 }
 
@@ -361,7 +319,14 @@ pub fn parse(bytes: &[u8]) -> Result<History, Rejected> {
 
 /// What a stored history gives back, on the reader's clock (`now`), and
 /// how many entries were dropped as too old or ahead of the clock.
-pub fn decode(bytes: &[u8], node: &str, now: &Clock) -> Result<(Known, usize), Rejected> {
+/// `last_alive`: the previous daemon's last heartbeat (CLOCK_MONOTONIC ns,
+/// this boot), when the pinned maps hold one.
+pub fn decode(
+    bytes: &[u8],
+    node: &str,
+    now: &Clock,
+    last_alive: Option<u64>,
+) -> Result<(Known, usize), Rejected> {
     let h = parse(bytes)?;
     if h.node != node {
         return Err(Rejected::OtherNode(h.node.chars().take(64).collect()));
@@ -385,6 +350,12 @@ pub fn decode(bytes: &[u8], node: &str, now: &Clock) -> Result<(Known, usize), R
     } else {
         now
     };
+    let saved_ns = clock.mono_ns_of(h.saved_at);
+    let silence = u64::try_from(MAX_SILENCE.as_nanos()).unwrap_or(u64::MAX);
+    if let Some(alive) = last_alive.filter(|a| a.saturating_sub(saved_ns) > silence) {
+        let before_s = (alive - saved_ns) / 1_000_000_000;
+        return Err(Rejected::Outdated { before_s });
+    }
     let fresh = |t: u64| {
         t.saturating_add(window) >= now.unix_ns && t <= now.unix_ns.saturating_add(FUTURE_SLACK)
     };
@@ -411,70 +382,8 @@ pub fn decode(bytes: &[u8], node: &str, now: &Clock) -> Result<(Known, usize), R
     Ok((known, dropped))
 }
 
-/// One IP record on the reader's clock; how many of its parts were dropped.
-fn ip_known(r: IpRecord, clock: &Clock, fresh: &impl Fn(u64) -> bool) -> (IpKnown, usize) {
-    let mut dropped = 0;
-    let lost_ns = match r.lost_at {
-        Some(t) if fresh(t) => Some(clock.mono_ns_of(t)),
-        Some(_) => {
-            dropped += 1;
-            None
-        }
-        None => None,
-    };
-    let takeover = match r.takeover {
-        Some(t) if fresh(secs_ns(t.at_unix)) && t.pending_at.is_none_or(fresh) => {
-            Some(KeptTakeover {
-                pending: t.pending_at.map(|at| (clock.mono_ns_of(at), t.silent)),
-                record: TakeoverRecord {
-                    at_unix: t.at_unix,
-                    first_announcement_ms: t.first_ms,
-                    via: t.via,
-                    silent: t.silent,
-                },
-            })
-        }
-        Some(_) => {
-            dropped += 1;
-            None
-        }
-        None => None,
-    };
-    let k = IpKnown {
-        state: r.state,
-        source: r.source,
-        since_unix: r.since,
-        lost_ns,
-        takeover,
-        packets: r.packets,
-    };
-    (k, dropped)
-}
-
-fn kept_of(c: &ClientRecord, clock: &Clock) -> Kept {
-    let last_ns = clock.mono_ns_of(c.last_at);
-    Kept {
-        entry: Entry {
-            ip: c.ip,
-            mac: c.mac,
-            client_ip: c.client_ip,
-            first_ns: clock.mono_ns_of(c.first_at).min(last_ns),
-            last_ns,
-            packets: c.packets,
-            ifindex: c.ifindex,
-            vlan: c.vlan,
-        },
-        baseline: c.baseline.min(c.packets),
-        run: if c.run_at == 0 {
-            0
-        } else {
-            clock.mono_ns_of(c.run_at)
-        },
-        observed: c.flags & 1 != 0,
-        stale_reported: c.flags & 2 != 0,
-        announced: c.flags & 4 != 0,
-    }
-}
+mod convert;
+use convert::{client_of, ip_known, kept_of, record_of};
 
 #[cfg(test)]
 mod tests;

@@ -1,4 +1,5 @@
 use super::*;
+use crate::model::{clients::Entry, takeover::TakeoverRecord};
 
 const S: u64 = 1_000_000_000;
 /// 2026-12-04 12:00:00 UTC, in Unix ns.
@@ -114,11 +115,11 @@ fn the_stored_form_is_the_fixture() {
 /// millisecond); in another boot, the same instants on the new clock.
 #[test]
 fn a_history_reads_back_in_this_boot_and_the_next() {
-    let (k, dropped) = decode(&fixture(), "node-a", &reader(30, true)).unwrap();
+    let (k, dropped) = decode(&fixture(), "node-a", &reader(30, true), None).unwrap();
     assert_eq!((k, dropped), (known(), 0));
     // Another boot, 30 s after the writer's pair: its monotonic clock is at
     // 10 s then, so the loss (50 s before the pair) predates it.
-    let (k, _) = decode(&fixture(), "node-a", &reader(30, false)).unwrap();
+    let (k, _) = decode(&fixture(), "node-a", &reader(30, false), None).unwrap();
     assert_eq!(k.ips[&IP].lost_ns, Some(1), "before this boot: its start");
     let c = &k.clients[0];
     assert_eq!(c.entry.last_ns, 1, "before this boot too");
@@ -126,7 +127,7 @@ fn a_history_reads_back_in_this_boot_and_the_next() {
     // 30 s after the pair, in a boot whose clock reads 1000 s then.
     let mut later = reader(30, false);
     later.mono_ns = 1000 * S;
-    let (k, _) = decode(&fixture(), "node-a", &later).unwrap();
+    let (k, _) = decode(&fixture(), "node-a", &later, None).unwrap();
     assert_eq!(k.ips[&IP].lost_ns, Some(1000 * S - 80 * S));
     assert_eq!(k.clients[0].entry.last_ns, 1000 * S - 31 * S);
 }
@@ -143,7 +144,7 @@ fn monotonic_times_round_trip() {
     let t = k.ips.get_mut(&IP2).unwrap().takeover.as_mut().unwrap();
     (t.pending, t.record.silent) = (Some((995 * S, true)), true);
     let b = encode(&history(&k, "node-a", &clock(), NOON));
-    let (back, _) = decode(&b, "node-a", &reader(1, true)).unwrap();
+    let (back, _) = decode(&b, "node-a", &reader(1, true), None).unwrap();
     assert_eq!(
         back.ips[&IP2].takeover.as_ref().unwrap().pending,
         Some((995 * S, true))
@@ -157,29 +158,32 @@ fn another_version_another_node_and_garbage_are_rejected_whole() {
         .replacen(" 1 ", " 2 ", 1);
     let now = reader(1, true);
     assert_eq!(
-        decode(other.as_bytes(), "node-a", &now),
+        decode(other.as_bytes(), "node-a", &now, None),
         Err(Rejected::Version("2".into()))
     );
-    let r = decode(b"arp-guard-history v0.9\n{}", "node-a", &now).unwrap_err();
+    let r = decode(b"arp-guard-history v0.9\n{}", "node-a", &now, None).unwrap_err();
     assert_eq!(
         r.to_string(),
         "format version v0.9; this arp-guard reads version 1"
     );
     assert_eq!(
-        decode(&fixture(), "node-b", &now),
+        decode(&fixture(), "node-b", &now, None),
         Err(Rejected::OtherNode("node-a".into()))
     );
-    assert_eq!(decode(b"", "node-a", &now), Err(Rejected::Empty));
-    assert_eq!(decode(&[0; 8192], "node-a", &now), Err(Rejected::Empty));
+    assert_eq!(decode(b"", "node-a", &now, None), Err(Rejected::Empty));
     assert_eq!(
-        decode(b"{\"node\":\"node-a\"}", "node-a", &now),
+        decode(&[0; 8192], "node-a", &now, None),
+        Err(Rejected::Empty)
+    );
+    assert_eq!(
+        decode(b"{\"node\":\"node-a\"}", "node-a", &now, None),
         Err(Rejected::NotHistory)
     );
     assert_eq!(
-        decode(&[0xff; 300], "node-a", &now),
+        decode(&[0xff; 300], "node-a", &now, None),
         Err(Rejected::NotHistory)
     );
-    let r = decode(b"arp-guard-history 1 12\n{}", "node-a", &now).unwrap_err();
+    let r = decode(b"arp-guard-history 1 12\n{}", "node-a", &now, None).unwrap_err();
     assert!(matches!(r, Rejected::Corrupt(_)), "{r}");
 }
 
@@ -189,15 +193,15 @@ fn a_torn_or_altered_history_is_corrupt() {
     let good = fixture();
     // Truncated anywhere in the body.
     for cut in [good.len() - 1, good.len() / 2, 80] {
-        let r = decode(&good[..cut], "node-a", &now).unwrap_err();
+        let r = decode(&good[..cut], "node-a", &now, None).unwrap_err();
         assert!(matches!(r, Rejected::Corrupt(_)), "{cut}: {r}");
     }
-    assert!(decode(&good[..20], "node-a", &now).is_err());
+    assert!(decode(&good[..20], "node-a", &now, None).is_err());
     // One byte changed: the hash says so.
     let mut bad = good.clone();
     let at = bad.len() - 10;
     bad[at] ^= 0x01;
-    let r = decode(&bad, "node-a", &now).unwrap_err();
+    let r = decode(&bad, "node-a", &now, None).unwrap_err();
     assert_eq!(
         r.to_string(),
         "corrupt: its content does not match its checksum"
@@ -205,14 +209,14 @@ fn a_torn_or_altered_history_is_corrupt() {
     // Zero padding (a store's pages) is fine; anything else after is not.
     let mut padded = good.clone();
     padded.extend_from_slice(&[0; 4000]);
-    assert!(decode(&padded, "node-a", &now).is_ok());
+    assert!(decode(&padded, "node-a", &now, None).is_ok());
     padded.push(b'x');
-    assert!(decode(&padded, "node-a", &now).is_err());
+    assert!(decode(&padded, "node-a", &now, None).is_err());
     // JSON that parses, with the right hash, but is not a history.
     let body = br#"{"node":"node-a","ips":"many"}"#;
     let mut odd = header(body).into_bytes();
     odd.extend_from_slice(body);
-    let r = decode(&odd, "node-a", &now).unwrap_err();
+    let r = decode(&odd, "node-a", &now, None).unwrap_err();
     assert!(r.to_string().starts_with("corrupt: "), "{r}");
 }
 
@@ -223,17 +227,17 @@ fn a_hostile_history_costs_a_bounded_read() {
     let now = reader(1, true);
     let huge = vec![b' '; MAX_STORED + 1];
     assert_eq!(
-        decode(&huge, "node-a", &now),
+        decode(&huge, "node-a", &now, None),
         Err(Rejected::TooLarge(MAX_STORED + 1))
     );
-    let r = decode(b"arp-guard-history 1 99999999999 0\n", "node-a", &now).unwrap_err();
+    let r = decode(b"arp-guard-history 1 99999999999 0\n", "node-a", &now, None).unwrap_err();
     assert_eq!(r, Rejected::TooLarge(99_999_999_999));
     let deep = "[".repeat(100_000);
     let mut nested = header(deep.as_bytes()).into_bytes();
     nested.extend_from_slice(deep.as_bytes());
     let t = std::time::Instant::now();
     assert!(matches!(
-        decode(&nested, "node-a", &now),
+        decode(&nested, "node-a", &now, None),
         Err(Rejected::Corrupt(_))
     ));
     assert!(t.elapsed() < Duration::from_secs(1));
@@ -244,7 +248,7 @@ fn a_hostile_history_costs_a_bounded_read() {
     let mut over = header(&body).into_bytes();
     over.extend_from_slice(&body);
     assert!(matches!(
-        decode(&over, "node-a", &now),
+        decode(&over, "node-a", &now, None),
         Err(Rejected::Corrupt(_))
     ));
 }
@@ -271,6 +275,7 @@ fn old_entries_are_dropped_when_read() {
             mono_ns: clock.mono_ns + S,
             ..clock.clone()
         },
+        None,
     )
     .unwrap();
     assert_eq!(back.clients.len(), 1);
@@ -282,15 +287,18 @@ fn old_entries_are_dropped_when_read() {
     let mut k = known();
     k.ips.get_mut(&IP).unwrap().packets = 0;
     let b = encode(&history(&k, "node-a", &clock, NOON));
-    let (back, _) = decode(&b, "node-a", &clock).unwrap();
+    let (back, _) = decode(&b, "node-a", &clock, None).unwrap();
     assert!(!back.ips.contains_key(&IP));
     // Written 25 h ago: nothing is taken.
-    let r = decode(&fixture(), "node-a", &reader(25 * 3600, false)).unwrap_err();
+    let r = decode(&fixture(), "node-a", &reader(25 * 3600, false), None).unwrap_err();
     assert_eq!(r, Rejected::Stale { age_s: 25 * 3600 });
     // Written in the future (the reader's clock is behind by 5 minutes).
     let mut behind = reader(0, false);
     behind.unix_ns -= 300 * S;
-    assert_eq!(decode(&fixture(), "node-a", &behind), Err(Rejected::Future));
+    assert_eq!(
+        decode(&fixture(), "node-a", &behind, None),
+        Err(Rejected::Future)
+    );
 }
 
 /// Bounds: the most recent IPs and clients are kept, the oldest dropped,
@@ -343,7 +351,7 @@ fn a_history_is_bounded_oldest_first() {
     let b = encode(&h);
     assert!(b.len() <= MAX_BYTES + MAX_HEADER, "{}", b.len());
     let t = std::time::Instant::now();
-    let (back, _) = decode(&b, "node-a", &reader(1, true)).unwrap();
+    let (back, _) = decode(&b, "node-a", &reader(1, true), None).unwrap();
     eprintln!(
         "read back {} IPs, {} clients in {:?}",
         back.ips.len(),
@@ -354,4 +362,21 @@ fn a_history_is_bounded_oldest_first() {
         back.clients.len() < MAX_CLIENTS,
         "the oldest clients went first"
     );
+}
+
+/// A history written long before the previous daemon's last heartbeat was
+/// not kept by it (a downgrade ran in between, which keeps none): what it
+/// says may have changed since, and it is not taken. One written within the
+/// rewrite period of the last heartbeat is.
+#[test]
+fn a_history_older_than_the_last_daemon_is_not_taken() {
+    let now = reader(300, true);
+    let alive = |s: u64| Some((1000 + s) * S);
+    assert!(decode(&fixture(), "node-a", &now, alive(299)).is_err());
+    let r = decode(&fixture(), "node-a", &now, alive(299)).unwrap_err();
+    assert_eq!(r, Rejected::Outdated { before_s: 299 });
+    assert!(r.to_string().contains("ran since"), "{r}");
+    assert!(decode(&fixture(), "node-a", &now, alive(70)).is_ok());
+    assert!(decode(&fixture(), "node-a", &now, alive(0)).is_ok());
+    assert!(decode(&fixture(), "node-a", &now, None).is_ok());
 }

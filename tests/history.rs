@@ -370,3 +370,64 @@ fn a_history_that_cannot_be_taken_is_ignored_in_one_line() {
         [Some(bed.node_mac), None]
     );
 }
+
+/// A flood of forged source MACs, each one a misdirected client, keeps the
+/// history within its bounds: the 2,048 most recent clients, under 1 MiB,
+/// written and read back in milliseconds; the next daemon lists them.
+#[test]
+fn a_flood_keeps_the_history_bounded() {
+    testbed::require_root();
+    let bed = Bed::new("histfl").unwrap();
+    let fs = Bpffs::new("histfl").unwrap();
+    let pins = fs.path().join("arp-guard");
+    let mut guard = start(&bed, &pins);
+    let wire = RawSocket::open(&bed.peer, "eth0").unwrap();
+    let n = 6000u32;
+    for i in 0..n {
+        let b = i.to_be_bytes();
+        let mac = [0x02, 0x66, b[0], b[1], b[2], b[3]];
+        let f = ip_bytes(
+            mac,
+            bed.node_mac,
+            CLIENT_B_IP.into(),
+            FOREIGN.into(),
+            Some(9),
+        );
+        let _ = wire.send(&f);
+    }
+    clients_of(&bed.node, FOREIGN, |e| {
+        e["sending"].as_u64() >= Some(u64::from(n) / 2)
+    });
+    let written = wait_for(Duration::from_secs(15), || {
+        let lines = guard.lines("history of recent moves written");
+        lines.into_iter().find(|l| {
+            let v: Value = serde_json::from_str(l).unwrap_or_default();
+            v["bytes"].as_u64() > Some(100_000)
+        })
+    })
+    .unwrap_or_else(|| panic!("{}", guard.log_text()));
+    eprintln!("{written}");
+    let stored = pinned_history(&pins);
+    let header =
+        String::from_utf8_lossy(&stored[..stored.iter().position(|b| *b == b'\n').unwrap()])
+            .into_owned();
+    let len: usize = header.split(' ').nth(2).unwrap().parse().unwrap();
+    assert!(len <= 1 << 20, "{header}");
+    let body: Value = serde_json::from_slice(&stored[header.len() + 1..][..len]).unwrap();
+    assert_eq!(body["clients"].as_array().unwrap().len(), 2048, "{header}");
+    eprintln!("stored: {header} in a map of {} bytes", stored.len());
+    guard.stop(libc::SIGKILL, Duration::from_secs(5)).unwrap();
+    let guard = start(&bed, &pins);
+    let line = guard.expect_log("history of recent moves read", Duration::from_secs(1));
+    eprintln!("{line}");
+    assert!(line.contains(r#""clients":2048"#), "{line}");
+    let e = clients_of(&bed.node, FOREIGN, |e| {
+        e["clients"].as_array().map_or(0, Vec::len) as u64 + e["more"].as_u64().unwrap_or(0) >= 2048
+    });
+    assert_eq!(e["cause"], "not_owned_here");
+    assert_eq!(
+        guard.count_log("stale client:"),
+        0,
+        "reported before the restart"
+    );
+}

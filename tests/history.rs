@@ -22,7 +22,9 @@ use std::{
 use serde_json::Value;
 use testbed::{
     bed::{Bed, Bpffs, FOREIGN, NODE, OTHER, OWNED},
-    guard_binary, ip_bytes, wait_for, Daemon, Netns, RawSocket,
+    guard_binary, ip_bytes,
+    takeover::{Style, TakeoverBed, LB},
+    wait_for, Daemon, Netns, RawSocket,
 };
 
 const CLIENT_A: [u8; 6] = [0x02, 0, 0x5e, 0, 0x53, 0xc1];
@@ -430,4 +432,137 @@ fn a_flood_keeps_the_history_bounded() {
         0,
         "reported before the restart"
     );
+}
+
+/// The client's own stack sends UDP to the LB IP every 50 ms until told to
+/// stop (so that its neighbour cache decides where it goes).
+fn udp_traffic(client: &Netns) -> (Arc<AtomicBool>, std::thread::JoinHandle<()>) {
+    let stop = Arc::new(AtomicBool::new(false));
+    let socket = client
+        .enter(|| Ok(std::net::UdpSocket::bind((Ipv4Addr::UNSPECIFIED, 0))?))
+        .unwrap();
+    let flag = stop.clone();
+    let t = std::thread::spawn(move || {
+        while !flag.load(Ordering::Relaxed) {
+            let _ = socket.send_to(b"stale?", (LB, 7777));
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    });
+    (stop, t)
+}
+
+/// The client holds `mac` for the LB IP (reachable for long).
+fn point_client_at(t: &TakeoverBed, mac: [u8; 6]) {
+    let mac = testbed::netns::fmt_mac(&mac);
+    let lb = LB.to_string();
+    let cmd = [
+        "neigh",
+        "replace",
+        &lb,
+        "lladdr",
+        &mac,
+        "dev",
+        "eth0",
+        "nud",
+        "reachable",
+    ];
+    t.bed.peer.ip(&cmd).unwrap();
+}
+
+/// `--refresh-stale-clients` across a rolling upgrade of the node that lost
+/// the IP, from the census alone (no presence): the new owner announced
+/// once (Cilium), before the restart, and the new daemon's census starts
+/// empty; the census's claims kept in the history still say who the owner
+/// is, so a client that holds the old owner's MAC after the restart is
+/// taught the new owner's, as it was before. Without the history (the pin
+/// removed) the owner is uncertain and nothing is sent. With the
+/// Kubernetes feed: the history is taken back at its first sync.
+#[test]
+fn after_a_restart_the_guard_still_knows_whom_to_teach() {
+    testbed::require_root();
+    let wrapper = testbed::deploy::daemonset_wrapper();
+    let flags = ["--refresh-stale-clients", "--presence-period", "0"];
+    let mut t = TakeoverBed::new_wrapped("histrf", Style::Cilium, true, &flags, &wrapper).unwrap();
+    let fs = Bpffs::new("histrf").unwrap();
+    let pins = fs.path().join("arp-guard");
+    let mut args = flags.to_vec();
+    args.extend(["--announcer", "cilium", "--pin-dir", pins.to_str().unwrap()]);
+    args.extend(ARGS);
+    let sync = Duration::from_secs(20);
+    // Node-a's guard as the DaemonSet runs it, with pins.
+    t.guards[0]
+        .stop(libc::SIGTERM, Duration::from_secs(10))
+        .unwrap();
+    t.guards[0] = t.bed.start_on_wrapped(0, &wrapper, &args, sync).unwrap();
+    // The client ignores gratuitous ARP for the LB IP (a router's way).
+    let lb = LB.to_string();
+    let nft = |cmd: &[&str]| {
+        t.bed
+            .peer
+            .exec(&[&["nft", "add"][..], cmd].concat())
+            .unwrap()
+    };
+    nft(&["table", "arp", "router"]);
+    nft(&[
+        "chain",
+        "arp",
+        "router",
+        "in",
+        "{ type filter hook input priority 0; }",
+    ]);
+    nft(&[
+        "rule", "arp", "router", "in", "arp", "daddr", "ip", &lb, "drop",
+    ]);
+    let (stop, traffic) = udp_traffic(&t.bed.peer);
+    let (a, b) = (t.bed.nodes[0].mac, t.bed.nodes[1].mac);
+    let cached = |t: &TakeoverBed| t.bed.peer.cached_mac("eth0", &lb).ok().flatten();
+    assert!(testbed::wait_until(Duration::from_secs(3), || cached(&t) == Some(a)));
+    t.take_over().unwrap();
+    assert!(
+        testbed::wait_until(Duration::from_secs(5), || cached(&t) == Some(b)),
+        "taught before the restart:\n{}",
+        t.guards[0].log_text()
+    );
+    std::thread::sleep(Duration::from_secs(6)); // written since
+
+    // A rolling upgrade of node-a, during which the client comes back to it
+    // (its entry holds node-a's MAC again, past its locktime when the new
+    // daemon starts).
+    let upgrade = |t: &mut TakeoverBed, keep_history: bool| {
+        t.guards[0]
+            .stop(libc::SIGTERM, Duration::from_secs(10))
+            .unwrap();
+        if !keep_history {
+            std::fs::remove_file(pins.join("history")).unwrap();
+        }
+        point_client_at(t, a);
+        std::thread::sleep(Duration::from_millis(1100));
+        t.guards[0] = t.bed.start_on_wrapped(0, &wrapper, &args, sync).unwrap();
+    };
+    upgrade(&mut t, true);
+    t.guards[0].expect_log("history of recent moves read", Duration::from_secs(1));
+    let taught = testbed::wait_until(Duration::from_secs(5), || cached(&t) == Some(b));
+    assert!(
+        taught,
+        "not taught after the restart:\n{}",
+        t.guards[0].log_text()
+    );
+    let line = t.guards[0].expect_log("stale client refreshed", Duration::from_secs(1));
+    let owner = format!("\"owner_mac\":\"{}\"", testbed::netns::fmt_mac(&b));
+    assert!(
+        line.contains(&owner) && line.contains("\"evidence\":\"census\""),
+        "{line}"
+    );
+
+    // The control: the same upgrade without the history teaches nobody.
+    upgrade(&mut t, false);
+    t.guards[0].expect_log("no history of recent moves", Duration::from_secs(1));
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(cached(&t), Some(a), "{}", t.guards[0].log_text());
+    let node_a = &t.bed.nodes[0].ns;
+    let uncertain = "arp_guard_client_refreshes_total{outcome=\"owner_uncertain\"}";
+    assert!(testbed::counter(node_a, uncertain) >= 1.0);
+    assert_eq!(t.guards[0].count_log("stale client refreshed"), 0);
+    stop.store(true, Ordering::Relaxed);
+    traffic.join().unwrap();
 }

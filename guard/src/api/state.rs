@@ -49,6 +49,11 @@ pub struct ApiState {
     pub lost: BTreeMap<IpAddr, u64>,
     /// Misdirected and stale clients (None: the census is off or not read yet).
     pub clients: Option<ClientsDoc>,
+    /// The census's claims of LB IPs foreign here, kept from before a
+    /// restart (the census's table starts empty): who announced an IP since
+    /// the move, for `--refresh-stale-clients`. Each goes once its IP is no
+    /// longer foreign here.
+    pub claims_kept: BTreeMap<IpAddr, Vec<crate::model::census::CensusEntry>>,
     /// Every guard's presence record, and the cluster's nodes (None: off).
     pub presence: Option<crate::model::presence::Seen>,
     /// The active census, while it runs.

@@ -6,6 +6,10 @@
 //! `datapath::history`'s (a pinned map under `--pin-dir`; without one
 //! nothing is kept).
 //!
+//! The census's claims of those IPs are kept too (its table starts empty
+//! after a restart): who announced an IP since the move stays known to
+//! `--refresh-stale-clients` while the IP is foreign here.
+//!
 //! Read once at start (a history that cannot be taken is logged once,
 //! naming the pin and why, and the daemon starts without it); taken back
 //! once the view has settled (the Kubernetes feed's first sync, or at once
@@ -33,6 +37,7 @@ use crate::{
     api::{state::ApiState, Shared},
     datapath::{history as store, monotonic_ns},
     model::{
+        census::CensusEntry,
         clients::{IpState, Restore},
         history::{self, Clock, History, IpKnown, Known, MAX_STORED, REWRITE_AFTER},
     },
@@ -165,6 +170,9 @@ impl Daemon {
             if let (Some(t), false) = (lost, now == Ownership::Owned) {
                 moves.insert(*ip, *st.lost.entry(*ip).or_insert(t));
             }
+            if now == Ownership::Foreign && !k.claims.is_empty() {
+                st.claims_kept.insert(*ip, k.claims.clone());
+            }
             if let Some(mut t) = k.takeover.clone() {
                 if now != Ownership::Owned {
                     t.pending = None;
@@ -254,6 +262,13 @@ impl Daemon {
             .chain(totals.keys())
             .copied()
             .collect::<std::collections::BTreeSet<_>>();
+        let mut claims: BTreeMap<IpAddr, Vec<CensusEntry>> = BTreeMap::new();
+        if let Some(c) = &st.census {
+            let all = crate::model::census::with_kept(&c.claims, &st.claims_kept);
+            for e in all.iter().filter(|e| ips.contains(&e.ip)) {
+                claims.entry(e.ip).or_default().push(*e);
+            }
+        }
         for ip in ips {
             let Some(e) = st.ips.get(&ip) else { continue };
             known.ips.insert(
@@ -265,6 +280,7 @@ impl Daemon {
                     lost_ns: st.lost.get(&ip).copied(),
                     takeover: takeovers.get(&ip).cloned(),
                     packets: totals.get(&ip).copied().unwrap_or(0),
+                    claims: claims.remove(&ip).unwrap_or_default(),
                 },
             );
         }

@@ -404,7 +404,8 @@ impl Daemon {
                 let st = shared.read();
                 refresh::Knowledge {
                     blind: super::probing::blind(&shared, &st, stale_after).is_some(),
-                    claims: st.census.as_ref().map(|c| c.claims.clone()),
+                    claims: (st.census.as_ref())
+                        .map(|c| crate::model::census::with_kept(&c.claims, &st.claims_kept)),
                     conflicts: (st.census.iter())
                         .flat_map(|c| c.ips.iter())
                         .filter(|(ip, c)| c.conflict.is_some() && asked.contains(*ip))

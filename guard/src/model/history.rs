@@ -6,7 +6,8 @@
 //! packets for: its state, source and since when (as `status` shows them),
 //! when this node lost it, its last takeover by this node (when, the delay
 //! to its first announcement, silent or not, or still waiting for one),
-//! and the packets counted; and the misdirected clients as last read, with
+//! the packets counted and the census's latest claims of it (who announced
+//! it since the move); and the misdirected clients as last read, with
 //! their counts since the move and what was reported of them. So that
 //! `clients`, the takeover records, Events and refreshes after a restart
 //! are what they would have been without it.
@@ -29,7 +30,7 @@ use std::{collections::BTreeMap, fmt, net::IpAddr, time::Duration};
 use guard_common::{Origin, Ownership};
 use serde::{Deserialize, Serialize};
 
-use super::{clients::Kept, takeover::KeptTakeover};
+use super::{census::CensusEntry, clients::Kept, takeover::KeptTakeover};
 
 /// The format version this daemon writes and reads.
 pub const VERSION: u32 = 1;
@@ -39,6 +40,8 @@ pub const MAX_BYTES: usize = 1 << 20;
 /// At most this many LB IPs and clients are kept.
 pub const MAX_IPS: usize = 4096;
 pub const MAX_CLIENTS: usize = 2048;
+/// At most this many census claims per LB IP, the latest.
+pub const MAX_CLAIMS: usize = 4;
 /// A source longer than this is cut (it then matches nothing when read).
 const MAX_SOURCE: usize = 256;
 /// What is older than this when read is dropped: a move a day old is
@@ -113,6 +116,9 @@ pub struct IpKnown {
     pub takeover: Option<KeptTakeover>,
     /// Misdirected packets counted for it.
     pub packets: u64,
+    /// The census's latest claims of it (the census's table starts empty
+    /// after a restart: who announced it since the move is known from them).
+    pub claims: Vec<CensusEntry>,
 }
 
 /// The history as it is stored.
@@ -140,6 +146,18 @@ pub struct IpRecord {
     pub takeover: Option<TakeoverKept>,
     #[serde(default, skip_serializing_if = "is_zero")]
     pub packets: u64,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub claims: Vec<ClaimRecord>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClaimRecord {
+    pub mac: [u8; 6],
+    pub first_at: u64,
+    pub last_at: u64,
+    pub count: u64,
+    pub ifindex: u32,
+    pub kinds: u8,
 }
 
 fn is_zero(n: &u64) -> bool {
@@ -339,7 +357,8 @@ pub fn decode(
         let age_s = (now.unix_ns - h.saved_at) / 1_000_000_000;
         return Err(Rejected::Stale { age_s });
     }
-    if h.ips.len() > MAX_IPS || h.clients.len() > MAX_CLIENTS {
+    let claims = h.ips.iter().map(|r| r.claims.len()).max().unwrap_or(0);
+    if h.ips.len() > MAX_IPS || h.clients.len() > MAX_CLIENTS || claims > MAX_CLAIMS {
         return Err(Rejected::Corrupt(
             "more entries than a history holds".into(),
         ));

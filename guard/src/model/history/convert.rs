@@ -3,8 +3,12 @@
 
 use std::net::IpAddr;
 
-use super::{secs_ns, ClientRecord, Clock, IpKnown, IpRecord, TakeoverKept, MAX_SOURCE};
+use super::{
+    secs_ns, ClaimRecord, ClientRecord, Clock, IpKnown, IpRecord, TakeoverKept, MAX_CLAIMS,
+    MAX_SOURCE,
+};
 use crate::model::{
+    census::CensusEntry,
     clients::{Entry, Kept},
     takeover::{KeptTakeover, TakeoverRecord},
 };
@@ -36,6 +40,7 @@ pub(super) fn record_of(ip: IpAddr, k: &IpKnown, clock: &Clock) -> (u64, IpRecor
         lost_at,
         takeover,
         packets: k.packets,
+        claims: claims_of(&k.claims, clock),
     };
     (recent, r)
 }
@@ -94,6 +99,18 @@ pub(super) fn ip_known(
         }
         None => None,
     };
+    let claims = (r.claims.iter())
+        .filter(|c| fresh(c.last_at))
+        .map(|c| CensusEntry {
+            ip: r.ip,
+            mac: c.mac,
+            first_ns: clock.mono_ns_of(c.first_at.min(c.last_at)),
+            last_ns: clock.mono_ns_of(c.last_at),
+            count: c.count,
+            ifindex: c.ifindex,
+            kinds: c.kinds,
+        })
+        .collect();
     let k = IpKnown {
         state: r.state,
         source: r.source,
@@ -101,6 +118,7 @@ pub(super) fn ip_known(
         lost_ns,
         takeover,
         packets: r.packets,
+        claims,
     };
     (k, dropped)
 }
@@ -128,4 +146,20 @@ pub(super) fn kept_of(c: &ClientRecord, clock: &Clock) -> Kept {
         stale_reported: c.flags & 2 != 0,
         announced: c.flags & 4 != 0,
     }
+}
+
+/// The latest claims, at most [`MAX_CLAIMS`].
+fn claims_of(claims: &[CensusEntry], clock: &Clock) -> Vec<ClaimRecord> {
+    let mut latest: Vec<&CensusEntry> = claims.iter().collect();
+    latest.sort_by_key(|c| (std::cmp::Reverse(c.last_ns), c.mac));
+    (latest.into_iter().take(MAX_CLAIMS))
+        .map(|c| ClaimRecord {
+            mac: c.mac,
+            first_at: clock.unix_ns_of(c.first_ns),
+            last_at: clock.unix_ns_of(c.last_ns),
+            count: c.count,
+            ifindex: c.ifindex,
+            kinds: c.kinds,
+        })
+        .collect()
 }

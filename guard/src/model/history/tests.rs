@@ -64,6 +64,7 @@ fn known() -> Known {
         lost_ns: Some(950 * S),
         takeover: None,
         packets: 52,
+        claims: Vec::new(),
     };
     let taken = IpKnown {
         state: Ownership::Owned,
@@ -80,6 +81,7 @@ fn known() -> Known {
             pending: None,
         }),
         packets: 0,
+        claims: Vec::new(),
     };
     Known {
         ips: BTreeMap::from([(IP, lost), (IP2, taken)]),
@@ -379,4 +381,35 @@ fn a_history_older_than_the_last_daemon_is_not_taken() {
     assert!(decode(&fixture(), "node-a", &now, alive(70)).is_ok());
     assert!(decode(&fixture(), "node-a", &now, alive(0)).is_ok());
     assert!(decode(&fixture(), "node-a", &now, None).is_ok());
+}
+
+/// The census's latest claims of an IP are kept, at most MAX_CLAIMS of them.
+#[test]
+fn the_latest_claims_are_kept() {
+    let mut k = known();
+    let claim = |mac: u8, last: u64| crate::model::census::CensusEntry {
+        ip: IP,
+        mac: [2, 0, 0, 0, 0, mac],
+        first_ns: 960 * S,
+        last_ns: last * S,
+        count: 3,
+        ifindex: 2,
+        kinds: 2,
+    };
+    let claims: Vec<_> = (0..6).map(|i| claim(i, 990 + u64::from(i))).collect();
+    k.ips.get_mut(&IP).unwrap().claims = claims.clone();
+    let h = history(&k, "node-a", &clock(), NOON);
+    let (back, _) = decode(&encode(&h), "node-a", &reader(1, true), None).unwrap();
+    let mut latest = claims[2..].to_vec();
+    latest.reverse();
+    assert_eq!(back.ips[&IP].claims, latest);
+    let mut over = h.clone();
+    over.ips[1].claims = vec![over.ips[1].claims[0].clone(); MAX_CLAIMS + 1];
+    let body = serde_json::to_vec(&over).unwrap();
+    let mut bytes = header(&body).into_bytes();
+    bytes.extend_from_slice(&body);
+    assert!(matches!(
+        decode(&bytes, "node-a", &reader(1, true), None),
+        Err(Rejected::Corrupt(_))
+    ));
 }

@@ -296,7 +296,16 @@ impl Daemon {
 pub(super) fn clients_states(shared: Arc<Shared>) -> IpStates {
     Box::new(move |asked| {
         let st = shared.read();
-        let restore = shared.clients_history().restore.take();
+        let restore = {
+            let mut handoff = shared.clients_history();
+            let r = handoff.restore.take();
+            // What the reader will leave once it has judged them; until
+            // then, what it took.
+            if let Some(r) = &r {
+                handoff.kept = Some((r.clients.clone(), r.totals.clone()));
+            }
+            r
+        };
         let theirs = (restore.iter())
             .flat_map(|r| (r.totals.keys()).chain(r.clients.iter().map(|c| &c.entry.ip)));
         let ips = (asked.iter().chain(st.lost.keys()).chain(theirs))

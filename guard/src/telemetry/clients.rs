@@ -275,7 +275,14 @@ fn assess_read(task: &mut ClientsTask, l: &mut Loop, stats: Totals) {
         let reported = !out.newly_stale.is_empty() || !out.failovers.is_empty();
         if reported || l.kept_at.is_none_or(|t| t.elapsed() >= KEEP_PERIOD) {
             l.kept_at = Some(Instant::now());
-            keep(kept(&l.entries, &l.memory), totals(&l.memory).clone());
+            let mut clients = kept(&l.entries, &l.memory);
+            // The next daemon gets the most recent only (a flood is larger).
+            let max = crate::model::history::MAX_CLIENTS;
+            if clients.len() > max {
+                clients.select_nth_unstable_by_key(max, |c| std::cmp::Reverse(c.entry.last_ns));
+                clients.truncate(max);
+            }
+            keep(clients, totals(&l.memory).clone());
         }
     }
     l.series.update(&out.clients, task.max_ip_series);

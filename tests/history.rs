@@ -6,7 +6,9 @@
 //! and the IP's `since` are what they were, the loss is still "moved away
 //! N s ago" (not `not_owned_here`), and nothing is reported twice. A
 //! history that cannot be taken (corrupt, another version, not a history
-//! at all) is said in one line and the daemon guards as ever. All under
+//! at all) is said in one line and the daemon guards as ever; a flood of
+//! forged MACs keeps it bounded; `--refresh-stale-clients` still knows the
+//! owner after a restart (and, without the history, does not). All under
 //! the DaemonSet's capabilities.
 
 use std::{

@@ -49,6 +49,11 @@ pub struct ApiState {
     pub lost: BTreeMap<IpAddr, u64>,
     /// Misdirected and stale clients (None: the census is off or not read yet).
     pub clients: Option<ClientsDoc>,
+    /// The census's claims of LB IPs foreign here, kept from before a
+    /// restart (the census's table starts empty): who announced an IP since
+    /// the move, for `--refresh-stale-clients`. Each goes once its IP is no
+    /// longer foreign here.
+    pub claims_kept: BTreeMap<IpAddr, Vec<crate::model::census::CensusEntry>>,
     /// Every guard's presence record, and the cluster's nodes (None: off).
     pub presence: Option<crate::model::presence::Seen>,
     /// The active census, while it runs.
@@ -77,6 +82,30 @@ pub struct Shared {
     /// Notified when `/cluster` wants the cluster's Nodes (presence reads
     /// them only when asked, or on the one guard that keeps coverage).
     pub nodes_wanted: Arc<tokio::sync::Notify>,
+    /// Misdirected clients between their reader and the history kept
+    /// across restarts (`daemon/history.rs`).
+    pub clients_history: Mutex<ClientsHandoff>,
+}
+
+/// What the clients' reader and the history hand each other.
+#[derive(Debug, Default)]
+pub struct ClientsHandoff {
+    /// What the previous daemon knew, for the reader to take back once the
+    /// view has settled (put here under the state's write lock, with the
+    /// losses it was counted from; taken under its read lock).
+    pub restore: Option<crate::model::clients::Restore>,
+    /// What the reader knows, refreshed every few seconds, for the next
+    /// daemon: its clients and its counts per LB IP.
+    pub kept: Option<(Vec<crate::model::clients::Kept>, BTreeMap<IpAddr, u64>)>,
+}
+
+impl Shared {
+    /// The handoff, however a holder of its lock ended.
+    pub fn clients_history(&self) -> std::sync::MutexGuard<'_, ClientsHandoff> {
+        self.clients_history
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+    }
 }
 
 impl Shared {
@@ -94,6 +123,7 @@ impl Shared {
             fold: Default::default(),
             ops,
             nodes_wanted: Default::default(),
+            clients_history: Default::default(),
         }
     }
 

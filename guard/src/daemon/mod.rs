@@ -9,6 +9,7 @@
 mod attachments;
 mod changes;
 pub mod config;
+mod history;
 mod kernel;
 mod kube_events;
 mod preflight;
@@ -114,6 +115,8 @@ pub(crate) struct Daemon {
     takeover: takeover::Takeover,
     /// Presence, while it runs (its Lease is deleted at a clean exit).
     presence: Option<crate::sources::presence::Handle>,
+    /// What it knew of recent moves, kept across restarts.
+    history: history::HistoryState,
 }
 
 impl Daemon {
@@ -163,6 +166,7 @@ impl Daemon {
         }
         self.dp.flush_program_logs();
         self.takeover_tick();
+        self.save_history(false);
         if self.dirty {
             let view = self.view.clone();
             self.dirty = !self.apply(&view, Self::additive(sources));
@@ -280,6 +284,8 @@ impl Daemon {
     /// keep`) or take it off everywhere.
     fn shutdown(mut self, signal: &str) {
         tracing::info!(signal, "shutting down");
+        // Before the pins may go (`--on-exit remove` takes it with them).
+        self.save_history(true);
         if let Some(p) = self.presence.take() {
             p.leave();
         }

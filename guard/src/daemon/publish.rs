@@ -62,8 +62,9 @@ impl Daemon {
             .iter()
             .map(|(n, a)| (a.ifindex, n.clone()))
             .collect();
-        let mut st = self.shared.write();
-        let st = &mut *st;
+        let shared = self.shared.clone();
+        let mut guard = shared.write();
+        let st = &mut *guard;
         let now_ns = crate::datapath::monotonic_ns();
         match changed {
             Changed::Keys(keys) if !st.ips.is_empty() => {
@@ -94,6 +95,18 @@ impl Daemon {
         st.leak_action = Some(self.cfg.datapath.leak_action);
         st.feed_enabled = cluster.is_some();
         st.feed_failing_since = cluster.and_then(|c| c.failing_since);
+        // Settled: derived from every source, the cluster's once synced.
+        let settled = cluster.is_none() || self.cluster_flags.is_some_and(|(synced, _)| synced);
+        self.take_back_history(st, settled);
+        if !st.claims_kept.is_empty() {
+            let ips = &st.ips;
+            let foreign = |ip: &IpAddr| {
+                (ips.get(ip)).is_some_and(|e| e.state == guard_common::Ownership::Foreign)
+            };
+            st.claims_kept.retain(|ip, _| foreign(ip));
+        }
+        drop(guard);
+        self.publish_takeovers();
     }
 }
 

@@ -20,8 +20,8 @@ use super::{
 use crate::{
     api::{self, Shared},
     datapath::{sys::ifindex, wire::Wire, Datapath},
+    model::refresh::Refresher,
     model::{addrs::AddrTable, cluster::ClusterView, ownership::OwnershipFile},
-    model::{clients::IpState, refresh::Refresher},
     sources::{
         addrs,
         cluster::{task, ClusterConfig},
@@ -192,6 +192,8 @@ impl Daemon {
             .map_err(warn("counter rows cannot be reclaimed"))
             .ok()
             .map(|r| Arc::new(tokio::sync::Mutex::new(r)));
+        let pins = cfg.datapath.pin_dir.as_deref();
+        let history = super::history::HistoryState::load(pins, &node, dp.last_heartbeat());
         let attachments = Attachments::new(
             &cfg.daemon.uplinks,
             &cfg.sources.lb_ifaces,
@@ -216,6 +218,7 @@ impl Daemon {
             reclaimer,
             takeover,
             presence: None,
+            history,
             cfg,
         }
     }
@@ -355,31 +358,24 @@ impl Daemon {
         };
         let c = &self.cfg.clients;
         self.shared.write().clients = Some(clients::ClientsDoc::empty(c.stale_after));
-        let (states, publish) = (self.shared.clone(), self.shared.clone());
+        let (keep, publish) = (self.shared.clone(), self.shared.clone());
         let spawned = clients::spawn(clients::ClientsTask {
             reader,
             period: c.read_period,
             stale_after: c.stale_after,
             max_ip_series: self.cfg.api.metrics_max_ip_series,
-            states: Box::new(move |asked| {
-                let st = states.read();
-                (asked.iter().chain(st.lost.keys()))
-                    .filter_map(|ip| {
-                        let e = st.ips.get(ip)?;
-                        let lost_ns = st.lost.get(ip).copied();
-                        Some((
-                            *ip,
-                            IpState {
-                                state: e.state,
-                                lost_ns,
-                            },
-                        ))
-                    })
-                    .collect()
-            }),
+            states: super::history::clients_states(self.shared.clone()),
             publish: Box::new(move |doc| publish.write().clients = Some(doc)),
             events: self.shared.events.clone(),
             healer: self.healer(),
+            keep: self
+                .cfg
+                .datapath
+                .pin_dir
+                .is_some()
+                .then(|| -> clients::Keep {
+                    Box::new(move |k, t| keep.clients_history().kept = Some((k, t)))
+                }),
         });
         if let Err(e) = spawned {
             tracing::warn!(error = %e, "the client reader cannot start its thread; guarding without it");
@@ -409,7 +405,8 @@ impl Daemon {
                 let st = shared.read();
                 refresh::Knowledge {
                     blind: super::probing::blind(&shared, &st, stale_after).is_some(),
-                    claims: st.census.as_ref().map(|c| c.claims.clone()),
+                    claims: (st.census.as_ref())
+                        .map(|c| crate::model::census::with_kept(&c.claims, &st.claims_kept)),
                     conflicts: (st.census.iter())
                         .flat_map(|c| c.ips.iter())
                         .filter(|(ip, c)| c.conflict.is_some() && asked.contains(*ip))

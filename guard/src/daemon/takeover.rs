@@ -41,7 +41,7 @@ pub(super) type Transition = (IpAddr, Option<Ownership>, Option<Ownership>);
 pub(super) struct Takeover {
     /// None: nothing is held (`--announce-hold 0`, monitor mode).
     holds: Option<(Holds, Wire)>,
-    timing: Takeovers,
+    pub(super) timing: Takeovers,
     /// Frames whose fate is not decided yet (given up by the hold, or noted).
     fates: Fates,
     pub(super) stats: TakeoverStats,

@@ -9,6 +9,7 @@ pub mod census;
 pub mod clients;
 pub mod error;
 mod filter;
+pub mod history;
 mod if_tables;
 pub mod inspect;
 mod map_data;

@@ -44,6 +44,33 @@ pub struct CensusEntry {
     pub kinds: u8,
 }
 
+/// The census's claims with the claims kept from before a restart (its
+/// table starts empty then), per LB IP: for a MAC both hold, one entry from
+/// the earlier start of its run to its latest claim.
+pub fn with_kept(
+    claims: &std::sync::Arc<Vec<CensusEntry>>,
+    kept: &BTreeMap<IpAddr, Vec<CensusEntry>>,
+) -> std::sync::Arc<Vec<CensusEntry>> {
+    if kept.is_empty() {
+        return claims.clone();
+    }
+    let mut out: Vec<CensusEntry> = claims.to_vec();
+    let at: std::collections::HashMap<(IpAddr, [u8; 6]), usize> = (out.iter().enumerate())
+        .map(|(i, c)| ((c.ip, c.mac), i))
+        .collect();
+    for k in kept.values().flatten() {
+        match at.get(&(k.ip, k.mac)) {
+            Some(&i) => {
+                let c = &mut out[i];
+                c.first_ns = c.first_ns.min(k.first_ns);
+                c.last_ns = c.last_ns.max(k.last_ns);
+            }
+            None => out.push(*k),
+        }
+    }
+    std::sync::Arc::new(out)
+}
+
 /// What the census is judged against.
 #[derive(Debug, Clone, Default)]
 pub struct Context {
@@ -263,6 +290,30 @@ pub fn conflicts(c: &Census) -> BTreeMap<IpAddr, Reason> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Claims kept from before a restart stand beside the new census's: a
+    /// MAC in both is one run from the earlier start.
+    #[test]
+    fn kept_claims_join_the_census() {
+        let ip: IpAddr = "198.51.100.102".parse().unwrap();
+        let c = |mac: u8, first: u64, last: u64| CensusEntry {
+            ip,
+            mac: [2, 0, 0, 0, 0, mac],
+            first_ns: first,
+            last_ns: last,
+            count: 1,
+            ifindex: 2,
+            kinds: 1,
+        };
+        let census = std::sync::Arc::new(vec![c(0xa, 50, 60)]);
+        assert!(std::sync::Arc::ptr_eq(
+            &with_kept(&census, &BTreeMap::new()),
+            &census
+        ));
+        let kept = BTreeMap::from([(ip, vec![c(0xa, 10, 20), c(0xb, 12, 12)])]);
+        let all = with_kept(&census, &kept);
+        assert_eq!(*all, vec![c(0xa, 10, 60), c(0xb, 12, 12)]);
+    }
 
     const S: u64 = 1_000_000_000;
     const IP: IpAddr = IpAddr::V4(std::net::Ipv4Addr::new(203, 0, 113, 10));

@@ -36,6 +36,9 @@ use serde::{Deserialize, Serialize};
 
 use super::{census::MAX_LISTED, fmt_mac};
 
+mod carry;
+pub use carry::{kept, totals, Kept, Restore};
+
 /// One entry of the census's client table.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Entry {
@@ -233,15 +236,22 @@ pub struct Memory {
     seen: HashMap<(IpAddr, [u8; 6]), Seen>,
     /// The loss each IP's baselines were taken at.
     moves: HashMap<IpAddr, u64>,
-    /// Misdirected packets per LB IP since the daemon started.
+    /// Misdirected packets per LB IP since the daemon started (and before
+    /// a restart, when they were handed back).
     totals: BTreeMap<IpAddr, u64>,
+    /// Clients handed back after a restart ([`carry`]).
+    carried: HashMap<(IpAddr, [u8; 6]), carry::Carried>,
+    /// A silence this long ends a carried client's run.
+    run_gap_ns: u64,
 }
 
 impl Memory {
     /// The LB IPs it keeps totals or a move for: their state is needed at
     /// the next read, whether or not the table still holds a client of them.
     pub fn ips(&self) -> impl Iterator<Item = IpAddr> + '_ {
-        self.totals.keys().chain(self.moves.keys()).copied()
+        (self.totals.keys().chain(self.moves.keys()))
+            .chain(self.carried.keys().map(|(ip, _)| ip))
+            .copied()
     }
 }
 
@@ -249,6 +259,8 @@ impl Memory {
 /// counts, baselines and what was reported from one read to the next.
 pub fn assess(entries: &[Entry], cx: &Context, mem: &mut Memory) -> Outcome {
     note_moves(cx, mem);
+    let merged = carry::merge(entries, cx, mem);
+    let entries = &merged[..];
     count_packets(entries, cx, mem);
     let mut out = Outcome::default();
     let mut by_ip: BTreeMap<IpAddr, Vec<(Client, u64)>> = BTreeMap::new();

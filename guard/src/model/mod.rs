@@ -6,6 +6,7 @@ pub mod addrs;
 pub mod census;
 pub mod clients;
 pub mod cluster;
+pub mod history;
 pub mod kube_events;
 pub mod ownership;
 pub mod presence;

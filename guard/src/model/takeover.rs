@@ -214,6 +214,15 @@ pub struct TakeoverRecord {
     pub silent: bool,
 }
 
+/// A takeover as it is kept across a restart.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeptTakeover {
+    pub record: TakeoverRecord,
+    /// While no announcement has come: when the ownership change was seen
+    /// (CLOCK_MONOTONIC ns), and whether the takeover was called silent.
+    pub pending: Option<(u64, bool)>,
+}
+
 /// A takeover's first announcement.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Announced {
@@ -259,6 +268,34 @@ impl Takeovers {
     /// The last takeover of each IP.
     pub fn records(&self) -> &BTreeMap<IpAddr, TakeoverRecord> {
         &self.last
+    }
+
+    /// What is kept of each takeover across a restart: its record and,
+    /// while it waits for its first announcement, when it began.
+    pub fn kept(&self) -> BTreeMap<IpAddr, KeptTakeover> {
+        (self.last.iter())
+            .map(|(ip, r)| {
+                let pending = self.pending.get(ip).map(|p| (p.since_ns, p.silent));
+                let record = r.clone();
+                (*ip, KeptTakeover { record, pending })
+            })
+            .collect()
+    }
+
+    /// Take back a takeover the previous daemon timed (not when this one
+    /// has a record of its own for the IP: it is newer). A takeover still
+    /// waiting for its first announcement waits on: called silent when its
+    /// time comes (once), closed by the first announcement the program
+    /// reports.
+    pub fn restore(&mut self, ip: IpAddr, k: KeptTakeover) -> bool {
+        if self.last.contains_key(&ip) {
+            return false;
+        }
+        if let Some((since_ns, silent)) = k.pending {
+            self.pending.insert(ip, Pending { since_ns, silent });
+        }
+        self.last.insert(ip, k.record);
+        true
     }
 
     /// `ip` went from `old` to `new` here, seen at `at_ns` (`at_unix`). A
@@ -522,6 +559,41 @@ mod tests {
             ),
             None
         );
+    }
+
+    /// A restart keeps the records, and a takeover waiting for its first
+    /// announcement waits on: silent when its time comes, reported once.
+    #[test]
+    fn takeovers_are_kept_across_a_restart() {
+        let mut t = Takeovers::new(Duration::from_secs(3), Duration::from_secs(5));
+        let (a, b, c) = (ip(1), ip(2), ip(3));
+        t.changed(a, None, Some(Ownership::Owned), 10 * S, 100);
+        t.announced(a, 10 * S + 7 * MS, Origin::Speaker, Ownership::Owned);
+        t.changed(b, None, Some(Ownership::Owned), 31 * S, 110);
+        t.changed(c, None, Some(Ownership::Owned), 28 * S, 120);
+        assert_eq!(t.tick(31 * S + 500 * MS), vec![c], "c is silent, b not yet");
+        let kept = t.kept();
+        assert_eq!(kept[&a].pending, None);
+        assert_eq!(kept[&b].pending, Some((31 * S, false)));
+        assert_eq!(kept[&c].pending, Some((28 * S, true)));
+
+        let mut next = Takeovers::new(Duration::from_secs(3), Duration::from_secs(5));
+        // This daemon's own record of c is newer than the kept one.
+        next.changed(c, None, Some(Ownership::Owned), 34 * S, 124);
+        for (ip, k) in kept.clone() {
+            assert_eq!(next.restore(ip, k), ip != c);
+        }
+        assert_eq!(next.records()[&a], kept[&a].record);
+        assert_eq!(next.records()[&c].at_unix, 124);
+        // b waited across the restart: silent at 34 s, once.
+        assert_eq!(next.tick(33 * S), Vec::<IpAddr>::new());
+        assert_eq!(next.tick(34 * S), vec![b]);
+        assert!(next.tick(35 * S).is_empty());
+        let ann = next
+            .announced(b, 36 * S, Origin::Speaker, Ownership::Owned)
+            .unwrap();
+        assert!(ann.late);
+        assert_eq!(next.records()[&b].first_announcement_ms, Some(5_000));
     }
 
     #[test]

@@ -27,7 +27,9 @@ pub use super::histogram::Histogram;
 use super::histogram::FAILOVER_SECONDS;
 use crate::{
     datapath::{clients::ClientsReader, sys::monotonic_ns},
-    model::clients::{assess, Clients, Context, Entry, IpState, Memory, StaleClient},
+    model::clients::{
+        assess, kept, totals, Clients, Context, Entry, IpState, Kept, Memory, Restore, StaleClient,
+    },
 };
 
 /// `/clients`: misdirected and stale clients per LB IP.
@@ -98,8 +100,18 @@ impl ClientsDoc {
 }
 
 /// What the task needs from the daemon: the published state of the LB IPs
-/// asked (and of every IP this node has lost), on the census's clock.
-pub type IpStates = Box<dyn Fn(&BTreeSet<IpAddr>) -> BTreeMap<IpAddr, IpState> + Send + Sync>;
+/// asked (and of every IP this node has lost), on the census's clock; and,
+/// once after a restart, what the previous daemon knew of the clients
+/// (with the states of its IPs, read at the same instant).
+pub type IpStates =
+    Box<dyn Fn(&BTreeSet<IpAddr>) -> (BTreeMap<IpAddr, IpState>, Option<Restore>) + Send + Sync>;
+
+/// Where the task leaves what it knows for the next daemon (its clients,
+/// its counts per LB IP).
+pub type Keep = Box<dyn Fn(Vec<Kept>, BTreeMap<IpAddr, u64>) + Send + Sync>;
+
+/// How often what the task knows is left for the next daemon.
+const KEEP_PERIOD: Duration = Duration::from_secs(2);
 
 pub struct ClientsTask {
     pub reader: ClientsReader,
@@ -113,6 +125,8 @@ pub struct ClientsTask {
     pub events: broadcast::Sender<String>,
     /// `--refresh-stale-clients`: the healer (None: off).
     pub healer: Option<super::refresh::Healer>,
+    /// The history across restarts (None: none is kept).
+    pub keep: Option<Keep>,
 }
 
 /// After a walk the reader pauses at least this many times the walk's own
@@ -144,6 +158,8 @@ struct Loop {
     /// earlier one are new to the latest walk (one that came while a walk
     /// ran is in the next).
     walk_ns: (u64, u64),
+    /// When what it knows was last left for the next daemon.
+    kept_at: Option<Instant>,
 }
 
 fn run(mut task: ClientsTask) {
@@ -156,6 +172,7 @@ fn run(mut task: ClientsTask) {
         last: ClientsDoc::empty(task.stale_after),
         read_failing: false,
         walk_ns: (monotonic_ns(), monotonic_ns()),
+        kept_at: None,
     };
     let mut pause = task.period;
     loop {
@@ -211,10 +228,20 @@ fn read(
 fn assess_read(task: &mut ClientsTask, l: &mut Loop, stats: Totals) {
     let mut asked: BTreeSet<IpAddr> = l.entries.iter().map(|e| e.ip).collect();
     asked.extend(l.memory.ips());
+    let (ips, restore) = (task.states)(&asked);
+    if let Some(r) = restore {
+        let n = r.clients.len();
+        l.memory.restore(r);
+        tracing::debug!(
+            clients = n,
+            carried = l.memory.carried(),
+            "misdirected clients taken back from before the restart"
+        );
+    }
     let cx = Context {
         now_ns: monotonic_ns(),
         stale_after: task.stale_after,
-        ips: (task.states)(&asked),
+        ips,
         ifnames: (l.entries.iter().map(|e| e.ifindex))
             .collect::<BTreeSet<u32>>()
             .into_iter()
@@ -243,6 +270,21 @@ fn assess_read(task: &mut ClientsTask, l: &mut Loop, stats: Totals) {
         );
     }
     report_stale(&out.newly_stale, &task.events);
+    if let Some(keep) = &task.keep {
+        // What was reported is left at once: a restart must not report it again.
+        let reported = !out.newly_stale.is_empty() || !out.failovers.is_empty();
+        if reported || l.kept_at.is_none_or(|t| t.elapsed() >= KEEP_PERIOD) {
+            l.kept_at = Some(Instant::now());
+            let mut clients = kept(&l.entries, &l.memory);
+            // The next daemon gets the most recent only (a flood is larger).
+            let max = crate::model::history::MAX_CLIENTS;
+            if clients.len() > max {
+                clients.select_nth_unstable_by_key(max, |c| std::cmp::Reverse(c.entry.last_ns));
+                clients.truncate(max);
+            }
+            keep(clients, totals(&l.memory).clone());
+        }
+    }
     l.series.update(&out.clients, task.max_ip_series);
     l.last = ClientsDoc {
         stale_after_seconds: task.stale_after.as_secs_f64(),

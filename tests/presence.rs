@@ -144,6 +144,18 @@ fn two_guards_publish_their_macs_and_see_each_other_and_the_node_without_one() {
                 && d["uncovered"].as_array().is_some()
         });
         assert_eq!(doc["uncovered"], serde_json::json!(["node-c"]), "{doc:#}");
+        // Every read of presence came from the API server's cache: the
+        // records' and Pods' lists and the Nodes asked for by /cluster.
+        let quorum: Vec<String> = (bed.api.tally().into_iter())
+            .filter(|(_, c)| c.quorum > 0)
+            .filter(|((_, _, res), _)| {
+                res.starts_with("nodes")
+                    || res.starts_with("pods")
+                    || res.contains("component=arp-guard-presence")
+            })
+            .map(|((ip, verb, res), c)| format!("{ip} {verb} {res}: {c:?}"))
+            .collect();
+        assert!(quorum.is_empty(), "quorum reads: {quorum:?}");
         assert_eq!(doc["namespace"], NS);
         assert_eq!(
             guard_row(&doc, "node-b").unwrap()["interfaces"][0]["mac"],

@@ -8,14 +8,12 @@
 
 use std::time::Duration;
 
-use kube::{
-    api::{ListParams, WatchParams},
-    Client,
-};
+use kube::{api::WatchParams, Client};
 use tokio::sync::mpsc;
 
+use super::request::cached_list;
 use crate::sources::cluster::{
-    decode::{Obj, Object, WatchLine},
+    decode::{self, Obj, Object, WatchLine},
     stream::{backoff, IDLE_MARGIN},
     wire::{self, Read},
 };
@@ -87,10 +85,7 @@ pub async fn follow<T: Object>(c: Collection, tx: mpsc::Sender<Step<T>>) {
                 rv
             }
             Ok(Err(e)) => {
-                if failed(&tx, Failed::of("list", &e), &mut attempt)
-                    .await
-                    .is_err()
-                {
+                if failed(&tx, e, &mut attempt).await.is_err() {
                     return;
                 }
                 continue;
@@ -127,23 +122,20 @@ async fn failed<T>(tx: &mpsc::Sender<Step<T>>, e: Failed, attempt: &mut u32) -> 
     Ok(())
 }
 
-/// Every page; the collection and its resourceVersion.
-async fn list<T: Object>(c: &Collection) -> kube::Result<(Vec<Obj<T>>, String)> {
-    // The first page from the watch cache: never a quorum read of etcd.
-    let mut lp = ListParams::default()
-        .labels(&c.labels)
-        .limit(PAGE)
-        .match_any();
+/// Every page; the collection and its resourceVersion. The first page from
+/// the watch cache ([`cached_list`]): never a quorum read of etcd.
+async fn list<T: Object>(c: &Collection) -> Result<(Vec<Obj<T>>, String), Failed> {
     let mut items = Vec::new();
+    let mut cont: Option<String> = None;
     loop {
-        let page = wire::list::<T>(&c.client, &c.path, &lp).await?;
+        let req = cached_list(&c.path, Some(&c.labels), PAGE, cont.as_deref())
+            .map_err(|e| Failed::other(format!("list: {e}")))?;
+        let text = (c.client.request_text(req).await).map_err(|e| Failed::of("list", &e))?;
+        let page = decode::page::<T>(&text, T::wanted)
+            .map_err(|e| Failed::other(format!("list: not a list: {e}")))?;
         items.extend(page.items);
         match page.continue_token {
-            // A continuation carries no resourceVersion.
-            Some(token) => {
-                lp = ListParams::default().labels(&c.labels).limit(PAGE);
-                lp.continue_token = Some(token);
-            }
+            Some(token) => cont = Some(token),
             None => return Ok((items, page.resource_version.unwrap_or_default())),
         }
     }

@@ -7,10 +7,10 @@
 
 use std::{net::IpAddr, time::Duration};
 
-use kube::{api::ListParams, core::Request, Client};
+use kube::Client;
 use serde::Deserialize;
 
-use super::request::{build, decode, timed, Result};
+use super::request::{cached_list, decode, timed, Result};
 use crate::model::{presence::MAX_RECORDS, probing::asks};
 
 /// The coverage keeper reads the Nodes this often...
@@ -54,9 +54,9 @@ pub async fn list(client: &Client) -> Result<Vec<String>> {
         items: Vec<Named>,
     }
     let mut out = Vec::new();
-    let mut lp = ListParams::default().limit(PAGE).match_any();
+    let mut cont: Option<String> = None;
     loop {
-        let mut req = build(Request::new("/api/v1/nodes").list(&lp))?;
+        let mut req = cached_list("/api/v1/nodes", None, PAGE, cont.as_deref())?;
         req.headers_mut().insert(
             http::header::ACCEPT,
             http::HeaderValue::from_static(
@@ -67,11 +67,7 @@ pub async fn list(client: &Client) -> Result<Vec<String>> {
         let page: NodePage = decode(&text, "a list of Nodes")?;
         out.extend(page.items.into_iter().map(|n| n.metadata.name));
         match page.metadata.cont.filter(|c| !c.is_empty()) {
-            Some(c) if out.len() < MAX_RECORDS * 2 => {
-                // A continuation carries no resourceVersion.
-                lp = ListParams::default().limit(PAGE);
-                lp.continue_token = Some(c);
-            }
+            Some(c) if out.len() < MAX_RECORDS * 2 => cont = Some(c),
             _ => return Ok(out),
         }
     }

@@ -1,6 +1,6 @@
 //! `cargo xtask bench --only fleet`: what a fleet of guards costs the API
 //! server, against the number of guards. N real daemons (4, 8, 16, 32; 2
-//! and 4 in the short run) in network namespaces of one bed, each on its
+//! and 3 in the short run) in network namespaces of one bed, each on its
 //! node's segment with the DaemonSet's defaults (kube-vip's per-Service
 //! election: the cluster-wide Lease watch; presence; the active census),
 //! against the project's fake API server, which counts every request, the
@@ -17,7 +17,7 @@
 //! growth), `fleet_requests` (the largest N by verb and resource, per
 //! guard), `fleet_model` (the fitted figures at 100 / 1,000 / 5,000 nodes
 //! next to the announcers' own load). `BENCH_FLEET_WINDOW=s` sets the
-//! measured window (default 120 s, short run 20 s).
+//! measured window (default 120 s, short run 8 s).
 
 use std::{
     collections::BTreeMap,
@@ -39,7 +39,7 @@ const SERVICES: usize = 300;
 fn main() {
     testbed::require_root();
     let sizes: Vec<usize> = if short() {
-        vec![2, 4]
+        vec![2, 3]
     } else {
         vec![4, 8, 16, 32]
     };
@@ -47,7 +47,7 @@ fn main() {
         std::env::var("BENCH_FLEET_WINDOW")
             .ok()
             .and_then(|v| v.parse().ok())
-            .unwrap_or(if short() { 20 } else { 120 }),
+            .unwrap_or(if short() { 8 } else { 120 }),
     );
     let runs: Vec<Run> = sizes.iter().map(|&n| run(n, window)).collect();
     let fit = Fit::of(&runs);
@@ -345,7 +345,7 @@ fn run(n: usize, window: Duration) -> Run {
         })
         .collect();
     // Settled: every guard live to the others, its record written once.
-    std::thread::sleep(Duration::from_secs(if short() { 10 } else { 20 }));
+    std::thread::sleep(Duration::from_secs(if short() { 5 } else { 20 }));
     bed.api.reset_tally();
     let c0: Vec<Duration> = guards.iter().map(Daemon::cpu_time).collect();
     let t0 = Instant::now();
@@ -362,11 +362,11 @@ fn run(n: usize, window: Duration) -> Run {
     let mut extra = bed
         .start_on_wrapped(n, &wrapper, &args, Duration::from_secs(60))
         .unwrap();
-    std::thread::sleep(Duration::from_secs(12));
+    std::thread::sleep(Duration::from_secs(if short() { 6 } else { 12 }));
     let joined = bed.api.tally();
     bed.api.reset_tally();
     extra.stop(libc::SIGTERM, Duration::from_secs(10)).unwrap();
-    std::thread::sleep(Duration::from_secs(8));
+    std::thread::sleep(Duration::from_secs(if short() { 4 } else { 8 }));
     let left = bed.api.tally();
     // What the others received (the newcomer's own list and watches apart).
     let newcomer: IpAddr = format!("203.0.113.{}", 11 + n).parse().unwrap();

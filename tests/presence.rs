@@ -391,9 +391,13 @@ fn a_selector_matching_no_guard_pod_falls_back_to_the_records() {
     testbed::require_root();
     let bed = bed("prp");
     let wrong = ["--presence-pods", "app=not-the-guard"];
-    let _a = start_with(&bed, 0, &wrong);
+    let a = start_with(&bed, 0, &wrong);
     let _b = start_with(&bed, 1, &wrong);
     let doc = cluster_until(&bed, 0, |d| live(d, "node-a") && live(d, "node-b"));
+    // Said once, not at every bookmark of the Pods' watch (one a second here).
+    std::thread::sleep(Duration::from_secs(3));
+    let said = a.count_log("the guard Pods cannot tell who is live");
+    assert_eq!(said, 1, "{}", a.log_text());
     let why = doc["errors"]["pods"].as_str().unwrap_or_default();
     assert!(
         why.contains("no Pod matching --presence-pods") && why.contains("node-a"),

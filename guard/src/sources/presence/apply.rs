@@ -117,10 +117,13 @@ impl Task {
                 "no Pod matching --presence-pods {:?} runs on this node ({}): liveness is read from the records alone",
                 self.cfg.pods, self.cfg.node
             );
-            if self.logged.insert("pods", why.clone()).is_none() {
+            // Said once (until a Pod of this node shows up), shown always.
+            if !std::mem::replace(&mut self.no_own_pod_said, true) {
                 tracing::warn!(error = %why, "presence: the guard Pods cannot tell who is live");
             }
             self.seen.errors.insert("pods".into(), why);
+        } else {
+            self.no_own_pod_said = false;
         }
         mine
     }

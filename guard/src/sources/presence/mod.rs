@@ -163,6 +163,8 @@ struct Task {
     /// The Pods cannot be read for want of permission (liveness falls back
     /// to "a record is live").
     pods_refused: bool,
+    /// That no guard Pod runs on this node was logged (once until one does).
+    no_own_pod_said: bool,
     nodes_read: Option<Instant>,
     /// No write before this (after failed ones), and how many failed in a row.
     write_after: Option<Instant>,
@@ -245,6 +247,7 @@ impl Task {
             records_listed: false,
             pods_listed: false,
             pods_refused: false,
+            no_own_pod_said: false,
             nodes_read: None,
             write_after: None,
             write_failures: 0,

@@ -88,36 +88,11 @@ fn all_ips() -> Vec<Ipv4Addr> {
     SERVICES.iter().chain([&CONTROL]).map(|s| s.ip).collect()
 }
 
-/// `renewTime` now, as client-go writes it.
-fn now_rfc3339() -> String {
-    let d = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap();
-    let (secs, days) = (d.as_secs() % 86_400, (d.as_secs() / 86_400) as i64);
-    // Days since 1970-01-01 to a civil date (Howard Hinnant's algorithm).
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!(
-        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:06}Z",
-        secs / 3600,
-        secs / 60 % 60,
-        secs % 60,
-        d.subsec_micros()
-    )
-}
-
 /// Who holds each Lease now; renewed every 2 s by the keeper.
 type Holders = Arc<Mutex<BTreeMap<&'static str, (Style, String)>>>;
 
 fn write_lease(api: &ApiHandle, svc: &str, style: Style, holder: &str) {
-    let renew = now_rfc3339();
+    let renew = objects::renew_now();
     let lease = match style {
         Style::Cilium => objects::cilium_lease(svc, holder, LEASE_SECONDS, &renew),
         _ => objects::lease(

@@ -252,7 +252,7 @@ fn lease(i: usize, holder: &str) -> serde_json::Value {
         &format!("kubevip-svc-{i}"),
         holder,
         3600,
-        &jiff_now(),
+        &objects::renew_now(),
     );
     l["metadata"]["managedFields"] = serde_json::json!([objects::managed_field(
         "kube-vip",
@@ -261,31 +261,6 @@ fn lease(i: usize, holder: &str) -> serde_json::Value {
             "f:leaseDurationSeconds": {}, "f:leaseTransitions": {}, "f:renewTime": {}}})
     )]);
     l
-}
-
-/// Now as a Lease's renewTime (the Leases must not expire in the window).
-fn jiff_now() -> String {
-    let secs = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_secs() as i64;
-    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
-    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    format!(
-        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}.000000Z",
-        rem / 3600,
-        (rem / 60) % 60,
-        rem % 60
-    )
 }
 
 /// Service `i`'s LB IP: 198.51.100.100-255, then 203.0.113.100-243 (the

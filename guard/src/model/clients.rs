@@ -460,13 +460,14 @@ fn one_ip(st: &IpState, total: u64, mut clients: Vec<(Client, u64)>, now_ns: u64
 mod tests {
     use super::*;
 
-    const S: u64 = 1_000_000_000;
-    const IP: IpAddr = IpAddr::V4(std::net::Ipv4Addr::new(198, 51, 100, 102));
-    const CLIENT: IpAddr = IpAddr::V4(std::net::Ipv4Addr::new(198, 51, 100, 1));
-    const A: [u8; 6] = [2, 0, 0, 0, 0, 0xa];
-    const B: [u8; 6] = [2, 0, 0, 0, 0, 0xb];
+    // The fixtures, shared with `carry`'s tests.
+    pub(super) const S: u64 = 1_000_000_000;
+    pub(super) const IP: IpAddr = IpAddr::V4(std::net::Ipv4Addr::new(198, 51, 100, 102));
+    pub(super) const CLIENT: IpAddr = IpAddr::V4(std::net::Ipv4Addr::new(198, 51, 100, 1));
+    pub(super) const A: [u8; 6] = [2, 0, 0, 0, 0, 0xa];
+    pub(super) const B: [u8; 6] = [2, 0, 0, 0, 0, 0xb];
 
-    fn entry(mac: [u8; 6], first: u64, last: u64, packets: u64) -> Entry {
+    pub(super) fn entry(mac: [u8; 6], first: u64, last: u64, packets: u64) -> Entry {
         Entry {
             ip: IP,
             mac,

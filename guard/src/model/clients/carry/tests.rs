@@ -1,25 +1,10 @@
-use super::super::{assess, Cause, ClientState, Context, IpState, Outcome};
+use super::super::{
+    assess,
+    tests::{entry, A, B, IP, S},
+    Cause, ClientState, Context, IpState, Outcome,
+};
 use super::*;
 use guard_common::Ownership;
-
-const S: u64 = 1_000_000_000;
-const IP: IpAddr = IpAddr::V4(std::net::Ipv4Addr::new(198, 51, 100, 102));
-const CLIENT: IpAddr = IpAddr::V4(std::net::Ipv4Addr::new(198, 51, 100, 1));
-const A: [u8; 6] = [2, 0, 0, 0, 0, 0xa];
-const B: [u8; 6] = [2, 0, 0, 0, 0, 0xb];
-
-fn entry(mac: [u8; 6], first: u64, last: u64, packets: u64) -> Entry {
-    Entry {
-        ip: IP,
-        mac,
-        client_ip: CLIENT,
-        first_ns: first * S,
-        last_ns: last * S,
-        packets,
-        ifindex: 2,
-        vlan: 0,
-    }
-}
 
 fn cx(now: u64, lost: Option<u64>) -> Context {
     Context {

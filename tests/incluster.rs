@@ -187,8 +187,17 @@ fn a_rotated_token_is_picked_up_without_a_restart() {
     // the new token), and a change is followed.
     s.bed.api.set_tokens(&[NEW_TOKEN], &[]);
     let uses = s.bed.api.token_uses(NEW_TOKEN);
+    let conns = s.bed.api.connections();
     std::thread::sleep(Duration::from_secs(7));
-    assert!(s.bed.api.token_uses(NEW_TOKEN) >= uses + 4, "new watches");
+    let requests = s.bed.api.token_uses(NEW_TOKEN) - uses;
+    assert!(requests >= 4, "new watches");
+    // Each watch the server ended is followed by the next on the same TLS
+    // connection (the new token goes in the request, not the connection).
+    let opened = s.bed.api.connections() - conns;
+    assert!(
+        opened * 2 <= requests,
+        "{opened} connections for {requests} requests"
+    );
     s.bed.api.apply(
         Resource::Leases,
         objects::cilium_lease("web", "node-b", 600, "2026-11-30T10:00:05.000000Z"),

@@ -332,6 +332,12 @@ impl FakeApi {
         st.log.clear();
     }
 
+    /// Connections accepted so far (a client that keeps its connection
+    /// after a watch the server ended opens none for the next one).
+    pub fn connections(&self) -> u64 {
+        self.inner.next_conn.load(Ordering::Relaxed)
+    }
+
     /// Cut every open watch connection mid-stream.
     pub fn drop_watches(&self) {
         self.inner.state.lock().unwrap().generation += 1;
@@ -621,14 +627,12 @@ fn check_token(inner: &Inner, token: Option<&str>, path: &str) -> Option<(u16, V
     }
 }
 
-/// Serve requests on one keep-alive connection until a watch ends it.
-fn serve(stream: TcpStream, inner: &Inner) -> Result<()> {
-    stream.set_nonblocking(false)?;
-    // A black hole holds the connection open and says nothing.
+/// Wait while the server is a black hole (saying nothing).
+fn blackhole(inner: &Inner) {
     loop {
         let st = inner.state.lock().unwrap();
         if !st.blackhole || inner.stop.load(Ordering::SeqCst) {
-            break;
+            return;
         }
         drop(
             inner
@@ -637,6 +641,14 @@ fn serve(stream: TcpStream, inner: &Inner) -> Result<()> {
                 .unwrap(),
         );
     }
+}
+
+/// Serve requests on one keep-alive connection, also after a watch the
+/// server ended properly, until the client closes it or a watch is cut.
+fn serve(stream: TcpStream, inner: &Inner) -> Result<()> {
+    stream.set_nonblocking(false)?;
+    // A black hole holds the connection open and says nothing.
+    blackhole(inner);
     let tls = inner.tls.lock().unwrap().clone();
     let peer = stream.peer_addr()?.ip();
     let io = match tls {
@@ -665,6 +677,9 @@ fn serve(stream: TcpStream, inner: &Inner) -> Result<()> {
         let Some(req) = req? else {
             return Ok(());
         };
+        // A kept connection meets the black hole too: no answer while it
+        // lasts.
+        blackhole(inner);
         let target = req.target;
         let (path, query) = target.split_once('?').unwrap_or((&target, ""));
         let params: BTreeMap<&str, String> = query
@@ -770,14 +785,17 @@ fn serve(stream: TcpStream, inner: &Inner) -> Result<()> {
             .and_then(|v| v.parse().ok())
             .map_or(Duration::from_secs(300), Duration::from_secs);
         let bookmarks = param("allowWatchBookmarks") == Some("true");
-        return watch_stream(
-            reader.into_inner(),
-            (inner, &key),
-            &filter,
-            from,
-            timeout,
-            bookmarks,
-        );
+        let watched = (reader.into_inner(), (inner, &key));
+        match watch_stream(watched, &filter, from, timeout, bookmarks)? {
+            // Ended by the server, properly: the connection is the
+            // client's for its next request, as on a real server. The
+            // watch counted its own bytes.
+            Some(conn) => {
+                reader = BufReader::new(conn);
+                answering = None;
+            }
+            None => return Ok(()),
+        }
     }
 }
 
@@ -1101,14 +1119,15 @@ fn chunk(out: &mut impl Write, line: &Value) -> std::io::Result<()> {
     out.flush()
 }
 
+/// A watch, to its end: the connection back when the server ended the
+/// stream properly (its timeout, a 410), None when it was cut or hung.
 fn watch_stream(
-    mut out: Conn,
-    (inner, key): (&Inner, &TallyKey),
+    (mut out, (inner, key)): (Conn, (&Inner, &TallyKey)),
     f: &Filter<'_>,
     from: u64,
     timeout: Duration,
     bookmarks: bool,
-) -> Result<()> {
+) -> Result<Option<Conn>> {
     let mut mark = out.written;
     let mut count = |out: &Conn, events: u64, bookmarks: u64| {
         let bytes = out.written - mark;
@@ -1121,10 +1140,13 @@ fn watch_stream(
         };
         inner.tally.lock().unwrap().add(key, c);
     };
-    write!(out, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n")?;
+    write!(
+        out,
+        "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
+    )?;
     count(&out, 0, 0);
     if stuck(inner, f.res) {
-        return hang(out, inner);
+        return hang(out, inner).map(|()| None);
     }
     let deadline = Instant::now() + timeout;
     let mut sent_up_to = from;
@@ -1140,24 +1162,26 @@ fn watch_stream(
         drop(st);
         chunk(&mut out, &json!({"type": "ERROR", "object": gone}))?;
         write!(out, "0\r\n\r\n")?;
+        out.flush()?;
         count(&out, 1, 0);
-        return Ok(());
+        return Ok(Some(out));
     }
     loop {
         if inner.stop.load(Ordering::SeqCst) || st.generation != generation || st.down {
             // A cut connection: no terminating chunk, just close.
-            return Ok(());
+            return Ok(None);
         }
         if st.faults.get(&f.res) == Some(&Fault::StuckWatch) {
             drop(st);
-            return hang(out, inner);
+            return hang(out, inner).map(|()| None);
         }
         if Instant::now() >= deadline {
             // timeoutSeconds reached: the server ends the stream properly.
             drop(st);
             write!(out, "0\r\n\r\n")?;
+            out.flush()?;
             count(&out, 0, 0);
-            return Ok(());
+            return Ok(Some(out));
         }
         let first = st.log.partition_point(|e| e.rv <= sent_up_to);
         let lines: Vec<Value> = st.log[first..]

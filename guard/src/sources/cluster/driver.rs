@@ -1,7 +1,9 @@
 //! One list+watch stream, driven by hand rather than by `kube::runtime::watcher`
 //! so that its progress is visible (an event, a bookmark, or the server's end
 //! of a watch) and so that its objects are decoded one by one into the slim
-//! types of `decode`. Everything it sees goes to the feed as a [`StreamMsg`].
+//! types of `decode`. Everything it sees is delivered to the feed in the
+//! task itself ([`Hub::deliver`]); a watch is read from a connection of its
+//! own (`dial`), kept from one watch to the next.
 
 use std::{
     sync::{
@@ -16,13 +18,15 @@ use kube::{
     api::{DynamicObject, ListParams, WatchParams},
     Client, Resource as _,
 };
-use tokio::{sync::mpsc, task::JoinHandle};
+use tokio::task::JoinHandle;
 
 use super::{
     cause::{Cause, Failure},
     decode::{Obj, Object, WatchLine},
+    dial::{Conn, Dialer},
+    hub::{Closed, Hub, PanicWatch},
     stream::{
-        backoff, l2status_resource, lease_scope, Event, Msg, Stream, StreamCtl, StreamMsg, Update,
+        backoff, l2status_resource, lease_scope, Event, Msg, Stream, StreamCtl, Update,
         IDLE_MARGIN, LB_SERVICES,
     },
     wire::{self, Read},
@@ -45,9 +49,6 @@ static NOT_PRESENCE: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
 /// First retry of a failed list or watch; doubling per attempt up to 30 s.
 const RETRY: Duration = Duration::from_millis(500);
 
-/// The task has no one to report to: the feed is gone.
-pub(super) struct Closed;
-
 /// How a watch ended.
 enum WatchEnd {
     /// Resume from the last resourceVersion.
@@ -62,6 +63,9 @@ enum WatchEnd {
 /// and relisted.
 pub(super) struct Driver {
     client: Client,
+    dialer: Dialer,
+    /// The connection of the last watch, kept for the next one.
+    kept: Option<Conn>,
     /// The collection's URL path.
     path: String,
     labels: Option<String>,
@@ -74,17 +78,30 @@ pub(super) struct Driver {
     stream: usize,
     generation: u64,
     ctl: Arc<StreamCtl>,
-    tx: mpsc::Sender<StreamMsg>,
+    hub: Arc<Hub>,
     attempt: u32,
 }
 
-type To = (usize, u64, Arc<StreamCtl>, mpsc::Sender<StreamMsg>);
+/// Who a stream's task reports to, as what.
+pub(super) struct To {
+    pub stream: usize,
+    pub generation: u64,
+    pub ctl: Arc<StreamCtl>,
+    pub hub: Arc<Hub>,
+}
 
 impl Driver {
-    pub(super) fn new(client: Client, cfg: &FeedConfig, to: To) -> Self {
-        let (stream, generation, ctl, tx) = to;
+    pub(super) fn new(client: Client, dialer: Dialer, cfg: &FeedConfig, to: To) -> Self {
+        let To {
+            stream,
+            generation,
+            ctl,
+            hub,
+        } = to;
         Driver {
             client,
+            dialer,
+            kept: None,
             path: String::new(),
             labels: None,
             fields: None,
@@ -94,7 +111,7 @@ impl Driver {
             stream,
             generation,
             ctl,
-            tx,
+            hub,
             attempt: 0,
         }
     }
@@ -117,6 +134,11 @@ impl Driver {
     }
 
     pub(super) async fn run<T: Object>(mut self, wrap: fn(Event<T>) -> Update) {
+        let _panic = PanicWatch {
+            hub: self.hub.clone(),
+            stream: self.stream,
+            generation: self.generation,
+        };
         while let Ok(()) = self.relist_and_watch(wrap).await {}
     }
 
@@ -153,18 +175,13 @@ impl Driver {
         true
     }
 
-    async fn send(&self, msg: Msg) -> Result<(), Closed> {
-        let m = StreamMsg {
-            stream: self.stream,
-            generation: self.generation,
-            msg,
-        };
-        self.tx.send(m).await.map_err(|_| Closed)
+    fn send(&self, msg: Msg) -> Result<(), Closed> {
+        self.hub.deliver((self.stream, self.generation), msg, false)
     }
 
     /// Report a failure and wait out the back-off.
     async fn failed(&mut self, f: Failure) -> Result<(), Closed> {
-        self.send(Msg::Failed(f)).await?;
+        self.send(Msg::Failed(f))?;
         self.ctl.pause(backoff(RETRY, self.attempt)).await;
         self.attempt += 1;
         Ok(())
@@ -215,15 +232,15 @@ impl Driver {
                 }
             };
             if std::mem::take(&mut first) {
-                self.send(Msg::Update(wrap(Event::Listing))).await?;
+                self.send(Msg::Update(wrap(Event::Listing)))?;
             }
             for o in page.items {
-                self.send(Msg::Update(wrap(Event::Listed(o)))).await?;
+                self.send(Msg::Update(wrap(Event::Listed(o))))?;
             }
             match page.continue_token {
                 Some(c) => lp.continue_token = Some(c),
                 None => {
-                    self.send(Msg::Update(wrap(Event::ListDone))).await?;
+                    self.send(Msg::Update(wrap(Event::ListDone)))?;
                     return Ok(Some(page.resource_version.unwrap_or_default()));
                 }
             }
@@ -231,10 +248,7 @@ impl Driver {
     }
 
     /// Open a watch from `rv`: the watch, or how the attempt ended.
-    async fn open(
-        &mut self,
-        rv: &str,
-    ) -> Result<Result<wire::Watch<impl futures::AsyncBufRead>, WatchEnd>, Closed> {
+    async fn open(&mut self, rv: &str) -> Result<Result<wire::Watch<Conn>, WatchEnd>, Closed> {
         // Bookmarks are on by default: they are the progress of a quiet stream.
         let mut wp =
             WatchParams::default().timeout(self.watch_timeout.as_secs().clamp(1, 290) as u32);
@@ -243,7 +257,7 @@ impl Driver {
         let opened = (self.ctl)
             .request(tokio::time::timeout(
                 self.idle,
-                wire::watch(&self.client, &self.path, &wp, rv),
+                wire::watch(&self.dialer, self.kept.take(), &self.path, &wp, rv),
             ))
             .await;
         let end = match opened {
@@ -290,7 +304,7 @@ impl Driver {
                     continue;
                 }
                 None => {
-                    self.send(Msg::Idle(self.idle)).await?;
+                    self.send(Msg::Idle(self.idle))?;
                     return Ok(WatchEnd::Relist);
                 }
                 // The server ended the watch. After its timeout, or after
@@ -299,7 +313,8 @@ impl Driver {
                 // hot loop that looks healthy.
                 Some(Read::End) if delivered || opened_at.elapsed() >= Duration::from_secs(1) => {
                     self.attempt = 0;
-                    self.send(Msg::Progress).await?;
+                    self.kept = w.into_reusable();
+                    self.send(Msg::Progress)?;
                     return Ok(WatchEnd::Resume);
                 }
                 Some(Read::End) => Msg::Failed(Failure::new(
@@ -312,7 +327,7 @@ impl Driver {
                 Some(Read::Garbled(e)) => Msg::Failed(Failure::new(Cause::Other, e)),
                 Some(Read::Line(WatchLine::Error(410, m))) => {
                     let f = Failure::new(Cause::Other, format!("watch: {m} (relisting)"));
-                    self.send(Msg::Failed(f)).await?;
+                    self.send(Msg::Failed(f))?;
                     return Ok(WatchEnd::Relist);
                 }
                 Some(Read::Line(l)) => {
@@ -325,7 +340,8 @@ impl Driver {
                 return Ok(WatchEnd::Resume);
             }
             delivered = true;
-            self.send(msg).await?;
+            self.hub
+                .deliver((self.stream, self.generation), msg, w.more_ready())?;
         }
     }
 }
@@ -367,20 +383,16 @@ fn event<T: Object>(l: WatchLine<T>, rv: &mut String, wrap: fn(Event<T>) -> Upda
     }
 }
 
-/// Start the task that drives `stream` (number `index`). `lb_filter`: the
+/// Start the task that drives `stream` (reporting as `to` says). `lb_filter`: the
 /// server filters Services by type (cleared, for good, when it cannot).
-#[allow(clippy::too_many_arguments)]
-pub fn spawn(
-    client: &Client,
+pub(super) fn spawn(
+    (client, dialer): (&Client, &Dialer),
     cfg: &FeedConfig,
     stream: &Stream,
-    index: usize,
-    generation: u64,
-    ctl: Arc<StreamCtl>,
-    tx: mpsc::Sender<StreamMsg>,
+    to: To,
     lb_filter: Arc<AtomicBool>,
 ) -> JoinHandle<()> {
-    let d = Driver::new(client.clone(), cfg, (index, generation, ctl, tx));
+    let d = Driver::new(client.clone(), dialer.clone(), cfg, to);
     match stream {
         Stream::Services => tokio::spawn(
             d.collection(Service::url_path(&(), None), cfg.selector.clone(), None)

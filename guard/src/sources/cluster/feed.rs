@@ -133,7 +133,9 @@ struct Shown {
     synced: bool,
     degraded: bool,
     holders_version: u64,
-    streams: Vec<StreamStatus>,
+    /// Each stream's status but its name (which never changes): built for
+    /// every event, so without a string copied unless one is failing.
+    streams: Vec<(bool, bool, Option<String>, usize)>,
     unconfirmed: usize,
     blind: bool,
     threshold: Duration,
@@ -280,7 +282,18 @@ impl Feed {
             synced: self.synced(),
             degraded: self.degraded(now),
             holders_version: self.store.holders_version(),
-            streams: self.stream_statuses(),
+            streams: (self.streams.iter())
+                .map(|s| {
+                    let h = &s.health;
+                    let error = h.failing_since.and(h.last_error.clone());
+                    (
+                        h.synced,
+                        h.failing_since.is_none(),
+                        error,
+                        s.unreadable.len(),
+                    )
+                })
+                .collect(),
             unconfirmed: self.store.unconfirmed(now).len(),
             blind: self.failing_since(now).is_some(),
             threshold: self.threshold(),

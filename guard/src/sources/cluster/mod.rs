@@ -17,8 +17,11 @@ pub mod confirm;
 #[cfg(feature = "testing")]
 pub mod cost;
 pub mod decode;
+pub mod dial;
 mod driver;
 pub mod feed;
+mod http1;
+mod hub;
 pub mod index;
 mod keys;
 pub mod objects;

@@ -50,6 +50,17 @@ pub enum Update {
     L2(Box<Event<decode::L2Status>>),
 }
 
+impl Update {
+    /// A listed object (buffered in its relist until the relist's end).
+    pub(super) fn is_listed(&self) -> bool {
+        match self {
+            Update::Svc(e) => matches!(**e, Event::Listed(_)),
+            Update::Lease(e) => matches!(**e, Event::Listed(_)),
+            Update::L2(e) => matches!(**e, Event::Listed(_)),
+        }
+    }
+}
+
 /// What a stream task reports.
 pub enum Msg {
     Update(Update),
@@ -60,14 +71,6 @@ pub enum Msg {
     Failed(Failure),
     /// Nothing at all within the idle deadline: the stream is relisted.
     Idle(Duration),
-}
-
-/// A [`Msg`] from stream `stream`'s task number `generation` (messages of a
-/// task since replaced are ignored).
-pub struct StreamMsg {
-    pub stream: usize,
-    pub generation: u64,
-    pub msg: Msg,
 }
 
 /// What one stream watches.

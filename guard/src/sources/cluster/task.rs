@@ -1,6 +1,6 @@
-//! The feed running for the life of the daemon: a task per stream, the
-//! confirming GETs, a probe of the API, and a [`ClusterView`] published on
-//! every change and at every deadline.
+//! The feed running for the life of the daemon: a task per stream (each
+//! applies and publishes what it reads, through the [`Hub`]), the
+//! confirming GETs, a probe of the API, and the deadlines.
 
 use std::{
     sync::{atomic::AtomicBool, Arc},
@@ -18,10 +18,13 @@ use tokio::{
 use super::{
     cause::Failure,
     confirm::{Confirmation, CONFIRM_TIMEOUT},
-    decode, driver,
+    decode,
+    dial::Dialer,
+    driver,
     feed::Feed,
+    hub::{Hub, PROBE_EVERY, PROBE_TIMEOUT},
     store::Key,
-    stream::{Msg, StreamCtl, StreamMsg},
+    stream::StreamCtl,
     trust::{self, Trust},
     wire, ClusterConfig, FeedConfig,
 };
@@ -30,19 +33,6 @@ use crate::{
     telemetry::ops::{Ops, Rebuild},
 };
 
-/// The probe (is the API there at all?): at most this often...
-const PROBE_EVERY: Duration = Duration::from_secs(2);
-/// ...and, while the feed is healthy, only once nothing has shown the API
-/// alive for a while (a stream's event, bookmark or end of watch does):
-/// with Leases renewed every few seconds it never runs. Its failure makes
-/// the guard blind since that last sign of life, so a quieter probe never
-/// delays degradation as long as it fails before the staleness threshold:
-/// it runs [`PROBE_TIMEOUT`] and a second before it, and not more often
-/// than every [`PROBE_QUIET_MIN`]. On a quiet cluster (MetalLB: nothing
-/// renewed) that is one cached GET per 12 s per guard at the default 15 s
-/// threshold, the largest of a guard's steady requests.
-const PROBE_QUIET_MIN: Duration = Duration::from_secs(5);
-const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
 /// A stream failing this long while the API answers has its back-off cut
 /// short; one whose request has hung this long while the probe answers
 /// within seconds is rebuilt.
@@ -71,11 +61,11 @@ pub async fn start(cfg: ClusterConfig, ops: Arc<Ops>) -> Result<watch::Receiver<
                 }
             };
             rt.block_on(async move {
-                let c = client(cfg.kubeconfig.as_deref()).await;
+                let c = connections(cfg.kubeconfig.as_deref()).await;
                 let ok = c.is_ok();
                 let _ = ready_tx.send(c.as_ref().map(drop).map_err(|e| anyhow::anyhow!("{e:#}")));
-                if let (true, Ok(client)) = (ok, c) {
-                    run(client, cfg.feed, tx, ops).await;
+                if let (true, Ok(conns)) = (ok, c) {
+                    run(conns, cfg.feed, tx, ops).await;
                 }
             });
         })
@@ -89,18 +79,54 @@ pub async fn start(cfg: ClusterConfig, ops: Arc<Ops>) -> Result<watch::Receiver<
 /// Build a client from `kubeconfig`, else the usual inference (in-cluster
 /// service account, then $KUBECONFIG / ~/.kube/config).
 pub async fn client(kubeconfig: Option<&std::path::Path>) -> Result<Client> {
+    let (config, trust) = config(kubeconfig, None).await?;
+    client_of(config, trust)
+}
+
+/// A client from `kubeconfig` (else $KUBECONFIG / ~/.kube/config) and its
+/// `context` (else the current one), as kubectl picks them; with neither,
+/// the usual inference.
+pub async fn client_in_context(
+    kubeconfig: Option<&std::path::Path>,
+    context: Option<&str>,
+) -> Result<Client> {
+    let (config, trust) = config(kubeconfig, context).await?;
+    client_of(config, trust)
+}
+
+/// The client and the watch connections, from one configuration.
+pub async fn connections(kubeconfig: Option<&std::path::Path>) -> Result<(Client, Dialer)> {
+    let (config, trust) = config(kubeconfig, None).await?;
+    // The client first: its errors carry the advice (a CA bundle to mount).
+    let client = client_of(config.clone(), trust)?;
+    let dialer = Dialer::new(&config).context("configuring the Kubernetes watch connections")?;
+    Ok((client, dialer))
+}
+
+/// The configuration, and the TLS trust it was settled to.
+async fn config(
+    kubeconfig: Option<&std::path::Path>,
+    context: Option<&str>,
+) -> Result<(kube::Config, Trust)> {
     // Several rustls providers could be compiled in; name ours. An error only
     // means one is installed already.
     let _ = rustls::crypto::ring::default_provider().install_default();
-    let mut config = match kubeconfig {
-        Some(path) => {
+    let opts = kube::config::KubeConfigOptions {
+        context: context.map(str::to_owned),
+        ..Default::default()
+    };
+    let mut config = match (kubeconfig, context) {
+        (Some(path), _) => {
             let kc = kube::config::Kubeconfig::read_from(path)
                 .with_context(|| format!("reading kubeconfig {}", path.display()))?;
-            kube::Config::from_custom_kubeconfig(kc, &Default::default())
+            kube::Config::from_custom_kubeconfig(kc, &opts)
                 .await
                 .context("kubeconfig")?
         }
-        None => kube::Config::infer()
+        (None, Some(c)) => kube::Config::from_kubeconfig(&opts)
+            .await
+            .with_context(|| format!("kubeconfig context {c:?}"))?,
+        (None, None) => kube::Config::infer()
             .await
             .context("no Kubernetes API configuration (in-cluster or kubeconfig)")?,
     };
@@ -109,8 +135,13 @@ pub async fn client(kubeconfig: Option<&std::path::Path>) -> Result<Client> {
     // a probe and a confirming GET by theirs), and a read timer re-armed for
     // every chunk of every watch is a cost per event.
     config.read_timeout = None;
+    let trust = trust::settle(&mut config);
+    Ok((config, trust))
+}
+
+fn client_of(config: kube::Config, trust: Trust) -> Result<Client> {
     let url = config.cluster_url.clone();
-    match trust::settle(&mut config) {
+    match trust {
         Trust::System => Client::try_from(config).with_context(|| {
             format!(
                 "building the Kubernetes client (the configuration names no CA for {url}, so \
@@ -122,23 +153,6 @@ pub async fn client(kubeconfig: Option<&std::path::Path>) -> Result<Client> {
         Trust::OwnCa | Trust::Unverified => {
             Client::try_from(config).context("building the Kubernetes client")
         }
-    }
-}
-
-/// How long a healthy feed waits after its last sign of life before it
-/// probes, for a staleness `threshold`: the probe fails (times out) a
-/// second before the threshold, so that blindness is still seen in time.
-fn probe_quiet(threshold: Duration) -> Duration {
-    (threshold.saturating_sub(PROBE_TIMEOUT + Duration::from_secs(1))).max(PROBE_QUIET_MIN)
-}
-
-/// When the probe is due: not before `next` (spacing); while the feed is
-/// `healthy`, not before `quiet` after its last sign of life.
-fn probe_at(next: Instant, healthy: bool, last_alive: Instant, quiet: Duration) -> Instant {
-    if healthy {
-        next.max(last_alive + quiet)
-    } else {
-        next
     }
 }
 
@@ -158,133 +172,110 @@ async fn confirm(client: Client, key: Key) -> (Key, Confirmation) {
 /// One stream's task and what the loop keeps about it.
 struct Running {
     task: JoinHandle<()>,
-    generation: u64,
     ctl: Arc<StreamCtl>,
     /// When its back-off was last cut short (or it was last rebuilt).
     last_kick: Instant,
 }
 
-/// The loop's state beside the [`Feed`].
+/// The loop's state beside the [`Hub`] it shares with the streams' tasks.
 struct Task {
     client: Client,
+    dialer: Dialer,
     cfg: FeedConfig,
-    feed: Feed,
+    hub: Arc<Hub>,
     running: Vec<Running>,
-    msg_tx: mpsc::Sender<StreamMsg>,
     confirm_tx: mpsc::Sender<(Key, Instant, Confirmation)>,
     in_flight: usize,
-    next_probe: Instant,
-    was_degraded: bool,
-    announced_sync: bool,
     /// The API server filters Services by type (cleared when it cannot).
     lb_filter: Arc<AtomicBool>,
 }
 
-/// Run the feed for the life of the daemon, publishing into `tx`.
-pub async fn run(client: Client, cfg: FeedConfig, tx: watch::Sender<ClusterView>, ops: Arc<Ops>) {
-    let (msg_tx, mut msg_rx) = mpsc::channel::<StreamMsg>(4096);
+/// Run the feed for the life of the daemon, publishing into `tx`. The
+/// streams' tasks apply and publish what they read; this loop wakes when
+/// they ask it to, for a confirmation's answer, and at its deadlines.
+pub async fn run(
+    (client, dialer): (Client, Dialer),
+    cfg: FeedConfig,
+    tx: watch::Sender<ClusterView>,
+    ops: Arc<Ops>,
+) {
     let (confirm_tx, mut confirm_rx) = mpsc::channel(64);
+    let now = Instant::now();
+    let hub = Arc::new(Hub::new(Feed::new(cfg.clone(), now, ops), tx, now));
     let mut t = Task {
-        feed: Feed::new(cfg.clone(), Instant::now(), ops),
         client,
+        dialer,
         cfg,
+        hub: hub.clone(),
         running: Vec::new(),
-        msg_tx,
         confirm_tx,
         in_flight: 0,
-        next_probe: Instant::now() + PROBE_EVERY,
-        was_degraded: false,
-        announced_sync: false,
         lb_filter: Arc::new(AtomicBool::new(true)),
     };
-    t.running = (0..t.feed.streams.len()).map(|i| t.spawn(i, 0)).collect();
+    let streams = hub.lock().generations.len();
+    t.running = (0..streams).map(|i| t.spawn(i, 0)).collect();
     // One timer for the loop's deadlines, moved only when the next one
-    // changes (not re-armed for every event).
-    let deadline = tokio::time::sleep_until(t.wake().into());
+    // changes (not re-armed for every event: most never reach the loop).
+    let deadline = tokio::time::sleep_until(Instant::now().into());
     tokio::pin!(deadline);
     loop {
-        let mut event_at = None;
-        let wake = tokio::time::Instant::from_std(t.wake());
+        let wake = {
+            let mut c = hub.lock();
+            c.armed = c.wake(Instant::now());
+            tokio::time::Instant::from_std(c.armed)
+        };
         if deadline.deadline() != wake {
             deadline.as_mut().reset(wake);
         }
         tokio::select! {
-            m = msg_rx.recv() => {
-                let Some(m) = m else { return };
-                event_at = Some(Instant::now());
-                // Batch what is already waiting: one map update per burst.
-                // A stuck stream ends the batch: the blindness it reveals
-                // (since its last progress, maybe past the threshold) is
-                // published before its relist's answer heals it.
-                let mut next = Some(m);
-                while let Some(m) = next {
-                    let stuck = matches!(m.msg, Msg::Idle(_));
-                    t.on_msg(m);
-                    next = if stuck { None } else { msg_rx.try_recv().ok() };
-                }
-            }
+            () = hub.woken() => {}
             Some((key, sent, answer)) = confirm_rx.recv() => {
                 t.in_flight -= 1;
-                t.feed.on_confirm(key, sent, answer, Instant::now());
+                hub.lock().feed.on_confirm(key, sent, answer, Instant::now());
             }
             _ = &mut deadline => {}
         }
+        if let Some(stream) = hub.lock().panicked.take() {
+            tracing::error!(%stream, "a stream of the Kubernetes feed panicked: stopping the feed");
+            return;
+        }
         t.send_confirmations();
-        if t.probe_due(Instant::now()) {
+        if Instant::now() >= hub.lock().probe_at() {
             t.probe().await;
         }
         t.rebuild();
-        t.publish(&tx, event_at);
+        hub.lock().publish(Instant::now(), None);
     }
 }
 
 impl Task {
     fn spawn(&self, i: usize, generation: u64) -> Running {
         let ctl = Arc::new(StreamCtl::default());
-        let stream = &self.feed.streams[i].kind;
-        let task = driver::spawn(
-            &self.client,
-            &self.cfg,
-            stream,
-            i,
+        let stream = self.hub.lock().feed.streams[i].kind.clone();
+        let to = driver::To {
+            stream: i,
             generation,
-            ctl.clone(),
-            self.msg_tx.clone(),
+            ctl: ctl.clone(),
+            hub: self.hub.clone(),
+        };
+        let task = driver::spawn(
+            (&self.client, &self.dialer),
+            &self.cfg,
+            &stream,
+            to,
             self.lb_filter.clone(),
         );
         Running {
             task,
-            generation,
             ctl,
             last_kick: Instant::now(),
         }
     }
 
-    /// The next deadline: a Lease expiry, the staleness threshold, the probe.
-    fn wake(&self) -> Instant {
-        let now = Instant::now();
-        let f = &self.feed;
-        [
-            f.store.next_expiry(now),
-            f.failing_since(now).map(|t| t + f.threshold()),
-        ]
-        .into_iter()
-        .flatten()
-        .filter(|t| *t > now)
-        .fold(self.probe_at(), Instant::min)
-    }
-
-    /// A message of a stream's current task (a replaced task's are ignored).
-    fn on_msg(&mut self, m: StreamMsg) {
-        let current = self.running.get(m.stream);
-        if current.is_some_and(|r| r.generation == m.generation) {
-            self.feed.on_msg(m.stream, m.msg, Instant::now());
-        }
-    }
-
     /// A Lease past its deadline is confirmed before it changes anything.
     fn send_confirmations(&mut self) {
-        for key in self.feed.due_confirmations(Instant::now(), self.in_flight) {
+        let due = (self.hub.lock().feed).due_confirmations(Instant::now(), self.in_flight);
+        for key in due {
             self.in_flight += 1;
             let (client, tx) = (self.client.clone(), self.confirm_tx.clone());
             let sent = Instant::now();
@@ -295,48 +286,34 @@ impl Task {
         }
     }
 
-    /// The probe is due: spaced by [`PROBE_EVERY`], and, while all is
-    /// well, only after [`PROBE_QUIET`] without a sign of life.
-    fn probe_due(&self, now: Instant) -> bool {
-        now >= self.probe_at()
-    }
-
-    /// When the probe is next due (the loop wakes then: one rule for both).
-    fn probe_at(&self) -> Instant {
-        probe_at(
-            self.next_probe,
-            self.feed.all_healthy(),
-            self.feed.last_alive(),
-            probe_quiet(self.feed.threshold()),
-        )
-    }
-
     /// Is the API there at all? The `kubernetes` Service, from the API
     /// server's cache (`resourceVersion=0`: no etcd read): any answer,
     /// 404 included, is one.
     async fn probe(&mut self) {
-        let since = self.feed.last_alive();
+        let since = self.hub.lock().feed.last_alive();
         let path = Service::url_path(&(), Some("default"));
         let get = wire::get::<decode::Service>(&self.client, &path, "kubernetes", true);
         let probe = tokio::time::timeout(PROBE_TIMEOUT, get).await;
         let now = Instant::now();
+        let hub = self.hub.clone();
+        let mut c = hub.lock();
         match probe {
             Ok(Ok(_)) => {
-                self.feed.ok(None, now);
-                self.unstick(now);
+                c.feed.ok(None, now);
+                self.unstick(&mut c.feed, now);
             }
-            Ok(Err(e)) => self.feed.failed(None, &Failure::of("get", &e), since),
-            Err(_) => (self.feed).failed(None, &Failure::timeout("get", PROBE_TIMEOUT), since),
+            Ok(Err(e)) => c.feed.failed(None, &Failure::of("get", &e), since),
+            Err(_) => (c.feed).failed(None, &Failure::timeout("get", PROBE_TIMEOUT), since),
         }
-        self.next_probe = now + PROBE_EVERY;
+        c.next_probe = now + PROBE_EVERY;
     }
 
     /// The API answers but a stream has not delivered since its error for a
     /// while. Waiting in back-off: cut it short. Hung in a request the probe
     /// shows would have been answered long ago (a connection dead since an
     /// outage): rebuild it. A request merely in flight is left alone.
-    fn unstick(&mut self, now: Instant) {
-        for (i, s) in self.feed.streams.iter().enumerate() {
+    fn unstick(&mut self, feed: &mut Feed, now: Instant) {
+        for (i, s) in feed.streams.iter().enumerate() {
             let failing =
                 (s.health.failing_since).is_some_and(|t| now.duration_since(t) >= REBUILD_AFTER);
             let r = &mut self.running[i];
@@ -346,94 +323,34 @@ impl Task {
             r.last_kick = now;
             match r.ctl.busy_for() {
                 None => {
-                    tracing::info!(stream = %self.feed.name(i), "Kubernetes API answers again; retrying now");
+                    tracing::info!(stream = %feed.name(i), "Kubernetes API answers again; retrying now");
                     r.ctl.kick();
                 }
                 Some(busy) if busy >= HUNG_REQUEST => {
-                    self.feed.rebuild.entry(i).or_insert(Rebuild::ApiBack);
+                    feed.rebuild.entry(i).or_insert(Rebuild::ApiBack);
                 }
                 Some(_) => {}
             }
         }
     }
 
-    /// Replace the tasks of streams the feed found stuck.
+    /// Replace the tasks of streams the feed found stuck: the old task's
+    /// messages are dropped from now on, and it is stopped.
     fn rebuild(&mut self) {
-        for (i, why) in self.feed.take_rebuilds() {
-            let name = self.feed.name(i);
-            if why == Rebuild::ApiBack {
-                tracing::info!(stream = %name, "Kubernetes API answers again, this stream's request hangs; relisting");
-            }
-            self.feed.ops.feed_rebuild(name, why);
+        let rebuilds = self.hub.lock().feed.take_rebuilds();
+        for (i, why) in rebuilds {
+            let generation = {
+                let mut c = self.hub.lock();
+                let name = c.feed.name(i).to_owned();
+                if why == Rebuild::ApiBack {
+                    tracing::info!(stream = %name, "Kubernetes API answers again, this stream's request hangs; relisting");
+                }
+                c.feed.ops.feed_rebuild(&name, why);
+                c.generations[i] += 1;
+                c.generations[i]
+            };
             self.running[i].task.abort();
-            let generation = self.running[i].generation + 1;
             self.running[i] = self.spawn(i, generation);
         }
-    }
-
-    /// Publish the view if it changed; log entering and leaving degradation
-    /// and the first sync.
-    fn publish(&mut self, tx: &watch::Sender<ClusterView>, event_at: Option<Instant>) {
-        let Some(view) = self.feed.changed_view(Instant::now(), event_at) else {
-            return;
-        };
-        let f = &self.feed;
-        if view.degraded != self.was_degraded {
-            self.was_degraded = view.degraded;
-            if view.degraded {
-                tracing::warn!(
-                    after = ?f.threshold(),
-                    error = f.last_error.as_deref().unwrap_or(""),
-                    "ownership feed stale: every foreign LB IP is treated as unknown until the API is back \
-                     (IPs this node owns stay owned)"
-                );
-            } else {
-                tracing::info!("ownership feed fresh again: foreign LB IPs are enforced again");
-            }
-        }
-        if view.synced && !self.announced_sync {
-            self.announced_sync = true;
-            tracing::info!(
-                services = f.store.services.len(),
-                leases = f.store.leases.len(),
-                l2statuses = f.store.l2.len(),
-                "initial sync from the Kubernetes API done"
-            );
-        }
-        tx.send_if_modified(|cur| {
-            if *cur == view {
-                return false;
-            }
-            *cur = view;
-            true
-        });
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// The loop sleeps until the probe is due, and the probe runs then: a
-    /// time in the past that the probe's rule does not call due would be a
-    /// busy loop.
-    #[test]
-    fn the_probe_runs_when_the_loop_wakes_for_it() {
-        let t0 = Instant::now();
-        let s = Duration::from_secs;
-        let q = probe_quiet(s(15));
-        // Quiet and healthy: 12 s after the last sign of life at the default
-        // 15 s threshold (its timeout ends a second before the threshold).
-        assert_eq!(q, s(12));
-        assert_eq!(probe_at(t0, true, t0, q), t0 + q);
-        // A stream delivered a moment ago: later still.
-        assert_eq!(probe_at(t0, true, t0 + s(3), q), t0 + s(3) + q);
-        // Failing: every PROBE_EVERY, whatever the last sign of life.
-        assert_eq!(probe_at(t0 + s(2), false, t0 + s(9), q), t0 + s(2));
-        // Spacing is kept either way.
-        assert_eq!(probe_at(t0 + s(13), true, t0, q), t0 + s(13));
-        // A short threshold: never more often than PROBE_QUIET_MIN.
-        assert_eq!(probe_quiet(s(3)), PROBE_QUIET_MIN);
-        assert!(probe_quiet(s(60)) + PROBE_TIMEOUT < s(60));
     }
 }

@@ -14,6 +14,7 @@ use tokio::sync::mpsc;
 use super::request::cached_list;
 use crate::sources::cluster::{
     decode::{self, Obj, Object, WatchLine},
+    dial::Dialer,
     stream::{backoff, IDLE_MARGIN},
     wire::{self, Read},
 };
@@ -65,6 +66,8 @@ impl Failed {
 /// Which collection, with which label selector.
 pub struct Collection {
     pub client: Client,
+    /// The watches' connections (`dial`).
+    pub dialer: Dialer,
     pub path: String,
     pub labels: String,
 }
@@ -158,15 +161,16 @@ async fn watch<T: Object>(
     let wp = WatchParams::default()
         .labels(&c.labels)
         .timeout(WATCH_TIMEOUT.as_secs() as u32);
-    let mut w = match tokio::time::timeout(idle, wire::watch(&c.client, &c.path, &wp, rv)).await {
-        Ok(Ok(w)) => w,
-        Ok(Err(kube::Error::Api(s))) if s.code == 410 => return Ok(End::Relist),
-        Ok(Err(e)) => return Ok(End::Failed(Failed::of("watch", &e))),
-        Err(_) => {
-            let e = format!("watch: no answer within {idle:?}");
-            return Ok(End::Failed(Failed::other(e)));
-        }
-    };
+    let mut w =
+        match tokio::time::timeout(idle, wire::watch(&c.dialer, None, &c.path, &wp, rv)).await {
+            Ok(Ok(w)) => w,
+            Ok(Err(kube::Error::Api(s))) if s.code == 410 => return Ok(End::Relist),
+            Ok(Err(e)) => return Ok(End::Failed(Failed::of("watch", &e))),
+            Err(_) => {
+                let e = format!("watch: no answer within {idle:?}");
+                return Ok(End::Failed(Failed::other(e)));
+            }
+        };
     loop {
         let step = match tokio::time::timeout(idle, w.next::<T>()).await {
             Err(_) => {

@@ -38,7 +38,7 @@ use request::Result;
 
 use crate::{
     model::presence::{self, GuardPods, Record, Seen, Table},
-    sources::cluster::decode::Lease,
+    sources::cluster::{decode::Lease, dial::Dialer},
     telemetry::ops::{ErrorCause, Ops},
 };
 
@@ -183,7 +183,11 @@ async fn run(
     mut stop: tokio::sync::oneshot::Receiver<()>,
     ops: Arc<Ops>,
 ) {
-    let client = match crate::sources::cluster::task::client(cfg.kubeconfig.as_deref()).await {
+    let (client, dialer) = match crate::sources::cluster::task::connections(
+        cfg.kubeconfig.as_deref(),
+    )
+    .await
+    {
         Ok(c) => c,
         Err(e) => {
             tracing::warn!(error = %format!("{e:#}"), "presence: no Kubernetes client; guarding without it");
@@ -192,7 +196,7 @@ async fn run(
     };
     let namespace =
         (cfg.namespace.clone()).unwrap_or_else(|| client.default_namespace().to_owned());
-    let (records_rx, pods_rx) = spawn_followers(&client, &namespace, &cfg.pods);
+    let (records_rx, pods_rx) = spawn_followers(&dialer, &client, &namespace, &cfg.pods);
     let mut t = Task::new(client, namespace, cfg, ops);
     tracing::info!(namespace = %t.seen.namespace, lease = %t.own.lease, pods = %t.cfg.pods, "publishing this guard's presence");
     t.run(hooks, records_rx, pods_rx, &mut stop).await;
@@ -201,6 +205,7 @@ async fn run(
 
 /// The two watches, each on a task of its own.
 fn spawn_followers(
+    dialer: &Dialer,
     client: &Client,
     namespace: &str,
     pods: &str,
@@ -210,6 +215,7 @@ fn spawn_followers(
     tokio::spawn(follow::follow(
         Collection {
             client: client.clone(),
+            dialer: dialer.clone(),
             path: format!("/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases"),
             labels: format!("{}={}", presence::LABEL, presence::LABEL_VALUE),
         },
@@ -218,6 +224,7 @@ fn spawn_followers(
     tokio::spawn(follow::follow(
         Collection {
             client: client.clone(),
+            dialer: dialer.clone(),
             path: format!("/api/v1/namespaces/{namespace}/pods"),
             labels: pods.to_owned(),
         },

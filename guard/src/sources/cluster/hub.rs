@@ -1,0 +1,404 @@
+//! What the streams' tasks and the feed's loop share: the [`Feed`] and what
+//! was last published from it. A stream's task applies what it reads at
+//! once, in its own task (a watch event is a read, a parse and an apply:
+//! no channel between them), publishes the view when it changed, and wakes
+//! the loop only for what the loop alone does: confirmations, the probe,
+//! rebuilds, or a deadline sooner than the one it sleeps to. A renewal
+//! that changes nothing wakes nothing.
+//!
+//! Everything runs on the feed's one thread; the lock is never contended
+//! and never held across an await.
+
+use std::{
+    sync::{Mutex, MutexGuard},
+    time::{Duration, Instant},
+};
+
+use tokio::sync::{watch, Notify};
+
+use super::{feed::Feed, stream::Msg};
+use crate::model::cluster::ClusterView;
+
+/// The probe (is the API there at all?): at most this often...
+pub(super) const PROBE_EVERY: Duration = Duration::from_secs(2);
+/// ...and, while the feed is healthy, only once nothing has shown the API
+/// alive for a while (a stream's event, bookmark or end of watch does):
+/// with Leases renewed every few seconds it never runs. Its failure makes
+/// the guard blind since that last sign of life, so a quieter probe never
+/// delays degradation as long as it fails before the staleness threshold:
+/// it runs [`PROBE_TIMEOUT`] and a second before it, and not more often
+/// than every [`PROBE_QUIET_MIN`]. On a quiet cluster (MetalLB: nothing
+/// renewed) that is one cached GET per 12 s per guard at the default 15 s
+/// threshold, the largest of a guard's steady requests.
+const PROBE_QUIET_MIN: Duration = Duration::from_secs(5);
+pub(super) const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// The task has no one to report to: the feed is gone, or the stream's
+/// task was replaced.
+pub(super) struct Closed;
+
+/// The shared state and the loop's wake-up.
+pub(super) struct Hub {
+    core: Mutex<Core>,
+    wake: Notify,
+}
+
+pub(super) struct Core {
+    pub(super) feed: Feed,
+    /// Each stream's current task (a replaced task's messages are dropped).
+    pub(super) generations: Vec<u64>,
+    pub(super) next_probe: Instant,
+    /// A stream's task panicked (its name): the feed stops, as it did when
+    /// its loop applied every message itself (the daemon exits and is
+    /// restarted; its datapath fails open meanwhile), rather than go on
+    /// with a stream that nothing drives.
+    pub(super) panicked: Option<String>,
+    /// The deadline the loop sleeps to.
+    pub(super) armed: Instant,
+    tx: watch::Sender<ClusterView>,
+    was_degraded: bool,
+    announced_sync: bool,
+}
+
+impl Hub {
+    pub(super) fn new(feed: Feed, tx: watch::Sender<ClusterView>, now: Instant) -> Hub {
+        Hub {
+            core: Mutex::new(Core {
+                generations: vec![0; feed.streams.len()],
+                feed,
+                next_probe: now + PROBE_EVERY,
+                panicked: None,
+                armed: now,
+                tx,
+                was_degraded: false,
+                announced_sync: false,
+            }),
+            wake: Notify::new(),
+        }
+    }
+
+    pub(super) fn lock(&self) -> MutexGuard<'_, Core> {
+        // A panic while applying one message leaves at worst that object
+        // half applied (the next relist replaces it); the feed goes on
+        // rather than every stream stopping with it.
+        self.core
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Wait until a stream's task wakes the loop (a wake-up sent while the
+    /// loop was busy is kept).
+    pub(super) async fn woken(&self) {
+        self.wake.notified().await;
+    }
+
+    /// `msg` from stream `stream`'s task number `generation`: applied,
+    /// published if the view changed, the loop woken if it has work.
+    /// `more`: more events of the same read follow at once (published with
+    /// the last of them: a burst is one view).
+    pub(super) fn deliver(
+        &self,
+        (stream, generation): (usize, u64),
+        msg: Msg,
+        more: bool,
+    ) -> Result<(), Closed> {
+        let mut c = self.lock();
+        if c.generations.get(stream) != Some(&generation) {
+            return Err(Closed);
+        }
+        let now = Instant::now();
+        // A listed object goes into the relist's buffer: nothing shows
+        // before the relist's end, which is published (a page of objects
+        // is not a page of views).
+        let listed = matches!(&msg, Msg::Update(u) if u.is_listed());
+        let routine = matches!(msg, Msg::Update(_) | Msg::Progress);
+        c.feed.on_msg(stream, msg, now);
+        if listed || (more && routine) {
+            return Ok(());
+        }
+        c.publish(now, Some(now));
+        if !routine || c.needs_loop(now) {
+            self.wake.notify_one();
+        }
+        Ok(())
+    }
+}
+
+/// Set on a stream's task: tells the loop when the task ends by a panic.
+pub(super) struct PanicWatch {
+    pub hub: std::sync::Arc<Hub>,
+    pub stream: usize,
+    pub generation: u64,
+}
+
+impl Drop for PanicWatch {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            return;
+        }
+        let mut c = self.hub.lock();
+        if c.generations.get(self.stream) == Some(&self.generation) {
+            c.panicked = Some(c.feed.name(self.stream).to_owned());
+            self.hub.wake.notify_one();
+        }
+    }
+}
+
+/// How long a healthy feed waits after its last sign of life before it
+/// probes, for a staleness `threshold`: the probe fails (times out) a
+/// second before the threshold, so that blindness is still seen in time.
+pub(super) fn probe_quiet(threshold: Duration) -> Duration {
+    (threshold.saturating_sub(PROBE_TIMEOUT + Duration::from_secs(1))).max(PROBE_QUIET_MIN)
+}
+
+/// When the probe is due: not before `next` (spacing); while the feed is
+/// `healthy`, not before `quiet` after its last sign of life.
+pub(super) fn probe_at(
+    next: Instant,
+    healthy: bool,
+    last_alive: Instant,
+    quiet: Duration,
+) -> Instant {
+    if healthy {
+        next.max(last_alive + quiet)
+    } else {
+        next
+    }
+}
+
+impl Core {
+    /// When the probe is next due (the loop wakes then: one rule for both).
+    pub(super) fn probe_at(&self) -> Instant {
+        let f = &self.feed;
+        probe_at(
+            self.next_probe,
+            f.all_healthy(),
+            f.last_alive(),
+            probe_quiet(f.threshold()),
+        )
+    }
+
+    /// The loop's next deadline: a Lease expiry, the staleness threshold,
+    /// the probe.
+    pub(super) fn wake(&self, now: Instant) -> Instant {
+        let f = &self.feed;
+        [
+            f.store.next_expiry(now),
+            f.failing_since(now).map(|t| t + f.threshold()),
+        ]
+        .into_iter()
+        .flatten()
+        .filter(|t| *t > now)
+        .fold(self.probe_at(), Instant::min)
+    }
+
+    /// The loop has work a stream's message may have made due: a rebuild,
+    /// a relist held back by memory pressure, a confirmation (a Lease past
+    /// its deadline, or failing ones the watch may have made moot), or a
+    /// deadline sooner than the one it sleeps to.
+    fn needs_loop(&self, now: Instant) -> bool {
+        let f = &self.feed;
+        !f.rebuild.is_empty()
+            || !f.not_admitted.is_empty()
+            || f.confirm_failing.is_some()
+            || !f.store.unconfirmed(now).is_empty()
+            || self.wake(now) < self.armed
+    }
+
+    /// Publish the view if it changed; log entering and leaving degradation
+    /// and the first sync.
+    pub(super) fn publish(&mut self, now: Instant, event_at: Option<Instant>) {
+        let Some(view) = self.feed.changed_view(now, event_at) else {
+            return;
+        };
+        let f = &self.feed;
+        if view.degraded != self.was_degraded {
+            self.was_degraded = view.degraded;
+            if view.degraded {
+                tracing::warn!(
+                    after = ?f.threshold(),
+                    error = f.last_error.as_deref().unwrap_or(""),
+                    "ownership feed stale: every foreign LB IP is treated as unknown until the API is back \
+                     (IPs this node owns stay owned)"
+                );
+            } else {
+                tracing::info!("ownership feed fresh again: foreign LB IPs are enforced again");
+            }
+        }
+        if view.synced && !self.announced_sync {
+            self.announced_sync = true;
+            tracing::info!(
+                services = f.store.services.len(),
+                leases = f.store.leases.len(),
+                l2statuses = f.store.l2.len(),
+                "initial sync from the Kubernetes API done"
+            );
+        }
+        self.tx.send_if_modified(|cur| {
+            if *cur == view {
+                return false;
+            }
+            *cur = view;
+            true
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::{
+        decode::{Lease, Obj, Service},
+        feed::WATCH_TIMEOUT,
+        stream::{Event, Update},
+        FeedConfig,
+    };
+    use super::*;
+
+    fn hub(t0: Instant) -> (Hub, watch::Receiver<ClusterView>) {
+        let (tx, rx) = watch::channel(ClusterView::default());
+        let feed = Feed::new(FeedConfig::cilium(WATCH_TIMEOUT), t0, Default::default());
+        (Hub::new(feed, tx, t0), rx)
+    }
+
+    fn svc() -> Service {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "web", "namespace": "default"},
+            "spec": {"type": "LoadBalancer"},
+            "status": {"loadBalancer": {"ingress": [{"ip": "198.51.100.10"}]}}
+        }))
+        .unwrap()
+    }
+
+    fn lease(holder: &str) -> Lease {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "cilium-l2announce-default-web", "namespace": "kube-system"},
+            "spec": {"holderIdentity": holder, "leaseDurationSeconds": 15,
+                     "renewTime": "2026-11-30T10:00:00.000000Z"}
+        }))
+        .unwrap()
+    }
+
+    fn svc_msg(e: Event<Service>) -> Msg {
+        Msg::Update(Update::Svc(Box::new(e)))
+    }
+
+    fn lease_msg(e: Event<Lease>) -> Msg {
+        Msg::Update(Update::Lease(Box::new(e)))
+    }
+
+    fn owner(rx: &watch::Receiver<ClusterView>) -> Option<String> {
+        let v = rx.borrow();
+        let snap = v.claims.snapshot();
+        snap.get(&"198.51.100.10".parse().unwrap())
+            .and_then(|c| c.owner.as_deref().map(str::to_owned))
+    }
+
+    /// What a stream's task delivers is applied at once; a relist shows
+    /// only at its end, a burst only at its last event, and a replaced
+    /// task's messages are refused (the task then stops).
+    #[test]
+    fn a_stream_s_events_are_applied_in_its_task_and_published_per_read() {
+        let t0 = Instant::now();
+        let (h, rx) = hub(t0);
+        let svcs = (0, 0);
+        let leases = (1, 0);
+        h.deliver(svcs, svc_msg(Event::Listing), false)
+            .ok()
+            .unwrap();
+        h.deliver(svcs, svc_msg(Event::Listed(Obj::Good(svc()))), false)
+            .ok()
+            .unwrap();
+        h.deliver(svcs, svc_msg(Event::ListDone), false)
+            .ok()
+            .unwrap();
+        h.deliver(leases, lease_msg(Event::Listing), false)
+            .ok()
+            .unwrap();
+        h.deliver(
+            leases,
+            lease_msg(Event::Listed(Obj::Good(lease("node-a")))),
+            false,
+        )
+        .ok()
+        .unwrap();
+        assert_eq!(
+            owner(&rx),
+            None,
+            "a listed object shows at the relist's end"
+        );
+        h.deliver(leases, lease_msg(Event::ListDone), false)
+            .ok()
+            .unwrap();
+        assert_eq!(owner(&rx).as_deref(), Some("node-a"));
+        // Two moves read together: one view, the last.
+        let moved = |n: &str| lease_msg(Event::Apply(Obj::Good(lease(n))));
+        h.deliver(leases, moved("node-b"), true).ok().unwrap();
+        assert_eq!(
+            owner(&rx).as_deref(),
+            Some("node-a"),
+            "more of the read follows"
+        );
+        h.deliver(leases, moved("node-c"), false).ok().unwrap();
+        assert_eq!(owner(&rx).as_deref(), Some("node-c"));
+        // The stream's task was replaced: the old one's messages are refused.
+        h.lock().generations[1] += 1;
+        assert!(h.deliver(leases, moved("node-d"), false).is_err());
+        assert_eq!(owner(&rx).as_deref(), Some("node-c"));
+    }
+
+    /// A stream's task that panics is told to the loop, which stops the
+    /// feed (the daemon then exits and its datapath fails open), instead of
+    /// a stream that silently nobody drives; a replaced task's end is not.
+    #[test]
+    fn a_panicking_stream_task_is_told_to_the_loop() {
+        let (h, _rx) = hub(Instant::now());
+        let h = std::sync::Arc::new(h);
+        let (a, b) = (h.clone(), h.clone());
+        let quiet = std::thread::spawn(move || {
+            let _w = PanicWatch {
+                hub: a,
+                stream: 0,
+                generation: 0,
+            };
+        });
+        quiet.join().unwrap();
+        assert_eq!(
+            h.lock().panicked,
+            None,
+            "an ordinary end (its task was replaced)"
+        );
+        let died = std::thread::spawn(move || {
+            let _w = PanicWatch {
+                hub: b,
+                stream: 0,
+                generation: 0,
+            };
+            panic!("applying an event");
+        });
+        assert!(died.join().is_err());
+        assert!(h.lock().panicked.is_some(), "told");
+    }
+
+    /// The loop sleeps until the probe is due, and the probe runs then: a
+    /// time in the past that the probe's rule does not call due would be a
+    /// busy loop.
+    #[test]
+    fn the_probe_runs_when_the_loop_wakes_for_it() {
+        let t0 = Instant::now();
+        let s = Duration::from_secs;
+        let q = probe_quiet(s(15));
+        // Quiet and healthy: 12 s after the last sign of life at the default
+        // 15 s threshold (its timeout ends a second before the threshold).
+        assert_eq!(q, s(12));
+        assert_eq!(probe_at(t0, true, t0, q), t0 + q);
+        // A stream delivered a moment ago: later still.
+        assert_eq!(probe_at(t0, true, t0 + s(3), q), t0 + s(3) + q);
+        // Failing: every PROBE_EVERY, whatever the last sign of life.
+        assert_eq!(probe_at(t0 + s(2), false, t0 + s(9), q), t0 + s(2));
+        // Spacing is kept either way.
+        assert_eq!(probe_at(t0 + s(13), true, t0, q), t0 + s(13));
+        // A short threshold: never more often than PROBE_QUIET_MIN.
+        assert_eq!(probe_quiet(s(3)), PROBE_QUIET_MIN);
+        assert!(probe_quiet(s(60)) + PROBE_TIMEOUT < s(60));
+    }
+}

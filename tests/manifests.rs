@@ -14,14 +14,21 @@ use clap::Parser as _;
 use guard::cli::{AnnouncerArg, Cli, Command as GuardCommand, ModeArg, OnExit};
 use serde_json::Value;
 
-/// A kustomization under `deploy/`, rendered.
+/// `kubectl kustomize` of `rel` in a copy of `deploy/` (with the image
+/// set, or not).
+fn kustomize(rel: &str, image: Option<&str>) -> std::process::Output {
+    let copy = testbed::deploy::ready_copy(image);
+    Command::new("kubectl")
+        .arg("kustomize")
+        .arg(copy.path().join(rel))
+        .output()
+        .expect("kubectl (with kustomize) is needed to render deploy/")
+}
+
+/// A kustomization under `deploy/`, rendered with the image set.
 fn render(rel: &str) -> Vec<Value> {
     let dir = testbed::deploy::dir().join(rel);
-    let out = Command::new("kubectl")
-        .arg("kustomize")
-        .arg(&dir)
-        .output()
-        .expect("kubectl (with kustomize) is needed to render deploy/");
+    let out = kustomize(rel, Some(testbed::deploy::TEST_IMAGE));
     assert!(
         out.status.success(),
         "kubectl kustomize {dir:?}: {}",
@@ -503,6 +510,36 @@ fn every_overlay_renders_what_it_promises() {
             monitoring: false,
         },
     );
+    check_guard(
+        "examples/flags",
+        &Expect {
+            announcers: &[AnnouncerArg::KubeVip],
+            ..DEFAULTS
+        },
+    );
+}
+
+/// The example of the flags that are not ConfigMap keys: each reaches the
+/// daemon with the value the example promises.
+#[test]
+fn the_flags_example_sets_what_it_says() {
+    let objs = render("examples/flags");
+    let ds = named(&objs, "DaemonSet", "arp-guard");
+    let c = &ds["spec"]["template"]["spec"]["containers"][0];
+    let args = expanded_args(&objs, c, &FIELDS.into_iter().collect());
+    let cli = Cli::try_parse_from(std::iter::once("arp-guard".to_owned()).chain(args)).unwrap();
+    let GuardCommand::Run(run) = cli.command else {
+        panic!("the DaemonSet runs `arp-guard run`")
+    };
+    assert_eq!(run.kube_vip_election, guard::cli::KubeVipElection::Global);
+    let p = &run.presence;
+    assert_eq!(p.probing.probe_interval, std::time::Duration::from_secs(60));
+    assert_eq!(p.presence_period, std::time::Duration::from_secs(30));
+    assert_eq!(
+        run.kube_events.kube_events_interval,
+        std::time::Duration::from_secs(300)
+    );
+    assert!(run.refresh_stale_clients);
 }
 
 /// The clean-up DaemonSet runs `arp-guard uninstall` on the guard's pin
@@ -554,4 +591,50 @@ fn the_cleanup_uninstalls_what_the_guard_left() {
     );
     assert_ne!(ds["metadata"]["namespace"], gds["metadata"]["namespace"]);
     assert!(Path::new(&testbed::deploy::dir().join("cleanup/namespace.yaml")).exists());
+}
+
+/// Nothing in this project pushes an image: until the operator names one
+/// (image.env), every kustomization that runs it fails, naming the file;
+/// once named, every container runs it and the parameter's ConfigMap is
+/// not applied.
+#[test]
+fn the_image_is_a_required_parameter() {
+    for rel in [
+        ".",
+        "base",
+        "overlays/cilium",
+        "overlays/enforce",
+        "examples/cilium-enforce",
+        "examples/flags",
+        "cleanup",
+    ] {
+        let out = kustomize(rel, None);
+        assert!(!out.status.success(), "{rel} renders without an image");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains("image.env"),
+            "{rel}: the error names image.env: {err}"
+        );
+        let objs = render(rel);
+        let images: Vec<&str> = (objs.iter())
+            .filter(|o| o["kind"] == "DaemonSet")
+            .flat_map(|d| {
+                d["spec"]["template"]["spec"]["containers"]
+                    .as_array()
+                    .unwrap()
+            })
+            .map(|c| c["image"].as_str().unwrap())
+            .collect();
+        assert!(!images.is_empty(), "{rel}");
+        assert!(
+            images.iter().all(|i| *i == testbed::deploy::TEST_IMAGE),
+            "{rel}: {images:?}"
+        );
+        assert!(
+            !objs
+                .iter()
+                .any(|o| o["metadata"]["name"] == "arp-guard-image"),
+            "{rel}: the parameter's ConfigMap is local to the build"
+        );
+    }
 }

@@ -14,82 +14,20 @@
 //! still the old owner without it, and never a rogue claimant's MAC.
 
 use std::{
-    net::{Ipv4Addr, SocketAddr, UdpSocket},
-    sync::{
-        atomic::{AtomicBool, Ordering},
-        Arc,
-    },
+    net::{SocketAddr, UdpSocket},
     time::{Duration, Instant},
 };
 
 use testbed::{
     netns::fmt_mac,
+    stale_client::{ignore_gratuitous, Traffic},
     takeover::{Style, TakeoverBed, LB},
-    ArpSpec, Netns, RawSocket,
+    ArpSpec, RawSocket,
 };
 
 /// The bound: the client holds the new owner's MAC this soon.
 const HEALED_WITHIN: Duration = Duration::from_secs(2);
 const ROGUE: [u8; 6] = [0x02, 0, 0x5e, 0, 0x53, 0x66];
-
-/// The client ignores gratuitous ARP for the LB IP (any ARP whose target
-/// is the LB IP): only a frame addressed to it can change its entry.
-fn ignore_gratuitous(client: &Netns) {
-    let lb = LB.to_string();
-    for cmd in [
-        vec!["nft", "add", "table", "arp", "router"],
-        vec![
-            "nft",
-            "add",
-            "chain",
-            "arp",
-            "router",
-            "in",
-            "{ type filter hook input priority 0; }",
-        ],
-        vec![
-            "nft", "add", "rule", "arp", "router", "in", "arp", "daddr", "ip", &lb, "drop",
-        ],
-    ] {
-        client.exec(&cmd).unwrap();
-    }
-}
-
-/// The client's own stack sends UDP to the LB IP every 50 ms until dropped.
-struct Traffic {
-    stop: Arc<AtomicBool>,
-    thread: Option<std::thread::JoinHandle<()>>,
-}
-
-impl Traffic {
-    fn start(client: &Netns) -> Self {
-        let stop = Arc::new(AtomicBool::new(false));
-        let socket = client
-            .enter(|| Ok(UdpSocket::bind((Ipv4Addr::UNSPECIFIED, 0))?))
-            .unwrap();
-        let flag = stop.clone();
-        let thread = std::thread::spawn(move || {
-            while !flag.load(Ordering::Relaxed) {
-                // A send the stack refuses (no neighbour yet) is retried.
-                let _ = socket.send_to(b"stale?", SocketAddr::from((LB, 7777)));
-                std::thread::sleep(Duration::from_millis(50));
-            }
-        });
-        Traffic {
-            stop,
-            thread: Some(thread),
-        }
-    }
-}
-
-impl Drop for Traffic {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
-}
 
 fn cached(t: &TakeoverBed) -> Option<[u8; 6]> {
     t.bed.peer.cached_mac("eth0", &LB.to_string()).ok()?
@@ -106,8 +44,8 @@ fn stale_bed(tag: &str, extra: &[&str]) -> (TakeoverBed, Traffic) {
         &testbed::deploy::daemonset_wrapper(),
     )
     .unwrap();
-    ignore_gratuitous(&t.bed.peer);
-    let traffic = Traffic::start(&t.bed.peer);
+    ignore_gratuitous(&t.bed.peer, LB);
+    let traffic = Traffic::start(&t.bed.peer, LB);
     assert_eq!(
         cached(&t),
         Some(t.bed.nodes[0].mac),

@@ -4,6 +4,9 @@
 //! The layers, each importing only those below it:
 //!
 //! ```text
+//! plugin                  `kubectl arp-guard`: every guard, through the
+//!                         API server (reads documents of api and
+//!                         sources' client; nothing imports it but main)
 //! commands, cli           what the user runs
 //! probe                   `arp-guard probe`: a tool beside the daemon (ARP
 //!                         and TCP from any host on the segment); it reads
@@ -24,6 +27,7 @@
 
 pub mod cli;
 pub mod commands;
+pub mod plugin;
 
 mod api;
 mod daemon;

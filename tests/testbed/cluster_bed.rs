@@ -63,7 +63,9 @@ pub struct ClusterBed {
     pub dir: TempDir,
     pub nodes: Vec<Node>,
     pub peer: Netns,
-    _switch: Netns,
+    /// The segment's bridges, and the API server on the management one
+    /// (203.0.113.1): where an operator's laptop reaches the API.
+    pub switch: Netns,
 }
 
 impl ClusterBed {
@@ -159,7 +161,7 @@ impl ClusterBed {
             dir,
             nodes,
             peer,
-            _switch: switch,
+            switch,
         })
     }
 

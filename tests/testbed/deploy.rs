@@ -8,6 +8,39 @@ pub fn dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../deploy")
 }
 
+/// The image the tests' copies of `deploy/` name.
+pub const TEST_IMAGE: &str = "registry.example.com/arp-guard:0.1.0";
+
+/// A copy of `deploy/` as an operator makes it ready: `image.env` (the
+/// required image) written beside the base's and the clean-up's
+/// kustomization, or not (`image` None: as cloned).
+pub fn ready_copy(image: Option<&str>) -> crate::bed::TempDir {
+    fn copy(from: &std::path::Path, to: &std::path::Path) {
+        std::fs::create_dir_all(to).unwrap();
+        for e in std::fs::read_dir(from).unwrap() {
+            let e = e.unwrap();
+            let dest = to.join(e.file_name());
+            if e.file_type().unwrap().is_dir() {
+                copy(&e.path(), &dest);
+            } else if e.file_name() != "image.env" {
+                std::fs::copy(e.path(), dest).unwrap();
+            }
+        }
+    }
+    let tmp = crate::bed::TempDir::new("deploy").unwrap();
+    copy(&dir(), tmp.path());
+    if let Some(image) = image {
+        for kustomization in ["base", "cleanup"] {
+            std::fs::write(
+                tmp.path().join(kustomization).join("image.env"),
+                format!("IMAGE={image}\n"),
+            )
+            .unwrap();
+        }
+    }
+    tmp
+}
+
 /// Every YAML document of `deploy/<rel>`.
 pub fn documents(rel: &str) -> Vec<serde_json::Value> {
     let path = dir().join(rel);

@@ -46,8 +46,11 @@ use serde_json::{json, Value};
 use crate::Netns;
 
 mod events;
+mod exec;
 mod tally;
 pub mod tls;
+
+pub use exec::{ExecCall, ExecHook};
 
 pub use tally::{Counts, Key as TallyKey};
 
@@ -81,6 +84,17 @@ impl Resource {
             Resource::Leases => "coordination.k8s.io/v1",
             Resource::L2Statuses => "metallb.io/v1beta1",
             Resource::ConfigMaps | Resource::Nodes | Resource::Pods => "v1",
+        }
+    }
+    /// Its name in a URL and in RBAC.
+    fn plural(self) -> &'static str {
+        match self {
+            Resource::Services => "services",
+            Resource::Leases => "leases",
+            Resource::L2Statuses => "servicel2statuses",
+            Resource::ConfigMaps => "configmaps",
+            Resource::Nodes => "nodes",
+            Resource::Pods => "pods",
         }
     }
     /// (resource, namespace, object name) from a request path.
@@ -191,6 +205,11 @@ struct Inner {
     events: Mutex<events::Store>,
     /// What each client asked and was sent (tally.rs).
     tally: Mutex<tally::Tally>,
+    /// pods/exec (exec.rs): how a command runs, the ones run, and the
+    /// resources every request for which is denied.
+    exec: exec::Hook,
+    exec_log: exec::Log,
+    denied: exec::Denied,
 }
 
 /// The server; stops on drop.
@@ -231,6 +250,9 @@ impl FakeApi {
             next_conn: AtomicU64::new(0),
             events: Mutex::new(events::Store::default()),
             tally: Mutex::new(tally::Tally::default()),
+            exec: Mutex::new(None),
+            exec_log: Mutex::new(Vec::new()),
+            denied: Mutex::new(BTreeSet::new()),
         });
         let server = inner.clone();
         std::thread::spawn(move || accept_loop(listener, server));
@@ -565,6 +587,8 @@ struct Request {
     body: Vec<u8>,
     /// The bearer token presented, if any.
     token: Option<String>,
+    /// A WebSocket handshake's headers (pods/exec).
+    upgrade: exec::Upgrade,
 }
 
 /// Read one request (None: the client closed the connection).
@@ -575,6 +599,7 @@ fn read_request(reader: &mut BufReader<Conn>) -> Result<Option<Request>> {
     }
     let mut content_length = 0usize;
     let mut token = None;
+    let mut upgrade = exec::Upgrade::default();
     loop {
         let mut h = String::new();
         reader.read_line(&mut h)?;
@@ -588,6 +613,8 @@ fn read_request(reader: &mut BufReader<Conn>) -> Result<Option<Request>> {
             content_length = value.trim().parse().unwrap_or(0);
         } else if name.eq_ignore_ascii_case("authorization") {
             token = value.trim().strip_prefix("Bearer ").map(str::to_owned);
+        } else {
+            upgrade.header(name, value);
         }
     }
     let mut body = vec![0; content_length];
@@ -600,6 +627,7 @@ fn read_request(reader: &mut BufReader<Conn>) -> Result<Option<Request>> {
         target,
         body,
         token,
+        upgrade,
     }))
 }
 
@@ -706,8 +734,45 @@ fn serve(stream: TcpStream, inner: &Inner) -> Result<()> {
                 return Ok(());
             }
         }
-        let out = reader.get_mut();
         if let Some((code, body)) = check_token(inner, req.token.as_deref(), path) {
+            respond(reader.get_mut(), code, &body)?;
+            continue;
+        }
+        // RBAC: a resource the test denied.
+        if let Some(r) = exec::rbac_resource(path) {
+            if inner.denied.lock().unwrap().contains(&r) {
+                let verb = match (req.method.as_str(), is_watch) {
+                    (_, true) => "watch",
+                    ("GET", _) if r == "pods/exec" => "create",
+                    ("GET", _) => "list",
+                    ("POST", _) => "create",
+                    _ => "update",
+                };
+                let (ns, name) =
+                    (Resource::from_path(path)).map_or((None, None), |(_, ns, n)| (ns, n));
+                let name = name.or_else(|| {
+                    path.strip_suffix("/exec")
+                        .and_then(|p| p.rsplit('/').next())
+                        .map(str::to_owned)
+                });
+                let (code, body) = exec::forbidden(
+                    verb,
+                    &r,
+                    name.as_deref(),
+                    ns.as_deref().or(path.split('/').nth(4)),
+                );
+                respond(reader.get_mut(), code, &body)?;
+                continue;
+            }
+        }
+        // pods/exec: the connection is the exec's from here.
+        if path.ends_with("/exec") {
+            return exec::handle(inner, reader, path, query, &req.upgrade)
+                .unwrap_or_else(|| respond(&mut std::io::sink(), 404, &json!({})));
+        }
+        let out = reader.get_mut();
+        if path == "/apis/events.k8s.io/v1/events" {
+            let (code, body) = events::list_all(inner, param("fieldSelector"));
             respond(out, code, &body)?;
             continue;
         }

@@ -26,6 +26,7 @@ pub mod packet;
 pub mod promtool;
 pub mod scrape;
 pub mod segment;
+pub mod stale_client;
 pub mod takeover;
 pub mod tc;
 

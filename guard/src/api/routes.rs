@@ -24,7 +24,10 @@ use tokio::sync::broadcast;
 
 use super::{
     state::{unix_now, Shared},
-    types::{CensusSummary, ConflictRow, Explanation, IpRow, StatusDoc, TakeoverSummary, Would},
+    types::{
+        CensusSummary, ClientsRow, ConflictRow, Explanation, IpRow, StatusDoc, TakeoverSummary,
+        Would,
+    },
     MAX_EVENT_STREAMS,
 };
 use crate::telemetry::{
@@ -186,6 +189,7 @@ async fn status(State(shared): State<Arc<Shared>>) -> Response {
     }
     let st = shared.read();
     json(&StatusDoc {
+        version: env!("CARGO_PKG_VERSION").into(),
         status: st.status.clone(),
         ready: st.not_ready.is_empty(),
         not_ready: st.not_ready.clone(),
@@ -203,6 +207,7 @@ async fn status(State(shared): State<Arc<Shared>>) -> Response {
         conflicts: st.census.as_ref().map(ConflictRow::all).unwrap_or_default(),
         census: (st.census.as_ref()).map(|c| CensusSummary::of(c, st.clients.as_ref())),
         takeovers: st.takeover.as_ref().map(TakeoverSummary::of),
+        clients: st.clients.as_ref().map(ClientsRow::all).unwrap_or_default(),
     })
 }
 

@@ -35,6 +35,10 @@ pub struct IpEntry {
 /// `/status`: the daemon's status document, readiness, and a row per LB IP.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct StatusDoc {
+    /// The daemon's version (`arp-guard --version`): a rolling update's
+    /// mixed versions show in `kubectl arp-guard status`.
+    #[serde(default)]
+    pub version: String,
     #[serde(flatten)]
     pub status: Option<DaemonStatus>,
     pub ready: bool,
@@ -50,6 +54,60 @@ pub struct StatusDoc {
     /// Takeovers by this node and the announcements held for them.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub takeovers: Option<TakeoverSummary>,
+    /// LB IPs foreign here whose clients still send here (from the client
+    /// census; `arp-guard clients IP` for the detail).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub clients: Vec<ClientsRow>,
+}
+
+impl StatusDoc {
+    /// Only the LB IPs this node has something to say about: owned here,
+    /// in conflict, or with misdirected clients (`status --brief`: what
+    /// `kubectl arp-guard status` asks each node, small on every node but
+    /// an IP's owner).
+    pub fn brief(mut self) -> Self {
+        let said: std::collections::BTreeSet<IpAddr> = (self.conflicts.iter().map(|c| c.ip))
+            .chain(self.clients.iter().map(|c| c.ip))
+            .collect();
+        self.ips
+            .retain(|r| r.entry.state == Ownership::Owned || said.contains(&r.ip));
+        self
+    }
+
+    /// Only `ip`'s rows.
+    pub fn only(mut self, ip: IpAddr) -> Self {
+        self.ips.retain(|r| r.ip == ip);
+        self.conflicts.retain(|c| c.ip == ip);
+        self.clients.retain(|c| c.ip == ip);
+        self
+    }
+}
+
+/// One LB IP whose clients still send to this node.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ClientsRow {
+    pub ip: IpAddr,
+    /// Clients still sending here, and the stale ones among them.
+    pub sending: usize,
+    pub stale: usize,
+    /// Seconds since this node lost the IP (after a move).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub moved_ago_s: Option<u64>,
+}
+
+impl ClientsRow {
+    /// The IPs of a clients document that still have clients sending.
+    pub fn all(d: &ClientsDoc) -> Vec<ClientsRow> {
+        (d.ips.iter())
+            .filter(|(_, c)| c.sending > 0)
+            .map(|(ip, c)| ClientsRow {
+                ip: *ip,
+                sending: c.sending,
+                stale: c.stale,
+                moved_ago_s: c.moved_ago_s,
+            })
+            .collect()
+    }
 }
 
 /// Takeovers by this node, in sum.

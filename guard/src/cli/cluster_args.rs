@@ -87,6 +87,14 @@ pub struct StatusArgs {
     /// a wrong interface).
     #[arg(long)]
     pub probes: bool,
+    /// Only the LB IPs this node has something to say about: owned here,
+    /// in conflict, or with misdirected clients (what `kubectl arp-guard
+    /// status` asks each node).
+    #[arg(long, conflicts_with_all = ["cluster", "probes"])]
+    pub brief: bool,
+    /// Only this LB IP's rows.
+    #[arg(conflicts_with_all = ["cluster", "probes"])]
+    pub ip: Option<std::net::IpAddr>,
     #[command(flatten)]
     pub client: ClientArgs,
 }

@@ -29,7 +29,7 @@ pub async fn status(args: &crate::cli::StatusArgs) -> Result<()> {
     } else if args.probes {
         probes::probes(&args.client).await
     } else {
-        query::status(&args.client).await
+        query::status(args).await
     }
 }
 

@@ -12,7 +12,7 @@ use crate::{
         client,
         types::{Explanation, Lagged, StatusDoc},
     },
-    cli::{ClientArgs, ExplainArgs, LbIpArgs, Output},
+    cli::{ClientArgs, ExplainArgs, LbIpArgs, Output, StatusArgs},
     telemetry::{
         census::{CensusDoc, ConflictEvent},
         events::EventJson,
@@ -72,18 +72,30 @@ fn or_dash<T: ToString>(v: Option<T>) -> String {
     v.map_or_else(|| "-".into(), |v| v.to_string())
 }
 
-pub async fn status(args: &ClientArgs) -> Result<()> {
-    let (v, raw): (StatusDoc, String) = fetch(args, "/status").await?;
+pub async fn status(s: &StatusArgs) -> Result<()> {
+    let args = &s.client;
+    let (mut v, raw): (StatusDoc, String) = fetch(args, "/status").await?;
+    if s.brief {
+        v = v.brief();
+    }
+    if let Some(ip) = s.ip {
+        v = v.only(ip);
+    }
     if args.output == Output::Json {
-        print!("{raw}");
+        if s.brief || s.ip.is_some() {
+            println!("{}", serde_json::to_string(&v)?);
+        } else {
+            print!("{raw}");
+        }
         return Ok(());
     }
     let st = v.status.as_ref();
     println!(
-        "node {}  mode {}  ready {}",
+        "node {}  mode {}  ready {}  version {}",
         or_dash(st.map(|s| &s.node)),
         or_dash(st.map(|s| &s.mode)),
-        v.ready
+        v.ready,
+        v.version
     );
     for r in &v.not_ready {
         println!("  not ready: {r}");
@@ -124,6 +136,12 @@ pub async fn status(args: &ClientArgs) -> Result<()> {
             row.entry.source
         );
     }
+    print_findings(&v);
+    Ok(())
+}
+
+/// The IPs in conflict, and those whose clients still send here.
+fn print_findings(v: &StatusDoc) {
     if !v.conflicts.is_empty() {
         println!();
         println!("CONFLICTS (arp-guard responders IP for the detail)");
@@ -136,7 +154,13 @@ pub async fn status(args: &ClientArgs) -> Result<()> {
             );
         }
     }
-    Ok(())
+    if !v.clients.is_empty() {
+        println!();
+        println!("CLIENTS STILL SENDING HERE (arp-guard clients IP for the detail)");
+        for c in &v.clients {
+            println!("  {:<16} sending {:<5} stale {}", c.ip, c.sending, c.stale);
+        }
+    }
 }
 
 /// A takeover in a few characters: "12ms guard", "silent", "silent 9s".

@@ -48,6 +48,40 @@ impl FakeApi {
     }
 }
 
+/// Every Event of every namespace (`kubectl arp-guard events`), selected
+/// by `reportingController=` or `type=` as the real server selects them;
+/// another field selector is a 400.
+pub(super) fn list_all(inner: &Inner, fields: Option<&str>) -> (u16, Value) {
+    let mut want: Vec<(&str, &str)> = Vec::new();
+    for term in fields
+        .unwrap_or_default()
+        .split(',')
+        .filter(|t| !t.is_empty())
+    {
+        match term.split_once('=') {
+            Some((k @ ("reportingController" | "type"), v)) => want.push((k, v)),
+            _ => {
+                return (
+                    400,
+                    status(
+                        400,
+                        "BadRequest",
+                        &format!("field label not supported: {term}"),
+                    ),
+                )
+            }
+        }
+    }
+    let store = inner.events.lock().unwrap();
+    let items: Vec<&Value> = (store.events.values())
+        .filter(|e| want.iter().all(|(k, v)| e[*k].as_str() == Some(v)))
+        .collect();
+    (
+        200,
+        json!({"kind": "EventList", "apiVersion": "events.k8s.io/v1", "metadata": {"resourceVersion": "1"}, "items": items}),
+    )
+}
+
 /// The answer to a request for events (None: not a request for events).
 pub(super) fn handle(inner: &Inner, method: &str, path: &str, body: &[u8]) -> Option<(u16, Value)> {
     let rest = path.strip_prefix(PREFIX)?;

@@ -95,6 +95,10 @@ pub(super) fn key(
     watch: bool,
     labels: Option<&str>,
 ) -> Key {
+    // pods/exec is authorized as its own resource, and counted so.
+    if path.ends_with("/exec") {
+        return (peer, "create", "pods/exec".to_owned());
+    }
     let (res, named) = resource(path);
     let res = match labels.filter(|l| !l.is_empty()) {
         Some(l) => format!("{res}{{{l}}}"),

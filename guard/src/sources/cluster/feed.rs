@@ -442,21 +442,10 @@ mod tests {
     use super::*;
     use std::net::IpAddr;
 
-    fn lease_json(holder: &str, renew: &str) -> Lease {
-        serde_json::from_value(serde_json::json!({
-            "metadata": {"name": "cilium-l2announce-default-web", "namespace": "kube-system"},
-            "spec": {"holderIdentity": holder, "leaseDurationSeconds": 10, "renewTime": renew}
-        }))
-        .unwrap()
-    }
+    use super::super::fixtures::svc;
 
-    fn svc() -> Service {
-        serde_json::from_value(serde_json::json!({
-            "metadata": {"name": "web", "namespace": "default"},
-            "spec": {"type": "LoadBalancer"},
-            "status": {"loadBalancer": {"ingress": [{"ip": "198.51.100.10"}]}}
-        }))
-        .unwrap()
+    fn lease_json(holder: &str, renew: &str) -> Lease {
+        super::super::fixtures::lease(holder, renew, 10)
     }
 
     fn feed(t0: Instant) -> Feed {

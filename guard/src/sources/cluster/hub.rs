@@ -260,22 +260,10 @@ mod tests {
         (Hub::new(feed, tx, t0), rx)
     }
 
-    fn svc() -> Service {
-        serde_json::from_value(serde_json::json!({
-            "metadata": {"name": "web", "namespace": "default"},
-            "spec": {"type": "LoadBalancer"},
-            "status": {"loadBalancer": {"ingress": [{"ip": "198.51.100.10"}]}}
-        }))
-        .unwrap()
-    }
+    use super::super::fixtures::svc;
 
     fn lease(holder: &str) -> Lease {
-        serde_json::from_value(serde_json::json!({
-            "metadata": {"name": "cilium-l2announce-default-web", "namespace": "kube-system"},
-            "spec": {"holderIdentity": holder, "leaseDurationSeconds": 15,
-                     "renewTime": "2026-11-30T10:00:00.000000Z"}
-        }))
-        .unwrap()
+        super::super::fixtures::lease(holder, "2026-11-30T10:00:00.000000Z", 15)
     }
 
     fn svc_msg(e: Event<Service>) -> Msg {

@@ -20,6 +20,8 @@ pub mod decode;
 pub mod dial;
 mod driver;
 pub mod feed;
+#[cfg(test)]
+mod fixtures;
 mod http1;
 mod hub;
 pub mod index;

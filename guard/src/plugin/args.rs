@@ -1,0 +1,134 @@
+//! `kubectl arp-guard`: its arguments. kubectl passes a plugin's arguments
+//! as they are, so the usual kubectl flags (`--kubeconfig`, `--context`,
+//! `-n`) are the plugin's own.
+
+use std::{net::IpAddr, path::PathBuf, time::Duration};
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+use crate::cli::parse_duration;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "kubectl-arp_guard",
+    bin_name = "kubectl arp-guard",
+    version,
+    about = "The segment's story from a laptop: every arp-guard of the cluster, asked through the API server.",
+    long_about = "The segment's story from a laptop: every arp-guard of the cluster, asked through the \
+        API server.\n\n\
+        What the API alone holds (the guard Pods, their presence records, the LoadBalancer Services, \
+        arp-guard's Events) is read once; what only a node knows (its census, its clients, its \
+        takeovers) is asked of each guard by running its own `arp-guard ... -o json` in its Pod \
+        (pods/exec), a bounded number at a time, each within --node-timeout. A node whose guard does \
+        not answer, is not running or is not Ready is listed as such. The plugin only reads (and \
+        execs the guard's read-only commands).\n\n\
+        Exit codes: 0 nothing found, 1 a finding (a conflict, stale clients, a silent takeover, a \
+        Warning Event, a guard that did not answer), 2 could not ask (no access, API unreachable).",
+    after_help = "RBAC: the ClusterRole arp-guard-viewer in deploy/components/kubectl-plugin (README: kubectl arp-guard)."
+)]
+pub struct PluginCli {
+    #[command(flatten)]
+    pub conn: ConnArgs,
+    #[command(subcommand)]
+    pub command: PluginCommand,
+}
+
+/// How to reach the cluster and its guards (flags of every subcommand).
+#[derive(Debug, Clone, Args)]
+pub struct ConnArgs {
+    /// The kubeconfig file (default: $KUBECONFIG, else ~/.kube/config).
+    #[arg(long, global = true, value_name = "PATH")]
+    pub kubeconfig: Option<PathBuf>,
+    /// The kubeconfig context to use.
+    #[arg(long, global = true, value_name = "NAME")]
+    pub context: Option<String>,
+    /// The guards' namespace.
+    #[arg(
+        short = 'n',
+        long,
+        global = true,
+        value_name = "NS",
+        default_value = "arp-guard"
+    )]
+    pub namespace: String,
+    /// Label selector of the guard Pods.
+    #[arg(
+        long,
+        global = true,
+        value_name = "SELECTOR",
+        default_value = "app.kubernetes.io/name=arp-guard"
+    )]
+    pub selector: String,
+    /// The guard's container in its Pod.
+    #[arg(long, global = true, value_name = "NAME", default_value = "arp-guard")]
+    pub container: String,
+    /// Ask only this node's guard.
+    #[arg(long, global = true, value_name = "NODE")]
+    pub node: Option<String>,
+    /// Guards asked at once.
+    #[arg(long, global = true, value_name = "N", default_value_t = 32,
+          value_parser = clap::value_parser!(u32).range(1..=512))]
+    pub parallel: u32,
+    /// How long one guard may take to answer (then it is listed as not
+    /// answering).
+    #[arg(long, global = true, value_name = "DURATION", default_value = "15s", value_parser = parse_duration)]
+    pub node_timeout: Duration,
+    /// How long a read of the API may take.
+    #[arg(long, global = true, value_name = "DURATION", default_value = "30s", value_parser = parse_duration)]
+    pub request_timeout: Duration,
+    /// Output format.
+    #[arg(short, long, global = true, value_enum, default_value_t = Format::Table)]
+    pub output: Format,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Format {
+    Table,
+    /// The table with more columns.
+    Wide,
+    Json,
+    Yaml,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum PluginCommand {
+    /// One row per LB IP for the whole cluster: its Service, the owner,
+    /// the owner's guard, who claims it on the wire, the last takeover,
+    /// stale clients and the last hour's Warning Events; then every guard
+    /// that did not answer.
+    Status {
+        /// Only this LB IP.
+        ip: Option<IpAddr>,
+    },
+    /// Clients whose traffic for an LB IP reaches a node that does not own
+    /// it, from every node that has any, each line labelled with its node.
+    Clients {
+        /// Only this LB IP.
+        ip: Option<IpAddr>,
+    },
+    /// Who claims each LB IP on the wire, as each node's census saw it.
+    Responders {
+        /// Only this LB IP.
+        ip: Option<IpAddr>,
+    },
+    /// How each node treats an LB IP, and why.
+    Explain {
+        /// The LB IP (IPv4 or IPv6).
+        ip: IpAddr,
+    },
+    /// arp-guard's Kubernetes Events (on the Services of LB IPs), each with
+    /// the node that posted it.
+    Events {
+        /// Only Events of this LB IP's Service.
+        ip: Option<IpAddr>,
+        /// Only Events seen within this long.
+        #[arg(long, value_name = "DURATION", default_value = "1h", value_parser = parse_duration)]
+        since: Duration,
+    },
+    /// Run `arp-guard doctor` on a node (--node) or on every node.
+    Doctor {
+        /// Every node (else --node is required).
+        #[arg(long)]
+        all_nodes: bool,
+    },
+}

@@ -1,0 +1,328 @@
+//! Asking every guard: the same command in each guard Pod, `parallel` at
+//! a time, each within a deadline; every node gets an answer or the reason
+//! it has none (no guard Pod, not running, no answer in time, the command
+//! failed). None is silently missing.
+
+use std::{collections::BTreeMap, time::Duration};
+
+use futures::{stream, StreamExt as _};
+use serde::Serialize;
+
+use super::{
+    cluster::{Denied, GuardPod},
+    exec::{ExecError, ExecOut, Runner},
+};
+
+/// A node to ask, and its guard Pod if it has one.
+#[derive(Debug, Clone)]
+pub struct Target {
+    pub node: String,
+    pub pod: Option<GuardPod>,
+}
+
+/// The nodes to ask: `only` (--node), else every node with a guard Pod
+/// and every node of `nodes` without one.
+pub fn targets(
+    pods: &BTreeMap<String, GuardPod>,
+    nodes: Option<&std::collections::BTreeSet<String>>,
+    only: Option<&str>,
+) -> Vec<Target> {
+    let mut names: std::collections::BTreeSet<&str> = pods.keys().map(String::as_str).collect();
+    names.extend(nodes.into_iter().flatten().map(String::as_str));
+    if let Some(n) = only {
+        names = std::iter::once(n).collect();
+    }
+    (names.into_iter())
+        .map(|n| Target {
+            node: n.to_owned(),
+            pod: pods.get(n).cloned(),
+        })
+        .collect()
+}
+
+/// Why a node has no answer.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "state", rename_all = "snake_case")]
+pub enum Unanswered {
+    /// No guard Pod on the node (the DaemonSet does not run there, or its
+    /// Pod is gone).
+    NoGuardPod,
+    /// Its container is not running (waiting reason or phase).
+    NotRunning { why: String },
+    /// No answer within the deadline.
+    Timeout { after_s: u64 },
+    /// The exec failed (the Pod went away, the kubelet did not answer).
+    ExecFailed { error: String },
+    /// The guard's command could not run (exit 2: its daemon did not
+    /// answer, ...), with what it said.
+    CommandFailed { code: i32, stderr: String },
+    /// It printed something that is not the document asked for (an older
+    /// guard that lacks the command, ...).
+    Unreadable { error: String },
+}
+
+impl std::fmt::Display for Unanswered {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Unanswered::NoGuardPod => write!(f, "no guard Pod on this node"),
+            Unanswered::NotRunning { why } => write!(f, "guard not running ({why})"),
+            Unanswered::Timeout { after_s } => {
+                write!(f, "not answering (no answer within {after_s}s)")
+            }
+            Unanswered::ExecFailed { error } => write!(f, "could not be asked: {error}"),
+            Unanswered::CommandFailed { code, stderr } => {
+                write!(
+                    f,
+                    "its command failed (exit {code}): {}",
+                    crate::model::text::clip(stderr.trim(), 300)
+                )
+            }
+            Unanswered::Unreadable { error } => write!(f, "unreadable answer: {error}"),
+        }
+    }
+}
+
+/// One node's answer.
+#[derive(Debug, Clone)]
+pub struct NodeAnswer<T> {
+    pub node: String,
+    /// Its guard Pod is Ready (None: no Pod).
+    pub ready: Option<bool>,
+    /// The document and the command's exit code (0, or 1 for a finding).
+    pub answer: Result<(T, i32), Unanswered>,
+}
+
+/// How the guards are asked.
+pub struct Plan<'a> {
+    pub runner: &'a dyn Runner,
+    /// The guards' namespace (named in a 403).
+    pub namespace: &'a str,
+    pub parallel: usize,
+    pub timeout: Duration,
+}
+
+impl Plan<'_> {
+    /// Run `argv` on every target and read each output with `read`, in the
+    /// targets' order. The first 403 ends it: the user may not exec.
+    pub async fn ask<T>(
+        &self,
+        targets: Vec<Target>,
+        argv: &[String],
+        read: fn(&[u8]) -> Result<T, String>,
+    ) -> Result<Vec<NodeAnswer<T>>, Denied> {
+        let asked = stream::iter(targets.into_iter().enumerate())
+            .map(|(i, t)| async move { (i, self.one(&t, argv, read).await, t) })
+            .buffer_unordered(self.parallel.max(1));
+        let mut all: Vec<_> = asked.collect().await;
+        all.sort_by_key(|(i, _, _)| *i);
+        let mut out = Vec::with_capacity(all.len());
+        for (_, r, t) in all {
+            // A 403 means the user may not exec into any guard Pod.
+            let answer = match r {
+                Err(ExecError::Forbidden(message)) => {
+                    return Err(Denied {
+                        verb: "create",
+                        resource: "pods/exec",
+                        scope: format!("namespace {}", self.namespace),
+                        message,
+                    })
+                }
+                Err(ExecError::Failed(error)) => Err(Unanswered::ExecFailed { error }),
+                Ok(a) => a,
+            };
+            out.push(NodeAnswer {
+                node: t.node,
+                ready: t.pod.as_ref().map(|p| p.ready),
+                answer,
+            });
+        }
+        Ok(out)
+    }
+
+    async fn one<T>(
+        &self,
+        t: &Target,
+        argv: &[String],
+        read: fn(&[u8]) -> Result<T, String>,
+    ) -> Result<Result<(T, i32), Unanswered>, ExecError> {
+        let Some(pod) = &t.pod else {
+            return Ok(Err(Unanswered::NoGuardPod));
+        };
+        if !pod.running {
+            let why = pod.why.clone().unwrap_or_else(|| "not running".into());
+            return Ok(Err(Unanswered::NotRunning { why }));
+        }
+        let out = match tokio::time::timeout(self.timeout, self.runner.run(pod, argv)).await {
+            Err(_) => {
+                let after_s = self.timeout.as_secs();
+                return Ok(Err(Unanswered::Timeout { after_s }));
+            }
+            Ok(r) => r?,
+        };
+        Ok(judge(&out, read))
+    }
+}
+
+/// A guard command's output: exit 0 or 1 (a finding) with its document,
+/// anything else a failure with what it said.
+fn judge<T>(out: &ExecOut, read: fn(&[u8]) -> Result<T, String>) -> Result<(T, i32), Unanswered> {
+    if !matches!(out.code, 0 | 1) {
+        return Err(Unanswered::CommandFailed {
+            code: out.code,
+            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        });
+    }
+    match read(&out.stdout) {
+        Ok(t) => Ok((t, out.code)),
+        Err(error) => Err(Unanswered::Unreadable { error }),
+    }
+}
+
+/// A JSON document.
+pub fn json<T: serde::de::DeserializeOwned>(b: &[u8]) -> Result<T, String> {
+    serde_json::from_slice(b).map_err(|e| format!("not the JSON this plugin reads: {e}"))
+}
+
+/// Text, as printed.
+pub fn text(b: &[u8]) -> Result<String, String> {
+    Ok(String::from_utf8_lossy(b).into_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use futures::future::BoxFuture;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    fn pod(node: &str, running: bool) -> GuardPod {
+        GuardPod {
+            name: format!("arp-guard-{node}"),
+            node: node.into(),
+            ready: running,
+            running,
+            why: (!running).then(|| "CrashLoopBackOff".into()),
+            image: None,
+            container: "arp-guard".into(),
+        }
+    }
+
+    /// Answers by node: `hang` never, `deny` with a 403, `fail` exits 2,
+    /// the others print their node's name as JSON. Counts how many ran at
+    /// once.
+    struct Fake {
+        now: AtomicUsize,
+        most: AtomicUsize,
+    }
+
+    impl Runner for Fake {
+        fn run<'a>(
+            &'a self,
+            pod: &'a GuardPod,
+            _: &'a [String],
+        ) -> BoxFuture<'a, Result<ExecOut, ExecError>> {
+            Box::pin(async move {
+                let n = self.now.fetch_add(1, Ordering::SeqCst) + 1;
+                self.most.fetch_max(n, Ordering::SeqCst);
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                self.now.fetch_sub(1, Ordering::SeqCst);
+                match pod.node.as_str() {
+                    "hang" => std::future::pending().await,
+                    "deny" => Err(ExecError::Forbidden(
+                        "cannot create resource \"pods/exec\"".into(),
+                    )),
+                    "fail" => Ok(ExecOut {
+                        code: 2,
+                        stdout: vec![],
+                        stderr: b"no daemon answers".to_vec(),
+                    }),
+                    n => Ok(ExecOut {
+                        code: 0,
+                        stdout: format!("\"{n}\"").into_bytes(),
+                        stderr: vec![],
+                    }),
+                }
+            })
+        }
+    }
+
+    fn fake() -> Fake {
+        Fake {
+            now: AtomicUsize::new(0),
+            most: AtomicUsize::new(0),
+        }
+    }
+
+    /// Every node is in the answer, in order, with its answer or why not;
+    /// a hung guard costs the deadline, not the command; no more than
+    /// `parallel` run at once.
+    #[tokio::test]
+    async fn every_node_answers_or_says_why_within_the_deadline() {
+        let mut pods: BTreeMap<String, GuardPod> = ["a", "b", "c", "d", "fail", "hang"]
+            .iter()
+            .map(|n| (n.to_string(), pod(n, true)))
+            .collect();
+        pods.insert("down".into(), pod("down", false));
+        let nodes = ["a", "b", "bare"].iter().map(|s| s.to_string()).collect();
+        let f = fake();
+        let plan = Plan {
+            runner: &f,
+            namespace: "arp-guard",
+            parallel: 2,
+            timeout: Duration::from_millis(500),
+        };
+        let t = std::time::Instant::now();
+        let got = plan
+            .ask(targets(&pods, Some(&nodes), None), &[], json::<String>)
+            .await
+            .unwrap();
+        assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
+        assert_eq!(f.most.load(Ordering::SeqCst), 2);
+        let by: BTreeMap<&str, &Result<(String, i32), Unanswered>> =
+            got.iter().map(|a| (a.node.as_str(), &a.answer)).collect();
+        assert_eq!(by.len(), 8, "{by:?}");
+        assert_eq!(by["a"], &Ok(("a".to_owned(), 0)));
+        assert_eq!(by["bare"], &Err(Unanswered::NoGuardPod));
+        assert_eq!(
+            by["down"],
+            &Err(Unanswered::NotRunning {
+                why: "CrashLoopBackOff".into()
+            })
+        );
+        assert_eq!(by["hang"], &Err(Unanswered::Timeout { after_s: 0 }));
+        assert!(matches!(
+            by["fail"],
+            Err(Unanswered::CommandFailed { code: 2, .. })
+        ));
+        let only = plan
+            .ask(
+                targets(&pods, Some(&nodes), Some("zz")),
+                &[],
+                json::<String>,
+            )
+            .await
+            .unwrap();
+        assert_eq!(only.len(), 1);
+        assert_eq!(only[0].answer, Err(Unanswered::NoGuardPod));
+    }
+
+    #[tokio::test]
+    async fn a_forbidden_exec_ends_the_command_with_what_to_grant() {
+        let pods = [("deny".to_string(), pod("deny", true))]
+            .into_iter()
+            .collect();
+        let f = fake();
+        let plan = Plan {
+            runner: &f,
+            namespace: "arp-guard",
+            parallel: 4,
+            timeout: Duration::from_secs(5),
+        };
+        let e = plan
+            .ask(targets(&pods, None, None), &[], json::<String>)
+            .await
+            .unwrap_err();
+        let text = e.to_string();
+        assert!(text.contains("`create` on pods/exec"), "{text}");
+        assert!(text.contains("arp-guard-viewer"), "{text}");
+    }
+}

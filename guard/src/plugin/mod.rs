@@ -1,0 +1,241 @@
+//! `kubectl arp-guard`: the whole segment's story from a laptop, through
+//! the API server only. The same binary as the daemon, run under the name
+//! `kubectl-arp_guard` (kubectl finds it on PATH as `kubectl arp-guard`;
+//! `kubectl_complete-arp_guard` completes it).
+//!
+//! What the API alone holds is read once (`cluster`); what only a node
+//! knows is asked of every guard with its own read-only command in its Pod
+//! (`fanout` over `exec`), merged (`status`, `views`) and shown (`output`).
+
+mod args;
+mod cluster;
+mod complete;
+mod exec;
+mod fanout;
+mod output;
+mod status;
+mod views;
+
+use std::{net::IpAddr, time::Duration};
+
+use anyhow::{Context as _, Result};
+use kube::Api;
+
+pub use args::PluginCli;
+pub use complete::complete;
+
+use args::{Format, PluginCommand};
+use cluster::{ClusterReads, Reader};
+use fanout::{Plan, Target};
+
+use crate::{api::types::StatusDoc, commands::Found, telemetry::clients::ClientsDoc};
+
+/// The file name kubectl runs the plugin under, and its completer's.
+pub const PLUGIN_NAME: &str = "kubectl-arp_guard";
+pub const COMPLETE_NAME: &str = "kubectl_complete-arp_guard";
+
+/// Run one `kubectl arp-guard` command.
+pub async fn run(cli: PluginCli) -> Result<()> {
+    let c = &cli.conn;
+    let client = crate::sources::cluster::task::client_in_context(
+        c.kubeconfig.as_deref(),
+        c.context.as_deref(),
+    )
+    .await?;
+    let reader = Reader {
+        client: &client,
+        namespace: &c.namespace,
+        selector: &c.selector,
+        container: &c.container,
+        timeout: c.request_timeout,
+    };
+    let runner = exec::KubeRunner {
+        pods: Api::namespaced(client.clone(), &c.namespace),
+    };
+    let plan = Plan {
+        runner: &runner,
+        namespace: &c.namespace,
+        parallel: c.parallel as usize,
+        timeout: c.node_timeout,
+    };
+    let ask = Ask {
+        reader: &reader,
+        plan: &plan,
+        node: c.node.as_deref(),
+        format: c.output,
+    };
+    match &cli.command {
+        PluginCommand::Status { ip } => ask.status(*ip).await,
+        PluginCommand::Clients { ip } => ask.clients(*ip).await,
+        PluginCommand::Responders { ip } => ask.responders(*ip).await,
+        PluginCommand::Explain { ip } => ask.text(&["explain".into(), ip.to_string()]).await,
+        PluginCommand::Doctor { all_nodes } => {
+            if c.node.is_none() && !all_nodes {
+                anyhow::bail!("say which node: --node NAME, or --all-nodes");
+            }
+            ask.text(&["doctor".into()]).await
+        }
+        PluginCommand::Events { ip, since } => ask.events(*ip, *since).await,
+    }
+}
+
+/// One command's means: the API reads, the guards' fan-out, the output.
+struct Ask<'a> {
+    reader: &'a Reader<'a>,
+    plan: &'a Plan<'a>,
+    node: Option<&'a str>,
+    format: Format,
+}
+
+/// The guard's own command line: `arp-guard ARGS -o json` (or the table).
+fn argv(args: &[String], json: bool) -> Vec<String> {
+    let mut v = vec!["arp-guard".to_owned()];
+    v.extend(args.iter().cloned());
+    if json {
+        v.extend(["-o".to_owned(), "json".to_owned()]);
+    }
+    v
+}
+
+fn ip_arg(ip: Option<IpAddr>) -> Vec<String> {
+    ip.map(|ip| ip.to_string()).into_iter().collect()
+}
+
+impl Ask<'_> {
+    /// The nodes to ask (the Pods and the Nodes, read once).
+    async fn targets(&self) -> Result<(Vec<Target>, ClusterReads)> {
+        let mut reads = ClusterReads {
+            pods: self.reader.pods().await?,
+            ..Default::default()
+        };
+        if self.node.is_none() {
+            reads.nodes = self.reader.nodes().await;
+        }
+        let t = fanout::targets(&reads.pods, reads.nodes.as_ref(), self.node);
+        Ok((t, reads))
+    }
+
+    fn print<T: serde::Serialize>(&self, doc: &T, table: impl FnOnce() -> String) -> Result<()> {
+        match output::document(self.format, doc)? {
+            Some(text) => print!("{text}"),
+            None => print!("{}", table()),
+        }
+        Ok(())
+    }
+
+    async fn status(&self, ip: Option<IpAddr>) -> Result<()> {
+        let (targets, mut reads) = self.targets().await?;
+        reads.records = self.reader.records().await?;
+        reads.services = self.reader.services().await?;
+        reads.events = self.reader.events(Duration::from_secs(3600)).await?;
+        let mut args = vec!["status".to_owned(), "--brief".to_owned()];
+        args.extend(ip_arg(ip));
+        let answers = self
+            .plan
+            .ask(targets, &argv(&args, true), fanout::json::<StatusDoc>)
+            .await?;
+        // An LB IP whose owner no brief answer names (its owner's guard did
+        // not answer): one guard that answered is asked for its whole view.
+        let named = |ip: &IpAddr| {
+            (answers.iter())
+                .filter_map(|a| a.answer.as_ref().ok())
+                .any(|(d, _)| d.ips.iter().any(|r| r.ip == *ip && r.entry.owner.is_some()))
+        };
+        let unnamed = (reads.services.keys())
+            .filter(|i| ip.is_none_or(|ip| ip == **i))
+            .filter(|i| !named(i))
+            .count();
+        let reference = match (unnamed > 0, answers.iter().find(|a| a.answer.is_ok())) {
+            (true, Some(a)) => {
+                let t = vec![Target {
+                    node: a.node.clone(),
+                    pod: reads.pods.get(&a.node).cloned(),
+                }];
+                let mut args = vec!["status".to_owned()];
+                args.extend(ip_arg(ip));
+                let full = self
+                    .plan
+                    .ask(t, &argv(&args, true), fanout::json::<StatusDoc>)
+                    .await?;
+                full.into_iter()
+                    .next()
+                    .and_then(|a| a.answer.ok())
+                    .map(|(d, _)| d)
+            }
+            _ => None,
+        };
+        let s = status::merge(&reads, &answers, reference.as_ref(), ip);
+        let now = jiff::Timestamp::now().as_second().max(0) as u64;
+        let wide = self.format == Format::Wide;
+        self.print(&s, || status::table(&s, wide, now))?;
+        Found::if_any(s.findings(), "finding(s), listed above")
+    }
+
+    async fn clients(&self, ip: Option<IpAddr>) -> Result<()> {
+        let (targets, _) = self.targets().await?;
+        let mut args = vec!["clients".to_owned()];
+        args.extend(ip_arg(ip));
+        let answers = self
+            .plan
+            .ask(targets, &argv(&args, true), fanout::json::<ClientsDoc>)
+            .await?;
+        let (table, stale) = views::clients_table(&answers);
+        self.print(&views::docs(&answers), || table)?;
+        let missing = answers.iter().filter(|a| a.answer.is_err()).count();
+        Found::if_any(stale + missing, "stale clients or guards without an answer")
+    }
+
+    async fn responders(&self, ip: Option<IpAddr>) -> Result<()> {
+        let (targets, _) = self.targets().await?;
+        let mut args = vec!["responders".to_owned()];
+        args.extend(ip_arg(ip));
+        let read = fanout::json::<views::ResponderDoc>;
+        let answers = self.plan.ask(targets, &argv(&args, true), read).await?;
+        let (table, conflicts) = views::responders_table(&answers);
+        self.print(&views::docs(&answers), || table)?;
+        let missing = answers.iter().filter(|a| a.answer.is_err()).count();
+        Found::if_any(conflicts + missing, "conflicts or guards without an answer")
+    }
+
+    /// A node command whose table is its own text (`explain`, `doctor`):
+    /// labelled by node in the table formats, the node's JSON otherwise.
+    async fn text(&self, args: &[String]) -> Result<()> {
+        let (targets, _) = self.targets().await?;
+        let table = matches!(self.format, Format::Table | Format::Wide);
+        let (found, missing) = if table {
+            let answers = self
+                .plan
+                .ask(targets, &argv(args, false), fanout::text)
+                .await?;
+            let (text, found) = views::labelled_text(&answers);
+            print!("{text}");
+            (found, answers.iter().filter(|a| a.answer.is_err()).count())
+        } else {
+            let read = fanout::json::<serde_json::Value>;
+            let answers = self.plan.ask(targets, &argv(args, true), read).await?;
+            self.print(&views::docs(&answers), String::new)?;
+            let found = (answers.iter())
+                .filter(|a| matches!(a.answer, Ok((_, 1))))
+                .count();
+            (found, answers.iter().filter(|a| a.answer.is_err()).count())
+        };
+        Found::if_any(found + missing, "nodes with a finding or without an answer")
+    }
+
+    async fn events(&self, ip: Option<IpAddr>, since: Duration) -> Result<()> {
+        let mut events = self.reader.events(since).await?;
+        if let Some(ip) = ip {
+            let services = self.reader.services().await?;
+            let svc = services
+                .get(&ip)
+                .with_context(|| format!("{ip} is no LoadBalancer Service's IP"))?;
+            events.retain(|e| &e.service == svc);
+        }
+        if let Some(n) = self.node {
+            events.retain(|e| e.node == n);
+        }
+        self.print(&events, || views::events_table(&events))?;
+        let warnings = events.iter().filter(|e| e.kind == "Warning").count();
+        Found::if_any(warnings, "Warning Events")
+    }
+}

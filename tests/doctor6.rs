@@ -205,3 +205,36 @@ fn a_vip_added_while_another_node_holds_it_ends_dadfailed() {
         "on (all 1, eth0 1); LB IPs on eth0: fd00:1::104 nodad, fd00:1::105 done"
     );
 }
+
+/// With the guard's API out of reach, doctor reads the guard's IPv6 LB IPs
+/// from its pins, as it reads the IPv4 ones: the IPs the ownership file
+/// gives it, none of them on an LB interface doctor is told to look at.
+#[test]
+fn the_guard_s_ipv6_lb_ips_are_read_from_its_pins() {
+    testbed::require_root();
+    let bed = Bed6::new("d6-pins").unwrap();
+    let fs = testbed::bed::Bpffs::new("d6-pins").unwrap();
+    let pins = fs.path().join("arp-guard");
+    let pins = pins.to_str().unwrap();
+    let _guard = bed.start(&["--pin-dir", pins]).unwrap();
+    let r = doctor(
+        &bed.node,
+        &[
+            "--api",
+            "127.0.0.1:1",
+            "--pin-dir",
+            pins,
+            "--lb-ips-from",
+            "none0",
+            "-i",
+            "eth0",
+        ],
+    );
+    let c = r.expect("ipv6", None, "pass");
+    let value = c["value"].as_str().unwrap();
+    // The file's five (the first four named).
+    assert!(value.starts_with("5 IPv6 LB IPs"), "{c:#}");
+    for ip in [FOREIGN6, UNKNOWN6_ON_EGRESS] {
+        assert!(value.contains(&ip.to_string()), "{ip} in {c:#}");
+    }
+}

@@ -2,7 +2,7 @@
 //! advertisements and solicitations about IPv6 LB IPs of each state, tagged
 //! and untagged, kernel-originated and redirected, in every mode and
 //! heartbeat state. Expected outcomes are written out by hand from the
-//! verdict table (README, "NDP rows"), not derived from `guard_common`.
+//! verdict table (docs/design.md, "The NDP rows"), not derived from `guard_common`.
 
 use std::collections::BTreeMap;
 

@@ -7,6 +7,8 @@
 //! plugin                  `kubectl arp-guard`: every guard, through the
 //!                         API server (reads documents of api and
 //!                         sources' client; nothing imports it but main)
+//! reference               docs/reference, generated from cli, telemetry
+//!                         and model (`cargo xtask docs`)
 //! commands, cli           what the user runs
 //! probe                   `arp-guard probe`: a tool beside the daemon (ARP
 //!                         and TCP from any host on the segment); it reads
@@ -28,6 +30,7 @@
 pub mod cli;
 pub mod commands;
 pub mod plugin;
+pub mod reference;
 
 mod api;
 mod daemon;

@@ -126,6 +126,7 @@ fn main() -> ExitCode {
         Command::Clients(args) => oneshot(commands::clients(args)),
         Command::Probe(args) => oneshot(commands::probe(args)),
         Command::Doctor(args) => oneshot(commands::doctor(args)),
+        Command::Reference(args) => guard::reference::write(&args.out),
     };
     exit(result, "arp-guard")
 }

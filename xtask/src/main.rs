@@ -47,6 +47,9 @@ enum Task {
     /// Run the root-only integration tests inside VMs booted on Debian's
     /// 5.10 / 6.1 / 6.12 kernels (qemu, software emulation; needs root).
     VmTest(xtask::vm::VmArgs),
+    /// Write docs/reference from the code (every flag, metric, alert and
+    /// Event reason); a unit test fails while the committed one differs.
+    Docs,
 }
 
 /// `cargo xtask test`: every check CI runs, each a timed phase. The suite
@@ -234,6 +237,12 @@ fn task(task: Task) -> Result<()> {
         Task::Image(args) => xtask::image::image(&args).map(|_| ()),
         Task::Bench(args) => xtask::bench::bench(&args),
         Task::VmTest(args) => xtask::vm::vm_test(&args),
+        Task::Docs => {
+            let mut docs = cargo();
+            docs.args(["run", "--quiet", "-p", "guard", "--", "reference", "--out"])
+                .arg(workspace_root().join("docs/reference"));
+            run(&mut docs)
+        }
         Task::Test { slots, args } => {
             let mut phases = Phases::default();
             let r = test_all(&mut phases, &args, slots);

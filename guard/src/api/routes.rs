@@ -127,6 +127,7 @@ pub(crate) fn readyz(shared: &Shared) -> (StatusCode, String) {
 
 async fn metrics_route(State(shared): State<Arc<Shared>>) -> Response {
     let rendered = shared.snapshot().and_then(|snapshot| {
+        let memory = crate::telemetry::memory::latest();
         let st = shared.read();
         let mut fold = shared.fold.lock().unwrap_or_else(|p| p.into_inner());
         let scrape = Scrape {
@@ -161,6 +162,7 @@ async fn metrics_route(State(shared): State<Arc<Shared>>) -> Response {
                 v
             }),
             probes: st.probes.as_ref(),
+            memory: memory.as_ref(),
         };
         Ok(metrics::render(scrape)?)
     });
@@ -224,7 +226,7 @@ async fn explain_route(
         Some(ip) => json(&explain(&shared, ip)),
         None => text(
             StatusCode::BAD_REQUEST,
-            "use /explain?ip=A.B.C.D (or an IPv6 address)\n",
+            "use /explain?ip=IP (IPv4 or IPv6)\n",
         ),
     }
 }
@@ -299,7 +301,12 @@ async fn responders(
     let ip = match p.ip.as_deref().map(str::parse::<IpAddr>) {
         None => None,
         Some(Ok(ip)) => Some(ip),
-        Some(Err(_)) => return text(StatusCode::BAD_REQUEST, "use /responders?ip=A.B.C.D\n"),
+        Some(Err(_)) => {
+            return text(
+                StatusCode::BAD_REQUEST,
+                "use /responders?ip=IP (IPv4 or IPv6)\n",
+            )
+        }
     };
     let st = shared.read();
     let Some(doc) = st.census.as_ref() else {
@@ -373,7 +380,12 @@ async fn clients(State(shared): State<Arc<Shared>>, Query(p): Query<RespondersPa
     let ip = match p.ip.as_deref().map(str::parse::<IpAddr>) {
         None => None,
         Some(Ok(ip)) => Some(ip),
-        Some(Err(_)) => return text(StatusCode::BAD_REQUEST, "use /clients?ip=A.B.C.D\n"),
+        Some(Err(_)) => {
+            return text(
+                StatusCode::BAD_REQUEST,
+                "use /clients?ip=IP (IPv4 or IPv6)\n",
+            )
+        }
     };
     let st = shared.read();
     let Some(doc) = st.clients.as_ref() else {

@@ -26,8 +26,9 @@ pub struct PresenceArgs {
         default_value = "app.kubernetes.io/name=arp-guard"
     )]
     pub presence_pods: String,
-    /// Namespace of the presence Leases: the guard's own ($POD_NAMESPACE from
-    /// the downward API), else the service account's, else the kubeconfig's.
+    /// Namespace of the presence Leases (the DaemonSet sets $POD_NAMESPACE,
+    /// the guard's own, from the downward API); unset, the service
+    /// account's namespace, else the kubeconfig's.
     #[arg(long, env = "POD_NAMESPACE", value_name = "NS")]
     pub presence_namespace: Option<String>,
     #[command(flatten)]

@@ -1,6 +1,6 @@
 //! `arp-guard doctor`: its arguments.
 
-use std::{net::Ipv4Addr, path::PathBuf, time::Duration};
+use std::{path::PathBuf, time::Duration};
 
 use clap::Args;
 
@@ -23,10 +23,11 @@ pub struct DoctorArgs {
     )]
     pub lb_ifaces: Vec<String>,
 
-    /// A client address to check the route back to (repeat for several).
+    /// A client address to check the route back to (repeat for several;
+    /// rp_filter is IPv4's, so an IPv6 client is named as not checked).
     /// Default: clients beyond the connected subnets, i.e. the default route.
     #[arg(long, value_name = "IP")]
-    pub client: Vec<Ipv4Addr>,
+    pub client: Vec<std::net::IpAddr>,
 
     /// Where procfs is (sysctls, mounts, routes, kernel release).
     #[arg(long, value_name = "PATH", default_value = "/proc")]

@@ -83,6 +83,17 @@ pub enum Command {
     /// not own: sysctls, addresses, kube-proxy, routes, the guard. One line per
     /// check; exits 1 when a check fails.
     Doctor(Box<DoctorArgs>),
+    /// Write docs/reference (every flag, metric, alert and Event reason) into
+    /// a directory: what `cargo xtask docs` runs.
+    #[command(hide = true)]
+    Reference(ReferenceArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct ReferenceArgs {
+    /// The directory to write into.
+    #[arg(long, value_name = "DIR")]
+    pub out: PathBuf,
 }
 
 /// The daemon's API address.
@@ -352,7 +363,7 @@ pub struct RunArgs {
     pub clients_read_period: Duration,
 
     /// Heal stale clients (enforce mode only): a unicast ARP reply / NA teaches a client
-    /// sending here the owner's MAC, when certain (README: Failover). CAP_NET_RAW.
+    /// sending here the owner's MAC, when certain (docs/failover.md). CAP_NET_RAW.
     #[arg(long)]
     pub refresh_stale_clients: bool,
 

@@ -4,14 +4,20 @@
 //! CAP_NET_ADMIN and CAP_SYS_ADMIN; netlink filters need nothing). For
 //! `arp-guard doctor`.
 
-use std::{collections::BTreeMap, net::Ipv4Addr, path::Path};
+use std::{
+    collections::BTreeMap,
+    net::{Ipv4Addr, Ipv6Addr},
+    path::Path,
+};
 
 use aya::{
     maps::{Array, HashMap, Map, MapData},
     programs::{SchedClassifier, TcAttachType},
 };
 use futures::TryStreamExt as _;
-use guard_common::{Config, LbEntry, Ownership, MAP_CONFIG, MAP_HEARTBEAT, MAP_LB_IPS};
+use guard_common::{
+    Config, IpKey, LbEntry, Ownership, MAP_CONFIG, MAP_HEARTBEAT, MAP_LB_IPS, MAP_LB_IPS6,
+};
 use netlink_packet_route::tc::{TcAttribute, TcFilterBpfOption, TcOption};
 
 use super::{
@@ -32,6 +38,9 @@ pub struct Pinned {
     pub heartbeat_ns: Option<u64>,
     /// The LB IP map: each IP with its state.
     pub lb: Option<BTreeMap<Ipv4Addr, Ownership>>,
+    /// The IPv6 LB IP map, likewise (None: not pinned, as by a guard that
+    /// never guarded an IPv6 LB IP, or unreadable).
+    pub lb6: Option<BTreeMap<Ipv6Addr, Ownership>>,
     /// Interfaces (by index) with a pinned TCX link.
     pub links: Vec<u32>,
     /// What could not be read, one sentence each.
@@ -83,9 +92,25 @@ pub fn read_pinned(dir: &Path) -> Result<Pinned> {
         lb = Some(ips);
         Ok(())
     })());
+    let mut lb6 = None;
+    if map_path(dir, MAP_LB_IPS6).exists() {
+        note((|| {
+            let m: HashMap<MapData, IpKey, LbEntry> =
+                HashMap::try_from(Map::HashMap(open(MAP_LB_IPS6)?))?;
+            let mut ips = BTreeMap::new();
+            for item in m.iter().take(MAX_LB_READ) {
+                let (ip, entry) = item?;
+                let state = Ownership::from_u8(entry.state).unwrap_or(Ownership::Unknown);
+                ips.insert(Ipv6Addr::from(ip), state);
+            }
+            lb6 = Some(ips);
+            Ok(())
+        })());
+    }
     out.config = config;
     out.heartbeat_ns = heartbeat;
     out.lb = lb;
+    out.lb6 = lb6;
     Ok(out)
 }
 

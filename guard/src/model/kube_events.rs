@@ -28,6 +28,32 @@ pub enum Reason {
 }
 
 impl Reason {
+    /// Every reason, in the order the reference lists them.
+    pub const ALL: &'static [Reason] = &[
+        Reason::ResponderConflict,
+        Reason::ResponderConflictResolved,
+        Reason::SplitBrainSpeaker,
+        Reason::SilentTakeover,
+        Reason::StaleClients,
+        Reason::SilentOwner,
+        Reason::OwnerWrongInterface,
+        Reason::NodesAnswerArp,
+    ];
+
+    /// What an Event of this reason tells the operator (the reference).
+    pub fn meaning(self) -> &'static str {
+        match self {
+            Reason::ResponderConflict => "another MAC claims the Service's LB IP on the wire (split brain, a rogue device, a node whose kernel answers): the census of the node that saw it names the MACs and their nodes",
+            Reason::ResponderConflictResolved => "the conflict is no longer seen (quiet for a window: not proof that it is fixed)",
+            Reason::SplitBrainSpeaker => "a speaker on the posting node kept announcing an LB IP another node owns for longer than --split-brain-after; stopped at its egress in enforce mode",
+            Reason::SilentTakeover => "the posting node took the LB IP over and no announcement left it within --silent-takeover-after: clients keep the old MAC until their caches expire",
+            Reason::StaleClients => "at least --kube-events-stale-clients clients still send the LB IP's traffic to the posting node, which no longer owns it, past --stale-client-after",
+            Reason::SilentOwner => "the active census asked for the LB IP and its owner did not answer --probe-silent-after times in a row",
+            Reason::OwnerWrongInterface => "the active census saw the owner answer from an interface other than the one it guards (a wrong or downed NIC's MAC)",
+            Reason::NodesAnswerArp => "other nodes' kernels answer ARP for the LB IP (kube-proxy IPVS with strictARP off, arp_ignore=0), posted once by the IP's owner and at most hourly",
+        }
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             Reason::ResponderConflict => "ResponderConflict",

@@ -142,11 +142,11 @@ pub fn record(s: MemoryStatus) {
                 used_mib, limit_mib,
                 "memory near the cgroup limit: no new Kubernetes object is taken in \
                  (a new LB Service is not guarded, its frames pass) until it drops; \
-                 every IP already guarded stays guarded. Raise resources.limits.memory (README: Sizing)"
+                 every IP already guarded stays guarded. Raise resources.limits.memory (docs/sizing.md)"
             ),
             Level::Warning => tracing::warn!(
                 used_mib, limit_mib,
-                "memory approaching the cgroup limit; raise resources.limits.memory (README: Sizing)"
+                "memory approaching the cgroup limit; raise resources.limits.memory (docs/sizing.md)"
             ),
             Level::Ok => tracing::info!(used_mib, limit_mib, "memory well under the cgroup limit again"),
         }

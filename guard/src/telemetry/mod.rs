@@ -2,6 +2,7 @@
 //! daemon's status document and operation counters, and the Prometheus
 //! rendering of all of it.
 
+pub mod catalogue;
 pub mod census;
 pub mod clients;
 mod clients_metrics;

@@ -24,7 +24,7 @@ pub struct DaemonStatus {
     pub map_memory_bytes: u64,
     /// Present when an announcer reads the Kubernetes API.
     pub feed: Option<FeedHealth>,
-    /// The daemon's memory against its cgroup's limit (README: Sizing).
+    /// The daemon's memory against its cgroup's limit (docs/sizing.md).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub memory: Option<super::memory::MemoryStatus>,
 }

@@ -19,8 +19,16 @@ pub use crate::{
         cluster::cost::{costs as feed_costs, feed_bytes, Costs as FeedCosts},
         file::parse as parse_ownership_file,
     },
-    telemetry::{counters::Snapshot, metrics::NAMES as METRIC_NAMES},
+    telemetry::counters::Snapshot,
 };
+
+/// Every metric family the daemon exports (its catalogue).
+pub fn metric_names() -> Vec<String> {
+    crate::telemetry::catalogue::families()
+        .into_iter()
+        .map(|f| f.name)
+        .collect()
+}
 
 /// The active census's pace as `run` builds it from the `--probe-*` flags
 /// `args` (none: the defaults); None when `--probe-interval 0` turns it off.

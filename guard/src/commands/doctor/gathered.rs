@@ -35,7 +35,7 @@ pub struct Plan {
     /// Interfaces whose addresses are LB IPs (kube-ipvs0).
     pub lb_ifaces: Vec<String>,
     /// Clients to check the route back to (none: the default route).
-    pub clients: Vec<Ipv4Addr>,
+    pub clients: Vec<std::net::IpAddr>,
     pub pin_dir: String,
 }
 

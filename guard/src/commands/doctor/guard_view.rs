@@ -135,15 +135,17 @@ impl GuardView {
         self.pinned.as_ref()?.lb.clone()
     }
 
-    /// The IPv6 LB IPs the guard enforces, with their state: from its API
-    /// only (doctor reads the pinned IPv4 map, not the IPv6 one).
+    /// The IPv6 LB IPs the guard enforces, with their state: from its API,
+    /// else from its pins (as the IPv4 ones).
     pub fn lb6(&self) -> Option<BTreeMap<Ipv6Addr, Ownership>> {
-        let doc = self.status.as_ref()?;
-        let v6 = doc.ips.iter().filter_map(|r| match r.ip {
-            std::net::IpAddr::V6(v6) => Some((v6, r.entry.state)),
-            std::net::IpAddr::V4(_) => None,
-        });
-        Some(v6.collect())
+        if let Some(doc) = &self.status {
+            let v6 = doc.ips.iter().filter_map(|r| match r.ip {
+                std::net::IpAddr::V6(v6) => Some((v6, r.entry.state)),
+                std::net::IpAddr::V4(_) => None,
+            });
+            return Some(v6.collect());
+        }
+        self.pinned.as_ref()?.lb6.clone()
     }
 
     /// `enforce` or `monitor`.

@@ -87,7 +87,9 @@ pub fn lb_ips6(f: &Gathered, plan: &Plan, lb6: &[Ipv6Addr]) -> Check {
         return Check::new(C, None, CheckStatus::Skip, "unknown", why);
     }
     let guard_set = match (f.guard.seen(), f.guard.lb6()) {
-        (true, None) => " (the guard's IPv6 set is known only from its API, which does not answer)",
+        (true, None) => {
+            " (the guard's IPv6 set is unknown: its API does not answer and its pins hold none)"
+        }
         _ => "",
     };
     if lb6.is_empty() {

@@ -93,10 +93,28 @@ fn routes_back<'a>(f: &'a Gathered, plan: &Plan) -> Vec<(String, Option<&'a Rout
             .and_then(|rs| rs.iter().filter(|r| r.prefix == 0).min_by_key(|r| r.metric));
         return vec![("clients beyond the connected subnets".into(), default)];
     }
-    plan.clients
-        .iter()
-        .map(|c| (c.to_string(), f.node.route_to(*c)))
+    (plan.clients.iter())
+        .filter_map(|c| match c {
+            std::net::IpAddr::V4(v4) => Some((c.to_string(), f.node.route_to(*v4))),
+            std::net::IpAddr::V6(_) => None,
+        })
         .collect()
+}
+
+/// The IPv6 clients asked about, in a sentence: rp_filter is IPv4's, so
+/// they are named as not checked (IPv6's reverse-path filtering is
+/// netfilter's rpfilter).
+fn ipv6_clients(plan: &Plan) -> Option<String> {
+    let v6: Vec<String> = (plan.clients.iter())
+        .filter(|c| c.is_ipv6())
+        .map(ToString::to_string)
+        .collect();
+    (!v6.is_empty()).then(|| {
+        format!(
+            "not checked for {}: rp_filter is IPv4's (IPv6 reverse-path filtering is netfilter's rpfilter)",
+            v6.join(", ")
+        )
+    })
 }
 
 /// `rp_filter` on an uplink, against the route back.
@@ -136,8 +154,13 @@ pub fn rp_filter(f: &Gathered, plan: &Plan, uplink: &str) -> Check {
     }
     let mut worst = CheckStatus::Pass;
     let mut parts = Vec::new();
-    let mut whys = Vec::new();
-    for (who, route) in routes_back(f, plan) {
+    let mut whys: Vec<String> = ipv6_clients(plan).into_iter().collect();
+    let back = routes_back(f, plan);
+    if back.is_empty() {
+        let value = format!("{v}, {} ({detail})", rp_name(v));
+        return Check::new(C, Some(uplink), CheckStatus::Skip, value, whys.join("; "));
+    }
+    for (who, route) in back {
         let (status, why) = match route {
             None => (
                 CheckStatus::Warn,

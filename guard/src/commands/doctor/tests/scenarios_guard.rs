@@ -16,6 +16,7 @@ fn the_guard_seen_through_its_pins() {
                 ..Default::default()
             }),
             heartbeat_ns: Some(g.now_ns - age_s * 1_000_000_000),
+            lb6: None,
             lb: Some(
                 LB.iter()
                     .map(|ip| (ip.parse().unwrap(), guard_common::Ownership::Foreign))

@@ -346,7 +346,7 @@ fn ipv6_off_on_the_uplink_answers_nothing() {
 }
 
 #[test]
-fn the_guards_ipv6_set_comes_from_its_api_only() {
+fn the_guards_ipv6_set_comes_from_its_api_else_its_pins() {
     let t = tree6();
     // A guard with IPv6 LB IPs and nothing on kube-ipvs0: they are known.
     let g = api_guard_states("enforce", &["eth0"], &[(VIP, "foreign")]);
@@ -354,12 +354,14 @@ fn the_guards_ipv6_set_comes_from_its_api_only() {
     f.addrs = Ok(addrs(&[]));
     let c = run_checks(&f, &plan(&["eth0"], &[]));
     assert_eq!(find(&c, "ipv6", None).value, "1 IPv6 LB IPs (fd00::104)");
-    // Seen through its pins only: the IPv6 set is unknown, and coverage too.
+    // Seen through its pins only, without an IPv6 map pinned: the IPv6
+    // set is unknown, and coverage too.
     let mut g = no_guard();
     g.pinned = Some(Pinned {
         config: Some(guard_common::Config::default()),
         heartbeat_ns: None,
         lb: Some(Default::default()),
+        lb6: None,
         links: vec![2],
         problems: vec![],
     });
@@ -367,8 +369,22 @@ fn the_guards_ipv6_set_comes_from_its_api_only() {
     let proxied = view(&[], &[(Some(2), "fd00::102")]);
     let c = run_checks(&facts6(&t, g, proxied), &plan(&["eth0"], &[]));
     let v6 = find(&c, "ipv6", None);
-    assert!(v6.why.contains("known only from its API"), "{}", v6.why);
+    assert!(v6.why.contains("guard's IPv6 set is unknown"), "{}", v6.why);
     let p = find(&c, "proxy_ndp", Some("eth0"));
     assert_eq!(p.status, CheckStatus::Fail);
     assert!(p.why.contains("pass --api"), "{}", p.why);
+    // With its IPv6 map pinned, the pins say it, as for IPv4.
+    let mut g = no_guard();
+    g.pinned = Some(Pinned {
+        config: Some(guard_common::Config::default()),
+        heartbeat_ns: None,
+        lb: Some(Default::default()),
+        lb6: Some([(VIP.parse().unwrap(), guard_common::Ownership::Foreign)].into()),
+        links: vec![2],
+        problems: vec![],
+    });
+    let mut f = facts6(&t, g, empty());
+    f.addrs = Ok(addrs(&[]));
+    let c = run_checks(&f, &plan(&["eth0"], &[]));
+    assert_eq!(find(&c, "ipv6", None).value, "1 IPv6 LB IPs (fd00::104)");
 }

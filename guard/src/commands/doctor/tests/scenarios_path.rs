@@ -29,6 +29,13 @@ fn rp_filter_against_the_route_back() {
     // The worst of several clients counts.
     let c = run_checks(&f, &plan(&["eth0"], &["198.51.100.50", "203.0.113.200"]));
     assert_eq!(status(&c, "rp_filter", Some("eth0")), CheckStatus::Fail);
+    // An IPv6 client: rp_filter is IPv4's, said, not a failed route.
+    let c = run_checks(&f, &plan(&["eth0"], &["fd00::50"]));
+    let rp = find(&c, "rp_filter", Some("eth0"));
+    assert_eq!(rp.status, CheckStatus::Skip, "{rp:?}");
+    assert!(rp.why.contains("not checked for fd00::50"), "{rp:?}");
+    let c = run_checks(&f, &plan(&["eth0"], &["fd00::50", "203.0.113.200"]));
+    assert_eq!(status(&c, "rp_filter", Some("eth0")), CheckStatus::Fail);
     // No default route: off-subnet clients get no reply at all.
     let c = run_checks(&f, &plan(&["eth0"], &[]));
     assert_eq!(status(&c, "rp_filter", Some("eth0")), CheckStatus::Warn);

@@ -4,22 +4,26 @@
 //! The layers, each importing only those below it:
 //!
 //! ```text
+//! reference               docs/reference, generated from cli, plugin,
+//!                         telemetry and model (`cargo xtask docs`)
 //! plugin                  `kubectl arp-guard`: every guard, through the
 //!                         API server (reads documents of api and
 //!                         sources' client; nothing imports it but main)
-//! reference               docs/reference, generated from cli, telemetry
-//!                         and model (`cargo xtask docs`)
 //! commands, cli           what the user runs
 //! probe                   `arp-guard probe`: a tool beside the daemon (ARP
 //!                         and TCP from any host on the segment); it reads
 //!                         interfaces through sources and datapath, and
 //!                         nothing imports it but commands and cli
 //! daemon                  the loop: one handler per event
+//! senders                 the frames the guard sends of its own: the active
+//!                         census's requests, refreshes of stale clients
 //! api                     the local HTTP API (axum) and its CLI client
 //! telemetry               counters, events, metrics, status document
 //! sources                 file, interface addresses, Kubernetes API -> facts
 //! datapath                the program in the kernel: load, attach, maps, pins
 //! model                   pure: facts -> view (what the maps should hold)
+//! ops                     the operation counters and the memory-pressure
+//!                         signal every part may write
 //! guard-common (crate)    pure: frame parser and the verdict, shared with the program
 //! ```
 // A daemon that must never take a node's traffic down does not panic on a
@@ -36,7 +40,9 @@ mod api;
 mod daemon;
 mod datapath;
 mod model;
+mod ops;
 mod probe;
+mod senders;
 mod sources;
 mod telemetry;
 

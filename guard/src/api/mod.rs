@@ -7,7 +7,7 @@
 
 use std::{collections::BTreeMap, sync::Arc, time::Duration};
 
-use crate::telemetry::ops::{ErrorCause, Ops};
+use crate::ops::{ErrorCause, Ops};
 
 pub mod client;
 pub mod cluster;

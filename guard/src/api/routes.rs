@@ -127,7 +127,6 @@ pub(crate) fn readyz(shared: &Shared) -> (StatusCode, String) {
 
 async fn metrics_route(State(shared): State<Arc<Shared>>) -> Response {
     let rendered = shared.snapshot().and_then(|snapshot| {
-        let memory = crate::telemetry::memory::latest();
         let st = shared.read();
         let mut fold = shared.fold.lock().unwrap_or_else(|p| p.into_inner());
         let scrape = Scrape {
@@ -162,7 +161,7 @@ async fn metrics_route(State(shared): State<Arc<Shared>>) -> Response {
                 v
             }),
             probes: st.probes.as_ref(),
-            memory: memory.as_ref(),
+            memory: st.status.as_ref().and_then(|s| s.memory.as_ref()),
         };
         Ok(metrics::render(scrape)?)
     });

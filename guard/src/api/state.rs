@@ -15,8 +15,9 @@ use tokio::sync::broadcast;
 use super::types::IpEntry;
 use crate::{
     model::{takeover::TakeoverRecord, view::View},
+    ops::Ops,
     telemetry::{
-        census::CensusDoc, clients::ClientsDoc, counters::Snapshot, metrics::Fold, ops::Ops,
+        census::CensusDoc, clients::ClientsDoc, counters::Snapshot, metrics::Fold,
         status::DaemonStatus, takeover::TakeoverStats,
     },
 };

@@ -29,7 +29,7 @@ use crate::{
         kernel::{answers_now, explicable, nodes_answer, silenced},
         parse, Finding, IpFacts, Limiter, Memory, Occurrence, Offered, StreamKey, Thresholds,
     },
-    telemetry::ops::{EventOutcome, Ops},
+    ops::{EventOutcome, Ops},
 };
 
 /// A request to the API (a GET of the Service, a POST or PATCH of the

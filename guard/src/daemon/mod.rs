@@ -29,7 +29,8 @@ use crate::{
     api::Shared,
     datapath::{CounterReclaimer, Datapath},
     model::{addrs::AddrTable, cluster::ClusterView, ownership::OwnershipFile, view::View},
-    telemetry::{ops::ErrorCause, status::DaemonStatus},
+    ops::ErrorCause,
+    telemetry::status::DaemonStatus,
 };
 pub use config::{
     ApiConfig, ClientsConfig, DaemonConfig, KubeEventsConfig, OnExit, RunConfig, SourcesConfig,

@@ -109,9 +109,9 @@ pub(super) fn who_is(shared: Arc<Shared>) -> crate::telemetry::census::WhoIs {
 pub(super) fn presence_facts(
     st: &crate::api::state::ApiState,
     ips: &BTreeSet<IpAddr>,
-) -> Option<crate::telemetry::refresh::PresenceFacts> {
+) -> Option<crate::senders::refresh::PresenceFacts> {
     let p = st.presence.as_ref()?;
-    Some(crate::telemetry::refresh::PresenceFacts {
+    Some(crate::senders::refresh::PresenceFacts {
         owner_macs: (ips.iter())
             .filter_map(|ip| {
                 let owner = st.ips.get(ip)?.owner.as_deref()?;

@@ -18,7 +18,7 @@ use crate::{
         wire::Wire,
     },
     model::probing::OwnerMacs,
-    telemetry::probing::{self, Plan, ProbeTask, ProbingFacts},
+    senders::probing::{self, Plan, ProbeTask, ProbingFacts},
 };
 
 /// Why what this node believes of ownership may be wrong now, if it may: a

@@ -16,9 +16,9 @@ use crate::{
         ownership::OwnershipFile,
         view::{LbIp, View},
     },
+    ops::{ErrorCause, Ops},
     telemetry::{
         counters::Snapshot,
-        ops::{ErrorCause, Ops},
         status::{Counts, DaemonStatus, FeedHealth},
     },
 };
@@ -45,7 +45,8 @@ impl Daemon {
             not_enforced: self.dp.not_enforced(),
             map_memory_bytes: self.memlock,
             feed: cluster.map(|c| FeedHealth::of(&self.announcers, c)),
-            memory: crate::telemetry::memory::latest(),
+            // The memory watch writes its samples into the shared status.
+            memory: (self.shared.read().status.as_ref()).and_then(|s| s.memory.clone()),
         };
         if let Some(path) = &self.cfg.daemon.status_file {
             status_file::publish(path, &status, &mut self.last_status);

@@ -22,12 +22,14 @@ use crate::{
     datapath::{sys::ifindex, wire::Wire, Datapath},
     model::refresh::Refresher,
     model::{addrs::AddrTable, cluster::ClusterView, ownership::OwnershipFile},
+    ops::Ops,
+    senders::refresh,
     sources::{
         addrs,
         cluster::{task, ClusterConfig},
         file, file_watch,
     },
-    telemetry::{census, clients, memory, ops::Ops, refresh},
+    telemetry::{census, clients, memory},
 };
 
 /// The ownership file as parsed at start, with the text it was parsed from.
@@ -367,7 +369,9 @@ impl Daemon {
             states: super::history::clients_states(self.shared.clone()),
             publish: Box::new(move |doc| publish.write().clients = Some(doc)),
             events: self.shared.events.clone(),
-            healer: self.healer(),
+            healer: self
+                .healer()
+                .map(|h| -> Box<dyn clients::Heal> { Box::new(h) }),
             keep: self
                 .cfg
                 .datapath
@@ -426,20 +430,24 @@ impl Daemon {
     /// The memory watch: every few seconds, the daemon's memory against
     /// its cgroup's limit (`telemetry::memory`), shown live by the API.
     fn start_memory_watch(&self) {
-        let (root, maps, shared) = (
+        let (root, maps, shared, ops) = (
             self.cfg.daemon.cgroup_root.clone(),
             self.memlock,
             self.shared.clone(),
+            self.shared.ops.clone(),
         );
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(memory::PERIOD);
+            let mut last: Option<memory::MemoryStatus> = None;
             loop {
                 tick.tick().await;
-                let s = memory::sample(&root, maps);
-                memory::record(s.clone());
+                let s = memory::sample(&root, maps, last.as_ref());
+                memory::log_level(last.as_ref(), &s);
+                ops.set_memory_pressure(s.level == memory::Level::Pressure);
                 if let Some(st) = shared.write().status.as_mut() {
-                    st.memory = Some(s);
+                    st.memory = Some(s.clone());
                 }
+                last = Some(s);
             }
         });
     }

@@ -8,6 +8,8 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use guard_common::{CounterKey, CounterValue, Kind, Origin, Ownership, Verdict};
 
+use crate::ops::Ops;
+
 use super::{
     census::CensusDoc,
     clients::ClientsDoc,
@@ -15,7 +17,6 @@ use super::{
     fold::Fold,
     memory::MemoryStatus,
     metrics::{render, Scrape},
-    ops::Ops,
     probing::ProbesDoc,
     status::DaemonStatus,
     takeover::{TakeoverStats, OUTCOMES},
@@ -114,12 +115,12 @@ fn sample_scrape() -> String {
     };
     let mut fold = Fold::default();
     let ops = Ops::default();
-    ops.error(super::ops::ErrorCause::ApiAccept);
+    ops.error(crate::ops::ErrorCause::ApiAccept);
     ops.feed_event("leases");
-    ops.feed_rebuild("leases", super::ops::Rebuild::Stuck);
+    ops.feed_rebuild("leases", crate::ops::Rebuild::Stuck);
     ops.feed_undecodable("leases");
     ops.feed_not_admitted("leases");
-    ops.kube_event("SilentTakeover", super::ops::EventOutcome::Published);
+    ops.kube_event("SilentTakeover", crate::ops::EventOutcome::Published);
 
     let scrape = Scrape {
         snapshot: &snapshot,

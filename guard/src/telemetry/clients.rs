@@ -124,9 +124,26 @@ pub struct ClientsTask {
     pub publish: Box<dyn Fn(ClientsDoc) + Send + Sync>,
     pub events: broadcast::Sender<String>,
     /// `--refresh-stale-clients`: the healer (None: off).
-    pub healer: Option<super::refresh::Healer>,
+    pub healer: Option<Box<dyn Heal>>,
     /// The history across restarts (None: none is kept).
     pub keep: Option<Keep>,
+}
+
+/// What the reader hands the clients of each read to (the healer of
+/// `--refresh-stale-clients`, `senders::refresh`): it sends what it
+/// judges allowed and counts why it did or did not.
+pub trait Heal: Send {
+    /// Consider the clients with packets since `since_ns`, judged by
+    /// `ips`' states.
+    fn heal(
+        &mut self,
+        entries: &[Entry],
+        ips: &BTreeMap<IpAddr, IpState>,
+        since_ns: u64,
+        now_ns: u64,
+    );
+    /// Refreshes by outcome (`sent`, `send_failed`, or why not).
+    fn outcomes(&self) -> &BTreeMap<&'static str, u64>;
 }
 
 /// After a walk the reader pauses at least this many times the walk's own
@@ -297,7 +314,7 @@ fn assess_read(task: &mut ClientsTask, l: &mut Loop, stats: Totals) {
         stale: out.clients.values().map(|c| c.stale).sum(),
         failover: l.failover.clone(),
         refreshes: task.healer.as_ref().map(|h| {
-            (h.outcomes.iter())
+            (h.outcomes().iter())
                 .map(|(k, v)| ((*k).to_owned(), *v))
                 .collect()
         }),

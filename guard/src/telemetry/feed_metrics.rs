@@ -76,7 +76,7 @@ pub(super) fn by_stream(
 
 /// Kubernetes Events by reason and outcome.
 pub(super) fn kube_events(
-    m: &std::sync::Mutex<std::collections::BTreeMap<(String, super::ops::EventOutcome), u64>>,
+    m: &std::sync::Mutex<std::collections::BTreeMap<(String, crate::ops::EventOutcome), u64>>,
 ) -> super::family::Family<u64> {
     (
         "arp_guard_kube_events",

@@ -13,13 +13,7 @@
 //! - below [`CLEAR_AT`], takes in again (the streams that skipped objects
 //!   are relisted).
 
-use std::{
-    path::{Path, PathBuf},
-    sync::{
-        atomic::{AtomicBool, Ordering::Relaxed},
-        Mutex,
-    },
-};
+use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
@@ -72,19 +66,6 @@ impl MemoryStatus {
     }
 }
 
-static PRESSURE: AtomicBool = AtomicBool::new(false);
-static LATEST: Mutex<Option<MemoryStatus>> = Mutex::new(None);
-
-/// Past [`PRESSURE_AT`]: the feed takes in no new object.
-pub fn under_pressure() -> bool {
-    PRESSURE.load(Relaxed)
-}
-
-/// The latest sample (None before the first).
-pub fn latest() -> Option<MemoryStatus> {
-    LATEST.lock().unwrap_or_else(|p| p.into_inner()).clone()
-}
-
 /// The next level from `prev` at `used` of `limit` bytes (hysteresis: a
 /// level is left only well below where it was entered).
 pub fn level(prev: Level, used: u64, limit: Option<u64>) -> Level {
@@ -104,9 +85,8 @@ pub fn level(prev: Level, used: u64, limit: Option<u64>) -> Level {
 /// One sample: the resident memory now, `maps_bytes` of BPF maps, the
 /// limit under `root` (read each time: a pod's limit can be resized in
 /// place), the level from the previous sample's.
-pub fn sample(root: &Path, maps_bytes: u64) -> MemoryStatus {
-    let first = latest();
-    let prev = first.as_ref().map_or(Level::Ok, |l| l.level);
+pub fn sample(root: &Path, maps_bytes: u64, first: Option<&MemoryStatus>) -> MemoryStatus {
+    let prev = first.map_or(Level::Ok, |l| l.level);
     let rss_bytes = rss_bytes().unwrap_or(0);
     let limit = find_limit(root);
     if first.is_none() {
@@ -129,12 +109,9 @@ pub fn sample(root: &Path, maps_bytes: u64) -> MemoryStatus {
     }
 }
 
-/// Record a sample: the pressure flag follows its level; logged when the
-/// level changes.
-pub fn record(s: MemoryStatus) {
-    let mut latest = LATEST.lock().unwrap_or_else(|p| p.into_inner());
-    let prev = latest.as_ref().map_or(Level::Ok, |l| l.level);
-    PRESSURE.store(s.level == Level::Pressure, Relaxed);
+/// Log a sample's level when it differs from the previous sample's.
+pub fn log_level(prev: Option<&MemoryStatus>, s: &MemoryStatus) {
+    let prev = prev.map_or(Level::Ok, |l| l.level);
     if s.level != prev {
         let (used_mib, limit_mib) = (mib(s.used()), s.limit_bytes.map_or(0.0, mib));
         match s.level {
@@ -151,7 +128,6 @@ pub fn record(s: MemoryStatus) {
             Level::Ok => tracing::info!(used_mib, limit_mib, "memory well under the cgroup limit again"),
         }
     }
-    *latest = Some(s);
 }
 
 fn mib(b: u64) -> f64 {
@@ -218,16 +194,6 @@ fn read_limit(f: &Path) -> Option<u64> {
     let text = std::fs::read_to_string(f).ok()?;
     let v: u64 = text.trim().parse().ok()?;
     (v < 1 << 62).then_some(v)
-}
-
-/// Give the allocator's free memory back to the system (after a relist:
-/// its pages, freed, would otherwise stay resident).
-pub fn release_free() {
-    #[cfg(target_env = "gnu")]
-    // SAFETY: malloc_trim takes no pointer and only returns free memory.
-    unsafe {
-        libc::malloc_trim(0);
-    }
 }
 
 #[cfg(test)]

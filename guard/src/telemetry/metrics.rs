@@ -16,12 +16,12 @@ use prometheus_client::{
 use super::{
     counters::Snapshot,
     histogram::Histogram,
-    ops::Ops,
     status::{DaemonStatus, InterfaceState},
     takeover::{TakeoverStats, OUTCOMES},
 };
 use crate::{
     model::census::Reason,
+    ops::Ops,
     telemetry::{census::CensusDoc, clients::ClientsDoc},
 };
 

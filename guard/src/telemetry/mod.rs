@@ -14,9 +14,9 @@ mod fold;
 pub mod histogram;
 pub mod memory;
 pub mod metrics;
-pub mod ops;
+
 pub mod probing;
-pub mod refresh;
+
 pub mod status;
 pub mod takeover;
 

@@ -21,7 +21,6 @@ use super::{
     store::{Key, L2Status, ServiceInfo},
     stream::{Event, Stream, Update},
 };
-use crate::telemetry::memory;
 
 fn key_of_bad(b: &Bad) -> Option<Key> {
     Some(objects::key(
@@ -42,7 +41,7 @@ impl Feed {
         if done {
             self.streams[stream].health.synced = true;
             // The relist's pages, decoded and dropped, would stay resident.
-            memory::release_free();
+            crate::datapath::sys::release_free();
         }
     }
 
@@ -56,7 +55,7 @@ impl Feed {
     /// new one is not: counted, logged once per stream, and the stream is
     /// relisted once the pressure is gone. Nothing known is ever dropped.
     fn admit(&mut self, stream: usize, known: bool) -> bool {
-        if known || !self.streams[stream].health.synced || !memory::under_pressure() {
+        if known || !self.streams[stream].health.synced || !self.ops.under_memory_pressure() {
             return true;
         }
         self.ops.feed_not_admitted(&self.streams[stream].name);

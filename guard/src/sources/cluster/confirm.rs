@@ -16,7 +16,7 @@ use super::{
 };
 use crate::{
     model::text::clip,
-    telemetry::ops::{ErrorCause, Rebuild},
+    ops::{ErrorCause, Rebuild},
 };
 
 /// A GET that confirms a Lease: its timeout, and how soon a failed one is retried.

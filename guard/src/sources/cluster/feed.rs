@@ -37,7 +37,7 @@ use super::{
 use crate::{
     model::cluster::{ClusterView, SharedClaims, StreamStatus},
     model::text::clip,
-    telemetry::ops::{ErrorCause, Ops, Rebuild},
+    ops::{ErrorCause, Ops, Rebuild},
 };
 
 /// Default server-side end of each watch (`--kube-watch-timeout`).
@@ -423,7 +423,7 @@ impl Feed {
     }
 
     pub(crate) fn take_rebuilds(&mut self) -> BTreeMap<usize, Rebuild> {
-        if !self.not_admitted.is_empty() && !crate::telemetry::memory::under_pressure() {
+        if !self.not_admitted.is_empty() && !self.ops.under_memory_pressure() {
             tracing::info!("memory back under the limit: relisting the streams that did not take in new objects");
             for s in std::mem::take(&mut self.not_admitted) {
                 self.rebuild.entry(s).or_insert(Rebuild::Memory);

@@ -30,7 +30,7 @@ use super::{
 };
 use crate::{
     model::cluster::ClusterView,
-    telemetry::ops::{Ops, Rebuild},
+    ops::{Ops, Rebuild},
 };
 
 /// A stream failing this long while the API answers has its back-off cut

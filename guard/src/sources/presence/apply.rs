@@ -9,8 +9,8 @@ use super::{
 };
 use crate::{
     model::presence::GuardPods,
+    ops::ErrorCause,
     sources::cluster::decode::{Lease, Obj},
-    telemetry::ops::ErrorCause,
 };
 
 impl Task {

@@ -38,8 +38,8 @@ use request::Result;
 
 use crate::{
     model::presence::{self, GuardPods, Record, Seen, Table},
+    ops::{ErrorCause, Ops},
     sources::cluster::{decode::Lease, dial::Dialer},
-    telemetry::ops::{ErrorCause, Ops},
 };
 
 /// Deleting the Lease at exit waits at most this long.

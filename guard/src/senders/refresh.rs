@@ -84,10 +84,14 @@ pub struct Healer {
     pub outcomes: BTreeMap<&'static str, u64>,
 }
 
-impl Healer {
+impl crate::telemetry::clients::Heal for Healer {
+    fn outcomes(&self) -> &BTreeMap<&'static str, u64> {
+        &self.outcomes
+    }
+
     /// Consider the clients with packets since `since_ns`, against the
     /// states the reader judged them by; send what is allowed.
-    pub fn heal(
+    fn heal(
         &mut self,
         entries: &[Entry],
         ips: &BTreeMap<IpAddr, IpState>,
@@ -151,7 +155,9 @@ impl Healer {
             *self.outcomes.entry(outcome).or_default() += 1;
         }
     }
+}
 
+impl Healer {
     /// Send one refresh; its outcome.
     fn send(
         &self,

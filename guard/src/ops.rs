@@ -1,12 +1,18 @@
 //! The daemon's own operation counters (feed events, map writes, errors),
-//! counted where things happen and exported by /metrics. One [`Ops`] per
+//! counted where things happen and exported by /metrics, and the one
+//! signal the parts share: memory pressure, set by the memory watch and
+//! read by the feed before it takes in a new object. One [`Ops`] per
 //! daemon, made at start-up and handed (an `Arc`) to each part that counts:
 //! the feed, the API, presence, the Kubernetes Events and the main loop.
 //! The label values are typed here; `as_str` is the text /metrics exports.
+//! Below every layer but `model`: whoever counts can reach it.
 
 use std::{
     collections::BTreeMap,
-    sync::{atomic::AtomicU64, Mutex},
+    sync::{
+        atomic::{AtomicBool, AtomicU64, Ordering::Relaxed},
+        Mutex,
+    },
 };
 
 /// Why the daemon counted an error: the `cause` label of
@@ -124,6 +130,9 @@ pub struct Ops {
     pub feed_not_admitted: Mutex<BTreeMap<String, u64>>,
     /// Kubernetes Events, by reason and outcome.
     pub kube_events: Mutex<BTreeMap<(String, EventOutcome), u64>>,
+    /// The memory watch found the daemon past 90 % of its limit: the feed
+    /// takes in no new object until it is back under 75 %.
+    memory_pressure: AtomicBool,
 }
 
 /// Count one more for `key` (allocating its name only the first time).
@@ -146,6 +155,13 @@ fn bump_by<K: Ord>(m: &Mutex<BTreeMap<K, u64>>, key: K) {
 }
 
 impl Ops {
+    /// The memory watch's verdict.
+    pub fn set_memory_pressure(&self, on: bool) {
+        self.memory_pressure.store(on, Relaxed);
+    }
+    pub fn under_memory_pressure(&self) -> bool {
+        self.memory_pressure.load(Relaxed)
+    }
     pub fn error(&self, cause: ErrorCause) {
         bump_by(&self.errors, cause);
     }

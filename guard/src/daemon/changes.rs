@@ -87,10 +87,20 @@ impl Daemon {
         let settling = settling(flags, self.cluster_flags);
         let full = self.full_next || file_changed || unsynced || flags != self.cluster_flags;
         let uplinks = self.uplinks(&table);
-        let mut claims = cluster.as_ref().map(|c| c.claims.lock());
-        // Taken whatever the path: a full derivation covers them too.
-        let taken =
-            (claims.as_mut()).map_or_else(BTreeSet::new, |t| std::mem::take(&mut t.changed));
+        let claims = cluster.as_ref().map(|c| c.claims.lock());
+        // What changed since the version this daemon last read (the feed's
+        // log; read whatever the path: a full derivation covers them too).
+        // A log that no longer reaches back that far: everything.
+        let since = (claims.as_ref()).map(|t| (t.changed_since(self.claims_seen), t.version));
+        let taken = since
+            .as_ref()
+            .and_then(|(c, _)| c.clone())
+            .unwrap_or_default();
+        let lost = since.as_ref().is_some_and(|(c, _)| c.is_none());
+        if let Some((_, v)) = since {
+            self.claims_seen = v;
+        }
+        let full = full || lost;
         let inputs = Inputs {
             node: &self.node,
             file: file.as_ref(),

@@ -102,6 +102,9 @@ pub(crate) struct Daemon {
     /// Derive the whole view at the next change (at start, and whenever the
     /// changed IPs cannot be known).
     full_next: bool,
+    /// The version of the feed's claims this daemon last read (its change
+    /// log says what changed since).
+    claims_seen: u64,
     /// A map write failed: retried with every heartbeat.
     dirty: bool,
     pins_ok: bool,

@@ -211,6 +211,7 @@ impl Daemon {
             addrs: table.clone(),
             cluster_flags: None,
             full_next: true,
+            claims_seen: 0,
             dirty: false,
             pins_ok: true,
             node_warned: false,

@@ -61,16 +61,55 @@ fn is_zero(n: &usize) -> bool {
 }
 
 /// The claims as the feed hands them to the daemon: every LB IP's current
-/// claim, and the IPs whose claim changed since the daemon last took them
-/// (so that one event costs the daemon the IPs it touched, not all of them).
+/// claim, and a log of which IPs changed at which version, so that one
+/// event costs the daemon the IPs it touched, not all of them. The feed
+/// writes it; the daemon only reads (what it has seen is its own: the
+/// version it last read), so the hand-off goes one way.
 #[derive(Debug, Default)]
 pub struct ClaimTable {
     pub claims: BTreeMap<IpAddr, Arc<OwnerClaim>>,
-    pub changed: BTreeSet<IpAddr>,
+    /// The version of the last change written (0: none yet).
+    pub version: u64,
+    /// (version, IP) of the latest changes, oldest first, at most
+    /// [`CHANGE_LOG`]: a reader further behind derives everything anew.
+    log: std::collections::VecDeque<(u64, IpAddr)>,
 }
 
-/// One [`ClaimTable`], shared by the feed (which writes the changes) and the
-/// daemon (which reads them); clones share it.
+/// Changes the log keeps (about 32 bytes each): a daemon that falls this
+/// far behind derives the whole view, as at start.
+pub const CHANGE_LOG: usize = 16_384;
+
+impl ClaimTable {
+    /// A new version in which `changed` took their current claims.
+    pub fn record(&mut self, changed: impl IntoIterator<Item = IpAddr>) {
+        self.version += 1;
+        for ip in changed {
+            if self.log.len() == CHANGE_LOG {
+                self.log.pop_front();
+            }
+            self.log.push_back((self.version, ip));
+        }
+    }
+
+    /// The IPs changed after version `seen`; None when the log no longer
+    /// reaches back that far (derive everything).
+    pub fn changed_since(&self, seen: u64) -> Option<BTreeSet<IpAddr>> {
+        if seen >= self.version {
+            return Some(BTreeSet::new());
+        }
+        let oldest = self.log.front().map_or(self.version + 1, |(v, _)| *v);
+        // Every change after `seen` is still in the log only if the log
+        // starts at or before the first version after it.
+        if oldest > seen + 1 {
+            return None;
+        }
+        let from = self.log.partition_point(|(v, _)| *v <= seen);
+        Some(self.log.range(from..).map(|(_, ip)| *ip).collect())
+    }
+}
+
+/// One [`ClaimTable`], shared by the feed (which writes it) and the daemon
+/// (which reads it); clones share it.
 #[derive(Debug, Clone, Default)]
 pub struct SharedClaims(Arc<Mutex<ClaimTable>>);
 
@@ -133,5 +172,32 @@ impl PartialEq for ClusterView {
             && self.failing_since.is_some() == o.failing_since.is_some()
             && self.threshold == o.threshold
             && self.problem == o.problem
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A reader gets every IP changed since what it saw, however many
+    /// versions it missed, until the log no longer reaches back: then it is
+    /// told to derive everything.
+    #[test]
+    fn the_change_log_says_what_changed_since_a_version_or_that_it_cannot() {
+        let ip = |n: u8| IpAddr::from([198, 51, 100, n]);
+        let mut t = ClaimTable::default();
+        assert_eq!(t.changed_since(0), Some(BTreeSet::new()));
+        t.record([ip(1)]);
+        t.record([ip(2), ip(3)]);
+        t.record([]);
+        assert_eq!(t.version, 3);
+        assert_eq!(t.changed_since(0), Some([ip(1), ip(2), ip(3)].into()));
+        assert_eq!(t.changed_since(1), Some([ip(2), ip(3)].into()));
+        assert_eq!(t.changed_since(3), Some(BTreeSet::new()));
+        for i in 0..CHANGE_LOG {
+            t.record([ip((i % 200) as u8)]);
+        }
+        assert_eq!(t.changed_since(1), None, "pushed out of the log");
+        assert!(t.changed_since(t.version - 5).is_some_and(|s| s.len() == 5));
     }
 }

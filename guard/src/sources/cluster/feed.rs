@@ -254,14 +254,14 @@ impl Feed {
             return;
         }
         let mut t = self.claims.lock();
-        for ip in changed {
-            match self.store.claims().get(&ip) {
-                Some(c) => t.claims.insert(ip, c.clone()),
-                None => t.claims.remove(&ip),
+        for ip in &changed {
+            match self.store.claims().get(ip) {
+                Some(c) => t.claims.insert(*ip, c.clone()),
+                None => t.claims.remove(ip),
             };
-            t.changed.insert(ip);
         }
-        self.claims_version += 1;
+        t.record(changed);
+        self.claims_version = t.version;
     }
 
     fn stream_statuses(&self) -> Vec<StreamStatus> {
@@ -301,8 +301,16 @@ impl Feed {
         }
     }
 
+    /// The view now, with the claims brought up to date first (tests; the
+    /// feed publishes through `changed_view`).
+    #[cfg(test)]
     pub(crate) fn view(&mut self, now: Instant, event_at: Option<Instant>) -> ClusterView {
         self.publish_claims(now);
+        self.published(now, event_at)
+    }
+
+    /// The view of the claims as last published (one publish per view).
+    fn published(&self, now: Instant, event_at: Option<Instant>) -> ClusterView {
         let synced = self.synced();
         ClusterView {
             claims: self.claims.clone(),
@@ -338,7 +346,7 @@ impl Feed {
             return None;
         }
         self.shown = Some(shown);
-        Some(self.view(now, event_at))
+        Some(self.published(now, event_at))
     }
 
     /// The last sign that the API answers: a stream's progress or the

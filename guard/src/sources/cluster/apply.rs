@@ -15,9 +15,9 @@
 use std::{collections::BTreeMap, time::Instant};
 
 use super::{
-    decode::{self, Bad, Obj},
+    decode::{self, Bad, Obj, Object},
     feed::{Feed, Read, Relist},
-    objects,
+    objects::{self, LeaseFields},
     store::{Key, L2Status, ServiceInfo},
     stream::{Event, Stream, Update},
 };
@@ -29,25 +29,189 @@ fn key_of_bad(b: &Bad) -> Option<Key> {
     ))
 }
 
+/// What one kind of object needs of the common path (`Feed::event`):
+/// how it is read into what the store keeps, whether the store needs it,
+/// how it is set, removed, or kept unreadable, and its relist's buffer.
+trait Kind {
+    /// As the stream decodes it.
+    type Raw: Object;
+    /// As the store keeps it.
+    type Info: Clone;
+    /// What the store keeps of `raw`; None: nothing (a Service that is not
+    /// of type LoadBalancer, a status that names no node): gone.
+    fn info(f: &Feed, raw: &Self::Raw) -> Option<Self::Info>;
+    /// The store has it, or needs it for what it has (`info`: as read,
+    /// None when unreadable).
+    fn needed(f: &Feed, k: &Key, info: Option<&Self::Info>) -> bool;
+    fn set(f: &mut Feed, k: Key, info: Self::Info, now: Instant);
+    fn remove(f: &mut Feed, k: &Key);
+    /// Its latest version cannot be read: what was read before stays, not
+    /// trusted.
+    fn unreadable(f: &mut Feed, k: Key, b: &Bad, now: Instant);
+    /// The keys a relist of `stream` replaces (gone unless listed).
+    fn owned(f: &Feed, stream: usize) -> Vec<Key>;
+    fn relist() -> Relist;
+    fn listed(r: &mut Relist) -> Option<&mut BTreeMap<Key, Read<Self::Info>>>;
+    fn take(r: Relist) -> Option<BTreeMap<Key, Read<Self::Info>>>;
+}
+
+struct Services;
+struct Leases;
+struct Statuses;
+
+impl Kind for Services {
+    type Raw = decode::Service;
+    type Info = ServiceInfo;
+    fn info(f: &Feed, raw: &decode::Service) -> Option<ServiceInfo> {
+        objects::service(raw, &f.cfg.filter)
+    }
+    fn needed(f: &Feed, k: &Key, _: Option<&ServiceInfo>) -> bool {
+        f.store.services.contains_key(k)
+    }
+    fn set(f: &mut Feed, k: Key, info: ServiceInfo, _: Instant) {
+        f.store.set_service(k, Some(info));
+    }
+    fn remove(f: &mut Feed, k: &Key) {
+        f.store.set_service(k.clone(), None);
+    }
+    fn unreadable(f: &mut Feed, k: Key, _: &Bad, _: Instant) {
+        if let Some(old) = f.store.services.get(&k).filter(|s| !s.unreadable) {
+            let info = ServiceInfo {
+                unreadable: true,
+                ..old.clone()
+            };
+            f.store.set_service(k, Some(info));
+        }
+    }
+    fn owned(f: &Feed, _: usize) -> Vec<Key> {
+        f.store.services.keys().cloned().collect()
+    }
+    fn relist() -> Relist {
+        Relist::Services(BTreeMap::new())
+    }
+    fn listed(r: &mut Relist) -> Option<&mut BTreeMap<Key, Read<ServiceInfo>>> {
+        match r {
+            Relist::Services(m) => Some(m),
+            _ => None,
+        }
+    }
+    fn take(r: Relist) -> Option<BTreeMap<Key, Read<ServiceInfo>>> {
+        match r {
+            Relist::Services(m) => Some(m),
+            _ => None,
+        }
+    }
+}
+
+impl Kind for Leases {
+    type Raw = decode::Lease;
+    type Info = LeaseFields;
+    fn info(_: &Feed, raw: &decode::Lease) -> Option<LeaseFields> {
+        Some(objects::lease(raw))
+    }
+    fn needed(f: &Feed, k: &Key, _: Option<&LeaseFields>) -> bool {
+        f.store.leases.contains_key(k) || f.store.idx.lease_services.contains_key(k)
+    }
+    fn set(f: &mut Feed, k: Key, info: LeaseFields, now: Instant) {
+        // upsert_lease keeps the observation time of a Lease whose holder
+        // and renewTime did not change: a relist never extends a lease
+        // that stopped being renewed.
+        f.upsert_lease(k, info, now);
+    }
+    fn remove(f: &mut Feed, k: &Key) {
+        f.clamp_warned.remove(k);
+        f.store.remove_lease(k);
+    }
+    fn unreadable(f: &mut Feed, k: Key, b: &Bad, now: Instant) {
+        let holder = objects::holder(b.holder.as_deref());
+        f.store.lease_unreadable(k, holder, now);
+    }
+    fn owned(f: &Feed, _: usize) -> Vec<Key> {
+        f.store.leases.keys().cloned().collect()
+    }
+    fn relist() -> Relist {
+        Relist::Leases(BTreeMap::new())
+    }
+    fn listed(r: &mut Relist) -> Option<&mut BTreeMap<Key, Read<LeaseFields>>> {
+        match r {
+            Relist::Leases(m) => Some(m),
+            _ => None,
+        }
+    }
+    fn take(r: Relist) -> Option<BTreeMap<Key, Read<LeaseFields>>> {
+        match r {
+            Relist::Leases(m) => Some(m),
+            _ => None,
+        }
+    }
+}
+
+impl Kind for Statuses {
+    type Raw = decode::L2Status;
+    type Info = L2Status;
+    fn info(_: &Feed, raw: &decode::L2Status) -> Option<L2Status> {
+        objects::l2status(raw)
+    }
+    fn needed(f: &Feed, k: &Key, info: Option<&L2Status>) -> bool {
+        let names_known = info.is_some_and(|s| f.store.services.contains_key(&s.service));
+        f.store.l2.contains_key(k) || names_known
+    }
+    fn set(f: &mut Feed, k: Key, info: L2Status, _: Instant) {
+        f.store.set_l2(k, Some(info));
+    }
+    fn remove(f: &mut Feed, k: &Key) {
+        f.store.set_l2(k.clone(), None);
+    }
+    fn unreadable(f: &mut Feed, k: Key, _: &Bad, _: Instant) {
+        if let Some(old) = f.store.l2.get(&k).filter(|s| !s.unreadable) {
+            let s = L2Status {
+                unreadable: true,
+                ..old.clone()
+            };
+            f.store.set_l2(k, Some(s));
+        }
+    }
+    /// A status stream owns its namespace's entries only.
+    fn owned(f: &Feed, stream: usize) -> Vec<Key> {
+        let Some(Stream::L2 { namespace }) = f.streams.get(stream).map(|s| &s.kind) else {
+            return Vec::new();
+        };
+        (f.store.l2.keys())
+            .filter(|k| *k.ns == **namespace)
+            .cloned()
+            .collect()
+    }
+    fn relist() -> Relist {
+        Relist::L2(BTreeMap::new())
+    }
+    fn listed(r: &mut Relist) -> Option<&mut BTreeMap<Key, Read<L2Status>>> {
+        match r {
+            Relist::L2(m) => Some(m),
+            _ => None,
+        }
+    }
+    fn take(r: Relist) -> Option<BTreeMap<Key, Read<L2Status>>> {
+        match r {
+            Relist::L2(m) => Some(m),
+            _ => None,
+        }
+    }
+}
+
 impl Feed {
     /// An event of `stream`: into the store (at once for a change, at the
     /// end of a relist for a listed object).
     pub(super) fn apply(&mut self, stream: usize, upd: Update, now: Instant) {
         let done = match upd {
-            Update::Svc(ev) => self.services(stream, *ev),
-            Update::Lease(ev) => self.leases(stream, *ev, now),
-            Update::L2(ev) => self.statuses(stream, *ev),
+            Update::Svc(ev) => self.event::<Services>(stream, *ev, now),
+            Update::Lease(ev) => self.event::<Leases>(stream, *ev, now),
+            Update::L2(ev) => self.event::<Statuses>(stream, *ev, now),
         };
         if done {
             self.streams[stream].health.synced = true;
             // The relist's pages, decoded and dropped, would stay resident.
             crate::datapath::sys::release_free();
         }
-    }
-
-    /// The relist `stream` has in progress.
-    fn relist(&mut self, stream: usize) -> &mut Option<Relist> {
-        &mut self.streams[stream].relist
     }
 
     /// Whether to take in an object (`known`: the store has it, or needs
@@ -77,68 +241,42 @@ impl Feed {
         key
     }
 
-    /// A Service event; true at the end of a relist.
-    fn services(&mut self, stream: usize, ev: Event<decode::Service>) -> bool {
-        let filter = &self.cfg.filter;
+    /// One event of kind `K`; true at the end of a relist.
+    fn event<K: Kind>(&mut self, stream: usize, ev: Event<K::Raw>, now: Instant) -> bool {
         match ev {
-            Event::Listing => self.streams[stream].relist = Some(Relist::Services(BTreeMap::new())),
-            Event::Listed(o) => {
-                let item = match o {
-                    Obj::Good(s) => (objects::service(&s, filter))
-                        .zip(objects::key_of(&Obj::Good(s)))
-                        .map(|(info, k)| (k, Read::Good(info))),
-                    Obj::Bad(b) => self.bad(stream, &b).map(|k| (k, Read::Bad(b))),
-                };
-                let item = item.filter(|(k, _)| {
-                    let known = self.store.services.contains_key(k);
-                    self.admit(stream, known)
-                });
-                if let (Some((k, r)), Some(Relist::Services(m))) = (item, self.relist(stream)) {
-                    m.insert(k, r);
-                }
-            }
-            Event::ListDone => {
-                let Some(Relist::Services(listed)) = self.streams[stream].relist.take() else {
+            Event::Listing => self.streams[stream].relist = Some(K::relist()),
+            Event::Listed(o) => self.listed::<K>(stream, o),
+            Event::ListDone => return self.relisted::<K>(stream, now),
+            Event::Apply(Obj::Good(raw)) => {
+                let info = K::info(self, &raw);
+                let Some(k) = objects::key_of(&Obj::Good(raw)) else {
                     return false;
                 };
-                let gone: Vec<Key> = (self.store.services.keys())
-                    .filter(|k| !listed.contains_key(*k))
-                    .cloned()
-                    .collect();
-                for k in gone {
-                    self.readable(stream, &k);
-                    self.store.set_service(k, None);
-                }
-                for (k, r) in listed {
-                    match r {
-                        Read::Good(info) => {
-                            self.readable(stream, &k);
-                            self.store.set_service(k, Some(info));
-                        }
-                        Read::Bad(_) => self.service_unreadable(k),
-                    }
-                }
-                return true;
-            }
-            Event::Apply(Obj::Good(s)) => {
-                let info = objects::service(&s, filter);
-                if let Some(k) = objects::key_of(&Obj::Good(s)) {
-                    let known = self.store.services.contains_key(&k) || info.is_none();
-                    if self.admit(stream, known) {
+                match info {
+                    // Nothing the store keeps (a Service no longer of type
+                    // LoadBalancer): a deletion, never refused.
+                    None => {
                         self.readable(stream, &k);
-                        self.store.set_service(k, info);
+                        K::remove(self, &k);
+                    }
+                    Some(info) => {
+                        let known = K::needed(self, &k, Some(&info));
+                        if self.admit(stream, known) {
+                            self.readable(stream, &k);
+                            K::set(self, k, info, now);
+                        }
                     }
                 }
             }
             Event::Apply(Obj::Bad(b)) => {
                 if let Some(k) = self.bad(stream, &b) {
-                    self.service_unreadable(k);
+                    K::unreadable(self, k, &b, now);
                 }
             }
             Event::Delete(o) => match objects::key_of(&o) {
                 Some(k) => {
                     self.readable(stream, &k);
-                    self.store.set_service(k, None);
+                    K::remove(self, &k);
                 }
                 None => {
                     if let Obj::Bad(b) = o {
@@ -150,200 +288,52 @@ impl Feed {
         false
     }
 
-    /// A Service's latest version cannot be read: its last good one stays,
-    /// not trusted.
-    fn service_unreadable(&mut self, k: Key) {
-        if let Some(old) = self.store.services.get(&k).filter(|s| !s.unreadable) {
-            let info = ServiceInfo {
-                unreadable: true,
-                ..old.clone()
+    /// One object of a relist, into its buffer (if the store takes it).
+    fn listed<K: Kind>(&mut self, stream: usize, o: Obj<K::Raw>) {
+        let item = match o {
+            Obj::Good(raw) => {
+                // Nothing the store keeps: not listed (so gone at the end).
+                let info = K::info(self, &raw);
+                (info.zip(objects::key_of(&Obj::Good(raw)))).map(|(i, k)| (k, Read::Good(i)))
+            }
+            Obj::Bad(b) => self.bad(stream, &b).map(|k| (k, Read::Bad(b))),
+        };
+        let item = item.filter(|(k, r)| {
+            let info = match r {
+                Read::Good(i) => Some(i),
+                Read::Bad(_) => None,
             };
-            self.store.set_service(k, Some(info));
+            let known = K::needed(self, k, info);
+            self.admit(stream, known)
+        });
+        let buffer = self.streams[stream].relist.as_mut().and_then(K::listed);
+        if let (Some((k, r)), Some(m)) = (item, buffer) {
+            m.insert(k, r);
         }
     }
 
-    /// A Lease event; true at the end of a relist.
-    fn leases(&mut self, stream: usize, ev: Event<decode::Lease>, now: Instant) -> bool {
-        match ev {
-            Event::Listing => self.streams[stream].relist = Some(Relist::Leases(BTreeMap::new())),
-            Event::Listed(o) => {
-                let item = match o {
-                    Obj::Good(l) => {
-                        let f = objects::lease(&l);
-                        objects::key_of(&Obj::Good(l)).map(|k| (k, Read::Good(f)))
-                    }
-                    Obj::Bad(b) => self.bad(stream, &b).map(|k| (k, Read::Bad(b))),
-                };
-                let item = item.filter(|(k, _)| {
-                    let known = self.lease_needed(k);
-                    self.admit(stream, known)
-                });
-                if let (Some((k, r)), Some(Relist::Leases(m))) = (item, self.relist(stream)) {
-                    m.insert(k, r);
-                }
-            }
-            Event::ListDone => {
-                let Some(Relist::Leases(listed)) = self.streams[stream].relist.take() else {
-                    return false;
-                };
-                // upsert_lease keeps the observation time of a Lease whose
-                // holder and renewTime did not change: a relist never extends
-                // a lease that stopped being renewed.
-                let gone: Vec<Key> = (self.store.leases.keys())
-                    .filter(|k| !listed.contains_key(*k))
-                    .cloned()
-                    .collect();
-                for k in gone {
-                    self.readable(stream, &k);
-                    self.store.remove_lease(&k);
-                }
-                self.clamp_warned.retain(|k| listed.contains_key(k));
-                for (k, r) in listed {
-                    match r {
-                        Read::Good(f) => {
-                            self.readable(stream, &k);
-                            self.upsert_lease(k, f, now);
-                        }
-                        Read::Bad(b) => {
-                            let holder = objects::holder(b.holder.as_deref());
-                            self.store.lease_unreadable(k, holder, now);
-                        }
-                    }
-                }
-                return true;
-            }
-            Event::Apply(Obj::Good(l)) => {
-                let f = objects::lease(&l);
-                if let Some(k) = objects::key_of(&Obj::Good(l)) {
-                    let known = self.lease_needed(&k);
-                    if self.admit(stream, known) {
-                        self.readable(stream, &k);
-                        self.upsert_lease(k, f, now);
-                    }
-                }
-            }
-            Event::Apply(Obj::Bad(b)) => {
-                if let Some(k) = self.bad(stream, &b) {
-                    let holder = objects::holder(b.holder.as_deref());
-                    self.store.lease_unreadable(k, holder, now);
-                }
-            }
-            Event::Delete(o) => match objects::key_of(&o) {
-                Some(k) => {
-                    self.readable(stream, &k);
-                    self.clamp_warned.remove(&k);
-                    self.store.remove_lease(&k);
-                }
-                None => {
-                    if let Obj::Bad(b) = o {
-                        self.bad(stream, &b);
-                    }
-                }
-            },
+    /// The end of a relist: what it listed replaces what the stream owned
+    /// (an unreadable object keeps its last good version, not trusted).
+    fn relisted<K: Kind>(&mut self, stream: usize, now: Instant) -> bool {
+        let Some(listed) = self.streams[stream].relist.take().and_then(K::take) else {
+            return false;
+        };
+        let gone: Vec<Key> = (K::owned(self, stream).into_iter())
+            .filter(|k| !listed.contains_key(k))
+            .collect();
+        for k in gone {
+            self.readable(stream, &k);
+            K::remove(self, &k);
         }
-        false
-    }
-
-    /// A ServiceL2Status event; true at the end of a relist.
-    fn statuses(&mut self, stream: usize, ev: Event<decode::L2Status>) -> bool {
-        match ev {
-            Event::Listing => self.streams[stream].relist = Some(Relist::L2(BTreeMap::new())),
-            Event::Listed(o) => {
-                let item = match o {
-                    Obj::Good(s) => {
-                        let status = objects::l2status(&s);
-                        objects::key_of(&Obj::Good(s)).map(|k| (k, Read::Good(status)))
-                    }
-                    Obj::Bad(b) => self.bad(stream, &b).map(|k| (k, Read::Bad(b))),
-                };
-                let item = item.filter(|(k, r)| {
-                    let known = self.status_needed(k, r);
-                    self.admit(stream, known)
-                });
-                if let (Some((k, r)), Some(Relist::L2(m))) = (item, self.relist(stream)) {
-                    m.insert(k, r);
-                }
-            }
-            Event::ListDone => {
-                let Some(Relist::L2(listed)) = self.streams[stream].relist.take() else {
-                    return false;
-                };
-                let Some(Stream::L2 { namespace }) =
-                    self.streams.get(stream).map(|s| s.kind.clone())
-                else {
-                    return false;
-                };
-                // This stream owns its namespace's entries only.
-                let gone: Vec<Key> = (self.store.l2.keys())
-                    .filter(|k| *k.ns == *namespace && !listed.contains_key(*k))
-                    .cloned()
-                    .collect();
-                for k in gone {
+        for (k, r) in listed {
+            match r {
+                Read::Good(info) => {
                     self.readable(stream, &k);
-                    self.store.set_l2(k, None);
+                    K::set(self, k, info, now);
                 }
-                for (k, r) in listed {
-                    match r {
-                        Read::Good(s) => {
-                            self.readable(stream, &k);
-                            self.store.set_l2(k, s);
-                        }
-                        Read::Bad(_) => self.status_unreadable(k),
-                    }
-                }
-                return true;
+                Read::Bad(b) => K::unreadable(self, k, &b, now),
             }
-            Event::Apply(Obj::Good(s)) => {
-                let status = objects::l2status(&s);
-                if let Some(k) = objects::key_of(&Obj::Good(s)) {
-                    let known = self.status_needed(&k, &Read::Good(status.clone()));
-                    if self.admit(stream, known) {
-                        self.readable(stream, &k);
-                        self.store.set_l2(k, status);
-                    }
-                }
-            }
-            Event::Apply(Obj::Bad(b)) => {
-                if let Some(k) = self.bad(stream, &b) {
-                    self.status_unreadable(k);
-                }
-            }
-            Event::Delete(o) => match objects::key_of(&o) {
-                Some(k) => {
-                    self.readable(stream, &k);
-                    self.store.set_l2(k, None);
-                }
-                None => {
-                    if let Obj::Bad(b) = o {
-                        self.bad(stream, &b);
-                    }
-                }
-            },
         }
-        false
-    }
-
-    /// A Lease the store has, or that a Service it has depends on.
-    fn lease_needed(&self, k: &Key) -> bool {
-        self.store.leases.contains_key(k) || self.store.idx.lease_services.contains_key(k)
-    }
-
-    /// A ServiceL2Status the store has, or that names a Service it has.
-    fn status_needed(&self, k: &Key, r: &Read<Option<L2Status>>) -> bool {
-        let names_known =
-            matches!(r, Read::Good(Some(s)) if self.store.services.contains_key(&s.service));
-        self.store.l2.contains_key(k) || names_known
-    }
-
-    /// A ServiceL2Status's latest version cannot be read: its last good
-    /// one stays, not trusted.
-    fn status_unreadable(&mut self, k: Key) {
-        if let Some(old) = self.store.l2.get(&k).filter(|s| !s.unreadable) {
-            let s = L2Status {
-                unreadable: true,
-                ..old.clone()
-            };
-            self.store.set_l2(k, Some(s));
-        }
+        true
     }
 }

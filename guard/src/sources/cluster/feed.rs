@@ -51,7 +51,7 @@ pub const THRESHOLD_CAP: Duration = Duration::from_secs(60);
 pub(super) enum Relist {
     Services(BTreeMap<Key, Read<ServiceInfo>>),
     Leases(BTreeMap<Key, Read<LeaseFields>>),
-    L2(BTreeMap<Key, Read<Option<L2Status>>>),
+    L2(BTreeMap<Key, Read<L2Status>>),
 }
 
 /// One listed object: read, or not.

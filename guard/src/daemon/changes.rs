@@ -14,6 +14,7 @@ use super::{
 };
 use crate::model::{
     addrs::AddrTable,
+    cluster::ClaimTable,
     view::{compute, ClusterIn, Inputs, LbIp, View},
 };
 
@@ -62,6 +63,22 @@ fn addr_changes(old: &AddrTable, new: &AddrTable, lb_ifaces: &[String]) -> BTree
 }
 
 impl Daemon {
+    /// What changed in the feed's claims since the version this daemon last
+    /// read (the feed's log; read whatever the path: a full derivation
+    /// covers them too), and whether the log no longer reaches back that
+    /// far (then everything is derived).
+    fn claims_changed(&mut self, t: Option<&ClaimTable>) -> (BTreeSet<IpAddr>, bool) {
+        let Some(t) = t else {
+            return (BTreeSet::new(), false);
+        };
+        let since = t.changed_since(self.claims_seen);
+        self.claims_seen = t.version;
+        match since {
+            Some(changed) => (changed, false),
+            None => (BTreeSet::new(), true),
+        }
+    }
+
     /// The uplinks: the interfaces the guard is (to be) attached to.
     pub(super) fn uplinks(&self, table: &AddrTable) -> Vec<String> {
         attachments::wanted(&self.cfg.daemon.uplinks, &self.cfg.sources.lb_ifaces, table)
@@ -88,18 +105,7 @@ impl Daemon {
         let full = self.full_next || file_changed || unsynced || flags != self.cluster_flags;
         let uplinks = self.uplinks(&table);
         let claims = cluster.as_ref().map(|c| c.claims.lock());
-        // What changed since the version this daemon last read (the feed's
-        // log; read whatever the path: a full derivation covers them too).
-        // A log that no longer reaches back that far: everything.
-        let since = (claims.as_ref()).map(|t| (t.changed_since(self.claims_seen), t.version));
-        let taken = since
-            .as_ref()
-            .and_then(|(c, _)| c.clone())
-            .unwrap_or_default();
-        let lost = since.as_ref().is_some_and(|(c, _)| c.is_none());
-        if let Some((_, v)) = since {
-            self.claims_seen = v;
-        }
+        let (taken, lost) = self.claims_changed(claims.as_deref());
         let full = full || lost;
         let inputs = Inputs {
             node: &self.node,

@@ -14,6 +14,7 @@
 
 use std::{collections::BTreeMap, time::Instant};
 
+use super::per_stream::StreamId;
 use super::{
     decode::{self, Bad, Obj, Object},
     feed::{Feed, Read, Relist},
@@ -49,7 +50,7 @@ trait Kind {
     /// trusted.
     fn unreadable(f: &mut Feed, k: Key, b: &Bad, now: Instant);
     /// The keys a relist of `stream` replaces (gone unless listed).
-    fn owned(f: &Feed, stream: usize) -> Vec<Key>;
+    fn owned(f: &Feed, stream: StreamId) -> Vec<Key>;
     fn relist() -> Relist;
     fn listed(r: &mut Relist) -> Option<&mut BTreeMap<Key, Read<Self::Info>>>;
     fn take(r: Relist) -> Option<BTreeMap<Key, Read<Self::Info>>>;
@@ -83,7 +84,7 @@ impl Kind for Services {
             f.store.set_service(k, Some(info));
         }
     }
-    fn owned(f: &Feed, _: usize) -> Vec<Key> {
+    fn owned(f: &Feed, _: StreamId) -> Vec<Key> {
         f.store.services.keys().cloned().collect()
     }
     fn relist() -> Relist {
@@ -126,7 +127,7 @@ impl Kind for Leases {
         let holder = objects::holder(b.holder.as_deref());
         f.store.lease_unreadable(k, holder, now);
     }
-    fn owned(f: &Feed, _: usize) -> Vec<Key> {
+    fn owned(f: &Feed, _: StreamId) -> Vec<Key> {
         f.store.leases.keys().cloned().collect()
     }
     fn relist() -> Relist {
@@ -172,7 +173,7 @@ impl Kind for Statuses {
         }
     }
     /// A status stream owns its namespace's entries only.
-    fn owned(f: &Feed, stream: usize) -> Vec<Key> {
+    fn owned(f: &Feed, stream: StreamId) -> Vec<Key> {
         let Some(Stream::L2 { namespace }) = f.streams.get(stream).map(|s| &s.kind) else {
             return Vec::new();
         };
@@ -201,7 +202,7 @@ impl Kind for Statuses {
 impl Feed {
     /// An event of `stream`: into the store (at once for a change, at the
     /// end of a relist for a listed object).
-    pub(super) fn apply(&mut self, stream: usize, upd: Update, now: Instant) {
+    pub(super) fn apply(&mut self, stream: StreamId, upd: Update, now: Instant) {
         let done = match upd {
             Update::Svc(ev) => self.event::<Services>(stream, *ev, now),
             Update::Lease(ev) => self.event::<Leases>(stream, *ev, now),
@@ -218,7 +219,7 @@ impl Feed {
     /// it for what it has). Under memory pressure, after the first sync, a
     /// new one is not: counted, logged once per stream, and the stream is
     /// relisted once the pressure is gone. Nothing known is ever dropped.
-    fn admit(&mut self, stream: usize, known: bool) -> bool {
+    fn admit(&mut self, stream: StreamId, known: bool) -> bool {
         if known || !self.streams[stream].health.synced || !self.ops.under_memory_pressure() {
             return true;
         }
@@ -235,14 +236,14 @@ impl Feed {
 
     /// An object that cannot be decoded, seen by `stream`: counted, logged
     /// once; its key when it has one.
-    fn bad(&mut self, stream: usize, b: &Bad) -> Option<Key> {
+    fn bad(&mut self, stream: StreamId, b: &Bad) -> Option<Key> {
         let key = key_of_bad(b);
         self.undecodable(stream, key.as_ref(), b);
         key
     }
 
     /// One event of kind `K`; true at the end of a relist.
-    fn event<K: Kind>(&mut self, stream: usize, ev: Event<K::Raw>, now: Instant) -> bool {
+    fn event<K: Kind>(&mut self, stream: StreamId, ev: Event<K::Raw>, now: Instant) -> bool {
         match ev {
             Event::Listing => self.streams[stream].relist = Some(K::relist()),
             Event::Listed(o) => self.listed::<K>(stream, o),
@@ -289,7 +290,7 @@ impl Feed {
     }
 
     /// One object of a relist, into its buffer (if the store takes it).
-    fn listed<K: Kind>(&mut self, stream: usize, o: Obj<K::Raw>) {
+    fn listed<K: Kind>(&mut self, stream: StreamId, o: Obj<K::Raw>) {
         let item = match o {
             Obj::Good(raw) => {
                 // Nothing the store keeps: not listed (so gone at the end).
@@ -314,7 +315,7 @@ impl Feed {
 
     /// The end of a relist: what it listed replaces what the stream owned
     /// (an unreadable object keeps its last good version, not trusted).
-    fn relisted<K: Kind>(&mut self, stream: usize, now: Instant) -> bool {
+    fn relisted<K: Kind>(&mut self, stream: StreamId, now: Instant) -> bool {
         let Some(listed) = self.streams[stream].relist.take().and_then(K::take) else {
             return false;
         };

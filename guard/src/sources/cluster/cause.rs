@@ -199,7 +199,7 @@ impl Cause {
 /// Who failed: a stream, the probe, or the confirming GETs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub(crate) enum Who {
-    Stream(usize),
+    Stream(super::per_stream::StreamId),
     Probe,
     Confirm,
 }

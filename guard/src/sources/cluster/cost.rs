@@ -5,6 +5,7 @@
 
 use std::time::{Duration, Instant};
 
+use super::per_stream::StreamId;
 use super::{
     decode::{self, Lease, Service, WatchLine},
     feed::Feed,
@@ -69,18 +70,18 @@ fn listed(n: usize, now: Instant) -> Feed {
     );
     let svc = |e| Msg::Update(Update::Svc(Box::new(e)));
     let lease = |e| Msg::Update(Update::Lease(Box::new(e)));
-    f.on_msg(0, svc(Event::Listing), now);
-    f.on_msg(1, lease(Event::Listing), now);
+    f.on_msg(StreamId::nth(0), svc(Event::Listing), now);
+    f.on_msg(StreamId::nth(1), lease(Event::Listing), now);
     for i in 0..n {
         let s = decode::decode::<Service>(&service_json(i));
-        f.on_msg(0, svc(Event::Listed(s)), now);
+        f.on_msg(StreamId::nth(0), svc(Event::Listed(s)), now);
         let line = lease_line(i, holder(i), 0);
         if let Ok(WatchLine::Modified(l)) = decode::watch_line::<Lease>(&line) {
-            f.on_msg(1, lease(Event::Listed(l)), now);
+            f.on_msg(StreamId::nth(1), lease(Event::Listed(l)), now);
         }
     }
-    f.on_msg(0, svc(Event::ListDone), now);
-    f.on_msg(1, lease(Event::ListDone), now);
+    f.on_msg(StreamId::nth(0), svc(Event::ListDone), now);
+    f.on_msg(StreamId::nth(1), lease(Event::ListDone), now);
     let _ = f.changed_view(now, None);
     f
 }
@@ -90,7 +91,7 @@ fn listed(n: usize, now: Instant) -> Feed {
 fn handle(f: &mut Feed, line: &[u8], now: Instant) -> bool {
     if let Ok(WatchLine::Modified(l)) = decode::watch_line::<Lease>(line) {
         f.on_msg(
-            1,
+            StreamId::nth(1),
             Msg::Update(Update::Lease(Box::new(Event::Apply(l)))),
             now,
         );

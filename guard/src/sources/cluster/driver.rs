@@ -20,6 +20,7 @@ use kube::{
 };
 use tokio::task::JoinHandle;
 
+use super::per_stream::StreamId;
 use super::{
     cause::{Cause, Failure},
     decode::{Obj, Object, WatchLine},
@@ -75,7 +76,7 @@ pub(super) struct Driver {
     lb_filter: Option<Arc<AtomicBool>>,
     watch_timeout: Duration,
     idle: Duration,
-    stream: usize,
+    stream: StreamId,
     generation: u64,
     ctl: Arc<StreamCtl>,
     hub: Arc<Hub>,
@@ -84,7 +85,7 @@ pub(super) struct Driver {
 
 /// Who a stream's task reports to, as what.
 pub(super) struct To {
-    pub stream: usize,
+    pub stream: StreamId,
     pub generation: u64,
     pub ctl: Arc<StreamCtl>,
     pub hub: Arc<Hub>,

@@ -26,6 +26,7 @@ use std::{
     time::{Duration, Instant},
 };
 
+use super::per_stream::{PerStream, StreamId};
 use super::{
     cause::{Cause, Failure, Who},
     decode::Bad,
@@ -92,7 +93,7 @@ pub(crate) struct StreamState {
 pub(crate) struct Feed {
     pub(super) cfg: FeedConfig,
     /// The streams, in the order the tasks and messages number them.
-    pub(super) streams: Vec<StreamState>,
+    pub(super) streams: PerStream<StreamState>,
     pub(super) store: Store,
     /// The probe: failing since, and when it last answered.
     pub(super) probe_failing: Option<Instant>,
@@ -105,7 +106,7 @@ pub(crate) struct Feed {
     /// Confirming GETs failing since (the guard cannot confirm: blind).
     pub(super) confirm_failing: Option<Instant>,
     /// Streams to rebuild (relist), and why.
-    pub(super) rebuild: BTreeMap<usize, Rebuild>,
+    pub(super) rebuild: BTreeMap<StreamId, Rebuild>,
     pub(super) last_error: Option<String>,
     /// Why each failing part fails, while it does.
     pub(super) problems: BTreeMap<Who, Cause>,
@@ -118,7 +119,7 @@ pub(crate) struct Feed {
     pub(super) bad_log: UndecodableLog,
     /// Streams that did not take in a new object under memory pressure:
     /// relisted once it is gone.
-    pub(super) not_admitted: BTreeSet<usize>,
+    pub(super) not_admitted: BTreeSet<StreamId>,
     /// What the last published view showed.
     shown: Option<Shown>,
     /// The daemon's operation counters (events, errors, rebuilds).
@@ -158,6 +159,7 @@ impl Feed {
                 unreadable: BTreeSet::new(),
             })
             .collect();
+        let streams = PerStream::new(streams);
         let store = Store::new(cfg.announcers.clone());
         Feed {
             cfg,
@@ -181,14 +183,14 @@ impl Feed {
         }
     }
 
-    pub(crate) fn name(&self, stream: usize) -> &str {
+    pub(crate) fn name(&self, stream: StreamId) -> &str {
         self.streams
             .get(stream)
             .map_or("probe", |s| s.name.as_str())
     }
 
-    pub(super) fn lease_stream(&self) -> Option<usize> {
-        self.streams.iter().position(|s| s.kind == Stream::Leases)
+    pub(super) fn lease_stream(&self) -> Option<StreamId> {
+        (self.streams.enumerate()).find_map(|(id, s)| (s.kind == Stream::Leases).then_some(id))
     }
 
     /// Record a Lease the API told us about; log an absurd duration once.
@@ -365,7 +367,7 @@ impl Feed {
     }
 
     /// The API answered for `stream` (or the probe).
-    pub(crate) fn ok(&mut self, stream: Option<usize>, now: Instant) {
+    pub(crate) fn ok(&mut self, stream: Option<StreamId>, now: Instant) {
         let (was, who) = match stream {
             Some(i) => {
                 let h = &mut self.streams[i].health;
@@ -383,12 +385,12 @@ impl Feed {
     }
 
     /// `stream` (or the probe) failed; it has been failing since `since`.
-    pub(crate) fn failed(&mut self, stream: Option<usize>, f: &Failure, since: Instant) {
+    pub(crate) fn failed(&mut self, stream: Option<StreamId>, f: &Failure, since: Instant) {
         let who = stream.map_or(Who::Probe, Who::Stream);
         self.report(who, f);
         // Errors carry text from the API server: kept and logged short.
         let e = clip(&f.text, super::objects::MAX_FIELD);
-        let name = self.name(stream.unwrap_or(usize::MAX)).to_owned();
+        let name = stream.map_or("probe", |s| self.name(s)).to_owned();
         match stream {
             Some(i) => {
                 let h = &mut self.streams[i].health;
@@ -402,7 +404,7 @@ impl Feed {
         self.last_error = Some(format!("{name}: {e}"));
     }
 
-    pub(crate) fn on_msg(&mut self, stream: usize, msg: Msg, now: Instant) {
+    pub(crate) fn on_msg(&mut self, stream: StreamId, msg: Msg, now: Instant) {
         match msg {
             Msg::Update(u) => {
                 self.ops.feed_event(self.name(stream));
@@ -430,7 +432,7 @@ impl Feed {
         }
     }
 
-    pub(crate) fn take_rebuilds(&mut self) -> BTreeMap<usize, Rebuild> {
+    pub(crate) fn take_rebuilds(&mut self) -> BTreeMap<StreamId, Rebuild> {
         if !self.not_admitted.is_empty() && !self.ops.under_memory_pressure() {
             tracing::info!("memory back under the limit: relisting the streams that did not take in new objects");
             for s in std::mem::take(&mut self.not_admitted) {
@@ -463,19 +465,27 @@ mod tests {
     /// A relist of the Services stream with `services`.
     fn list_services(f: &mut Feed, t: Instant, services: Vec<Service>) {
         use Event::*;
-        f.apply(0, Update::Svc(Box::new(Listing)), t);
+        f.apply(StreamId::nth(0), Update::Svc(Box::new(Listing)), t);
         for s in services {
-            f.apply(0, Update::Svc(Box::new(Listed(Obj::Good(s)))), t);
+            f.apply(
+                StreamId::nth(0),
+                Update::Svc(Box::new(Listed(Obj::Good(s)))),
+                t,
+            );
         }
-        f.apply(0, Update::Svc(Box::new(ListDone)), t);
+        f.apply(StreamId::nth(0), Update::Svc(Box::new(ListDone)), t);
     }
 
     fn list(f: &mut Feed, t: Instant, lease: Lease) {
         use Event::{ListDone, Listed, Listing};
         list_services(f, t, vec![svc()]);
-        f.apply(1, Update::Lease(Box::new(Listing)), t);
-        f.apply(1, Update::Lease(Box::new(Listed(Obj::Good(lease)))), t);
-        f.apply(1, Update::Lease(Box::new(ListDone)), t);
+        f.apply(StreamId::nth(1), Update::Lease(Box::new(Listing)), t);
+        f.apply(
+            StreamId::nth(1),
+            Update::Lease(Box::new(Listed(Obj::Good(lease)))),
+            t,
+        );
+        f.apply(StreamId::nth(1), Update::Lease(Box::new(ListDone)), t);
     }
 
     /// The renewTime of the Lease as first listed.
@@ -566,7 +576,10 @@ mod tests {
             t10,
         );
         assert_eq!(owner(&mut f, t10), node_a(true), "renewed: certain again");
-        assert_eq!(f.take_rebuilds().into_keys().collect::<Vec<_>>(), vec![1]);
+        assert_eq!(
+            f.take_rebuilds().into_keys().collect::<Vec<_>>(),
+            vec![StreamId::nth(1)]
+        );
         let v = f.view(t10, None);
         assert!(!v.streams[1].healthy, "the stuck stream shows as failing");
         // Blind since its last progress (t0), so past the 15 s floor it degrades.
@@ -596,7 +609,7 @@ mod tests {
         assert_eq!(f.due_confirmations(t10, 0).len(), 1);
         // The watch delivers a renewal after the GET went out...
         f.apply(
-            1,
+            StreamId::nth(1),
             Update::Lease(Box::new(Apply(Obj::Good(lease_json(
                 "node-a",
                 "2026-11-30T10:00:11.000000Z",
@@ -612,7 +625,7 @@ mod tests {
         assert_eq!(owner(&mut f, t12), node_a(true), "not removed");
         // Deleted by the watch after the GET went out: not revived.
         f.apply(
-            1,
+            StreamId::nth(1),
             Update::Lease(Box::new(Delete(Obj::Good(lease_json(
                 "node-a",
                 "2026-11-30T10:00:11.000000Z",
@@ -648,12 +661,16 @@ mod tests {
             "status": {"loadBalancer": {"ingress": [{"ip": "198.51.100.20"}]}}
         }))
         .unwrap();
-        f.apply(0, Update::Svc(Box::new(Listing)), t0);
-        f.apply(0, Update::Svc(Box::new(Listed(Obj::Good(api)))), t0);
+        f.apply(StreamId::nth(0), Update::Svc(Box::new(Listing)), t0);
+        f.apply(
+            StreamId::nth(0),
+            Update::Svc(Box::new(Listed(Obj::Good(api)))),
+            t0,
+        );
         // Half-way through, the last known state holds (nothing vanishes
         // because a list is in progress).
         assert_eq!(ips(&mut f), ["198.51.100.10"]);
-        f.apply(0, Update::Svc(Box::new(ListDone)), t0);
+        f.apply(StreamId::nth(0), Update::Svc(Box::new(ListDone)), t0);
         assert_eq!(ips(&mut f), ["198.51.100.20"]);
     }
 
@@ -673,13 +690,17 @@ mod tests {
     fn degrades_after_the_threshold_and_recovers_per_stream() {
         let t0 = Instant::now();
         let mut f = synced(t0);
-        f.failed(Some(1), &Failure::new(Cause::Unreachable, "refused"), t0);
+        f.failed(
+            Some(StreamId::nth(1)),
+            &Failure::new(Cause::Unreachable, "refused"),
+            t0,
+        );
         assert!(!f.view(secs(t0, 14), None).degraded);
         assert!(f.view(secs(t0, 15), None).degraded, "15 s floor");
         // The probe answering does not vouch for the lease stream.
         f.ok(None, t0);
         assert!(f.view(secs(t0, 16), None).degraded);
-        f.ok(Some(1), t0);
+        f.ok(Some(StreamId::nth(1)), t0);
         // Streams healthy; the lease, past its deadline (10 s) and not yet
         // confirmed, has kept the guard blind for 6 s only.
         let v = f.view(secs(t0, 16), None);
@@ -691,13 +712,13 @@ mod tests {
         let t0 = Instant::now();
         let mut f = synced(t0);
         let t = t0 + WATCH_TIMEOUT + IDLE_MARGIN;
-        f.on_msg(0, Msg::Idle(WATCH_TIMEOUT + IDLE_MARGIN), t);
+        f.on_msg(StreamId::nth(0), Msg::Idle(WATCH_TIMEOUT + IDLE_MARGIN), t);
         let v = f.view(t, None);
         assert!(!v.streams[0].healthy);
         assert!(v.streams[0].error.as_deref().unwrap().contains("stuck"));
-        assert_eq!(f.streams[0].health.failing_since, Some(t0));
+        assert_eq!(f.streams[StreamId::nth(0)].health.failing_since, Some(t0));
         assert!(v.degraded, "blind for longer than the threshold");
-        f.on_msg(0, Msg::Progress, t);
+        f.on_msg(StreamId::nth(0), Msg::Progress, t);
         assert!(f.view(t, None).streams[0].healthy);
     }
 
@@ -708,12 +729,16 @@ mod tests {
         let t0 = Instant::now();
         let mut f = synced(t0);
         let ops = f.ops.clone();
-        f.on_msg(0, Msg::Failed(Failure::new(Cause::Server, "500")), t0);
-        f.on_msg(0, Msg::Idle(WATCH_TIMEOUT + IDLE_MARGIN), t0);
+        f.on_msg(
+            StreamId::nth(0),
+            Msg::Failed(Failure::new(Cause::Server, "500")),
+            t0,
+        );
+        f.on_msg(StreamId::nth(0), Msg::Idle(WATCH_TIMEOUT + IDLE_MARGIN), t0);
         let errors = ops.errors.lock().unwrap().clone();
         assert_eq!(errors.get(&ErrorCause::KubernetesFeed), Some(&1));
         let rebuilds = ops.feed_rebuilds.lock().unwrap().clone();
-        let name = f.name(0).to_owned();
+        let name = f.name(StreamId::nth(0)).to_owned();
         assert_eq!(rebuilds.get(&(name, Rebuild::Idle)), Some(&1));
         assert_eq!(Rebuild::Idle.as_str(), "idle");
     }
@@ -726,9 +751,9 @@ mod tests {
         let t0 = Instant::now();
         let mut f = synced(t0);
         let unauthorized = Failure::new(Cause::Unauthorized, "list: 401");
-        f.failed(Some(0), &unauthorized, t0);
+        f.failed(Some(StreamId::nth(0)), &unauthorized, t0);
         f.failed(None, &unauthorized, t0);
-        f.failed(Some(1), &unauthorized, t0);
+        f.failed(Some(StreamId::nth(1)), &unauthorized, t0);
         assert_eq!(
             f.logged.iter().copied().collect::<Vec<_>>(),
             [Cause::Unauthorized]
@@ -740,7 +765,7 @@ mod tests {
         assert_eq!(f.logged.len(), 2);
         assert!(f.problem().unwrap().contains("401"));
         // Part of the feed answers: still failing, still a problem.
-        f.ok(Some(0), t0);
+        f.ok(Some(StreamId::nth(0)), t0);
         f.ok(None, t0);
         assert!(f.problem().unwrap().contains("401"));
         assert_eq!(
@@ -749,13 +774,21 @@ mod tests {
             "not forgotten before the feed is healthy"
         );
         // A 403 replaces the 401 on the Lease stream.
-        f.failed(Some(1), &Failure::new(Cause::Forbidden, "watch: 403"), t0);
+        f.failed(
+            Some(StreamId::nth(1)),
+            &Failure::new(Cause::Forbidden, "watch: 403"),
+            t0,
+        );
         assert!(f.problem().unwrap().contains("403 Forbidden"));
-        f.ok(Some(1), t0);
+        f.ok(Some(StreamId::nth(1)), t0);
         assert_eq!(f.view(t0, None).problem, None);
         assert!(f.logged.is_empty(), "healthy: a recurrence is logged again");
         // Causes waited out are no problem of the guard's own.
-        f.failed(Some(0), &Failure::new(Cause::Server, "500"), t0);
+        f.failed(
+            Some(StreamId::nth(0)),
+            &Failure::new(Cause::Server, "500"),
+            t0,
+        );
         assert_eq!(f.problem(), None);
     }
 
@@ -776,7 +809,11 @@ mod tests {
         assert!(f.due_confirmations(t11, 0).is_empty(), "backing off");
         assert_eq!(f.view(t11, None).failing_since, Some(t10));
         let renewed = lease_json("node-a", "2026-11-30T10:00:12.000000Z");
-        f.apply(1, Update::Lease(Box::new(Apply(Obj::Good(renewed)))), t12);
+        f.apply(
+            StreamId::nth(1),
+            Update::Lease(Box::new(Apply(Obj::Good(renewed)))),
+            t12,
+        );
         assert!(f.due_confirmations(t12, 0).is_empty());
         let v = f.view(t12, None);
         assert_eq!((v.failing_since, v.problem), (None, None));
@@ -793,7 +830,11 @@ mod tests {
         l.spec.as_mut().unwrap().lease_duration_seconds = Some(Seconds(2147483647));
         list(&mut f, t0, l);
         assert_eq!(f.threshold(), THRESHOLD_CAP);
-        f.failed(Some(0), &Failure::new(Cause::Server, "500"), t0);
+        f.failed(
+            Some(StreamId::nth(0)),
+            &Failure::new(Cause::Server, "500"),
+            t0,
+        );
         assert!(!f.view(secs(t0, 59), None).degraded);
         assert!(f.view(secs(t0, 60), None).degraded);
     }

@@ -16,6 +16,7 @@ use std::{
 
 use tokio::sync::{watch, Notify};
 
+use super::per_stream::{PerStream, StreamId};
 use super::{feed::Feed, stream::Msg};
 use crate::model::cluster::ClusterView;
 
@@ -46,7 +47,7 @@ pub(super) struct Hub {
 pub(super) struct Core {
     pub(super) feed: Feed,
     /// Each stream's current task (a replaced task's messages are dropped).
-    pub(super) generations: Vec<u64>,
+    pub(super) generations: PerStream<u64>,
     pub(super) next_probe: Instant,
     /// A stream's task panicked (its name): the feed stops, as it did when
     /// its loop applied every message itself (the daemon exits and is
@@ -64,7 +65,7 @@ impl Hub {
     pub(super) fn new(feed: Feed, tx: watch::Sender<ClusterView>, now: Instant) -> Hub {
         Hub {
             core: Mutex::new(Core {
-                generations: vec![0; feed.streams.len()],
+                generations: feed.streams.map(|_| 0),
                 feed,
                 next_probe: now + PROBE_EVERY,
                 panicked: None,
@@ -98,7 +99,7 @@ impl Hub {
     /// the last of them: a burst is one view).
     pub(super) fn deliver(
         &self,
-        (stream, generation): (usize, u64),
+        (stream, generation): (StreamId, u64),
         msg: Msg,
         more: bool,
     ) -> Result<(), Closed> {
@@ -127,7 +128,7 @@ impl Hub {
 /// Set on a stream's task: tells the loop when the task ends by a panic.
 pub(super) struct PanicWatch {
     pub hub: std::sync::Arc<Hub>,
-    pub stream: usize,
+    pub stream: StreamId,
     pub generation: u64,
 }
 
@@ -288,8 +289,8 @@ mod tests {
     fn a_stream_s_events_are_applied_in_its_task_and_published_per_read() {
         let t0 = Instant::now();
         let (h, rx) = hub(t0);
-        let svcs = (0, 0);
-        let leases = (1, 0);
+        let svcs = (StreamId::nth(0), 0);
+        let leases = (StreamId::nth(1), 0);
         h.deliver(svcs, svc_msg(Event::Listing), false)
             .ok()
             .unwrap();
@@ -329,7 +330,7 @@ mod tests {
         h.deliver(leases, moved("node-c"), false).ok().unwrap();
         assert_eq!(owner(&rx).as_deref(), Some("node-c"));
         // The stream's task was replaced: the old one's messages are refused.
-        h.lock().generations[1] += 1;
+        h.lock().generations[StreamId::nth(1)] += 1;
         assert!(h.deliver(leases, moved("node-d"), false).is_err());
         assert_eq!(owner(&rx).as_deref(), Some("node-c"));
     }
@@ -345,7 +346,7 @@ mod tests {
         let quiet = std::thread::spawn(move || {
             let _w = PanicWatch {
                 hub: a,
-                stream: 0,
+                stream: StreamId::nth(0),
                 generation: 0,
             };
         });
@@ -358,7 +359,7 @@ mod tests {
         let died = std::thread::spawn(move || {
             let _w = PanicWatch {
                 hub: b,
-                stream: 0,
+                stream: StreamId::nth(0),
                 generation: 0,
             };
             panic!("applying an event");

@@ -27,6 +27,7 @@ mod hub;
 pub mod index;
 mod keys;
 pub mod objects;
+mod per_stream;
 pub mod problems;
 pub mod store;
 pub mod stream;

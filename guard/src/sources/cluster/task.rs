@@ -15,6 +15,7 @@ use tokio::{
     task::JoinHandle,
 };
 
+use super::per_stream::{PerStream, StreamId};
 use super::{
     cause::Failure,
     confirm::{Confirmation, CONFIRM_TIMEOUT},
@@ -183,7 +184,7 @@ struct Task {
     dialer: Dialer,
     cfg: FeedConfig,
     hub: Arc<Hub>,
-    running: Vec<Running>,
+    running: PerStream<Running>,
     confirm_tx: mpsc::Sender<(Key, Instant, Confirmation)>,
     in_flight: usize,
     /// The API server filters Services by type (cleared when it cannot).
@@ -207,13 +208,13 @@ pub async fn run(
         dialer,
         cfg,
         hub: hub.clone(),
-        running: Vec::new(),
+        running: PerStream::new(Vec::new()),
         confirm_tx,
         in_flight: 0,
         lb_filter: Arc::new(AtomicBool::new(true)),
     };
-    let streams = hub.lock().generations.len();
-    t.running = (0..streams).map(|i| t.spawn(i, 0)).collect();
+    let streams = hub.lock().generations.map(|_| ());
+    t.running = streams.map(|i| t.spawn(i, 0));
     // One timer for the loop's deadlines, moved only when the next one
     // changes (not re-armed for every event: most never reach the loop).
     let deadline = tokio::time::sleep_until(Instant::now().into());
@@ -249,7 +250,7 @@ pub async fn run(
 }
 
 impl Task {
-    fn spawn(&self, i: usize, generation: u64) -> Running {
+    fn spawn(&self, i: StreamId, generation: u64) -> Running {
         let ctl = Arc::new(StreamCtl::default());
         let stream = self.hub.lock().feed.streams[i].kind.clone();
         let to = driver::To {
@@ -313,7 +314,7 @@ impl Task {
     /// shows would have been answered long ago (a connection dead since an
     /// outage): rebuild it. A request merely in flight is left alone.
     fn unstick(&mut self, feed: &mut Feed, now: Instant) {
-        for (i, s) in feed.streams.iter().enumerate() {
+        for (i, s) in feed.streams.enumerate() {
             let failing =
                 (s.health.failing_since).is_some_and(|t| now.duration_since(t) >= REBUILD_AFTER);
             let r = &mut self.running[i];

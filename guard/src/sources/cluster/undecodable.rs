@@ -4,6 +4,7 @@
 //! again), and shown per stream in the status. What the store does with
 //! them is `apply`'s.
 
+use super::per_stream::StreamId;
 use super::{decode::Bad, feed::Feed, store::Key, stream::Stream};
 
 /// Distinct undecodable objects logged one by one; past it, one line says
@@ -26,7 +27,7 @@ fn consequence(s: Option<&Stream>) -> &'static str {
 
 impl Feed {
     /// `stream` delivered an object it cannot decode.
-    pub(super) fn undecodable(&mut self, stream: usize, key: Option<&Key>, b: &Bad) {
+    pub(super) fn undecodable(&mut self, stream: StreamId, key: Option<&Key>, b: &Bad) {
         self.ops.feed_undecodable(&self.streams[stream].name);
         let new = match (key, self.streams.get_mut(stream)) {
             (Some(k), Some(s)) => s.unreadable.insert(k.clone()),
@@ -56,7 +57,7 @@ impl Feed {
     }
 
     /// `stream` read the object `key` (or saw it deleted): no longer unreadable.
-    pub(super) fn readable(&mut self, stream: usize, key: &Key) {
+    pub(super) fn readable(&mut self, stream: StreamId, key: &Key) {
         let Some(s) = self.streams.get_mut(stream) else {
             return;
         };

@@ -32,13 +32,13 @@ pub struct PresenceArgs {
     #[arg(long, env = "POD_NAMESPACE", value_name = "NS")]
     pub presence_namespace: Option<String>,
     #[command(flatten)]
-    pub probing: ProbeArgs,
+    pub probing: ProbingArgs,
 }
 
 /// The active census: each guard asks (ARP, NS) about a share of the LB IPs
 /// it does not own, so that unicast answers and silence are seen too.
 #[derive(Debug, Clone, Args)]
-pub struct ProbeArgs {
+pub struct ProbingArgs {
     /// How often each LB IP is asked about (jittered; stretched by the caps
     /// below). Needs presence (the share is computed over the live guards)
     /// and the census; 0 turns the active census off.
@@ -64,7 +64,7 @@ pub struct ProbeArgs {
     pub probe_in_monitor_mode: bool,
 }
 
-impl ProbeArgs {
+impl ProbingArgs {
     /// The pace, or None when off.
     pub fn pace(&self) -> Option<crate::model::probing::Pace> {
         (!self.probe_interval.is_zero()).then_some(crate::model::probing::Pace {

@@ -14,8 +14,8 @@ pub struct UninstallArgs {
     #[arg(long, value_name = "PATH", default_value = DEFAULT_PIN_DIR)]
     pub pin_dir: PathBuf,
     /// Also remove arp-guard's netlink filter from these interfaces (default: every interface).
-    #[arg(short, long = "interface", value_name = "IFACE")]
-    pub interfaces: Vec<String>,
+    #[arg(short = 'i', long = "interface", value_name = "IFACE")]
+    pub uplinks: Vec<String>,
     /// Remove the pins even while a daemon holds the pin directory.
     #[arg(long)]
     pub force: bool,
@@ -32,8 +32,8 @@ pub struct UninstallArgs {
 #[derive(Debug, Args)]
 pub struct CountersArgs {
     /// Interface whose guard is read (in the current network namespace).
-    #[arg(short, long = "interface", value_name = "IFACE", required = true)]
-    pub interfaces: Vec<String>,
+    #[arg(short = 'i', long = "interface", value_name = "IFACE", required = true)]
+    pub uplinks: Vec<String>,
     /// Output format.
     #[arg(short, long, value_enum, default_value_t = Output::Table)]
     pub output: Output,

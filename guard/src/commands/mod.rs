@@ -127,7 +127,7 @@ async fn netlink_guard_id(iface: &str) -> Result<u32> {
 
 /// `arp-guard counters`.
 pub async fn counters(args: &CountersArgs) -> Result<()> {
-    for iface in &args.interfaces {
+    for iface in &args.uplinks {
         let doc = counters_of(iface, args).await?;
         match args.output {
             Output::Table => {
@@ -176,10 +176,10 @@ pub async fn uninstall(args: &UninstallArgs) -> Result<()> {
     for name in pins::uninstall(dir)? {
         println!("removed {}/{name}", dir.display());
     }
-    let names = if args.interfaces.is_empty() {
+    let names = if args.uplinks.is_empty() {
         interface_names()
     } else {
-        args.interfaces.clone()
+        args.uplinks.clone()
     };
     // One interface failing (gone meanwhile) does not stop the others.
     let mut failed = Vec::new();

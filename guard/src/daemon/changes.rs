@@ -14,7 +14,7 @@ use super::{
 };
 use crate::model::{
     addrs::AddrTable,
-    cluster::ClaimTable,
+    cluster::OwnerTable,
     view::{compute, ClusterIn, Inputs, LbIp, View},
 };
 
@@ -67,7 +67,7 @@ impl Daemon {
     /// read (the feed's log; read whatever the path: a full derivation
     /// covers them too), and whether the log no longer reaches back that
     /// far (then everything is derived).
-    fn claims_changed(&mut self, t: Option<&ClaimTable>) -> (BTreeSet<IpAddr>, bool) {
+    fn claims_changed(&mut self, t: Option<&OwnerTable>) -> (BTreeSet<IpAddr>, bool) {
         let Some(t) = t else {
             return (BTreeSet::new(), false);
         };
@@ -104,7 +104,7 @@ impl Daemon {
         let settling = settling(flags, self.cluster_flags);
         let full = self.full_next || file_changed || unsynced || flags != self.cluster_flags;
         let uplinks = self.uplinks(&table);
-        let claims = cluster.as_ref().map(|c| c.claims.lock());
+        let claims = cluster.as_ref().map(|c| c.owners.lock());
         let (taken, lost) = self.claims_changed(claims.as_deref());
         let full = full || lost;
         let inputs = Inputs {
@@ -114,7 +114,7 @@ impl Daemon {
             uplinks: &uplinks,
             addrs: &table,
             cluster: (claims.as_ref().zip(cluster.as_ref())).map(|(t, c)| ClusterIn {
-                claims: &t.claims,
+                owners: &t.owners,
                 degraded: c.degraded,
             }),
         };

@@ -12,7 +12,7 @@ use std::{
 /// the feed, the table it hands the daemon and the daemon's view: one copy
 /// per IP, however many hold it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct OwnerClaim {
+pub struct OwnerRecord {
     /// The node that may announce it; None: nobody (known) does.
     pub owner: Option<Arc<str>>,
     /// Which object said so, in words an operator can look up.
@@ -66,8 +66,8 @@ fn is_zero(n: &usize) -> bool {
 /// writes it; the daemon only reads (what it has seen is its own: the
 /// version it last read), so the hand-off goes one way.
 #[derive(Debug, Default)]
-pub struct ClaimTable {
-    pub claims: BTreeMap<IpAddr, Arc<OwnerClaim>>,
+pub struct OwnerTable {
+    pub owners: BTreeMap<IpAddr, Arc<OwnerRecord>>,
     /// The version of the last change written (0: none yet).
     pub version: u64,
     /// (version, IP) of the latest changes, oldest first, at most
@@ -79,7 +79,7 @@ pub struct ClaimTable {
 /// far behind derives the whole view, as at start.
 pub const CHANGE_LOG: usize = 16_384;
 
-impl ClaimTable {
+impl OwnerTable {
     /// A new version in which `changed` took their current claims.
     pub fn record(&mut self, changed: impl IntoIterator<Item = IpAddr>) {
         self.version += 1;
@@ -108,13 +108,13 @@ impl ClaimTable {
     }
 }
 
-/// One [`ClaimTable`], shared by the feed (which writes it) and the daemon
+/// One [`OwnerTable`], shared by the feed (which writes it) and the daemon
 /// (which reads it); clones share it.
 #[derive(Debug, Clone, Default)]
-pub struct SharedClaims(Arc<Mutex<ClaimTable>>);
+pub struct SharedOwners(Arc<Mutex<OwnerTable>>);
 
-impl SharedClaims {
-    pub fn lock(&self) -> MutexGuard<'_, ClaimTable> {
+impl SharedOwners {
+    pub fn lock(&self) -> MutexGuard<'_, OwnerTable> {
         // A panic while holding it leaves plain data, still consistent per entry.
         self.0
             .lock()
@@ -123,9 +123,9 @@ impl SharedClaims {
 
     /// A copy of every claim (tests).
     #[cfg(test)]
-    pub fn snapshot(&self) -> BTreeMap<IpAddr, OwnerClaim> {
-        (self.lock().claims.iter())
-            .map(|(ip, c)| (*ip, OwnerClaim::clone(c)))
+    pub fn snapshot(&self) -> BTreeMap<IpAddr, OwnerRecord> {
+        (self.lock().owners.iter())
+            .map(|(ip, c)| (*ip, OwnerRecord::clone(c)))
             .collect()
     }
 }
@@ -135,9 +135,9 @@ impl SharedClaims {
 pub struct ClusterView {
     /// Empty until every stream has completed its first list, so that an
     /// announcer that lists late cannot be overruled by one that listed early.
-    pub claims: SharedClaims,
+    pub owners: SharedOwners,
     /// Bumped whenever `claims` changed (what equality compares).
-    pub claims_version: u64,
+    pub owners_version: u64,
     /// Every watcher has completed its first list.
     pub synced: bool,
     /// The guard has been blind for longer than the threshold.
@@ -163,7 +163,7 @@ pub struct ClusterView {
 
 impl PartialEq for ClusterView {
     fn eq(&self, o: &Self) -> bool {
-        self.claims_version == o.claims_version
+        self.owners_version == o.owners_version
             && self.synced == o.synced
             && self.degraded == o.degraded
             && self.holders == o.holders
@@ -185,7 +185,7 @@ mod tests {
     #[test]
     fn the_change_log_says_what_changed_since_a_version_or_that_it_cannot() {
         let ip = |n: u8| IpAddr::from([198, 51, 100, n]);
-        let mut t = ClaimTable::default();
+        let mut t = OwnerTable::default();
         assert_eq!(t.changed_since(0), Some(BTreeSet::new()));
         t.record([ip(1)]);
         t.record([ip(2), ip(3)]);

@@ -3,11 +3,11 @@
 //! reason and in which words, and how often one may be published. Pure:
 //! the publisher (`daemon/kube_events.rs`) hands it lines and the clock.
 
+use super::probing::ProbingVerdict;
 #[cfg(test)]
 pub use limiter::MAX_PENDING;
 pub use limiter::{Limiter, Limits, Offered, StreamKey};
 use probe::probe;
-pub use probe::ProbeVerdict;
 use std::{
     collections::BTreeMap,
     net::IpAddr,
@@ -128,7 +128,7 @@ pub enum Finding {
     /// The active census: a verdict about an IP this node asks about.
     Probe {
         ip: IpAddr,
-        verdict: ProbeVerdict,
+        verdict: ProbingVerdict,
         ended: bool,
         owner: Option<String>,
         answered_by: Vec<String>,
@@ -199,11 +199,11 @@ pub fn parse(line: &str) -> Option<Finding> {
             Some(Finding::Probe {
                 ip,
                 verdict: if e.starts_with("probe_conflict") {
-                    ProbeVerdict::Conflict
+                    ProbingVerdict::Conflict
                 } else if e.starts_with("silent_owner") {
-                    ProbeVerdict::SilentOwner
+                    ProbingVerdict::SilentOwner
                 } else {
-                    ProbeVerdict::WrongInterface
+                    ProbingVerdict::WrongInterface
                 },
                 ended: e.ends_with("_ended"),
                 owner: v.get("owner").and_then(|o| o.as_str()).map(str::to_owned),

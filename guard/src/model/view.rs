@@ -11,7 +11,7 @@ use std::{
 
 use guard_common::Ownership;
 
-use super::{addrs::AddrTable, cluster::OwnerClaim, ownership::OwnershipFile};
+use super::{addrs::AddrTable, cluster::OwnerRecord, ownership::OwnershipFile};
 
 /// Where the knowledge about an LB IP came from (for logs and explanations).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -94,11 +94,11 @@ pub struct Inputs<'a> {
     pub cluster: Option<ClusterIn<'a>>,
 }
 
-/// What the view reads of the cluster feed: its claims (as the feed keeps
-/// them, under its lock) and whether it is stale.
+/// What the view reads of the cluster feed: its owner records (as the feed
+/// keeps them, under its lock) and whether it is stale.
 #[derive(Clone, Copy)]
 pub struct ClusterIn<'a> {
-    pub claims: &'a BTreeMap<IpAddr, Arc<OwnerClaim>>,
+    pub owners: &'a BTreeMap<IpAddr, Arc<OwnerRecord>>,
     pub degraded: bool,
 }
 
@@ -132,7 +132,7 @@ pub fn derive_ip(i: &Inputs<'_>, ip: IpAddr, on_iface: Option<&str>) -> Option<L
         });
     }
     if let Some(c) = &i.cluster {
-        if let Some(claim) = c.claims.get(&ip) {
+        if let Some(claim) = c.owners.get(&ip) {
             let stale = c.degraded || !claim.certain;
             return Some(LbIp {
                 state: state_of(claim.owner.as_deref(), i.node, stale),
@@ -172,7 +172,7 @@ pub fn compute(i: &Inputs<'_>) -> View {
         }
     }
     if let Some(c) = &i.cluster {
-        for ip in c.claims.keys() {
+        for ip in c.owners.keys() {
             ips.entry(*ip).or_insert(None);
         }
     }
@@ -435,7 +435,7 @@ mod tests {
     /// from the same inputs.
     #[test]
     fn incremental_view_equals_the_full_derivation() {
-        use crate::model::{cluster::OwnerClaim, ownership::Entry};
+        use crate::model::{cluster::OwnerRecord, ownership::Entry};
         let pool: Vec<IpAddr> = (1..=12)
             .map(|i| IpAddr::V4(Ipv4Addr::new(198, 51, 100, i)))
             .chain(
@@ -451,7 +451,7 @@ mod tests {
             t.links.insert("eth0".into(), 2);
             t.links.insert("kube-ipvs0".into(), 5);
             t.links.insert("lb1".into(), 6);
-            let mut claims: BTreeMap<IpAddr, Arc<OwnerClaim>> = BTreeMap::new();
+            let mut claims: BTreeMap<IpAddr, Arc<OwnerRecord>> = BTreeMap::new();
             let mut file: Option<OwnershipFile> = None;
             let mut degraded = false;
             let mut view = View::default();
@@ -495,7 +495,7 @@ mod tests {
                             claims.remove(&ip);
                         }
                         o => {
-                            let c = OwnerClaim {
+                            let c = OwnerRecord {
                                 owner: o.map(Into::into),
                                 why: format!("seed {seed}").into(),
                                 certain: r.below(4) > 0,
@@ -538,7 +538,7 @@ mod tests {
                     uplinks: &uplinks,
                     addrs: &t,
                     cluster: Some(ClusterIn {
-                        claims: &claims,
+                        owners: &claims,
                         degraded,
                     }),
                 };

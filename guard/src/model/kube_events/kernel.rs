@@ -27,8 +27,9 @@ use std::{
     time::Duration,
 };
 
-use super::{Finding, Occurrence, ProbeVerdict, Reason};
+use super::{Finding, Occurrence, Reason};
 use crate::model::presence::parse_mac;
+use crate::model::probing::ProbingVerdict;
 
 /// A node's record says its kernel answers for this long after its last
 /// answer seen (the record is renewed every `--presence-period`).
@@ -118,7 +119,7 @@ pub fn silenced(
             told(&macs, owner, who, answering)
         }
         Finding::Probe {
-            verdict: ProbeVerdict::Conflict,
+            verdict: ProbingVerdict::Conflict,
             answered_by,
             ..
         } => told(&macs_in(answered_by), owner, who, answering),
@@ -134,7 +135,7 @@ pub fn explicable(f: &Finding) -> bool {
         f,
         Finding::Conflict { .. }
             | Finding::Probe {
-                verdict: ProbeVerdict::Conflict,
+                verdict: ProbingVerdict::Conflict,
                 ..
             }
     )
@@ -267,7 +268,7 @@ mod tests {
             interface: "eth0".into(),
         };
         assert!(silenced(
-            &probe(ProbeVerdict::Conflict),
+            &probe(ProbingVerdict::Conflict),
             Some("node-a"),
             &who,
             &answering,
@@ -275,14 +276,14 @@ mod tests {
         ));
         // A silent owner is its own story.
         assert!(!silenced(
-            &probe(ProbeVerdict::SilentOwner),
+            &probe(ProbingVerdict::SilentOwner),
             Some("node-a"),
             &who,
             &answering,
             true
         ));
-        assert!(explicable(&conflict) && explicable(&probe(ProbeVerdict::Conflict)));
-        assert!(!explicable(&probe(ProbeVerdict::SilentOwner)));
+        assert!(explicable(&conflict) && explicable(&probe(ProbingVerdict::Conflict)));
+        assert!(!explicable(&probe(ProbingVerdict::SilentOwner)));
         let stale = Finding::StaleClient {
             ip: IP,
             client_ip: "198.51.100.1".into(),

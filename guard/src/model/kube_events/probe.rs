@@ -4,20 +4,13 @@
 use std::net::IpAddr;
 
 use super::{Occurrence, Reason};
-
-/// The active census's verdicts that make Events.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ProbeVerdict {
-    Conflict,
-    SilentOwner,
-    WrongInterface,
-}
+use crate::model::probing::ProbingVerdict;
 
 /// A verdict of the active census, in the words of the node that asked.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn probe(
     ip: IpAddr,
-    verdict: ProbeVerdict,
+    verdict: ProbingVerdict,
     ended: bool,
     owner: Option<&str>,
     answered_by: &[String],
@@ -28,17 +21,17 @@ pub(super) fn probe(
     let owner_name = owner.unwrap_or("its owner");
     let who = answered_by.join(", ");
     let (reason, note, at_fault) = match (verdict, ended) {
-        (ProbeVerdict::Conflict, false) => (
+        (ProbingVerdict::Conflict, false) => (
             Reason::ResponderConflict,
             format!("more than one MAC answered one ARP/NDP request for {ip} from {node}: {who}; the owner is {owner_name}: split brain, a device outside the cluster, or a node answering that should not"),
             None,
         ),
-        (ProbeVerdict::Conflict, true) => (
+        (ProbingVerdict::Conflict, true) => (
             Reason::ResponderConflictResolved,
             format!("one MAC answers {node}'s requests for {ip} again: {who}"),
             None,
         ),
-        (ProbeVerdict::SilentOwner, false) => (
+        (ProbingVerdict::SilentOwner, false) => (
             Reason::SilentOwner,
             if answered_by.is_empty() {
                 format!("{owner_name} owns {ip} but nobody answered {unanswered} requests in a row from {node}: clients that ask get no answer (is the announcer on {owner_name} running, and the IP on its interface?)")
@@ -47,13 +40,14 @@ pub(super) fn probe(
             },
             owner.map(str::to_owned),
         ),
-        (ProbeVerdict::WrongInterface, false) => (
+        (ProbingVerdict::WrongInterface, false) => (
             Reason::OwnerWrongInterface,
             format!("{owner_name} answers for {ip} from its interface {interface} ({who}), which arp-guard does not guard: a bond slave or a second NIC; add it to --interface or fix the announcer's interface"),
             owner.map(str::to_owned),
         ),
-        // The end of silence or of a wrong interface: the log says it.
-        (_, true) => return None,
+        // The end of silence or of a wrong interface: the log says it; an
+        // IP answered or not judged yet makes no Event.
+        (_, true) | (ProbingVerdict::Pending | ProbingVerdict::Answered, _) => return None,
     };
     Some(Occurrence {
         reason,

@@ -148,9 +148,9 @@ impl Kind for Leases {
 }
 
 impl Kind for Statuses {
-    type Raw = decode::L2Status;
+    type Raw = decode::ServiceL2Status;
     type Info = L2Status;
-    fn info(_: &Feed, raw: &decode::L2Status) -> Option<L2Status> {
+    fn info(_: &Feed, raw: &decode::ServiceL2Status) -> Option<L2Status> {
         objects::l2status(raw)
     }
     fn needed(f: &Feed, k: &Key, info: Option<&L2Status>) -> bool {

@@ -196,11 +196,11 @@ impl Cause {
     }
 }
 
-/// Who failed: a stream, the probe, or the confirming GETs.
+/// Who failed: a stream, the API check, or the confirming GETs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub(crate) enum Who {
     Stream(super::per_stream::StreamId),
-    Probe,
+    ApiCheck,
     Confirm,
 }
 

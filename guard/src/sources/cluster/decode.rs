@@ -214,15 +214,15 @@ impl<'de> Deserialize<'de> for Seconds {
 /// MetalLB's ServiceL2Status: `status` (node, serviceName, serviceNamespace)
 /// and the labels as a fallback.
 #[derive(Debug, Clone, Deserialize)]
-pub struct L2Status {
+pub struct ServiceL2Status {
     pub metadata: Meta,
     #[serde(default)]
-    pub status: Option<L2StatusFields>,
+    pub status: Option<ServiceL2StatusFields>,
 }
 
 #[derive(Debug, Default, Clone, Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub struct L2StatusFields {
+pub struct ServiceL2StatusFields {
     #[serde(default)]
     pub node: Option<String>,
     #[serde(default)]
@@ -258,7 +258,7 @@ impl Object for Lease {
     }
 }
 
-impl Object for L2Status {
+impl Object for ServiceL2Status {
     fn meta(&self) -> &Meta {
         &self.metadata
     }

@@ -15,8 +15,8 @@
 //!   foreign is judged unknown).
 //! - A stream silent past its idle deadline (the server's watch timeout plus
 //!   a margin) is stuck: it is relisted, and shows as failing.
-//! - A stream is failing from its first error until it delivers again; a
-//!   probe (a one-item list) catches an API that went silent. Once the guard
+//! - A stream is failing from its first error until it delivers again; an
+//!   API check (a GET from the API server's cache) catches an API that went silent. Once the guard
 //!   has been blind for longer than the staleness threshold, the view is
 //!   `degraded` and every `foreign` IP is treated as `unknown`.
 
@@ -36,7 +36,7 @@ use super::{
     FeedConfig,
 };
 use crate::{
-    model::cluster::{ClusterView, SharedClaims, StreamStatus},
+    model::cluster::{ClusterView, SharedOwners, StreamStatus},
     model::text::clip,
     ops::{ErrorCause, Ops, Rebuild},
 };
@@ -95,9 +95,9 @@ pub(crate) struct Feed {
     /// The streams, in the order the tasks and messages number them.
     pub(super) streams: PerStream<StreamState>,
     pub(super) store: Store,
-    /// The probe: failing since, and when it last answered.
-    pub(super) probe_failing: Option<Instant>,
-    probe_ok: Instant,
+    /// The API check: failing since, and when it last answered.
+    pub(super) check_failing: Option<Instant>,
+    check_ok: Instant,
     /// Leases whose absurd duration was logged (once each).
     pub(super) clamp_warned: BTreeSet<Key>,
     /// Confirming GETs: when the last one for a Lease was sent, and how many
@@ -111,8 +111,8 @@ pub(crate) struct Feed {
     /// Why each failing part fails, while it does.
     pub(super) problems: BTreeMap<Who, Cause>,
     /// The claims handed to the daemon, and their version.
-    claims: SharedClaims,
-    claims_version: u64,
+    owners: SharedOwners,
+    owners_version: u64,
     /// Causes logged since the feed was last healthy (each once).
     pub(super) logged: BTreeSet<Cause>,
     /// How many undecodable objects were logged.
@@ -130,7 +130,7 @@ pub(crate) struct Feed {
 /// cheap to build (an event that changes none of it publishes nothing).
 #[derive(Debug, PartialEq)]
 struct Shown {
-    claims_version: u64,
+    owners_version: u64,
     synced: bool,
     degraded: bool,
     holders_version: u64,
@@ -168,8 +168,8 @@ impl Feed {
             shown: None,
             streams,
             store,
-            probe_failing: None,
-            probe_ok: now,
+            check_failing: None,
+            check_ok: now,
             clamp_warned: BTreeSet::new(),
             confirm_sent: BTreeMap::new(),
             confirm_failing: None,
@@ -177,8 +177,8 @@ impl Feed {
             last_error: None,
             problems: BTreeMap::new(),
             logged: BTreeSet::new(),
-            claims: SharedClaims::default(),
-            claims_version: 0,
+            owners: SharedOwners::default(),
+            owners_version: 0,
             ops,
         }
     }
@@ -186,7 +186,7 @@ impl Feed {
     pub(crate) fn name(&self, stream: StreamId) -> &str {
         self.streams
             .get(stream)
-            .map_or("probe", |s| s.name.as_str())
+            .map_or("API check", |s| s.name.as_str())
     }
 
     pub(super) fn lease_stream(&self) -> Option<StreamId> {
@@ -219,7 +219,7 @@ impl Feed {
         })
     }
 
-    /// Since when the guard has been blind: a failing stream or probe, or a
+    /// Since when the guard has been blind: a failing stream or API check, or a
     /// Lease in use past its deadline that the API has not confirmed.
     pub(crate) fn failing_since(&self, now: Instant) -> Option<Instant> {
         let streams = self.streams.iter().filter_map(|s| s.health.failing_since);
@@ -229,7 +229,7 @@ impl Feed {
             .into_iter()
             .map(|(_, since)| since);
         streams
-            .chain(self.probe_failing)
+            .chain(self.check_failing)
             .chain(self.confirm_failing)
             .chain(leases)
             .min()
@@ -247,7 +247,7 @@ impl Feed {
     /// Bring the claims handed to the daemon to `now`: the IPs whose claim
     /// changed are written into the shared table and marked changed. Nothing
     /// is handed over before every stream has listed.
-    fn publish_claims(&mut self, now: Instant) {
+    fn publish_owners(&mut self, now: Instant) {
         if !self.synced() {
             return;
         }
@@ -255,15 +255,15 @@ impl Feed {
         if changed.is_empty() {
             return;
         }
-        let mut t = self.claims.lock();
+        let mut t = self.owners.lock();
         for ip in &changed {
             match self.store.claims().get(ip) {
-                Some(c) => t.claims.insert(*ip, c.clone()),
-                None => t.claims.remove(ip),
+                Some(c) => t.owners.insert(*ip, c.clone()),
+                None => t.owners.remove(ip),
             };
         }
         t.record(changed);
-        self.claims_version = t.version;
+        self.owners_version = t.version;
     }
 
     fn stream_statuses(&self) -> Vec<StreamStatus> {
@@ -280,7 +280,7 @@ impl Feed {
 
     fn shown(&self, now: Instant) -> Shown {
         Shown {
-            claims_version: self.claims_version,
+            owners_version: self.owners_version,
             synced: self.synced(),
             degraded: self.degraded(now),
             holders_version: self.store.holders_version(),
@@ -307,7 +307,7 @@ impl Feed {
     /// feed publishes through `changed_view`).
     #[cfg(test)]
     pub(crate) fn view(&mut self, now: Instant, event_at: Option<Instant>) -> ClusterView {
-        self.publish_claims(now);
+        self.publish_owners(now);
         self.published(now, event_at)
     }
 
@@ -315,8 +315,8 @@ impl Feed {
     fn published(&self, now: Instant, event_at: Option<Instant>) -> ClusterView {
         let synced = self.synced();
         ClusterView {
-            claims: self.claims.clone(),
-            claims_version: self.claims_version,
+            owners: self.owners.clone(),
+            owners_version: self.owners_version,
             synced,
             degraded: self.degraded(now),
             holders: self
@@ -342,7 +342,7 @@ impl Feed {
         now: Instant,
         event_at: Option<Instant>,
     ) -> Option<ClusterView> {
-        self.publish_claims(now);
+        self.publish_owners(now);
         let shown = self.shown(now);
         if self.shown.as_ref() == Some(&shown) {
             return None;
@@ -352,13 +352,13 @@ impl Feed {
     }
 
     /// The last sign that the API answers: a stream's progress or the
-    /// probe's answer.
+    /// API check's answer.
     pub(crate) fn last_alive(&self) -> Instant {
-        (self.streams.iter().map(|s| s.health.last_progress)).fold(self.probe_ok, Instant::max)
+        (self.streams.iter().map(|s| s.health.last_progress)).fold(self.check_ok, Instant::max)
     }
 
     pub(crate) fn all_healthy(&self) -> bool {
-        self.probe_failing.is_none()
+        self.check_failing.is_none()
             && self.confirm_failing.is_none()
             && self
                 .streams
@@ -366,7 +366,7 @@ impl Feed {
                 .all(|s| s.health.failing_since.is_none())
     }
 
-    /// The API answered for `stream` (or the probe).
+    /// The API answered for `stream` (or the API check).
     pub(crate) fn ok(&mut self, stream: Option<StreamId>, now: Instant) {
         let (was, who) = match stream {
             Some(i) => {
@@ -375,8 +375,8 @@ impl Feed {
                 (h.failing_since.take().is_some(), Who::Stream(i))
             }
             None => {
-                self.probe_ok = now;
-                (self.probe_failing.take().is_some(), Who::Probe)
+                self.check_ok = now;
+                (self.check_failing.take().is_some(), Who::ApiCheck)
             }
         };
         if self.answered(who) && was {
@@ -384,13 +384,13 @@ impl Feed {
         }
     }
 
-    /// `stream` (or the probe) failed; it has been failing since `since`.
+    /// `stream` (or the API check) failed; it has been failing since `since`.
     pub(crate) fn failed(&mut self, stream: Option<StreamId>, f: &Failure, since: Instant) {
-        let who = stream.map_or(Who::Probe, Who::Stream);
+        let who = stream.map_or(Who::ApiCheck, Who::Stream);
         self.report(who, f);
         // Errors carry text from the API server: kept and logged short.
         let e = clip(&f.text, super::objects::MAX_FIELD);
-        let name = stream.map_or("probe", |s| self.name(s)).to_owned();
+        let name = stream.map_or("API check", |s| self.name(s)).to_owned();
         match stream {
             Some(i) => {
                 let h = &mut self.streams[i].health;
@@ -398,7 +398,7 @@ impl Feed {
                 h.last_error = Some(e.clone());
             }
             None => {
-                self.probe_failing.get_or_insert(since);
+                self.check_failing.get_or_insert(since);
             }
         }
         self.last_error = Some(format!("{name}: {e}"));
@@ -514,7 +514,7 @@ mod tests {
     const KEY: (&str, &str) = ("kube-system", "cilium-l2announce-default-web");
 
     fn owner(f: &mut Feed, t: Instant) -> (Option<String>, bool) {
-        let c = &f.view(t, None).claims.snapshot()[&IP.parse::<IpAddr>().unwrap()];
+        let c = &f.view(t, None).owners.snapshot()[&IP.parse::<IpAddr>().unwrap()];
         (c.owner.as_deref().map(str::to_owned), c.certain)
     }
 
@@ -523,7 +523,7 @@ mod tests {
         let t0 = Instant::now();
         let mut f = feed(t0);
         assert!(
-            f.view(t0, None).claims.snapshot().is_empty(),
+            f.view(t0, None).owners.snapshot().is_empty(),
             "nothing before the first sync"
         );
         list(&mut f, t0, lease_json("node-a", RENEWED));
@@ -647,7 +647,7 @@ mod tests {
         let mut f = synced(t0);
         let ips = |f: &mut Feed| -> Vec<String> {
             let v = f.view(t0, None);
-            v.claims
+            v.owners
                 .snapshot()
                 .keys()
                 .map(ToString::to_string)
@@ -681,7 +681,7 @@ mod tests {
         list_services(&mut f, t0, vec![svc()]);
         let v = f.view(t0, None);
         assert!(
-            !v.synced && v.claims.snapshot().is_empty(),
+            !v.synced && v.owners.snapshot().is_empty(),
             "Leases not listed yet"
         );
     }
@@ -697,7 +697,7 @@ mod tests {
         );
         assert!(!f.view(secs(t0, 14), None).degraded);
         assert!(f.view(secs(t0, 15), None).degraded, "15 s floor");
-        // The probe answering does not vouch for the lease stream.
+        // The API check answering does not vouch for the lease stream.
         f.ok(None, t0);
         assert!(f.view(secs(t0, 16), None).degraded);
         f.ok(Some(StreamId::nth(1)), t0);

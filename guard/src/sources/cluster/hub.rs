@@ -2,7 +2,7 @@
 //! was last published from it. A stream's task applies what it reads at
 //! once, in its own task (a watch event is a read, a parse and an apply:
 //! no channel between them), publishes the view when it changed, and wakes
-//! the loop only for what the loop alone does: confirmations, the probe,
+//! the loop only for what the loop alone does: confirmations, the API check,
 //! rebuilds, or a deadline sooner than the one it sleeps to. A renewal
 //! that changes nothing wakes nothing.
 //!
@@ -20,19 +20,19 @@ use super::per_stream::{PerStream, StreamId};
 use super::{feed::Feed, stream::Msg};
 use crate::model::cluster::ClusterView;
 
-/// The probe (is the API there at all?): at most this often...
-pub(super) const PROBE_EVERY: Duration = Duration::from_secs(2);
+/// The API check (is the API there at all?): at most this often...
+pub(super) const CHECK_EVERY: Duration = Duration::from_secs(2);
 /// ...and, while the feed is healthy, only once nothing has shown the API
 /// alive for a while (a stream's event, bookmark or end of watch does):
 /// with Leases renewed every few seconds it never runs. Its failure makes
-/// the guard blind since that last sign of life, so a quieter probe never
+/// the guard blind since that last sign of life, so a quieter API check never
 /// delays degradation as long as it fails before the staleness threshold:
-/// it runs [`PROBE_TIMEOUT`] and a second before it, and not more often
-/// than every [`PROBE_QUIET_MIN`]. On a quiet cluster (MetalLB: nothing
+/// it runs [`CHECK_TIMEOUT`] and a second before it, and not more often
+/// than every [`CHECK_QUIET_MIN`]. On a quiet cluster (MetalLB: nothing
 /// renewed) that is one cached GET per 12 s per guard at the default 15 s
 /// threshold, the largest of a guard's steady requests.
-const PROBE_QUIET_MIN: Duration = Duration::from_secs(5);
-pub(super) const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
+const CHECK_QUIET_MIN: Duration = Duration::from_secs(5);
+pub(super) const CHECK_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// The task has no one to report to: the feed is gone, or the stream's
 /// task was replaced.
@@ -48,7 +48,7 @@ pub(super) struct Core {
     pub(super) feed: Feed,
     /// Each stream's current task (a replaced task's messages are dropped).
     pub(super) generations: PerStream<u64>,
-    pub(super) next_probe: Instant,
+    pub(super) next_check: Instant,
     /// A stream's task panicked (its name): the feed stops, as it did when
     /// its loop applied every message itself (the daemon exits and is
     /// restarted; its datapath fails open meanwhile), rather than go on
@@ -67,7 +67,7 @@ impl Hub {
             core: Mutex::new(Core {
                 generations: feed.streams.map(|_| 0),
                 feed,
-                next_probe: now + PROBE_EVERY,
+                next_check: now + CHECK_EVERY,
                 panicked: None,
                 armed: now,
                 tx,
@@ -146,15 +146,15 @@ impl Drop for PanicWatch {
 }
 
 /// How long a healthy feed waits after its last sign of life before it
-/// probes, for a staleness `threshold`: the probe fails (times out) a
+/// checks, for a staleness `threshold`: the API check fails (times out) a
 /// second before the threshold, so that blindness is still seen in time.
-pub(super) fn probe_quiet(threshold: Duration) -> Duration {
-    (threshold.saturating_sub(PROBE_TIMEOUT + Duration::from_secs(1))).max(PROBE_QUIET_MIN)
+pub(super) fn check_quiet(threshold: Duration) -> Duration {
+    (threshold.saturating_sub(CHECK_TIMEOUT + Duration::from_secs(1))).max(CHECK_QUIET_MIN)
 }
 
-/// When the probe is due: not before `next` (spacing); while the feed is
+/// When the API check is due: not before `next` (spacing); while the feed is
 /// `healthy`, not before `quiet` after its last sign of life.
-pub(super) fn probe_at(
+pub(super) fn check_at(
     next: Instant,
     healthy: bool,
     last_alive: Instant,
@@ -168,19 +168,19 @@ pub(super) fn probe_at(
 }
 
 impl Core {
-    /// When the probe is next due (the loop wakes then: one rule for both).
-    pub(super) fn probe_at(&self) -> Instant {
+    /// When the API check is next due (the loop wakes then: one rule for both).
+    pub(super) fn check_at(&self) -> Instant {
         let f = &self.feed;
-        probe_at(
-            self.next_probe,
+        check_at(
+            self.next_check,
             f.all_healthy(),
             f.last_alive(),
-            probe_quiet(f.threshold()),
+            check_quiet(f.threshold()),
         )
     }
 
     /// The loop's next deadline: a Lease expiry, the staleness threshold,
-    /// the probe.
+    /// the API check.
     pub(super) fn wake(&self, now: Instant) -> Instant {
         let f = &self.feed;
         [
@@ -190,7 +190,7 @@ impl Core {
         .into_iter()
         .flatten()
         .filter(|t| *t > now)
-        .fold(self.probe_at(), Instant::min)
+        .fold(self.check_at(), Instant::min)
     }
 
     /// The loop has work a stream's message may have made due: a rebuild,
@@ -277,7 +277,7 @@ mod tests {
 
     fn owner(rx: &watch::Receiver<ClusterView>) -> Option<String> {
         let v = rx.borrow();
-        let snap = v.claims.snapshot();
+        let snap = v.owners.snapshot();
         snap.get(&"198.51.100.10".parse().unwrap())
             .and_then(|c| c.owner.as_deref().map(str::to_owned))
     }
@@ -368,26 +368,26 @@ mod tests {
         assert!(h.lock().panicked.is_some(), "told");
     }
 
-    /// The loop sleeps until the probe is due, and the probe runs then: a
-    /// time in the past that the probe's rule does not call due would be a
+    /// The loop sleeps until the API check is due, and the API check runs then: a
+    /// time in the past that the API check's rule does not call due would be a
     /// busy loop.
     #[test]
-    fn the_probe_runs_when_the_loop_wakes_for_it() {
+    fn the_api_check_runs_when_the_loop_wakes_for_it() {
         let t0 = Instant::now();
         let s = Duration::from_secs;
-        let q = probe_quiet(s(15));
+        let q = check_quiet(s(15));
         // Quiet and healthy: 12 s after the last sign of life at the default
         // 15 s threshold (its timeout ends a second before the threshold).
         assert_eq!(q, s(12));
-        assert_eq!(probe_at(t0, true, t0, q), t0 + q);
+        assert_eq!(check_at(t0, true, t0, q), t0 + q);
         // A stream delivered a moment ago: later still.
-        assert_eq!(probe_at(t0, true, t0 + s(3), q), t0 + s(3) + q);
-        // Failing: every PROBE_EVERY, whatever the last sign of life.
-        assert_eq!(probe_at(t0 + s(2), false, t0 + s(9), q), t0 + s(2));
+        assert_eq!(check_at(t0, true, t0 + s(3), q), t0 + s(3) + q);
+        // Failing: every CHECK_EVERY, whatever the last sign of life.
+        assert_eq!(check_at(t0 + s(2), false, t0 + s(9), q), t0 + s(2));
         // Spacing is kept either way.
-        assert_eq!(probe_at(t0 + s(13), true, t0, q), t0 + s(13));
-        // A short threshold: never more often than PROBE_QUIET_MIN.
-        assert_eq!(probe_quiet(s(3)), PROBE_QUIET_MIN);
-        assert!(probe_quiet(s(60)) + PROBE_TIMEOUT < s(60));
+        assert_eq!(check_at(t0 + s(13), true, t0, q), t0 + s(13));
+        // A short threshold: never more often than CHECK_QUIET_MIN.
+        assert_eq!(check_quiet(s(3)), CHECK_QUIET_MIN);
+        assert!(check_quiet(s(60)) + CHECK_TIMEOUT < s(60));
     }
 }

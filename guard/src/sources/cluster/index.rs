@@ -15,7 +15,7 @@ use std::{
 };
 
 use super::store::{Announcer, Key, L2Status, LeaseInfo, LeaseState, ServiceInfo, Store};
-use crate::model::cluster::OwnerClaim;
+use crate::model::cluster::OwnerRecord;
 
 fn count<K: Ord>(m: &mut BTreeMap<K, usize>, k: K, add: bool) {
     match m.entry(k) {
@@ -48,7 +48,7 @@ impl Store {
     }
 
     /// The claims as of the last [`Store::refresh`].
-    pub fn claims(&self) -> &BTreeMap<IpAddr, Arc<OwnerClaim>> {
+    pub fn claims(&self) -> &BTreeMap<IpAddr, Arc<OwnerRecord>> {
         &self.idx.claims
     }
 
@@ -297,7 +297,7 @@ impl Store {
 
     /// One IP's claim from the Services carrying it, in the order the full
     /// derivation folds them.
-    fn claim_of(&self, ip: &IpAddr, now: Instant) -> Option<OwnerClaim> {
+    fn claim_of(&self, ip: &IpAddr, now: Instant) -> Option<OwnerRecord> {
         let svcs = self.idx.ip_services.get(ip)?;
         let mut claim = None;
         for svc in svcs {
@@ -338,8 +338,8 @@ mod tests {
     }
 
     fn check(m: &Store, a: &[Announcer], now: Instant) {
-        let claims: BTreeMap<IpAddr, OwnerClaim> = (m.claims().iter())
-            .map(|(ip, c)| (*ip, OwnerClaim::clone(c)))
+        let claims: BTreeMap<IpAddr, OwnerRecord> = (m.claims().iter())
+            .map(|(ip, c)| (*ip, OwnerRecord::clone(c)))
             .collect();
         assert_eq!(claims, m.ownership(a, now));
         let used = referenced(m, a);

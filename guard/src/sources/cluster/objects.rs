@@ -115,7 +115,7 @@ pub fn lease(l: &decode::Lease) -> LeaseFields {
 
 /// MetalLB's ServiceL2Status: status.node/serviceName/serviceNamespace, with
 /// the labels as a fallback (older speakers filled only those).
-pub fn l2status(o: &decode::L2Status) -> Option<L2Status> {
+pub fn l2status(o: &decode::ServiceL2Status) -> Option<L2Status> {
     let status = o.status.as_ref();
     let nonempty = |s: Option<&String>| s.filter(|s| !s.is_empty()).map(|s| field(s));
     let label = |l: &str| {
@@ -254,7 +254,7 @@ mod tests {
 
     #[test]
     fn l2status_fields_and_label_fallback() {
-        let o: decode::L2Status = serde_json::from_value(json!({
+        let o: decode::ServiceL2Status = serde_json::from_value(json!({
             "apiVersion": "metallb.io/v1beta1", "kind": "ServiceL2Status",
             "metadata": {"name": "l2-abc", "namespace": "metallb-system"},
             "status": {"node": "n1", "serviceName": "web", "serviceNamespace": "default"}
@@ -268,7 +268,7 @@ mod tests {
                 unreadable: false,
             })
         );
-        let o: decode::L2Status = serde_json::from_value(json!({
+        let o: decode::ServiceL2Status = serde_json::from_value(json!({
             "apiVersion": "metallb.io/v1beta1", "kind": "ServiceL2Status",
             "metadata": {"name": "l2-abc", "namespace": "metallb-system",
                 "labels": {"metallb.io/node": "n2", "metallb.io/service-name": "web", "metallb.io/service-namespace": "default"}}

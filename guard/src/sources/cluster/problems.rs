@@ -16,7 +16,7 @@ impl Feed {
         let text = clip(&f.text, super::objects::MAX_FIELD);
         let name = match who {
             Who::Stream(i) => self.name(i).to_owned(),
-            Who::Probe => "probe".into(),
+            Who::ApiCheck => "API check".into(),
             Who::Confirm => "lease confirmation".into(),
         };
         if self.logged.insert(f.cause) {

@@ -16,7 +16,7 @@ use std::{
 
 pub use super::keys::{Key, Keys};
 
-use crate::model::cluster::OwnerClaim;
+use crate::model::cluster::OwnerRecord;
 
 /// Lease durations the guard believes: client-go's default when unset or
 /// not positive; at most an hour (a holder that claims more cannot make a
@@ -156,7 +156,7 @@ pub struct Index {
     pub(super) dirty_services: BTreeSet<Key>,
     pub(super) dirty_ips: BTreeSet<IpAddr>,
     /// Every LB IP's claim as of `evaluated`.
-    pub(super) claims: BTreeMap<IpAddr, Arc<OwnerClaim>>,
+    pub(super) claims: BTreeMap<IpAddr, Arc<OwnerRecord>>,
     pub(super) evaluated: Option<Instant>,
 }
 
@@ -299,17 +299,17 @@ impl Store {
         info: &ServiceInfo,
         a: &Announcer,
         now: Instant,
-    ) -> Option<OwnerClaim> {
+    ) -> Option<OwnerRecord> {
         let lease_claim = |key: Key| {
             let lease = self.leases.get(&key)?;
             Some(match lease.state(now) {
-                LeaseState::Live(h) => OwnerClaim {
+                LeaseState::Live(h) => OwnerRecord {
                     owner: Some(h.clone()),
                     why: format!("Lease {key} held by {h}").into(),
                     certain: true,
                     service: None,
                 },
-                LeaseState::Unconfirmed(h) => OwnerClaim {
+                LeaseState::Unconfirmed(h) => OwnerRecord {
                     owner: Some(h.clone()),
                     why: format!(
                         "Lease {key} held by {h}, not renewed within its duration as far as \
@@ -319,7 +319,7 @@ impl Store {
                     certain: false,
                     service: None,
                 },
-                LeaseState::Expired => OwnerClaim {
+                LeaseState::Expired => OwnerRecord {
                     owner: None,
                     why: format!(
                         "Lease {key} expired (holder {} stopped renewing)",
@@ -329,13 +329,13 @@ impl Store {
                     certain: true,
                     service: None,
                 },
-                LeaseState::Vacant => OwnerClaim {
+                LeaseState::Vacant => OwnerRecord {
                     owner: None,
                     why: format!("Lease {key} has no holder").into(),
                     certain: true,
                     service: None,
                 },
-                LeaseState::Unreadable(h) => OwnerClaim {
+                LeaseState::Unreadable(h) => OwnerRecord {
                     owner: h.cloned(),
                     why: format!(
                         "Lease {key} cannot be decoded (holder as last read: {}); not trusted",
@@ -357,7 +357,7 @@ impl Store {
 
     /// MetalLB's claim on one Service: the node its ServiceL2Status objects
     /// (in `namespace`) name, if they agree.
-    fn metallb_claim(&self, svc: &Key, namespace: &str) -> Option<OwnerClaim> {
+    fn metallb_claim(&self, svc: &Key, namespace: &str) -> Option<OwnerRecord> {
         let statuses = (self.idx.l2_of_service.get(svc))
             .into_iter()
             .flatten()
@@ -371,7 +371,7 @@ impl Store {
         let n = *nodes.first()?;
         if nodes.len() > 1 {
             let all: Vec<&str> = nodes.iter().map(|n| &***n).collect();
-            return Some(OwnerClaim {
+            return Some(OwnerRecord {
                 owner: None,
                 why: format!(
                     "ServiceL2Status for {svc} names several nodes ({}): owner unknown",
@@ -387,7 +387,7 @@ impl Store {
         } else {
             format!("ServiceL2Status for {svc}: node {n} as last read; it cannot be decoded now, not trusted")
         };
-        Some(OwnerClaim {
+        Some(OwnerRecord {
             owner: Some(n.clone()),
             why: why.into(),
             certain: readable,
@@ -403,11 +403,11 @@ impl Store {
         info: &ServiceInfo,
         announcers: &[Announcer],
         now: Instant,
-    ) -> OwnerClaim {
+    ) -> OwnerRecord {
         let mut claim = announcers
             .iter()
             .find_map(|a| self.service_claim(svc, info, a, now))
-            .unwrap_or_else(|| OwnerClaim {
+            .unwrap_or_else(|| OwnerRecord {
                 owner: None,
                 why: format!("Service {svc}: no announcer record").into(),
                 certain: true,
@@ -429,14 +429,14 @@ impl Store {
 
     /// Fold the claim of one more Service carrying an IP into the IP's
     /// claim so far: Services whose owners disagree leave it no owner.
-    pub(super) fn merge(prev: Option<OwnerClaim>, claim: OwnerClaim) -> OwnerClaim {
+    pub(super) fn merge(prev: Option<OwnerRecord>, claim: OwnerRecord) -> OwnerRecord {
         match prev {
             None => claim,
             Some(mut prev) if prev.owner == claim.owner => {
                 prev.certain &= claim.certain;
                 prev
             }
-            Some(prev) => OwnerClaim {
+            Some(prev) => OwnerRecord {
                 owner: None,
                 why: format!(
                     "IP shared by Services whose owners disagree: {} / {}",
@@ -458,8 +458,8 @@ impl Store {
         &self,
         announcers: &[Announcer],
         now: Instant,
-    ) -> BTreeMap<IpAddr, OwnerClaim> {
-        let mut out: BTreeMap<IpAddr, OwnerClaim> = BTreeMap::new();
+    ) -> BTreeMap<IpAddr, OwnerRecord> {
+        let mut out: BTreeMap<IpAddr, OwnerRecord> = BTreeMap::new();
         for (svc, info) in &self.services {
             let claim = self.decision(svc, info, announcers, now);
             // An IP listed twice (an ingress IP that is an external IP too)

@@ -47,7 +47,7 @@ pub enum Event<T> {
 pub enum Update {
     Svc(Box<Event<decode::Service>>),
     Lease(Box<Event<decode::Lease>>),
-    L2(Box<Event<decode::L2Status>>),
+    L2(Box<Event<decode::ServiceL2Status>>),
 }
 
 impl Update {

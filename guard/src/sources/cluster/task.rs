@@ -1,6 +1,6 @@
 //! The feed running for the life of the daemon: a task per stream (each
 //! applies and publishes what it reads, through the [`Hub`]), the
-//! confirming GETs, a probe of the API, and the deadlines.
+//! confirming GETs, an API check of the API, and the deadlines.
 
 use std::{
     sync::{atomic::AtomicBool, Arc},
@@ -23,7 +23,7 @@ use super::{
     dial::Dialer,
     driver,
     feed::Feed,
-    hub::{Hub, PROBE_EVERY, PROBE_TIMEOUT},
+    hub::{Hub, CHECK_EVERY, CHECK_TIMEOUT},
     store::Key,
     stream::StreamCtl,
     trust::{self, Trust},
@@ -35,7 +35,7 @@ use crate::{
 };
 
 /// A stream failing this long while the API answers has its back-off cut
-/// short; one whose request has hung this long while the probe answers
+/// short; one whose request has hung this long while the API check answers
 /// within seconds is rebuilt.
 const REBUILD_AFTER: Duration = Duration::from_secs(5);
 const HUNG_REQUEST: Duration = Duration::from_secs(30);
@@ -133,7 +133,7 @@ async fn config(
     };
     // No read timer in the client: every request the feed makes is bounded
     // by its own (a list page and a watch's silence by the idle deadline,
-    // a probe and a confirming GET by theirs), and a read timer re-armed for
+    // an API check and a confirming GET by theirs), and a read timer re-armed for
     // every chunk of every watch is a cost per event.
     config.read_timeout = None;
     let trust = trust::settle(&mut config);
@@ -241,8 +241,8 @@ pub async fn run(
             return;
         }
         t.send_confirmations();
-        if Instant::now() >= hub.lock().probe_at() {
-            t.probe().await;
+        if Instant::now() >= hub.lock().check_at() {
+            t.check_api().await;
         }
         t.rebuild();
         hub.lock().publish(Instant::now(), None);
@@ -290,27 +290,27 @@ impl Task {
     /// Is the API there at all? The `kubernetes` Service, from the API
     /// server's cache (`resourceVersion=0`: no etcd read): any answer,
     /// 404 included, is one.
-    async fn probe(&mut self) {
+    async fn check_api(&mut self) {
         let since = self.hub.lock().feed.last_alive();
         let path = Service::url_path(&(), Some("default"));
         let get = wire::get::<decode::Service>(&self.client, &path, "kubernetes", true);
-        let probe = tokio::time::timeout(PROBE_TIMEOUT, get).await;
+        let answer = tokio::time::timeout(CHECK_TIMEOUT, get).await;
         let now = Instant::now();
         let hub = self.hub.clone();
         let mut c = hub.lock();
-        match probe {
+        match answer {
             Ok(Ok(_)) => {
                 c.feed.ok(None, now);
                 self.unstick(&mut c.feed, now);
             }
             Ok(Err(e)) => c.feed.failed(None, &Failure::of("get", &e), since),
-            Err(_) => (c.feed).failed(None, &Failure::timeout("get", PROBE_TIMEOUT), since),
+            Err(_) => (c.feed).failed(None, &Failure::timeout("get", CHECK_TIMEOUT), since),
         }
-        c.next_probe = now + PROBE_EVERY;
+        c.next_check = now + CHECK_EVERY;
     }
 
     /// The API answers but a stream has not delivered since its error for a
-    /// while. Waiting in back-off: cut it short. Hung in a request the probe
+    /// while. Waiting in back-off: cut it short. Hung in a request the API check
     /// shows would have been answered long ago (a connection dead since an
     /// outage): rebuild it. A request merely in flight is left alone.
     fn unstick(&mut self, feed: &mut Feed, now: Instant) {

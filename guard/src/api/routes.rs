@@ -221,12 +221,25 @@ async fn explain_route(
     State(shared): State<Arc<Shared>>,
     Query(p): Query<ExplainParams>,
 ) -> Response {
-    match p.ip.as_deref().and_then(|s| s.parse::<IpAddr>().ok()) {
-        Some(ip) => json(&explain(&shared, ip)),
-        None => text(
+    match ip_param(p.ip.as_deref(), "/explain") {
+        Ok(Some(ip)) => json(&explain(&shared, ip)),
+        Ok(None) => text(
             StatusCode::BAD_REQUEST,
             "use /explain?ip=IP (IPv4 or IPv6)\n",
         ),
+        Err(r) => r,
+    }
+}
+
+/// The `?ip=` of a per-IP document: none, an IP, or a 400 saying how.
+fn ip_param(ip: Option<&str>, path: &str) -> Result<Option<IpAddr>, Response> {
+    match ip.map(str::parse::<IpAddr>) {
+        None => Ok(None),
+        Some(Ok(ip)) => Ok(Some(ip)),
+        Some(Err(_)) => Err(text(
+            StatusCode::BAD_REQUEST,
+            format!("use {path}?ip=IP (IPv4 or IPv6)\n"),
+        )),
     }
 }
 
@@ -297,15 +310,9 @@ async fn responders(
     State(shared): State<Arc<Shared>>,
     Query(p): Query<RespondersParams>,
 ) -> Response {
-    let ip = match p.ip.as_deref().map(str::parse::<IpAddr>) {
-        None => None,
-        Some(Ok(ip)) => Some(ip),
-        Some(Err(_)) => {
-            return text(
-                StatusCode::BAD_REQUEST,
-                "use /responders?ip=IP (IPv4 or IPv6)\n",
-            )
-        }
+    let ip = match ip_param(p.ip.as_deref(), "/responders") {
+        Ok(ip) => ip,
+        Err(r) => return r,
     };
     let st = shared.read();
     let Some(doc) = st.census.as_ref() else {
@@ -376,15 +383,9 @@ const NODES_WAIT_STEPS: u32 = 30;
 /// Misdirected and stale clients; with `?ip=`, that LB IP only (an empty
 /// table if no client of it came here). 404 when the census is off.
 async fn clients(State(shared): State<Arc<Shared>>, Query(p): Query<RespondersParams>) -> Response {
-    let ip = match p.ip.as_deref().map(str::parse::<IpAddr>) {
-        None => None,
-        Some(Ok(ip)) => Some(ip),
-        Some(Err(_)) => {
-            return text(
-                StatusCode::BAD_REQUEST,
-                "use /clients?ip=IP (IPv4 or IPv6)\n",
-            )
-        }
+    let ip = match ip_param(p.ip.as_deref(), "/clients") {
+        Ok(ip) => ip,
+        Err(r) => return r,
     };
     let st = shared.read();
     let Some(doc) = st.clients.as_ref() else {

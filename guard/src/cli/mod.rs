@@ -545,11 +545,11 @@ mod tests {
         assert_eq!(
             grants,
             [
-                "/nodes: get,list,watch".to_owned(),
+                "/nodes: list".to_owned(),
                 "/services: get,list,watch".into(),
                 "coordination.k8s.io/leases: get,list,watch".into(),
                 "events.k8s.io/events: create,patch".into(),
-                format!("{}/{}: get,list,watch", l2.group, l2.plural)
+                format!("{}/{}: list,watch", l2.group, l2.plural)
             ]
         );
     }

@@ -39,7 +39,6 @@ use serde_json::Value;
 use testbed::{
     cluster_bed::{ClusterBed, PRESENCE_NS},
     fake_api::{objects, ApiHandle, Resource},
-    netns::fmt_mac,
     promtool::{self, Expect},
     scrape::Scraper,
     takeover::Style,
@@ -181,17 +180,7 @@ fn bed(tag: &str, mode: &str) -> (ClusterBed, Vec<testbed::Daemon>, Holders) {
         .unwrap();
     for ip in all_ips() {
         client
-            .ip(&[
-                "neigh",
-                "replace",
-                &ip.to_string(),
-                "lladdr",
-                &fmt_mac(&bed.nodes[0].mac),
-                "dev",
-                "eth0",
-                "nud",
-                "reachable",
-            ])
+            .set_neigh("eth0", ip, &bed.nodes[0].mac, "reachable")
             .unwrap();
     }
     (bed, guards, holders)

@@ -18,7 +18,7 @@ use std::{
 use serde_json::Value;
 use testbed::{
     bed::{Bed, FOREIGN, NODE_IP, OWNED, UNKNOWN},
-    guard_binary, wait_for, ArpSpec, Daemon, EventTail, Netns, RawSocket,
+    guard_binary, wait_for, ArpSpec, EventTail, Netns, RawSocket,
 };
 
 const SPEAKER_A: [u8; 6] = [0x02, 0, 0x5e, 0, 0x53, 0xa1];
@@ -389,10 +389,9 @@ fn without_the_census_the_guard_runs_and_says_so() {
 fn the_census_runs_with_the_daemonsets_privileges() {
     testbed::require_root();
     let bed = Bed::new("cenp").unwrap();
-    let args = bed.args(&[]);
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let guard =
-        Daemon::start_wrapped(&bed.node, &testbed::deploy::daemonset_wrapper(), &args).unwrap();
+    let guard = bed
+        .start_wrapped(&testbed::deploy::daemonset_wrapper(), &[])
+        .unwrap();
     guard.expect_log("census attached to ingress", Duration::from_secs(3));
     let wire = RawSocket::open(&bed.peer, "eth0").unwrap();
     gratuitous(&wire, SPEAKER_A, FOREIGN);

@@ -18,7 +18,7 @@ use std::{
 use serde_json::Value;
 use testbed::{
     bed::{Bed, FOREIGN, NODE, NODE_IP, OTHER, OWNED, PEER_IP, UNKNOWN},
-    guard_binary, ip_bytes, wait_for, Daemon, EventTail, Netns, RawSocket,
+    guard_binary, ip_bytes, wait_for, EventTail, Netns, RawSocket,
 };
 
 const CLIENT_A: [u8; 6] = [0x02, 0, 0x5e, 0, 0x53, 0xc1];
@@ -94,19 +94,8 @@ fn clients_table(ns: &Netns) -> (i32, String) {
 /// Point the peer's neighbour entry for `ip` at the node, for good: the
 /// peer is now a client whose cache holds the wrong node.
 fn pin_to_node(bed: &Bed, ip: Ipv4Addr) {
-    let mac = testbed::netns::fmt_mac(&bed.node_mac);
     bed.peer
-        .ip(&[
-            "neigh",
-            "replace",
-            &ip.to_string(),
-            "lladdr",
-            &mac,
-            "dev",
-            "eth0",
-            "nud",
-            "permanent",
-        ])
+        .set_neigh("eth0", ip, &bed.node_mac, "permanent")
         .unwrap();
 }
 
@@ -159,10 +148,9 @@ fn forged(wire: &RawSocket, bed: &Bed, mac: [u8; 6], src: Ipv4Addr, dst: Ipv4Add
 fn a_client_pinned_to_the_wrong_node_is_listed_and_its_packets_arrive() {
     testbed::require_root();
     let bed = Bed::new("cli4").unwrap();
-    let args = bed.args(&[]);
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let guard =
-        Daemon::start_wrapped(&bed.node, &testbed::deploy::daemonset_wrapper(), &args).unwrap();
+    let guard = bed
+        .start_wrapped(&testbed::deploy::daemonset_wrapper(), &[])
+        .unwrap();
     guard.expect_log("census attached to ingress", Duration::from_secs(5));
     for ip in [FOREIGN, OWNED, UNKNOWN] {
         pin_to_node(&bed, ip);
@@ -228,21 +216,9 @@ fn ipv6_clients_are_counted_with_their_family() {
     testbed::require_root();
     let bed = Bed6::new("cli6").unwrap();
     let _guard = bed.start(&[]).unwrap();
-    let mac = testbed::netns::fmt_mac(&bed.node_mac);
     for ip in [FOREIGN6, OWNED6] {
         bed.peer
-            .ip(&[
-                "-6",
-                "neigh",
-                "replace",
-                &ip.to_string(),
-                "lladdr",
-                &mac,
-                "dev",
-                "eth0",
-                "nud",
-                "permanent",
-            ])
+            .set_neigh("eth0", ip, &bed.node_mac, "permanent")
             .unwrap();
     }
     let sink = bed

@@ -51,9 +51,9 @@ const ARGS: [&str; 8] = [
 
 fn start(bed: &Bed, pins: &Path) -> Daemon {
     let dir = pins.to_str().unwrap();
-    let args = bed.args(&[&["--pin-dir", dir][..], &ARGS].concat());
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    Daemon::start_wrapped(&bed.node, &testbed::deploy::daemonset_wrapper(), &args).unwrap()
+    let args = [&["--pin-dir", dir][..], &ARGS].concat();
+    bed.start_wrapped(&testbed::deploy::daemonset_wrapper(), &args)
+        .unwrap()
 }
 
 fn api(ns: &Netns, path: &str) -> Value {
@@ -110,9 +110,7 @@ fn move_ips(bed: &Bed) {
             &format!("- ip: {FOREIGN}\n    owner: {OTHER}"),
             &format!("- ip: {FOREIGN}\n    owner: {NODE}"),
         );
-    let tmp = bed.owners.with_extension("tmp");
-    std::fs::write(&tmp, owners).unwrap();
-    std::fs::rename(&tmp, &bed.owners).unwrap();
+    bed.replace_owners(&owners).unwrap();
 }
 
 /// Client B sends to `ip` through the node's MAC every 200 ms until told to
@@ -455,20 +453,7 @@ fn udp_traffic(client: &Netns) -> (Arc<AtomicBool>, std::thread::JoinHandle<()>)
 
 /// The client holds `mac` for the LB IP (reachable for long).
 fn point_client_at(t: &TakeoverBed, mac: [u8; 6]) {
-    let mac = testbed::netns::fmt_mac(&mac);
-    let lb = LB.to_string();
-    let cmd = [
-        "neigh",
-        "replace",
-        &lb,
-        "lladdr",
-        &mac,
-        "dev",
-        "eth0",
-        "nud",
-        "reachable",
-    ];
-    t.bed.peer.ip(&cmd).unwrap();
+    t.bed.peer.set_neigh("eth0", LB, &mac, "reachable").unwrap();
 }
 
 /// `--refresh-stale-clients` across a rolling upgrade of the node that lost

@@ -203,10 +203,8 @@ fn a_held_announcement_keeps_its_vlan_tag() {
     bed.peer
         .sysctl("net.ipv4.neigh.eth0/100.base_reachable_time_ms", "600000")
         .unwrap();
-    #[rustfmt::skip]
     bed.peer
-        .ip(&["neigh", "replace", &FOREIGN.to_string(), "lladdr", &testbed::netns::fmt_mac(&other),
-              "dev", "eth0.100", "nud", "reachable"])
+        .set_neigh("eth0.100", FOREIGN, &other, "reachable")
         .unwrap();
     std::thread::sleep(Duration::from_millis(1100));
     let speaker = RawSocket::open(&bed.node, "eth0.100").unwrap();
@@ -217,9 +215,7 @@ fn a_held_announcement_keeps_its_vlan_tag() {
         &format!("- ip: {FOREIGN}\n    owner: node-b"),
         &format!("- ip: {FOREIGN}\n    owner: node-a"),
     );
-    let tmp = bed.owners.with_extension("tmp");
-    std::fs::write(&tmp, owners).unwrap();
-    std::fs::rename(&tmp, &bed.owners).unwrap();
+    bed.replace_owners(&owners).unwrap();
     let moved = testbed::wait_until(Duration::from_secs(5), || {
         bed.peer
             .cached_mac("eth0.100", &FOREIGN.to_string())

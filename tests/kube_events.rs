@@ -239,18 +239,8 @@ fn stale_clients_beyond_the_threshold_are_a_warning_naming_the_node() {
     let (node_b, peer) = (&t.bed.nodes[1], &t.bed.peer);
     // The client's own stack: its entry for the IP holds node-b's MAC for
     // good, so its datagrams reach node-b, which does not own the IP.
-    peer.ip(&[
-        "neigh",
-        "replace",
-        &LB.to_string(),
-        "lladdr",
-        &fmt_mac(&node_b.mac),
-        "dev",
-        "eth0",
-        "nud",
-        "permanent",
-    ])
-    .unwrap();
+    peer.set_neigh("eth0", LB, &node_b.mac, "permanent")
+        .unwrap();
     let udp = peer
         .enter(|| Ok(UdpSocket::bind((Ipv4Addr::UNSPECIFIED, 0))?))
         .unwrap();

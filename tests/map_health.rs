@@ -366,9 +366,7 @@ fn churn_round(
     for ip in round {
         file.push_str(&format!("  - ip: {ip}\n    owner: {OTHER}\n"));
     }
-    let tmp = bed.dir.path().join(".owners.tmp");
-    std::fs::write(&tmp, file).unwrap();
-    std::fs::rename(&tmp, &bed.owners).unwrap();
+    bed.replace_owners(&file).unwrap();
     assert!(
         wait_until(Duration::from_secs(5), || guard
             .count_log("ownership file reloaded")

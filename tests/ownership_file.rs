@@ -28,9 +28,7 @@ fn ownership_file_reload_valid_and_invalid() {
     );
 
     // Atomic replace (write + rename), as ConfigMap updates and editors do.
-    let tmp = bed.dir.path().join(".owners.tmp");
-    std::fs::write(&tmp, owners_with(NODE)).unwrap();
-    std::fs::rename(&tmp, &bed.owners).unwrap();
+    bed.replace_owners(&owners_with(NODE)).unwrap();
     guard.expect_log("ownership file reloaded", Duration::from_secs(5));
     assert_eq!(
         bed.resolve(&f),
@@ -42,7 +40,7 @@ fn ownership_file_reload_valid_and_invalid() {
     // state (owned) stays in force. Replaced whole, so that the daemon
     // sees one bad content (written in place, the watcher may also read it
     // half written: rightly rejected, but a second error).
-    replace(&bed.owners, "ips:\n  - ip: 198.51.100.101\n    owner: node-a\n  - ip: 198.51.100.300\n    owner: node-b\n");
+    bed.replace_owners("ips:\n  - ip: 198.51.100.101\n    owner: node-a\n  - ip: 198.51.100.300\n    owner: node-b\n").unwrap();
     let line = guard.expect_log("ownership file rejected", Duration::from_secs(30));
     assert!(
         line.contains("owners.yaml:4"),
@@ -61,10 +59,8 @@ fn ownership_file_reload_valid_and_invalid() {
     );
 
     // A truncated file (cut mid-write into invalid YAML) is rejected too.
-    replace(
-        &bed.owners,
-        "ips:\n  - ip: 198.51.100.101\n    owner: [node-a\n",
-    );
+    bed.replace_owners("ips:\n  - ip: 198.51.100.101\n    owner: [node-a\n")
+        .unwrap();
     assert!(wait_until(Duration::from_secs(30), || guard
         .count_log("ownership file rejected")
         == 2));
@@ -294,11 +290,4 @@ fn reading_the_ownership_file_does_not_wake_its_own_reload() {
         opens <= 1,
         "the file was opened {opens} times in 3 s at rest"
     );
-}
-
-/// Replace `path` with `content` whole (write beside it, rename over it).
-fn replace(path: &std::path::Path, content: &str) {
-    let tmp = path.with_extension("tmp");
-    std::fs::write(&tmp, content).unwrap();
-    std::fs::rename(&tmp, path).unwrap();
 }

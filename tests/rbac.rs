@@ -29,7 +29,10 @@ fn granted() -> BTreeSet<(String, String)> {
         for r in d["rules"].as_array().unwrap() {
             for res in r["resources"].as_array().unwrap() {
                 for v in r["verbs"].as_array().unwrap() {
-                    out.insert((v.as_str().unwrap().to_owned(), res.as_str().unwrap().to_owned()));
+                    out.insert((
+                        v.as_str().unwrap().to_owned(),
+                        res.as_str().unwrap().to_owned(),
+                    ));
                 }
             }
         }
@@ -61,7 +64,8 @@ fn every_request_is_granted_and_every_rule_is_used() {
     ];
     let mut t = TakeoverBed::new("rbac", Style::KubeVip, true, &flags).unwrap();
     // A Cilium Lease nobody renews: past its 2 s the feed confirms it.
-    t.bed.cilium_service("short", &["198.51.100.101"], "node-a", 2);
+    t.bed
+        .cilium_service("short", &["198.51.100.101"], "node-a", 2);
     // A split-brain speaker on node-b: an Event, then its series.
     let garp = ArpSpec::gratuitous(2, t.bed.nodes[1].mac, LB).to_bytes();
     let patched = testbed::wait_until(Duration::from_secs(30), || {
@@ -93,7 +97,9 @@ fn every_request_is_granted_and_every_rule_is_used() {
         &kc,
     ]);
     // SIGTERM: node-b deletes its record.
-    t.guards[1].stop(libc::SIGTERM, Duration::from_secs(10)).unwrap();
+    t.guards[1]
+        .stop(libc::SIGTERM, Duration::from_secs(10))
+        .unwrap();
 
     let nodes: BTreeSet<IpAddr> = (11..=12).map(|i| IpAddr::from([203, 0, 113, i])).collect();
     let asked: BTreeSet<(String, String)> = (t.bed.api.tally().into_keys())
@@ -102,7 +108,13 @@ fn every_request_is_granted_and_every_rule_is_used() {
         .collect();
     let granted = granted();
     let not_granted: Vec<_> = asked.difference(&granted).collect();
-    assert!(not_granted.is_empty(), "asked but not granted: {not_granted:?}\n(asked: {asked:?})");
+    assert!(
+        not_granted.is_empty(),
+        "asked but not granted: {not_granted:?}\n(asked: {asked:?})"
+    );
     let unused: Vec<_> = granted.difference(&asked).collect();
-    assert!(unused.is_empty(), "granted but never asked: {unused:?}\n(asked: {asked:?})");
+    assert!(
+        unused.is_empty(),
+        "granted but never asked: {unused:?}\n(asked: {asked:?})"
+    );
 }

@@ -219,20 +219,8 @@ fn an_ipv6_client_is_taught_by_an_advertisement() {
     bed.peer
         .sysctl("net.ipv6.neigh.eth0.base_reachable_time_ms", "600000")
         .unwrap();
-    let node_mac = fmt_mac(&bed.node_mac);
     bed.peer
-        .ip(&[
-            "-6",
-            "neigh",
-            "replace",
-            &FOREIGN6.to_string(),
-            "lladdr",
-            &node_mac,
-            "dev",
-            "eth0",
-            "nud",
-            "reachable",
-        ])
+        .set_neigh("eth0", FOREIGN6, &bed.node_mac, "reachable")
         .unwrap();
     // The owner advertised the IP (the peer sends it, so its own stack
     // never hears it: only the node's census does).

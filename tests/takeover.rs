@@ -13,9 +13,7 @@ use std::time::Duration;
 use testbed::{
     bed::{Bed, FOREIGN, NODE, OWNED},
     bed6::{Bed6, FOREIGN6, OWNER_MAC},
-    nd_bytes,
-    netns::fmt_mac,
-    ArpSpec, Daemon, Netns, RawSocket,
+    nd_bytes, ArpSpec, Daemon, Netns, RawSocket,
 };
 
 fn metric(ns: &Netns, series: &str) -> f64 {
@@ -62,19 +60,7 @@ fn peer_knows(bed: &Bed, ip: std::net::Ipv4Addr, mac: [u8; 6]) {
     bed.peer
         .sysctl("net.ipv4.neigh.eth0.base_reachable_time_ms", "600000")
         .unwrap();
-    bed.peer
-        .ip(&[
-            "neigh",
-            "replace",
-            &ip.to_string(),
-            "lladdr",
-            &fmt_mac(&mac),
-            "dev",
-            "eth0",
-            "nud",
-            "reachable",
-        ])
-        .unwrap();
+    bed.peer.set_neigh("eth0", ip, &mac, "reachable").unwrap();
 }
 
 fn set_owner(bed: &Bed, ip: std::net::Ipv4Addr, owner: &str) {
@@ -101,9 +87,7 @@ fn set_owner_in(owners: &std::path::Path, ip: impl std::fmt::Display, owner: &st
             out.push_str(&format!("    owner: {owner}\n"));
         }
     }
-    let tmp = owners.with_extension("tmp");
-    std::fs::write(&tmp, out).unwrap();
-    std::fs::rename(&tmp, owners).unwrap();
+    testbed::replace_file(owners, &out).unwrap();
 }
 
 const OTHER_MAC: [u8; 6] = [2, 0, 0, 0, 0, 0xbb];
@@ -330,9 +314,9 @@ fn without_cap_net_raw_the_guard_refuses_to_hold_what_it_cannot_resend() {
         "{log}"
     );
     // With --announce-hold 0 it runs on those capabilities (and holds nothing).
-    let args = bed.args(&["--announce-hold", "0"]);
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let _guard = Daemon::start_wrapped(&bed.node, &wrapper, &args).unwrap();
+    let _guard = bed
+        .start_wrapped(&wrapper, &["--announce-hold", "0"])
+        .unwrap();
     let speaker = RawSocket::open(&bed.node, "eth0").unwrap();
     assert!(!garp(&speaker, bed.node_mac, FOREIGN));
     assert_eq!(bed.total("announce_deferred").unwrap(), 0);

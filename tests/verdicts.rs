@@ -56,6 +56,18 @@ fn speaker_and_capture(bed: &Bed) -> (RawSocket, RawSocket) {
     (RawSocket::open(&bed.node, "eth0").unwrap(), capture(bed))
 }
 
+/// The counters hold `n` packets of `origin` for each (LB IP, kind,
+/// verdict, n) of `want`.
+fn assert_counted(bed: &Bed, origin: &str, want: &[(Ipv4Addr, &str, &str, u64)]) {
+    for &(ip, kind, verdict, n) in want {
+        assert_eq!(
+            bed.packets(ip, kind, origin, verdict).unwrap(),
+            n,
+            "{ip} {kind} {origin} {verdict}"
+        );
+    }
+}
+
 /// Send `spec` from the node's speaker socket; check what the peer gets.
 fn speaker_case(speaker: &RawSocket, cap: &RawSocket, spec: &ArpSpec, expect: Expect) {
     cap.drain();
@@ -117,29 +129,15 @@ fn speaker_frames_follow_the_table() {
         }
     }
     // The counters name each decision with origin "speaker".
-    assert_eq!(
-        bed.packets(FOREIGN, "reply", "speaker", "dropped").unwrap(),
-        1
-    );
-    assert_eq!(
-        bed.packets(FOREIGN, "gratuitous", "speaker", "dropped")
-            .unwrap(),
-        2
-    );
-    assert_eq!(
-        bed.packets(FOREIGN, "announce_leak", "speaker", "rewritten")
-            .unwrap(),
-        1
-    );
-    assert_eq!(
-        bed.packets(UNKNOWN, "reply", "speaker", "passed").unwrap(),
-        1
-    );
-    assert_eq!(
-        bed.packets(OWNED, "gratuitous", "speaker", "passed")
-            .unwrap(),
-        2
-    );
+    #[rustfmt::skip]
+    let counted = [
+        (FOREIGN, "reply", "dropped", 1),
+        (FOREIGN, "gratuitous", "dropped", 2),
+        (FOREIGN, "announce_leak", "rewritten", 1),
+        (UNKNOWN, "reply", "passed", 1),
+        (OWNED, "gratuitous", "passed", 2),
+    ];
+    assert_counted(&bed, "speaker", &counted);
 }
 
 #[test]
@@ -378,16 +376,12 @@ fn monitor_mode_counts_and_passes() {
         &ArpSpec::gratuitous(2, bed.node_mac, FOREIGN),
         Pass,
     );
-    assert_eq!(
-        bed.packets(FOREIGN, "announce_leak", "speaker", "would_rewrite")
-            .unwrap(),
-        1
-    );
-    assert_eq!(
-        bed.packets(FOREIGN, "gratuitous", "speaker", "would_drop")
-            .unwrap(),
-        1
-    );
+    #[rustfmt::skip]
+    let counted = [
+        (FOREIGN, "announce_leak", "would_rewrite", 1),
+        (FOREIGN, "gratuitous", "would_drop", 1),
+    ];
+    assert_counted(&bed, "speaker", &counted);
 }
 
 #[test]
@@ -425,21 +419,14 @@ fn tagged_frames_are_judged_like_untagged() {
             Rewrite,
         );
     }
-    assert_eq!(
-        bed.packets(FOREIGN, "reply", "speaker", "dropped").unwrap(),
-        3
-    );
-    assert_eq!(
-        bed.packets(FOREIGN, "gratuitous", "speaker", "dropped")
-            .unwrap(),
-        3
-    );
-    assert_eq!(
-        bed.packets(FOREIGN, "announce_leak", "speaker", "rewritten")
-            .unwrap(),
-        3
-    );
-    assert_eq!(bed.packets(OWNED, "reply", "speaker", "passed").unwrap(), 3);
+    #[rustfmt::skip]
+    let counted = [
+        (FOREIGN, "reply", "dropped", 3),
+        (FOREIGN, "gratuitous", "dropped", 3),
+        (FOREIGN, "announce_leak", "rewritten", 3),
+        (OWNED, "reply", "passed", 3),
+    ];
+    assert_counted(&bed, "speaker", &counted);
 }
 
 #[test]

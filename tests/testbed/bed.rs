@@ -170,6 +170,12 @@ impl Bed {
         })
     }
 
+    /// The ownership file becomes `yaml`, replaced whole and atomically
+    /// ([`crate::replace_file`]).
+    pub fn replace_owners(&self, yaml: &str) -> Result<()> {
+        Ok(crate::replace_file(&self.owners, yaml)?)
+    }
+
     /// The usual daemon's arguments: guard eth0, ownership file, LB IPs
     /// from kube-ipvs0, then `extra`.
     pub fn args(&self, extra: &[&str]) -> Vec<String> {
@@ -194,9 +200,24 @@ impl Bed {
 
     /// The usual daemon (see [`Bed::args`]).
     pub fn start(&self, extra: &[&str]) -> Result<Daemon> {
+        self.start_by(extra, Daemon::start)
+    }
+
+    /// The usual daemon run through `wrapper` (with the DaemonSet's
+    /// capabilities: [`crate::deploy::daemonset_wrapper`]).
+    pub fn start_wrapped(&self, wrapper: &[String], extra: &[&str]) -> Result<Daemon> {
+        self.start_by(extra, |ns, args| Daemon::start_wrapped(ns, wrapper, args))
+    }
+
+    /// The daemon on the node with [`Bed::args`], started by `start`.
+    fn start_by(
+        &self,
+        extra: &[&str],
+        start: impl FnOnce(&Netns, &[&str]) -> Result<Daemon>,
+    ) -> Result<Daemon> {
         let args = self.args(extra);
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        Daemon::start(&self.node, &args)
+        start(&self.node, &args)
     }
 
     /// `arp-guard counters -i eth0 -o json` inside the node namespace.

@@ -75,20 +75,13 @@ impl Bed6 {
     /// The daemon on eth0 with the DaemonSet's capabilities ([`Bed::args`]
     /// then `extra`).
     pub fn start(&self, extra: &[&str]) -> Result<Daemon> {
-        let args = self.args(extra);
-        let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        Daemon::start_wrapped(&self.node, &daemonset_wrapper(), &args)
+        self.start_wrapped(&daemonset_wrapper(), extra)
     }
 
     /// Give the peer an entry for `ip` at `mac` (state STALE, as after an
     /// earlier exchange), so that an override advertisement can change it.
     pub fn peer_knows(&self, ip: Ipv6Addr, mac: [u8; 6]) -> Result<()> {
-        let mac = crate::netns::fmt_mac(&mac);
-        let ip = ip.to_string();
-        self.peer.ip(&[
-            "-6", "neigh", "replace", &ip, "lladdr", &mac, "dev", "eth0", "nud", "stale",
-        ])?;
-        Ok(())
+        self.peer.set_neigh("eth0", ip, &mac, "stale")
     }
 
     /// The MAC the peer has for `ip` now.

@@ -377,10 +377,7 @@ impl ServiceAccount {
     }
 
     fn write(&self, name: &str, content: &str) -> Result<()> {
-        let tmp = self.dir().join(format!(".{name}.tmp"));
-        std::fs::write(&tmp, content)?;
-        std::fs::rename(&tmp, self.dir().join(name))?;
-        Ok(())
+        Ok(crate::replace_file(&self.dir().join(name), content)?)
     }
 
     /// The command that runs the guard as a pod would: a clean environment

@@ -77,6 +77,16 @@ pub fn mkfifo(path: &std::path::Path) {
     assert_eq!(rc, 0, "mkfifo {path:?}");
 }
 
+/// Replace `path` with `content` whole, atomically, as ConfigMap updates
+/// and editors do: written beside it (`.NAME.tmp`), then renamed over it, so
+/// that a reader never finds it missing or half written.
+pub fn replace_file(path: &std::path::Path, content: &str) -> std::io::Result<()> {
+    let name = path.file_name().unwrap_or_default().to_string_lossy();
+    let tmp = path.with_file_name(format!(".{name}.tmp"));
+    std::fs::write(&tmp, content)?;
+    std::fs::rename(&tmp, path)
+}
+
 /// The `p` quantile (0.0..=1.0) of an ascending, non-empty sample.
 pub fn percentile<T: Copy>(sorted: &[T], p: f64) -> T {
     sorted[((sorted.len() - 1) as f64 * p).round() as usize]

@@ -123,6 +123,25 @@ impl Netns {
         }))
     }
 
+    /// `ip neigh replace IP lladdr MAC dev IFACE nud NUD` (`-6` for an IPv6
+    /// address): the entry for `ip` on `iface` holds `mac` in state `nud`
+    /// (reachable, stale, permanent, ...).
+    pub fn set_neigh(
+        &self,
+        iface: &str,
+        ip: impl Into<std::net::IpAddr>,
+        mac: &[u8; 6],
+        nud: &str,
+    ) -> Result<()> {
+        let ip = ip.into();
+        let (addr, mac) = (ip.to_string(), fmt_mac(mac));
+        let family: &[&str] = if ip.is_ipv6() { &["-6"] } else { &[] };
+        let entry = [
+            "neigh", "replace", &addr, "lladdr", &mac, "dev", iface, "nud", nud,
+        ];
+        self.ip(&[family, &entry[..]].concat()).map(|_| ())
+    }
+
     pub fn flush_neigh(&self, iface: &str) -> Result<()> {
         self.ip(&["neigh", "flush", "dev", iface]).map(|_| ())
     }

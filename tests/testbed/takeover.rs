@@ -22,7 +22,6 @@ use anyhow::{bail, Result};
 use crate::{
     cluster_bed::ClusterBed,
     fake_api::{objects, ApiHandle, Resource},
-    netns::fmt_mac,
     ArpSpec, Daemon, RawSocket,
 };
 
@@ -132,18 +131,7 @@ impl TakeoverBed {
         ] {
             client.sysctl(&format!("net.ipv4.neigh.eth0.{k}"), v)?;
         }
-        let mac = fmt_mac(&t.bed.nodes[0].mac);
-        client.ip(&[
-            "neigh",
-            "replace",
-            &LB.to_string(),
-            "lladdr",
-            &mac,
-            "dev",
-            "eth0",
-            "nud",
-            "reachable",
-        ])?;
+        client.set_neigh("eth0", LB, &t.bed.nodes[0].mac, "reachable")?;
         // An entry updated within `locktime` (1 s) ignores the next update.
         std::thread::sleep(Duration::from_millis(1100));
         Ok(t)

@@ -227,19 +227,20 @@ async fn explain_route(
             StatusCode::BAD_REQUEST,
             "use /explain?ip=IP (IPv4 or IPv6)\n",
         ),
-        Err(r) => r,
+        Err(r) => *r,
     }
 }
 
-/// The `?ip=` of a per-IP document: none, an IP, or a 400 saying how.
-fn ip_param(ip: Option<&str>, path: &str) -> Result<Option<IpAddr>, Response> {
+/// The `?ip=` of a per-IP document: none, an IP, or a 400 saying how (boxed:
+/// a Response is large and the error is the rare path).
+fn ip_param(ip: Option<&str>, path: &str) -> Result<Option<IpAddr>, Box<Response>> {
     match ip.map(str::parse::<IpAddr>) {
         None => Ok(None),
         Some(Ok(ip)) => Ok(Some(ip)),
-        Some(Err(_)) => Err(text(
+        Some(Err(_)) => Err(Box::new(text(
             StatusCode::BAD_REQUEST,
             format!("use {path}?ip=IP (IPv4 or IPv6)\n"),
-        )),
+        ))),
     }
 }
 
@@ -312,7 +313,7 @@ async fn responders(
 ) -> Response {
     let ip = match ip_param(p.ip.as_deref(), "/responders") {
         Ok(ip) => ip,
-        Err(r) => return r,
+        Err(r) => return *r,
     };
     let st = shared.read();
     let Some(doc) = st.census.as_ref() else {
@@ -385,7 +386,7 @@ const NODES_WAIT_STEPS: u32 = 30;
 async fn clients(State(shared): State<Arc<Shared>>, Query(p): Query<RespondersParams>) -> Response {
     let ip = match ip_param(p.ip.as_deref(), "/clients") {
         Ok(ip) => ip,
-        Err(r) => return r,
+        Err(r) => return *r,
     };
     let st = shared.read();
     let Some(doc) = st.clients.as_ref() else {

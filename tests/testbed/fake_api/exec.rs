@@ -16,7 +16,10 @@ use std::{
 use base64::Engine as _;
 use serde_json::{json, Value};
 
-use super::{status, Conn, FakeApi, Inner, Resource};
+use super::{
+    conn::{decode, respond, Conn},
+    status, FakeApi, Inner, Resource,
+};
 
 /// The WebSocket handshake's constant (RFC 6455).
 const GUID: &str = "258EAFA5-E914-47DA-95CA-C5AB0DC85B11";
@@ -75,12 +78,7 @@ impl Upgrade {
 }
 
 /// A 403 for `verb` on `resource` as the real server words it.
-pub(super) fn forbidden(
-    verb: &str,
-    resource: &str,
-    name: Option<&str>,
-    ns: Option<&str>,
-) -> (u16, Value) {
+fn forbidden(verb: &str, resource: &str, name: Option<&str>, ns: Option<&str>) -> (u16, Value) {
     let (plural, sub) = resource.split_once('/').unwrap_or((resource, ""));
     let group = match plural {
         "leases" => "coordination.k8s.io",
@@ -106,8 +104,40 @@ pub(super) fn forbidden(
     (403, status(403, "Forbidden", &message))
 }
 
+/// The 403 for a request for a resource the test denied (None: allowed).
+pub(super) fn denied(
+    inner: &Inner,
+    method: &str,
+    path: &str,
+    is_watch: bool,
+) -> Option<(u16, Value)> {
+    let r = rbac_resource(path)?;
+    if !inner.denied.lock().unwrap().contains(&r) {
+        return None;
+    }
+    let verb = match (method, is_watch) {
+        (_, true) => "watch",
+        ("GET", _) if r == "pods/exec" => "create",
+        ("GET", _) => "list",
+        ("POST", _) => "create",
+        _ => "update",
+    };
+    let (ns, name) = (Resource::from_path(path)).map_or((None, None), |(_, ns, n)| (ns, n));
+    let name = name.or_else(|| {
+        path.strip_suffix("/exec")
+            .and_then(|p| p.rsplit('/').next())
+            .map(str::to_owned)
+    });
+    Some(forbidden(
+        verb,
+        &r,
+        name.as_deref(),
+        ns.as_deref().or(path.split('/').nth(4)),
+    ))
+}
+
 /// The resource a request path names, as RBAC sees it (`pods/exec`).
-pub(super) fn rbac_resource(path: &str) -> Option<String> {
+fn rbac_resource(path: &str) -> Option<String> {
     if path.ends_with("/exec") {
         return Some("pods/exec".into());
     }
@@ -146,8 +176,8 @@ fn serve(
     let mut container = String::new();
     for (k, v) in query.split('&').filter_map(|kv| kv.split_once('=')) {
         match k {
-            "command" => command.push(super::decode(v)),
-            "container" => container = super::decode(v),
+            "command" => command.push(decode(v)),
+            "container" => container = decode(v),
             _ => {}
         }
     }
@@ -159,7 +189,7 @@ fn serve(
     };
     let Some(p) = stored else {
         let body = status(404, "NotFound", &format!("pods \"{pod}\" not found"));
-        return super::respond(out, 404, &body);
+        return respond(out, 404, &body);
     };
     let node = p["spec"]["nodeName"]
         .as_str()
@@ -174,7 +204,7 @@ fn serve(
             "BadRequest",
             "exec needs a WebSocket upgrade with v5 or v4.channel.k8s.io",
         );
-        return super::respond(out, 400, &body);
+        return respond(out, 400, &body);
     };
     let call = ExecCall {
         namespace: ns.to_owned(),
@@ -187,7 +217,7 @@ fn serve(
     let cmd = inner.exec.lock().unwrap().as_ref().map(|hook| hook(&call));
     let Some(mut cmd) = cmd else {
         let body = status(500, "InternalError", "fake API: no exec hook");
-        return super::respond(out, 500, &body);
+        return respond(out, 500, &body);
     };
     let digest = ring::digest::digest(
         &ring::digest::SHA1_FOR_LEGACY_USE_ONLY,

@@ -1,0 +1,90 @@
+//! The failures tests make the server show: down (every connection closed
+//! at once), a black hole (connections accepted and never answered), cut
+//! watches, and faults per resource (an HTTP error for every request, or
+//! watches stuck half-way through a chunk; see watch.rs).
+
+use std::{sync::atomic::Ordering, time::Duration};
+
+use serde_json::Value;
+
+use super::{status, FakeApi, Inner, Resource};
+
+/// A failure the server shows for one resource.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fault {
+    /// Every request (list, watch, GET) answers this HTTP status.
+    Status(u16),
+    /// Watches send half a chunk and then nothing, holding the connection
+    /// open; lists and GETs work (a stuck stream while new connections work).
+    StuckWatch,
+}
+
+impl FakeApi {
+    /// Cut every open watch connection mid-stream.
+    pub fn drop_watches(&self) {
+        self.inner.state.lock().unwrap().generation += 1;
+        self.inner.changed.notify_all();
+    }
+
+    /// Down: every connection is closed at once, open watches are cut.
+    pub fn set_down(&self, down: bool) {
+        let mut st = self.inner.state.lock().unwrap();
+        st.down = down;
+        st.generation += 1;
+        self.inner.changed.notify_all();
+    }
+
+    /// Black hole: new connections are accepted and never answered, open
+    /// watches are cut (a network partition that drops packets silently).
+    pub fn set_blackhole(&self, on: bool) {
+        let mut st = self.inner.state.lock().unwrap();
+        st.blackhole = on;
+        st.generation += 1;
+        self.inner.changed.notify_all();
+    }
+
+    /// Make every request for `res` fail, or its watches stick (None: heal).
+    /// Open watches of `res` are cut, so that the next ones meet the fault.
+    pub fn set_fault(&self, res: Resource, fault: Option<Fault>) {
+        let mut st = self.inner.state.lock().unwrap();
+        match fault {
+            Some(f) => st.faults.insert(res, f),
+            None => st.faults.remove(&res),
+        };
+        st.generation += 1;
+        self.inner.changed.notify_all();
+    }
+}
+
+/// Wait while the server is a black hole (saying nothing).
+pub(super) fn blackhole(inner: &Inner) {
+    loop {
+        let st = inner.state.lock().unwrap();
+        if !st.blackhole || inner.stop.load(Ordering::SeqCst) {
+            return;
+        }
+        drop(
+            inner
+                .changed
+                .wait_timeout(st, Duration::from_millis(200))
+                .unwrap(),
+        );
+    }
+}
+
+/// The error every request for `res` answers while it has a status fault.
+pub(super) fn answer(inner: &Inner, res: Resource, path: &str) -> Option<(u16, Value)> {
+    let fault = inner.state.lock().unwrap().faults.get(&res).copied();
+    let Some(Fault::Status(code)) = fault else {
+        return None;
+    };
+    let reason = match code {
+        401 => "Unauthorized",
+        403 => "Forbidden",
+        _ => "InternalError",
+    };
+    Some((
+        code,
+        status(code, reason, &format!("fake API: {reason} for {path}")),
+    ))
+}

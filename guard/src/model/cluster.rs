@@ -73,6 +73,10 @@ pub struct OwnerTable {
     /// (version, IP) of the latest changes, oldest first, at most
     /// [`CHANGE_LOG`]: a reader further behind derives everything anew.
     log: std::collections::VecDeque<(u64, IpAddr)>,
+    /// The newest version any of whose changes left the log (0: none): a
+    /// reader that saw less than it would miss them. Versions leave the log
+    /// one IP at a time, so its first entry does not tell.
+    trimmed: u64,
 }
 
 /// Changes the log keeps (about 32 bytes each): a daemon that falls this
@@ -85,7 +89,9 @@ impl OwnerTable {
         self.version += 1;
         for ip in changed {
             if self.log.len() == CHANGE_LOG {
-                self.log.pop_front();
+                if let Some((v, _)) = self.log.pop_front() {
+                    self.trimmed = v;
+                }
             }
             self.log.push_back((self.version, ip));
         }
@@ -97,10 +103,8 @@ impl OwnerTable {
         if seen >= self.version {
             return Some(BTreeSet::new());
         }
-        let oldest = self.log.front().map_or(self.version + 1, |(v, _)| *v);
-        // Every change after `seen` is still in the log only if the log
-        // starts at or before the first version after it.
-        if oldest > seen + 1 {
+        // A change after `seen` has left the log: it cannot say them all.
+        if self.trimmed > seen {
             return None;
         }
         let from = self.log.partition_point(|(v, _)| *v <= seen);
@@ -199,5 +203,37 @@ mod tests {
         }
         assert_eq!(t.changed_since(1), None, "pushed out of the log");
         assert!(t.changed_since(t.version - 5).is_some_and(|s| s.len() == 5));
+    }
+
+    /// A version whose changes left the log only in part is not reported
+    /// as complete: the reader that saw the version before it derives
+    /// everything (else an IP that moved here would wait for the resync).
+    #[test]
+    fn a_version_partly_out_of_the_log_sends_its_reader_to_derive_everything() {
+        let ip = |n: u32| IpAddr::from((0xCB00_7100u32 + n).to_be_bytes()); // 203.0.113.n
+        let mut t = OwnerTable::default();
+        t.record([ip(1)]); // 1
+        t.record([ip(2), ip(3)]); // 2
+        for i in 0..CHANGE_LOG - 2 {
+            t.record([ip(10 + (i % 200) as u32)]);
+        }
+        // Version 1 is gone; version 2 whole: a reader at 1 still gets all.
+        assert!(t.changed_since(1).is_some_and(|s| s.contains(&ip(2))));
+        t.record([ip(9)]);
+        // Version 2 lost ip(2) and kept ip(3): a reader at 1 would miss ip(2).
+        assert_eq!(t.changed_since(1), None, "version 2 is no longer whole");
+        assert!(t.changed_since(2).is_some());
+    }
+
+    /// One change of more IPs than the log keeps (a relist after an outage
+    /// on a large cluster) cannot be read as a short list.
+    #[test]
+    fn a_change_larger_than_the_log_sends_every_reader_to_derive_everything() {
+        let mut t = OwnerTable::default();
+        t.record([IpAddr::from([198, 51, 100, 1])]);
+        t.record((0..CHANGE_LOG as u32 + 1).map(|n| IpAddr::from((0x0A00_0000 + n).to_be_bytes())));
+        assert_eq!(t.changed_since(0), None);
+        assert_eq!(t.changed_since(1), None);
+        assert_eq!(t.changed_since(2), Some(BTreeSet::new()));
     }
 }

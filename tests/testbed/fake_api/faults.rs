@@ -17,6 +17,10 @@ pub enum Fault {
     /// Watches send half a chunk and then nothing, holding the connection
     /// open; lists and GETs work (a stuck stream while new connections work).
     StuckWatch,
+    /// GETs of one object are never answered (held until the fault is
+    /// healed or the client gives up); lists and watches work: an API
+    /// check that hangs while the streams deliver.
+    HungGet,
 }
 
 impl FakeApi {
@@ -70,6 +74,22 @@ pub(super) fn blackhole(inner: &Inner) {
                 .unwrap(),
         );
     }
+}
+
+/// Hold a GET of one object of `res` while it has [`Fault::HungGet`]
+/// (false: it has not, answer it).
+pub(super) fn hold_get(inner: &Inner, res: Resource) -> bool {
+    let hung = |inner: &Inner| {
+        inner.state.lock().unwrap().faults.get(&res) == Some(&Fault::HungGet)
+            && !inner.stop.load(Ordering::SeqCst)
+    };
+    if !hung(inner) {
+        return false;
+    }
+    while hung(inner) {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    true
 }
 
 /// The error every request for `res` answers while it has a status fault.

@@ -271,6 +271,9 @@ fn resource(
     (req, t, key): (&Request, &Target<'_>, &TallyKey),
     (res, ns, name): (Resource, Option<String>, Option<String>),
 ) -> Result<After> {
+    if req.method == "GET" && name.is_some() && faults::hold_get(inner, res) {
+        return Ok(After::Closed);
+    }
     let out = reader.get_mut();
     let answered = if let Some(fault) = faults::answer(inner, res, t.path) {
         Some(fault)

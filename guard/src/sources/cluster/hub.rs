@@ -79,9 +79,9 @@ impl Hub {
     }
 
     pub(super) fn lock(&self) -> MutexGuard<'_, Core> {
-        // A panic while applying one message leaves at worst that object
-        // half applied (the next relist replaces it); the feed goes on
-        // rather than every stream stopping with it.
+        // A stream's task that panics holding it stops the feed (its
+        // PanicWatch tells the loop); the lock must still be taken to read
+        // that, so poison is not a panic of its own.
         self.core
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)

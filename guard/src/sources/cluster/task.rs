@@ -187,6 +187,10 @@ struct Task {
     running: PerStream<Running>,
     confirm_tx: mpsc::Sender<(Key, Instant, Confirmation)>,
     in_flight: usize,
+    /// The API check's answer (what it failed with, if it did), sent by its
+    /// own task: the loop never waits on the API.
+    check_tx: mpsc::Sender<(Instant, Result<(), Failure>)>,
+    checking: bool,
     /// The API server filters Services by type (cleared when it cannot).
     lb_filter: Arc<AtomicBool>,
 }
@@ -201,6 +205,7 @@ pub async fn run(
     ops: Arc<Ops>,
 ) {
     let (confirm_tx, mut confirm_rx) = mpsc::channel(64);
+    let (check_tx, mut check_rx) = mpsc::channel(1);
     let now = Instant::now();
     let hub = Arc::new(Hub::new(Feed::new(cfg.clone(), now, ops), tx, now));
     let mut t = Task {
@@ -211,6 +216,8 @@ pub async fn run(
         running: PerStream::new(Vec::new()),
         confirm_tx,
         in_flight: 0,
+        check_tx,
+        checking: false,
         lb_filter: Arc::new(AtomicBool::new(true)),
     };
     let streams = hub.lock().generations.map(|_| ());
@@ -234,6 +241,7 @@ pub async fn run(
                 t.in_flight -= 1;
                 hub.lock().feed.on_confirm(key, sent, answer, Instant::now());
             }
+            Some((since, answer)) = check_rx.recv() => t.on_check(since, answer),
             _ = &mut deadline => {}
         }
         if let Some(stream) = hub.lock().panicked.take() {
@@ -241,8 +249,8 @@ pub async fn run(
             return;
         }
         t.send_confirmations();
-        if Instant::now() >= hub.lock().check_at() {
-            t.check_api().await;
+        if !t.checking && Instant::now() >= hub.lock().check_at() {
+            t.check_api();
         }
         t.rebuild();
         hub.lock().publish(Instant::now(), None);
@@ -289,22 +297,43 @@ impl Task {
 
     /// Is the API there at all? The `kubernetes` Service, from the API
     /// server's cache (`resourceVersion=0`: no etcd read): any answer,
-    /// 404 included, is one.
-    async fn check_api(&mut self) {
-        let since = self.hub.lock().feed.last_alive();
-        let path = Service::url_path(&(), Some("default"));
-        let get = wire::get::<decode::Service>(&self.client, &path, "kubernetes", true);
-        let answer = tokio::time::timeout(CHECK_TIMEOUT, get).await;
+    /// 404 included, is one. Asked in a task of its own, so that the loop's
+    /// deadlines (a Lease's expiry: a takeover) never wait on the API.
+    fn check_api(&mut self) {
+        let now = Instant::now();
+        let since = {
+            let mut c = self.hub.lock();
+            // Spaced from the question too: the loop does not wake for it
+            // again while it is out (the answer comes within CHECK_TIMEOUT).
+            c.next_check = now + CHECK_EVERY;
+            c.feed.last_alive()
+        };
+        self.checking = true;
+        let (client, tx) = (self.client.clone(), self.check_tx.clone());
+        tokio::spawn(async move {
+            let path = Service::url_path(&(), Some("default"));
+            let get = wire::get::<decode::Service>(&client, &path, "kubernetes", true);
+            let answer = match tokio::time::timeout(CHECK_TIMEOUT, get).await {
+                Ok(Ok(_)) => Ok(()),
+                Ok(Err(e)) => Err(Failure::of("get", &e)),
+                Err(_) => Err(Failure::timeout("get", CHECK_TIMEOUT)),
+            };
+            let _ = tx.send((since, answer)).await;
+        });
+    }
+
+    /// The API check's answer: alive, or failing since its last sign of life.
+    fn on_check(&mut self, since: Instant, answer: Result<(), Failure>) {
+        self.checking = false;
         let now = Instant::now();
         let hub = self.hub.clone();
         let mut c = hub.lock();
         match answer {
-            Ok(Ok(_)) => {
+            Ok(()) => {
                 c.feed.ok(None, now);
                 self.unstick(&mut c.feed, now);
             }
-            Ok(Err(e)) => c.feed.failed(None, &Failure::of("get", &e), since),
-            Err(_) => (c.feed).failed(None, &Failure::timeout("get", CHECK_TIMEOUT), since),
+            Err(f) => c.feed.failed(None, &f, since),
         }
         c.next_check = now + CHECK_EVERY;
     }

@@ -1,0 +1,106 @@
+//! The feed's API check (a cached GET of the `kubernetes` Service when the
+//! streams have been quiet, or every 2 s while they fail) is asked beside the
+//! feed's loop, never in it: while it hangs, a Lease's expiry still takes
+//! effect at its time. Before, the loop awaited it, and a takeover due while
+//! the API was slow waited up to the check's 2 s timeout.
+
+use std::{
+    net::Ipv4Addr,
+    time::{Duration, Instant},
+};
+
+use testbed::{
+    cluster_bed::ClusterBed,
+    fake_api::{objects, Fault, Resource},
+    wait_for,
+};
+
+const LB: &str = "198.51.100.100";
+
+/// Node `i`'s state for [`LB`] in its `/status`.
+fn state(bed: &ClusterBed, i: usize) -> Option<String> {
+    let (_, body) = bed.nodes[i]
+        .ns
+        .enter(|| guard::testing::get("127.0.0.1:9477".parse().unwrap(), "/status"))
+        .ok()?;
+    let v: serde_json::Value = serde_json::from_str(&body).ok()?;
+    let row = v["ips"].as_array()?.iter().find(|r| r["ip"] == LB)?.clone();
+    row["state"].as_str().map(str::to_owned)
+}
+
+/// The API checks asked so far (GETs of one Service: nothing else GETs one).
+fn checks(bed: &ClusterBed) -> u64 {
+    (bed.api.tally().iter())
+        .filter(|((_, verb, res), _)| *verb == "get" && res.starts_with("services"))
+        .map(|(_, c)| c.requests)
+        .sum()
+}
+
+#[test]
+fn a_hung_api_check_does_not_hold_back_a_lease_expiry() {
+    testbed::require_root();
+    let bed = ClusterBed::new("chk", &[LB.parse::<Ipv4Addr>().unwrap()]).unwrap();
+    bed.api.apply(
+        Resource::Services,
+        objects::service("default", "web", &[LB]),
+    );
+    // The API check's GET is never answered; lists, watches and the Lease's
+    // confirming GET are.
+    bed.api.set_fault(Resource::Services, Some(Fault::HungGet));
+    // Bookmarks about once a minute, as a real server sends them (the fake's
+    // default of 1 s would keep the streams from ever being quiet).
+    bed.api.set_bookmark_every(Duration::from_secs(60));
+    let _guard = bed
+        .start_on(
+            0,
+            // Blind threshold 8 s: the check is asked once the streams
+            // have been quiet 5 s (the threshold less its timeout and 1 s).
+            &[
+                "--announcer",
+                "cilium",
+                "--presence-period",
+                "0",
+                "--stale-after",
+                "8s",
+            ],
+            Duration::from_secs(20),
+        )
+        .unwrap();
+    assert_eq!(state(&bed, 0).as_deref(), Some("unknown"), "no Lease yet");
+    // The moment a check is asked, it hangs for its 2 s timeout.
+    let asked = checks(&bed);
+    assert!(
+        wait_for(Duration::from_secs(30), || (checks(&bed) > asked)
+            .then_some(()))
+        .is_some(),
+        "the API check is asked once the streams are quiet"
+    );
+    // A 1 s Lease nobody renews, seen now: it expires in the middle of the
+    // hung check.
+    let applied = Instant::now();
+    bed.api.apply(
+        Resource::Leases,
+        objects::cilium_lease("web", "node-a", 1, "2026-11-30T10:00:00.000000Z"),
+    );
+    assert!(
+        wait_for(Duration::from_secs(1), || (state(&bed, 0).as_deref()
+            == Some("owned"))
+        .then_some(()))
+        .is_some(),
+        "node-a owns the IP while its Lease lasts"
+    );
+    let expired = wait_for(Duration::from_secs(10), || {
+        (state(&bed, 0).as_deref() == Some("unknown")).then(|| applied.elapsed())
+    });
+    let expired = expired.expect("the Lease expires");
+    // At +1 s and its confirming GET (the loop's deadline), well before
+    // the check gives up (+2 s; the loop that awaited it took 3 s here).
+    assert!(
+        expired < Duration::from_millis(1_800),
+        "the expiry took effect {expired:?} after the Lease was seen (due at 1 s)"
+    );
+    assert!(
+        expired >= Duration::from_secs(1),
+        "not before it was due: {expired:?}"
+    );
+}

@@ -267,6 +267,28 @@ fn a_takeover_with_a_stale_client_in_one_command() {
     }
     let events = laptop.run(&["events"]);
     assert!(events.code == 0 || events.code == 1, "{}", events.err);
+    // A server that cannot select arp-guard's Events: the cluster's are
+    // read in bounded pages and filtered here, to the same rows.
+    let now = objects::renew_now();
+    for (name, controller) in [("ours", "arp-guard"), ("theirs", "metallb")] {
+        t.bed.api.put_event(serde_json::json!({
+            "metadata": {"namespace": "default", "name": name},
+            "eventTime": now, "type": "Warning", "reason": name,
+            "reportingController": controller, "reportingInstance": "node-a",
+            "regarding": {"kind": "Service", "namespace": "default", "name": "web"},
+        }));
+    }
+    let (_, want) = laptop.json(&["events"]);
+    let want = want.as_array().cloned().unwrap_or_default();
+    assert!(want.iter().any(|e| e["reason"] == "ours"), "{want:?}");
+    assert!(!want.iter().any(|e| e["reason"] == "theirs"), "{want:?}");
+    t.bed.api.set_event_field_selectors_old(true);
+    let lists = t.bed.api.event_lists();
+    let (_, got) = laptop.json(&["events"]);
+    let reasons = |v: &[Value]| v.iter().map(|e| e["reason"].clone()).collect::<Vec<_>>();
+    assert_eq!(reasons(got.as_array().unwrap()), reasons(&want));
+    assert_eq!(t.bed.api.event_lists(), lists + 2, "refused, then one page");
+    t.bed.api.set_event_field_selectors_old(false);
     only_read_only_execs(&t.bed);
     the_rbac_component_is_what_the_plugin_asks(&t.bed);
 }
@@ -361,6 +383,15 @@ fn a_hung_guard_is_listed_as_not_answering() {
     );
     assert!(r.out.contains("guards: 1 of 2 answered"), "{}", r.out);
     assert!(row(&r.out, &LB.to_string()).contains("node-a"), "{}", r.out);
+    // Asked alone, it is a command that could not ask: exit 2, saying why.
+    let r = laptop.run(&["status", "--node", "node-b", "--node-timeout", "3s"]);
+    assert_eq!(r.code, 2, "no guard answered: not a finding");
+    assert!(
+        r.err
+            .contains("no guard answered (node-b: not answering (no answer within 3s))"),
+        "{}",
+        r.err
+    );
 }
 
 /// No right to exec, or to read what the plugin reads: one error that
@@ -384,7 +415,7 @@ fn a_403_is_one_error_naming_what_to_grant() {
         "the API's own words: {}",
         r.err
     );
-    assert!(r.err.contains("arp-guard-viewer"), "{}", r.err);
+    assert!(r.err.contains("arp-guard-operator"), "{}", r.err);
     assert_eq!(
         r.err.lines().filter(|l| l.contains("forbidden")).count(),
         1,
@@ -429,6 +460,18 @@ fn not_ready_and_missing_guards_are_listed() {
         .unwrap()
         .clone();
     assert_eq!(z["unanswered"]["state"], "no_guard_pod");
+    // Listed, not a finding: the DaemonSet may not be meant to run there.
+    let r = laptop.run(&["clients"]);
+    assert_eq!(r.code, 0, "{}{}", r.out, r.err);
+    // Nodes that cannot be read: said, with why, whatever the view.
+    bed.api.deny("nodes");
+    let r = laptop.run(&["clients"]);
+    assert_eq!(r.code, 0, "{}{}", r.out, r.err);
+    assert!(
+        r.err.contains("the cluster's Nodes could not be read ("),
+        "{}",
+        r.err
+    );
 }
 
 /// kubectl completes the plugin's subcommands and flags through

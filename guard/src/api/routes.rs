@@ -161,7 +161,7 @@ async fn metrics_route(State(shared): State<Arc<Shared>>) -> Response {
                 v
             }),
             probes: st.probes.as_ref(),
-            memory: st.status.as_ref().and_then(|s| s.memory.as_ref()),
+            memory: st.memory.as_ref(),
         };
         Ok(metrics::render(scrape)?)
     });

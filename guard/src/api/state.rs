@@ -26,6 +26,9 @@ use crate::{
 #[derive(Debug, Clone, Default)]
 pub struct ApiState {
     pub status: Option<DaemonStatus>,
+    /// The memory watch's last sample (the one place it is kept: the
+    /// status carries a copy, refreshed by both writers).
+    pub memory: Option<crate::telemetry::memory::MemoryStatus>,
     /// Reasons the daemon is not ready (empty: ready).
     pub not_ready: Vec<String>,
     pub ips: BTreeMap<IpAddr, IpEntry>,

@@ -45,8 +45,9 @@ impl Daemon {
             not_enforced: self.dp.not_enforced(),
             map_memory_bytes: self.memlock,
             feed: cluster.map(|c| FeedHealth::of(&self.announcers, c)),
-            // The memory watch writes its samples into the shared status.
-            memory: (self.shared.read().status.as_ref()).and_then(|s| s.memory.clone()),
+            // The memory watch's sample (set again under the write lock
+            // below, where a newer one cannot be overwritten).
+            memory: self.shared.read().memory.clone(),
         };
         if let Some(path) = &self.cfg.daemon.status_file {
             status_file::publish(path, &status, &mut self.last_status);
@@ -90,7 +91,10 @@ impl Daemon {
             .iter()
             .map(|(n, a)| (n.clone(), self.view.if_primary.contains_key(&a.ifindex)))
             .collect();
-        st.status = Some(status);
+        st.status = Some(DaemonStatus {
+            memory: st.memory.clone(),
+            ..status
+        });
         st.not_ready = not_ready;
         st.mode = Some(self.cfg.datapath.mode);
         st.leak_action = Some(self.cfg.datapath.leak_action);

@@ -445,8 +445,12 @@ impl Daemon {
                 let s = memory::sample(&root, maps, last.as_ref());
                 memory::log_level(last.as_ref(), &s);
                 ops.set_memory_pressure(s.level == memory::Level::Pressure);
-                if let Some(st) = shared.write().status.as_mut() {
+                {
+                    let mut st = shared.write();
                     st.memory = Some(s.clone());
+                    if let Some(status) = st.status.as_mut() {
+                        status.memory = Some(s.clone());
+                    }
                 }
                 last = Some(s);
             }

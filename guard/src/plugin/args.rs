@@ -24,7 +24,7 @@ use crate::cli::parse_duration;
         execs the guard's read-only commands).\n\n\
         Exit codes: 0 nothing found, 1 a finding (a conflict, stale clients, a silent takeover, a \
         Warning Event, a guard that did not answer), 2 could not ask (no access, API unreachable).",
-    after_help = "RBAC: the ClusterRole arp-guard-viewer in deploy/components/kubectl-plugin (docs/kubectl-arp-guard.md)."
+    after_help = "RBAC: the ClusterRole arp-guard-operator in deploy/components/kubectl-plugin (docs/kubectl-arp-guard.md)."
 )]
 pub struct PluginCli {
     #[command(flatten)]

@@ -25,7 +25,7 @@ use crate::model::presence::{self, Record};
 #[derive(Debug, thiserror::Error)]
 #[error(
     "forbidden: {message}\n  kubectl arp-guard needs `{verb}` on {resource} ({scope}): the \
-     ClusterRole and the Role arp-guard-viewer of deploy/components/kubectl-plugin grant what it \
+     ClusterRole and the Role arp-guard-operator of deploy/components/kubectl-plugin grant what it \
      needs; bind both to your user or group"
 )]
 pub struct Denied {
@@ -111,9 +111,11 @@ pub struct ClusterReads {
     pub pods: BTreeMap<String, GuardPod>,
     /// Presence records by node.
     pub records: BTreeMap<String, Record>,
-    /// Every node of the cluster (None: they could not be read; the
-    /// nodes without a guard Pod are then not listed).
+    /// Every node of the cluster (None: not read, with --node, or they
+    /// could not be; the nodes without a guard Pod are then not listed).
     pub nodes: Option<BTreeSet<String>>,
+    /// Why the Nodes could not be read.
+    pub nodes_unread: Option<String>,
     /// `namespace/name` of each LB IP's Service.
     pub services: BTreeMap<IpAddr, String>,
     /// arp-guard's Events within the window, newest first.
@@ -186,22 +188,23 @@ impl Reader<'_> {
             .collect())
     }
 
-    /// Every node's name (metadata is enough; None when not allowed: the
-    /// nodes without a guard are then not named, and the output says so).
-    pub async fn nodes(&self) -> Option<BTreeSet<String>> {
+    /// Every node's name (metadata is enough), or why they could not be
+    /// read (not allowed, no answer): the nodes without a guard are then
+    /// not named, and the output says why.
+    pub async fn nodes(&self) -> Result<BTreeSet<String>, String> {
         // Metadata only: a Node's status (images, conditions) is 10-20 kB.
         let api: Api<Node> = Api::all(self.client.clone());
         let lp = ListParams::default().match_any();
-        let list = tokio::time::timeout(self.timeout, api.list_metadata(&lp))
-            .await
-            .ok()?
-            .ok()?;
-        Some(
-            list.items
-                .into_iter()
-                .filter_map(|n| n.metadata.name)
-                .collect(),
-        )
+        let list = match tokio::time::timeout(self.timeout, api.list_metadata(&lp)).await {
+            Err(_) => return Err(format!("no answer within {:?}", self.timeout)),
+            Ok(Err(e)) => return Err(e.to_string()),
+            Ok(Ok(l)) => l,
+        };
+        Ok(list
+            .items
+            .into_iter()
+            .filter_map(|n| n.metadata.name)
+            .collect())
     }
 
     /// The LB IPs and their Services (type LoadBalancer, filtered by the
@@ -243,30 +246,58 @@ impl Reader<'_> {
     }
 
     /// arp-guard's Events seen within `since`, newest first (by the
-    /// reporting controller; a server that cannot select by it is read
-    /// whole and filtered here).
+    /// reporting controller; a server that cannot select by it is read in
+    /// pages, at most [`EVENT_PAGES`] of them, and filtered here).
     pub async fn events(&self, since: Duration) -> anyhow::Result<Vec<EventRow>> {
         let api: Api<Event> = Api::all(self.client.clone());
         let lp = ListParams::default()
             .fields("reportingController=arp-guard")
             .match_any();
         let what = ("events.events.k8s.io", "cluster");
-        let list = match self.list(api.clone(), &lp, what).await {
-            Ok(l) => l,
-            Err(e) if is_bad_selector(&e) => {
-                self.list(api, &ListParams::default().match_any(), what)
-                    .await?
-            }
+        let items = match self.list(api.clone(), &lp, what).await {
+            Ok(l) => l.items,
+            Err(e) if is_bad_selector(&e) => self.every_event(api).await?,
             Err(e) => return Err(e),
         };
         let now = jiff::Timestamp::now();
-        let mut out: Vec<EventRow> = (list.items.iter())
+        let mut out: Vec<EventRow> = (items.iter())
             .filter(|e| e.reporting_controller.as_deref() == Some("arp-guard"))
             .filter_map(|e| event_row(e, now))
             .filter(|e| e.age_s <= since.as_secs() as i64)
             .collect();
         out.sort_by_key(|e| e.age_s);
         Ok(out)
+    }
+}
+
+/// Pages of the cluster's Events read when the server cannot select
+/// arp-guard's: 20 of 500, the first 10,000 (the API's cache serves no
+/// pages, so these are etcd reads; bounded, and said when cut).
+const EVENT_PAGES: usize = 20;
+const EVENT_PAGE: u32 = 500;
+
+impl Reader<'_> {
+    async fn every_event(&self, api: Api<Event>) -> anyhow::Result<Vec<Event>> {
+        let what = ("events.events.k8s.io", "cluster");
+        let mut items = Vec::new();
+        let mut token: Option<String> = None;
+        for _ in 0..EVENT_PAGES {
+            let mut lp = ListParams::default().limit(EVENT_PAGE);
+            if let Some(t) = token.take() {
+                lp = lp.continue_token(&t);
+            }
+            let page = self.list(api.clone(), &lp, what).await?;
+            items.extend(page.items);
+            token = page.metadata.continue_.filter(|t| !t.is_empty());
+            if token.is_none() {
+                return Ok(items);
+            }
+        }
+        eprintln!(
+            "note: the API server cannot select arp-guard's Events; only the first {} of the cluster's were read",
+            items.len()
+        );
+        Ok(items)
     }
 }
 

@@ -9,9 +9,10 @@ use tokio::io::AsyncReadExt as _;
 
 use super::cluster::GuardPod;
 
-/// Longest output kept from one guard (a node's documents are a few kB;
-/// more is cut and said so).
-pub const MAX_OUTPUT: usize = 4 << 20;
+/// Longest output read from one guard: a node's brief documents are a few
+/// kB, a whole status about 200 bytes per LB IP (32 MiB: some 150,000). More
+/// is not read: that node's answer is an error saying so.
+pub const MAX_OUTPUT: usize = 32 << 20;
 
 /// What a command in a guard's Pod printed, and how it exited.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -70,20 +71,20 @@ async fn exec(pods: &Api<Pod>, pod: &GuardPod, argv: &[String]) -> Result<ExecOu
     // together (the process's pipes hold a few kB).
     let status = p.take_status();
     let (stdout, stderr) = (p.stdout(), p.stderr());
-    let read = |r: Option<tokio::io::ReadHalf<tokio::io::SimplexStream>>| async move {
-        let mut out = Vec::new();
-        if let Some(r) = r {
-            let _ = r.take(MAX_OUTPUT as u64).read_to_end(&mut out).await;
+    let read = |r: Option<tokio::io::ReadHalf<tokio::io::SimplexStream>>, what| async move {
+        match r {
+            Some(r) => read_bounded(r, MAX_OUTPUT, what).await,
+            None => Ok(Vec::new()),
         }
-        out
     };
     let status = async move {
-        match status {
+        Ok(match status {
             Some(s) => s.await,
             None => None,
-        }
+        })
     };
-    let (stdout, stderr, status) = tokio::join!(read(stdout), read(stderr), status);
+    let (stdout, stderr, status) =
+        tokio::try_join!(read(stdout, "output"), read(stderr, "error output"), status)?;
     let _ = p.join().await;
     let code = match status {
         None => {
@@ -98,6 +99,25 @@ async fn exec(pods: &Api<Pod>, pod: &GuardPod, argv: &[String]) -> Result<ExecOu
         stdout,
         stderr,
     })
+}
+
+/// All of `r`, up to `max` bytes; more is an error naming `what` (and the
+/// caller's dropping the exec ends it at once: the command would otherwise
+/// block on a pipe no one reads, until the node's deadline).
+async fn read_bounded(
+    r: impl tokio::io::AsyncRead + Unpin,
+    max: usize,
+    what: &str,
+) -> Result<Vec<u8>, ExecError> {
+    let mut out = Vec::new();
+    let _ = r.take(max as u64 + 1).read_to_end(&mut out).await;
+    if out.len() > max {
+        return Err(ExecError::Failed(format!(
+            "its {what} is larger than {} MiB: not read",
+            max >> 20
+        )));
+    }
+    Ok(out)
 }
 
 /// The exit code a `metav1.Status` of the error channel carries: 0 for
@@ -116,6 +136,35 @@ pub fn exit_code(s: &k8s_openapi::apimachinery::pkg::apis::meta::v1::Status) -> 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An output up to the bound is read whole; one byte more is an error
+    /// that says so, read no further (the writer is still writing).
+    #[tokio::test]
+    async fn an_output_over_the_bound_is_an_error_not_a_cut_document() {
+        use tokio::io::AsyncWriteExt as _;
+        let max = 2 << 20;
+        let (mut w, r) = tokio::io::duplex(64 << 10);
+        let writer = tokio::spawn(async move {
+            let _ = w.write_all(&vec![b'x'; max]).await;
+        });
+        assert_eq!(read_bounded(r, max, "output").await.unwrap().len(), max);
+        writer.await.unwrap();
+        let (mut w, r) = tokio::io::duplex(64 << 10);
+        // Never ends on its own: the reader must stop.
+        tokio::spawn(async move { while w.write_all(&[b'x'; 4096]).await.is_ok() {} });
+        let e = tokio::time::timeout(
+            std::time::Duration::from_secs(10),
+            read_bounded(r, max, "output"),
+        )
+        .await
+        .expect("stops at the bound");
+        assert_eq!(
+            e,
+            Err(ExecError::Failed(
+                "its output is larger than 2 MiB: not read".into()
+            ))
+        );
+    }
 
     #[test]
     fn the_exit_code_is_read_from_the_error_channel_s_status() {

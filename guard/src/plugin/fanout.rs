@@ -178,6 +178,40 @@ fn judge<T>(out: &ExecOut, read: fn(&[u8]) -> Result<T, String>) -> Result<(T, i
     }
 }
 
+impl Unanswered {
+    /// A guard that should have answered did not (a finding). A node
+    /// without a guard Pod is listed, not counted: the DaemonSet may not be
+    /// meant to run there (a nodeSelector, Windows or virtual nodes).
+    pub fn is_finding(&self) -> bool {
+        !matches!(self, Unanswered::NoGuardPod)
+    }
+}
+
+/// The guards that should have answered and did not (findings). When none
+/// answered (every node asked, or the one `--node` named), the command
+/// could not ask: an error naming why (exit 2), not a finding.
+pub fn missing<T>(answers: &[NodeAnswer<T>]) -> anyhow::Result<usize> {
+    const NAMED: usize = 5;
+    if answers.is_empty() {
+        anyhow::bail!("no node to ask: no guard Pod matches the selector in the namespace and no Node was read");
+    }
+    if !answers.iter().any(|a| a.answer.is_ok()) {
+        let why: Vec<String> = (answers.iter().take(NAMED))
+            .filter_map(|a| a.answer.as_ref().err().map(|u| format!("{}: {u}", a.node)))
+            .collect();
+        let more = answers.len().saturating_sub(NAMED);
+        let more = if more > 0 {
+            format!("; {more} more")
+        } else {
+            String::new()
+        };
+        anyhow::bail!("no guard answered ({}{more})", why.join("; "));
+    }
+    Ok((answers.iter())
+        .filter(|a| a.answer.as_ref().err().is_some_and(Unanswered::is_finding))
+        .count())
+}
+
 /// A JSON document.
 pub fn json<T: serde::de::DeserializeOwned>(b: &[u8]) -> Result<T, String> {
     serde_json::from_slice(b).map_err(|e| format!("not the JSON this plugin reads: {e}"))
@@ -303,6 +337,13 @@ mod tests {
             .unwrap();
         assert_eq!(only.len(), 1);
         assert_eq!(only[0].answer, Err(Unanswered::NoGuardPod));
+        // Four of eight could not answer: three are findings (down, hang,
+        // fail), the node without a guard Pod is not; one alone without an
+        // answer (a --node) is a command that could not ask.
+        assert_eq!(missing(&got).unwrap(), 3);
+        let e = missing(&only).unwrap_err().to_string();
+        assert!(e.contains("no guard answered (zz: no guard Pod"), "{e}");
+        assert!(missing::<String>(&[]).is_err());
     }
 
     #[tokio::test]
@@ -323,6 +364,6 @@ mod tests {
             .unwrap_err();
         let text = e.to_string();
         assert!(text.contains("`create` on pods/exec"), "{text}");
-        assert!(text.contains("arp-guard-viewer"), "{text}");
+        assert!(text.contains("arp-guard-operator"), "{text}");
     }
 }

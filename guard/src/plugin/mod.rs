@@ -108,8 +108,17 @@ impl Ask<'_> {
             pods: self.reader.pods().await?,
             ..Default::default()
         };
+        // With --node the Nodes are not read (nor said unread).
         if self.node.is_none() {
-            reads.nodes = self.reader.nodes().await;
+            match self.reader.nodes().await {
+                Ok(n) => reads.nodes = Some(n),
+                Err(why) => {
+                    // Said once, whatever the view: a node without a guard
+                    // Pod would otherwise be missing without a word.
+                    eprintln!("note: the cluster's Nodes could not be read ({why}): nodes without a guard Pod are not listed");
+                    reads.nodes_unread = Some(why);
+                }
+            }
         }
         let t = fanout::targets(&reads.pods, reads.nodes.as_ref(), self.node);
         Ok((t, reads))
@@ -168,6 +177,7 @@ impl Ask<'_> {
         let now = jiff::Timestamp::now().as_second().max(0) as u64;
         let wide = self.format == Format::Wide;
         self.print(&s, || status::table(&s, wide, now))?;
+        fanout::missing(&answers)?;
         Found::if_any(s.findings(), "finding(s), listed above")
     }
 
@@ -181,7 +191,7 @@ impl Ask<'_> {
             .await?;
         let (table, stale) = views::clients_table(&answers);
         self.print(&views::docs(&answers), || table)?;
-        let missing = answers.iter().filter(|a| a.answer.is_err()).count();
+        let missing = fanout::missing(&answers)?;
         Found::if_any(stale + missing, "stale clients or guards without an answer")
     }
 
@@ -193,7 +203,7 @@ impl Ask<'_> {
         let answers = self.plan.ask(targets, &argv(&args, true), read).await?;
         let (table, conflicts) = views::responders_table(&answers);
         self.print(&views::docs(&answers), || table)?;
-        let missing = answers.iter().filter(|a| a.answer.is_err()).count();
+        let missing = fanout::missing(&answers)?;
         Found::if_any(conflicts + missing, "conflicts or guards without an answer")
     }
 
@@ -209,7 +219,7 @@ impl Ask<'_> {
                 .await?;
             let (text, found) = views::labelled_text(&answers);
             print!("{text}");
-            (found, answers.iter().filter(|a| a.answer.is_err()).count())
+            (found, fanout::missing(&answers)?)
         } else {
             let read = fanout::json::<serde_json::Value>;
             let answers = self.plan.ask(targets, &argv(args, true), read).await?;
@@ -217,7 +227,7 @@ impl Ask<'_> {
             let found = (answers.iter())
                 .filter(|a| matches!(a.answer, Ok((_, 1))))
                 .count();
-            (found, answers.iter().filter(|a| a.answer.is_err()).count())
+            (found, fanout::missing(&answers)?)
         };
         Found::if_any(found + missing, "nodes with a finding or without an answer")
     }

@@ -25,10 +25,10 @@ pub struct ClusterStatus {
     pub guards: Vec<GuardStatus>,
     /// Guards by the version they run (a rolling update shows two).
     pub versions: BTreeMap<String, usize>,
-    /// The cluster's Nodes could not be read: nodes without a guard Pod
-    /// are not listed.
-    #[serde(skip_serializing_if = "std::ops::Not::not")]
-    pub nodes_unknown: bool,
+    /// Why the cluster's Nodes could not be read (nodes without a guard
+    /// Pod are then not listed).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub nodes_unread: Option<String>,
 }
 
 /// One LB IP.
@@ -122,7 +122,9 @@ impl ClusterStatus {
     pub fn findings(&self) -> usize {
         let ips = self.ips.iter().filter(|i| !i.findings().is_empty()).count();
         let guards = (self.guards.iter())
-            .filter(|g| g.unanswered.is_some() || g.ready == Some(false))
+            .filter(|g| {
+                g.unanswered.as_ref().is_some_and(Unanswered::is_finding) || g.ready == Some(false)
+            })
             .count();
         ips + guards
     }
@@ -165,7 +167,7 @@ pub fn merge(
         ips: rows,
         guards,
         versions,
-        nodes_unknown: reads.nodes.is_none(),
+        nodes_unread: reads.nodes_unread.clone(),
     }
 }
 
@@ -415,10 +417,10 @@ fn guards_summary(s: &ClusterStatus) -> String {
             ));
         }
     }
-    if s.nodes_unknown {
-        out.push_str(
-            "  (the cluster's Nodes could not be read: nodes without a guard Pod are not listed)\n",
-        );
+    if let Some(why) = &s.nodes_unread {
+        out.push_str(&format!(
+            "  (the cluster's Nodes could not be read ({why}): nodes without a guard Pod are not listed)\n"
+        ));
     }
     out
 }

@@ -20,6 +20,10 @@ pub(super) struct Store {
     refused: Option<u16>,
     /// Requests to events: (POSTs, PATCHes), refused ones included.
     requests: (u64, u64),
+    /// The cluster-wide list refuses `reportingController=` (older
+    /// servers); its requests, refused ones included.
+    old_fields: bool,
+    lists: u64,
     /// Every request to events: method, path, status answered.
     log: Vec<(String, String, u16)>,
 }
@@ -41,6 +45,26 @@ impl FakeApi {
         self.inner.events.lock().unwrap().log.clone()
     }
 
+    /// Refuse a `reportingController=` selector on the cluster-wide list
+    /// with a 400, as servers that do not map it do (true).
+    pub fn set_event_field_selectors_old(&self, old: bool) {
+        self.inner.events.lock().unwrap().old_fields = old;
+    }
+
+    /// Store `event` as if POSTed (by arp-guard or anyone else).
+    pub fn put_event(&self, event: Value) {
+        let ns = event["metadata"]["namespace"].as_str().unwrap_or("default");
+        let name = event["metadata"]["name"].as_str().unwrap_or("e");
+        let key = (ns.to_owned(), name.to_owned());
+        self.inner.events.lock().unwrap().events.insert(key, event);
+    }
+
+    /// Requests for the cluster-wide Event list so far (a page each, or a
+    /// refused selector).
+    pub fn event_lists(&self) -> u64 {
+        self.inner.events.lock().unwrap().lists
+    }
+
     /// Answer every request to events with `code` (403: the guard's role
     /// lacks the verbs), or serve them again (None).
     pub fn set_events_refused(&self, code: Option<u16>) {
@@ -49,9 +73,19 @@ impl FakeApi {
 }
 
 /// Every Event of every namespace (`kubectl arp-guard events`), selected
-/// by `reportingController=` or `type=` as the real server selects them;
-/// another field selector is a 400.
-pub(super) fn list_all(inner: &Inner, fields: Option<&str>) -> (u16, Value) {
+/// by `reportingController=` (unless an old server) or `type=` as the real
+/// server selects them; another field selector is a 400. `(limit,
+/// continue)`: one page, the continue token the index of the next item.
+pub(super) fn list_all(
+    inner: &Inner,
+    fields: Option<&str>,
+    (limit, cont): (Option<usize>, Option<&str>),
+) -> (u16, Value) {
+    let old = {
+        let mut store = inner.events.lock().unwrap();
+        store.lists += 1;
+        store.old_fields
+    };
     let mut want: Vec<(&str, &str)> = Vec::new();
     for term in fields
         .unwrap_or_default()
@@ -59,7 +93,8 @@ pub(super) fn list_all(inner: &Inner, fields: Option<&str>) -> (u16, Value) {
         .filter(|t| !t.is_empty())
     {
         match term.split_once('=') {
-            Some((k @ ("reportingController" | "type"), v)) => want.push((k, v)),
+            Some((k @ "reportingController", v)) if !old => want.push((k, v)),
+            Some((k @ "type", v)) => want.push((k, v)),
             _ => {
                 return (
                     400,
@@ -73,12 +108,20 @@ pub(super) fn list_all(inner: &Inner, fields: Option<&str>) -> (u16, Value) {
         }
     }
     let store = inner.events.lock().unwrap();
-    let items: Vec<&Value> = (store.events.values())
+    let from: usize = cont.and_then(|c| c.parse().ok()).unwrap_or(0);
+    let all: Vec<&Value> = (store.events.values())
         .filter(|e| want.iter().all(|(k, v)| e[*k].as_str() == Some(v)))
         .collect();
+    let to = limit.map_or(all.len(), |l| (from + l).min(all.len()));
+    let items = &all[from.min(to)..to];
+    let next = if to < all.len() {
+        to.to_string()
+    } else {
+        String::new()
+    };
     (
         200,
-        json!({"kind": "EventList", "apiVersion": "events.k8s.io/v1", "metadata": {"resourceVersion": "1"}, "items": items}),
+        json!({"kind": "EventList", "apiVersion": "events.k8s.io/v1", "metadata": {"resourceVersion": "1", "continue": next}, "items": items}),
     )
 }
 

@@ -244,7 +244,11 @@ fn answer(
     }
     let out = reader.get_mut();
     let event = if path == "/apis/events.k8s.io/v1/events" {
-        Some(events::list_all(inner, t.param("fieldSelector")))
+        let page = (
+            t.param("limit").and_then(|l| l.parse().ok()),
+            t.param("continue"),
+        );
+        Some(events::list_all(inner, t.param("fieldSelector"), page))
     } else {
         events::handle(inner, &req.method, path, &req.body)
     };

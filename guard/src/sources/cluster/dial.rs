@@ -70,9 +70,11 @@ fn io_error(e: impl Into<BoxError>) -> kube::Error {
 
 impl Dialer {
     pub fn new(config: &kube::Config) -> kube::Result<Dialer> {
-        // kube's client is built without its proxy features and refuses a
-        // proxy too; said here as well, so that a proxy enabled there one
-        // day cannot send the watches around it unnoticed.
+        // kube's client is built with its HTTP proxy (for kubectl arp-guard
+        // on a laptop), but the watches' connection has none: the daemon
+        // refuses a proxy at start rather than send its watches around one
+        // that its other requests go through (NO_PROXY is honoured before
+        // this: `no_proxy.rs`).
         if let Some(proxy) = &config.proxy_url {
             return Err(io_error(format!(
                 "a proxy ({proxy}) is configured; the guard's watches connect to the API server directly \

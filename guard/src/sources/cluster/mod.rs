@@ -26,6 +26,7 @@ mod http1;
 mod hub;
 pub mod index;
 mod keys;
+pub mod no_proxy;
 pub mod objects;
 mod per_stream;
 pub mod problems;

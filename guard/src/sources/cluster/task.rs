@@ -136,6 +136,13 @@ async fn config(
     // an API check and a confirming GET by theirs), and a read timer re-armed for
     // every chunk of every watch is a cost per event.
     config.read_timeout = None;
+    // kube takes HTTPS_PROXY for a kubeconfig but does not check NO_PROXY
+    // against the API server: kubectl does, and so do we.
+    if config.proxy_url.is_some()
+        && super::no_proxy::excludes(&super::no_proxy::from_env(), &config.cluster_url)
+    {
+        config.proxy_url = None;
+    }
     let trust = trust::settle(&mut config);
     Ok((config, trust))
 }

@@ -89,29 +89,11 @@ pub fn guard_pod(ns: &str, node: &str, ready: bool) -> Value {
     })
 }
 
-/// `renewTime` now, as client-go writes it.
+/// `renewTime` now, as client-go writes it (microseconds, UTC).
 pub fn renew_now() -> String {
-    let d = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap();
-    let (secs, days) = (d.as_secs() % 86_400, (d.as_secs() / 86_400) as i64);
-    // Days since 1970-01-01 to a civil date (Howard Hinnant's algorithm).
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!(
-        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:06}Z",
-        secs / 3600,
-        secs / 60 % 60,
-        secs % 60,
-        d.subsec_micros()
-    )
+    jiff::Timestamp::now()
+        .strftime("%Y-%m-%dT%H:%M:%S%.6fZ")
+        .to_string()
 }
 
 /// A Lease as client-go's leader election writes it.
@@ -151,4 +133,14 @@ pub fn l2status(ns: &str, name: &str, node: &str, svc_ns: &str, svc_name: &str) 
         },
         "status": {"node": node, "serviceName": svc_name, "serviceNamespace": svc_ns, "interfaces": [{"name": "eth0"}]}
     })
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn renew_now_is_rfc3339_with_microseconds() {
+        let t = super::renew_now();
+        assert_eq!(t.len(), "2026-11-30T10:00:00.000000Z".len(), "{t}");
+        assert!(t.parse::<jiff::Timestamp>().is_ok(), "{t}");
+    }
 }

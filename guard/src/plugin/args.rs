@@ -23,8 +23,10 @@ use crate::cli::parse_duration;
         not answer, is not running or is not Ready is listed as such. The plugin only reads (and \
         execs the guard's read-only commands).\n\n\
         Exit codes: 0 nothing found, 1 a finding (a conflict, stale clients, a silent takeover, a \
-        Warning Event, a guard that did not answer), 2 could not ask (no access, API unreachable).",
-    after_help = "RBAC: the ClusterRole arp-guard-operator in deploy/components/kubectl-plugin (docs/kubectl-arp-guard.md)."
+        Warning Event, a guard that did not answer or is not Ready; a node without a guard Pod is \
+        listed, not counted), 2 could not ask (no access, API unreachable, no guard answered, or \
+        not the one --node named).",
+    after_help = "RBAC: the roles arp-guard-operator in deploy/components/kubectl-plugin; exec into a guard Pod is not read-only (docs/kubectl-arp-guard.md)."
 )]
 pub struct PluginCli {
     #[command(flatten)]

@@ -294,7 +294,7 @@ impl Reader<'_> {
             }
         }
         eprintln!(
-            "note: the API server cannot select arp-guard's Events; only the first {} of the cluster's were read",
+            "note: the API server cannot select arp-guard's Events; {} of the cluster's were read (in the server's order, not the newest): some of arp-guard's may be missing",
             items.len()
         );
         Ok(items)

@@ -193,7 +193,7 @@ impl Unanswered {
 pub fn missing<T>(answers: &[NodeAnswer<T>]) -> anyhow::Result<usize> {
     const NAMED: usize = 5;
     if answers.is_empty() {
-        anyhow::bail!("no node to ask: no guard Pod matches the selector in the namespace and no Node was read");
+        anyhow::bail!("no node to ask: no guard Pod matches the selector in the namespace, and no Node was listed");
     }
     if !answers.iter().any(|a| a.answer.is_ok()) {
         let why: Vec<String> = (answers.iter().take(NAMED))

@@ -26,7 +26,8 @@ pub struct ClusterStatus {
     /// Guards by the version they run (a rolling update shows two).
     pub versions: BTreeMap<String, usize>,
     /// Why the cluster's Nodes could not be read (nodes without a guard
-    /// Pod are then not listed).
+    /// Pod are then not listed; the table's reader is told on stderr, as
+    /// every view's).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub nodes_unread: Option<String>,
 }
@@ -416,11 +417,6 @@ fn guards_summary(s: &ClusterStatus) -> String {
                 g.node
             ));
         }
-    }
-    if let Some(why) = &s.nodes_unread {
-        out.push_str(&format!(
-            "  (the cluster's Nodes could not be read ({why}): nodes without a guard Pod are not listed)\n"
-        ));
     }
     out
 }

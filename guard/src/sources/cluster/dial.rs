@@ -70,11 +70,9 @@ fn io_error(e: impl Into<BoxError>) -> kube::Error {
 
 impl Dialer {
     pub fn new(config: &kube::Config) -> kube::Result<Dialer> {
-        // kube's client is built with its HTTP proxy (for kubectl arp-guard
-        // on a laptop), but the watches' connection has none: the daemon
-        // refuses a proxy at start rather than send its watches around one
-        // that its other requests go through (NO_PROXY is honoured before
-        // this: `no_proxy.rs`).
+        // The configuration is settled first (`no_proxy.rs`: a proxy kubectl
+        // would use is an error there); said here as well, so that the
+        // watches can never go around a proxy the client would take.
         if let Some(proxy) = &config.proxy_url {
             return Err(io_error(format!(
                 "a proxy ({proxy}) is configured; the guard's watches connect to the API server directly \

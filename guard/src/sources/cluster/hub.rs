@@ -49,6 +49,9 @@ pub(super) struct Core {
     /// Each stream's current task (a replaced task's messages are dropped).
     pub(super) generations: PerStream<u64>,
     pub(super) next_check: Instant,
+    /// An API check is out: not due again, nor waited for, until it answers
+    /// (its answer wakes the loop).
+    pub(super) checking: bool,
     /// A stream's task panicked (its name): the feed stops, as it did when
     /// its loop applied every message itself (the daemon exits and is
     /// restarted; its datapath fails open meanwhile), rather than go on
@@ -68,6 +71,7 @@ impl Hub {
                 generations: feed.streams.map(|_| 0),
                 feed,
                 next_check: now + CHECK_EVERY,
+                checking: false,
                 panicked: None,
                 armed: now,
                 tx,
@@ -145,6 +149,24 @@ impl Drop for PanicWatch {
     }
 }
 
+/// Set on a task the loop spawned for one question (the API check, a
+/// confirming GET): a panic there stops the feed as a stream's does, rather
+/// than leave the loop waiting for an answer that never comes (no more
+/// checks, or confirmations, ever: a Lease expiry never acted on).
+pub(super) struct AskWatch {
+    pub hub: std::sync::Arc<Hub>,
+    pub what: &'static str,
+}
+
+impl Drop for AskWatch {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            self.hub.lock().panicked = Some(self.what.to_owned());
+            self.hub.wake.notify_one();
+        }
+    }
+}
+
 /// How long a healthy feed waits after its last sign of life before it
 /// checks, for a staleness `threshold`: the API check fails (times out) a
 /// second before the threshold, so that blindness is still seen in time.
@@ -180,9 +202,15 @@ impl Core {
     }
 
     /// The loop's next deadline: a Lease expiry, the staleness threshold,
-    /// the API check.
+    /// the API check (unless one is out: its answer wakes the loop, and a
+    /// due time already past would be a busy loop until then).
     pub(super) fn wake(&self, now: Instant) -> Instant {
         let f = &self.feed;
+        let check = if self.checking {
+            now + CHECK_EVERY
+        } else {
+            self.check_at()
+        };
         [
             f.store.next_expiry(now),
             f.failing_since(now).map(|t| t + f.threshold()),
@@ -190,7 +218,12 @@ impl Core {
         .into_iter()
         .flatten()
         .filter(|t| *t > now)
-        .fold(self.check_at(), Instant::min)
+        .fold(check, Instant::min)
+    }
+
+    /// Whether the API check is to be asked now.
+    pub(super) fn check_due(&self, now: Instant) -> bool {
+        !self.checking && now >= self.check_at()
     }
 
     /// The loop has work a stream's message may have made due: a rebuild,
@@ -366,6 +399,43 @@ mod tests {
         });
         assert!(died.join().is_err());
         assert!(h.lock().panicked.is_some(), "told");
+    }
+
+    /// A question the loop sent out in a task of its own (the API check, a
+    /// confirming GET) that panics stops the feed, rather than leave the
+    /// loop waiting for its answer for ever.
+    #[test]
+    fn a_panicking_question_is_told_to_the_loop() {
+        let (h, _rx) = hub(Instant::now());
+        let h = std::sync::Arc::new(h);
+        let a = h.clone();
+        let died = std::thread::spawn(move || {
+            let _w = AskWatch {
+                hub: a,
+                what: "the API check",
+            };
+            panic!("asking");
+        });
+        assert!(died.join().is_err());
+        assert_eq!(h.lock().panicked.as_deref(), Some("the API check"));
+    }
+
+    /// While an API check is out, the loop neither asks another nor wakes
+    /// for one (its due time has passed: that would be a busy loop until
+    /// the answer); once it answered, the rule is as before.
+    #[test]
+    fn a_check_out_is_not_due_and_does_not_wake_the_loop() {
+        let t0 = Instant::now();
+        let (h, _rx) = hub(t0);
+        let mut c = h.lock();
+        c.next_check = t0;
+        let later = t0 + Duration::from_secs(60);
+        assert!(c.check_due(later), "due: nothing else is out");
+        c.checking = true;
+        assert!(!c.check_due(later));
+        assert!(c.wake(later) > later, "no deadline in the past");
+        c.checking = false;
+        assert!(c.wake(later) <= later);
     }
 
     /// The loop sleeps until the API check is due, and the API check runs then: a

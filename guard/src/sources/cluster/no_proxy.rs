@@ -1,20 +1,53 @@
-//! `NO_PROXY` as kubectl reads it (Go's `httpproxy`), for the API server's
-//! own address. kube reads `HTTPS_PROXY` from the environment for a
-//! kubeconfig, but matches `NO_PROXY` against the proxy's URL, not the
-//! server's: an API server a laptop excludes from its proxy would be sent
-//! through it (or, for the daemon's watches, refused).
+//! The proxy to the API server, settled as kubectl settles it. kube takes
+//! `HTTPS_PROXY` from the environment for a kubeconfig but matches
+//! `NO_PROXY` against the proxy's URL, not the server's (and without its
+//! proxy feature, which arp-guard leaves out, it does not read `NO_PROXY` at
+//! all): an API server a laptop excludes from its proxy would be refused.
+//! arp-guard connects to the API server directly; what kubectl would reach
+//! through a proxy is an error that says how to exclude it.
 
 use std::net::IpAddr;
 
-/// `NO_PROXY` (else `no_proxy`) from the environment.
-pub fn from_env() -> String {
-    std::env::var("NO_PROXY")
-        .or_else(|_| std::env::var("no_proxy"))
-        .unwrap_or_default()
+/// Drop the environment's proxy where kubectl would not use it for the API
+/// server (`NO_PROXY`, or a loopback server); a proxy that remains (a
+/// kubeconfig's `proxy-url` is used as it is, as client-go does) is an
+/// error naming the proxy, where it came from and the fix.
+pub fn settle(config: &mut kube::Config) -> Result<(), String> {
+    let Some(proxy) = config.proxy_url.clone() else {
+        return Ok(());
+    };
+    let from_env = env_any(&["HTTPS_PROXY", "https_proxy"])
+        .and_then(|p| p.parse::<http::Uri>().ok())
+        .is_some_and(|p| p == proxy);
+    let url = &config.cluster_url;
+    if from_env && excludes(&env_any(&["NO_PROXY", "no_proxy"]).unwrap_or_default(), url) {
+        config.proxy_url = None;
+        return Ok(());
+    }
+    let from = if from_env {
+        "HTTPS_PROXY"
+    } else {
+        "the kubeconfig's proxy-url"
+    };
+    let host = url.host().unwrap_or_default();
+    Err(format!(
+        "the API server {url} would be reached through the proxy {proxy} ({from}); arp-guard \
+         connects to it directly and does not use a proxy: exclude it (NO_PROXY={host}) or \
+         drop the proxy"
+    ))
 }
 
-/// Whether `no_proxy` (comma-separated: `*`, hosts and their subdomains,
-/// `.domain`, IPs, CIDRs, each with an optional `:port`) excludes `url`.
+/// The first of `names` set to something, as Go's proxy settings read them.
+fn env_any(names: &[&str]) -> Option<String> {
+    names
+        .iter()
+        .find_map(|n| std::env::var(n).ok().filter(|v| !v.is_empty()))
+}
+
+/// Whether kubectl would go to `url` directly: a loopback server, or one
+/// that `no_proxy` excludes (comma-separated: `*`; `name`, the name and its
+/// subdomains; `.name` or `*.name`, its subdomains only; an IP; a CIDR;
+/// each with an optional `:port`).
 pub fn excludes(no_proxy: &str, url: &http::Uri) -> bool {
     let Some(host) = url.host() else {
         return false;
@@ -31,6 +64,9 @@ pub fn excludes(no_proxy: &str, url: &http::Uri) -> bool {
             443
         });
     let ip: Option<IpAddr> = host.parse().ok();
+    if host == "localhost" || ip.is_some_and(|ip| ip.is_loopback()) {
+        return true;
+    }
     no_proxy
         .split(',')
         .map(|e| e.trim().to_ascii_lowercase())
@@ -67,8 +103,12 @@ fn entry_matches(entry: &str, host: &str, ip: Option<IpAddr>, port: u16) -> bool
     if let Ok(e) = name.parse::<IpAddr>() {
         return ip == Some(e);
     }
-    let name = name.trim_start_matches("*.").trim_start_matches('.');
-    host == name || host.ends_with(&format!(".{name}"))
+    // `*.name` is `.name`: its subdomains only.
+    let name = name.strip_prefix('*').unwrap_or(name);
+    match name.strip_prefix('.') {
+        Some(domain) => host.ends_with(&format!(".{domain}")),
+        None => host == name || host.ends_with(&format!(".{name}")),
+    }
 }
 
 fn in_prefix(ip: IpAddr, net: IpAddr, len: u32) -> bool {
@@ -93,13 +133,47 @@ mod tests {
         excludes(no_proxy, &url.parse().unwrap())
     }
 
+    /// A kubeconfig's proxy-url is not for NO_PROXY to drop (client-go
+    /// uses it as it is) and arp-guard uses none: an error that names it and
+    /// the fix; no proxy, nothing to settle.
+    #[test]
+    fn a_proxy_that_remains_is_an_error_saying_how_to_exclude_the_server() {
+        let mut c = kube::Config::new("https://203.0.113.1:6443".parse().unwrap());
+        assert_eq!(settle(&mut c), Ok(()));
+        c.proxy_url = Some("http://198.51.100.9:3128".parse().unwrap());
+        let e = settle(&mut c).unwrap_err();
+        for want in [
+            "http://198.51.100.9:3128",
+            "proxy-url",
+            "NO_PROXY=203.0.113.1",
+        ] {
+            assert!(e.contains(want), "{want:?} in {e}");
+        }
+    }
+
     #[test]
     fn no_proxy_excludes_as_kubectl_does() {
         let api = "https://api.prod.example.net:6443";
         assert!(ex("*", api));
         assert!(ex("localhost, api.prod.example.net", api));
-        assert!(ex(".example.net", api), "a domain and its subdomains");
+        assert!(ex(".example.net", api), "its subdomains");
+        assert!(ex("*.example.net", api));
+        assert!(
+            !ex(".example.net", "https://example.net"),
+            "not the name itself"
+        );
+        assert!(
+            ex("example.net", "https://example.net"),
+            "the name and its subdomains"
+        );
         assert!(ex("example.net", api));
+        assert!(ex("a,,example.net,", api), "empty entries are skipped");
+        assert!(
+            ex("", "https://127.0.0.1:6443"),
+            "loopback: never through a proxy"
+        );
+        assert!(ex("", "https://localhost:6443"));
+        assert!(ex("", "https://[::1]:6443"));
         assert!(ex("api.prod.example.net:6443", api));
         assert!(!ex("api.prod.example.net:443", api), "another port");
         assert!(!ex("xample.net", api), "not a suffix of a label");

@@ -23,7 +23,7 @@ use super::{
     dial::Dialer,
     driver,
     feed::Feed,
-    hub::{Hub, CHECK_EVERY, CHECK_TIMEOUT},
+    hub::{AskWatch, Hub, CHECK_EVERY, CHECK_TIMEOUT},
     store::Key,
     stream::StreamCtl,
     trust::{self, Trust},
@@ -136,13 +136,9 @@ async fn config(
     // an API check and a confirming GET by theirs), and a read timer re-armed for
     // every chunk of every watch is a cost per event.
     config.read_timeout = None;
-    // kube takes HTTPS_PROXY for a kubeconfig but does not check NO_PROXY
-    // against the API server: kubectl does, and so do we.
-    if config.proxy_url.is_some()
-        && super::no_proxy::excludes(&super::no_proxy::from_env(), &config.cluster_url)
-    {
-        config.proxy_url = None;
-    }
+    // kube takes HTTPS_PROXY for a kubeconfig; kubectl would not use it
+    // for a server NO_PROXY excludes, and arp-guard uses none.
+    super::no_proxy::settle(&mut config).map_err(anyhow::Error::msg)?;
     let trust = trust::settle(&mut config);
     Ok((config, trust))
 }
@@ -196,8 +192,7 @@ struct Task {
     in_flight: usize,
     /// The API check's answer (what it failed with, if it did), sent by its
     /// own task: the loop never waits on the API.
-    check_tx: mpsc::Sender<(Instant, Result<(), Failure>)>,
-    checking: bool,
+    check_tx: mpsc::Sender<Result<(), Failure>>,
     /// The API server filters Services by type (cleared when it cannot).
     lb_filter: Arc<AtomicBool>,
 }
@@ -224,7 +219,6 @@ pub async fn run(
         confirm_tx,
         in_flight: 0,
         check_tx,
-        checking: false,
         lb_filter: Arc::new(AtomicBool::new(true)),
     };
     let streams = hub.lock().generations.map(|_| ());
@@ -248,15 +242,15 @@ pub async fn run(
                 t.in_flight -= 1;
                 hub.lock().feed.on_confirm(key, sent, answer, Instant::now());
             }
-            Some((since, answer)) = check_rx.recv() => t.on_check(since, answer),
+            Some(answer) = check_rx.recv() => t.on_check(answer),
             _ = &mut deadline => {}
         }
-        if let Some(stream) = hub.lock().panicked.take() {
-            tracing::error!(%stream, "a stream of the Kubernetes feed panicked: stopping the feed");
+        if let Some(task) = hub.lock().panicked.take() {
+            tracing::error!(%task, "a task of the Kubernetes feed panicked: stopping the feed");
             return;
         }
         t.send_confirmations();
-        if !t.checking && Instant::now() >= hub.lock().check_at() {
+        if hub.lock().check_due(Instant::now()) {
             t.check_api();
         }
         t.rebuild();
@@ -295,7 +289,12 @@ impl Task {
             self.in_flight += 1;
             let (client, tx) = (self.client.clone(), self.confirm_tx.clone());
             let sent = Instant::now();
+            let hub = self.hub.clone();
             tokio::spawn(async move {
+                let _panic = AskWatch {
+                    hub,
+                    what: "a confirming GET",
+                };
                 let (key, answer) = confirm(client, key).await;
                 let _ = tx.send((key, sent, answer)).await;
             });
@@ -307,17 +306,17 @@ impl Task {
     /// 404 included, is one. Asked in a task of its own, so that the loop's
     /// deadlines (a Lease's expiry: a takeover) never wait on the API.
     fn check_api(&mut self) {
-        let now = Instant::now();
-        let since = {
+        {
             let mut c = self.hub.lock();
-            // Spaced from the question too: the loop does not wake for it
-            // again while it is out (the answer comes within CHECK_TIMEOUT).
-            c.next_check = now + CHECK_EVERY;
-            c.feed.last_alive()
-        };
-        self.checking = true;
-        let (client, tx) = (self.client.clone(), self.check_tx.clone());
+            c.checking = true;
+            c.next_check = Instant::now() + CHECK_EVERY;
+        }
+        let (client, tx, hub) = (self.client.clone(), self.check_tx.clone(), self.hub.clone());
         tokio::spawn(async move {
+            let _panic = AskWatch {
+                hub,
+                what: "the API check",
+            };
             let path = Service::url_path(&(), Some("default"));
             let get = wire::get::<decode::Service>(&client, &path, "kubernetes", true);
             let answer = match tokio::time::timeout(CHECK_TIMEOUT, get).await {
@@ -325,22 +324,26 @@ impl Task {
                 Ok(Err(e)) => Err(Failure::of("get", &e)),
                 Err(_) => Err(Failure::timeout("get", CHECK_TIMEOUT)),
             };
-            let _ = tx.send((since, answer)).await;
+            let _ = tx.send(answer).await;
         });
     }
 
-    /// The API check's answer: alive, or failing since its last sign of life.
-    fn on_check(&mut self, since: Instant, answer: Result<(), Failure>) {
-        self.checking = false;
+    /// The API check's answer: alive, or failing since the feed's last sign
+    /// of life (read now: a stream may have delivered while it was out).
+    fn on_check(&mut self, answer: Result<(), Failure>) {
         let now = Instant::now();
         let hub = self.hub.clone();
         let mut c = hub.lock();
+        c.checking = false;
         match answer {
             Ok(()) => {
                 c.feed.ok(None, now);
                 self.unstick(&mut c.feed, now);
             }
-            Err(f) => c.feed.failed(None, &f, since),
+            Err(f) => {
+                let since = c.feed.last_alive();
+                c.feed.failed(None, &f, since);
+            }
         }
         c.next_check = now + CHECK_EVERY;
     }

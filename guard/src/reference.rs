@@ -160,6 +160,60 @@ fn metrics() -> String {
             cell(&f.help)
         );
     }
+    out.push_str(&label_values());
+    out
+}
+
+/// The values of the labels the datapath's families carry, from the
+/// enums the BPF program and the host share (the alerts and the dashboard
+/// select on them).
+fn label_values() -> String {
+    use guard_common::{Kind, Origin, Ownership, Stat, Verdict};
+    fn list<T: Copy>(all: &[T], name: fn(T) -> &'static str) -> String {
+        all.iter().map(|v| name(*v)).collect::<Vec<_>>().join(", ")
+    }
+    let classes: Vec<&str> = (Stat::ALL.iter())
+        .map(|s| s.as_str())
+        .filter(|s| !s.starts_with("events_"))
+        .collect();
+    let rows = [
+        (
+            "kind",
+            "arp_guard_arp_frames_total",
+            list(Kind::ALL, Kind::as_str),
+        ),
+        (
+            "origin",
+            "arp_guard_arp_frames_total",
+            list(Origin::ALL, Origin::as_str),
+        ),
+        (
+            "state",
+            "arp_guard_arp_frames_total, arp_guard_lb_ips",
+            list(Ownership::ALL, Ownership::as_str),
+        ),
+        (
+            "verdict",
+            "arp_guard_arp_frames_total",
+            list(Verdict::ALL, Verdict::as_str),
+        ),
+        (
+            "family",
+            "every family with lb_ip",
+            "ipv4 (ARP), ipv6 (NDP)".to_owned(),
+        ),
+        (
+            "class",
+            "arp_guard_datapath_frames_total",
+            classes.join(", "),
+        ),
+    ];
+    let mut out = "\n## Label values\n\nThe values of the datapath's labels, from the enums the \
+                   BPF program and the daemon share.\n\n| label | of | values |\n|---|---|---|\n"
+        .to_owned();
+    for (label, of, values) in rows {
+        let _ = writeln!(out, "| `{label}` | {of} | {values} |");
+    }
     out
 }
 
@@ -346,6 +400,105 @@ mod tests {
             "flags that do not exist:\n{}",
             unknown.join("\n")
         );
+    }
+
+    /// A value a page gives in brackets after a flag, "`--flag` (VALUE",
+    /// read as clap would (a duration, a size in MiB, a number with
+    /// thousands separators), in canonical form; None where it is no value.
+    fn stated(v: &str) -> Option<String> {
+        let v: String = (v.chars())
+            .take_while(|c| !matches!(c, ')' | ';' | ':' | '('))
+            .collect();
+        let v = v.split(", ").next()?.trim().replace(',', "");
+        if !v.starts_with(|c: char| c.is_ascii_digit()) {
+            return None;
+        }
+        if let Some(mib) = v.strip_suffix(" MiB") {
+            return mib.parse::<u64>().ok().map(|m| (m << 20).to_string());
+        }
+        canonical(&v.replace(' ', "").replace("min", "m"))
+    }
+
+    /// A default as one string: durations in milliseconds, the rest as is.
+    fn canonical(v: &str) -> Option<String> {
+        if v.parse::<f64>().is_ok() {
+            return Some(v.to_owned());
+        }
+        crate::cli::parse_duration(v)
+            .ok()
+            .map(|d| format!("{}ms", d.as_millis()))
+    }
+
+    /// Where an operator's page gives a flag's default ("`--flag` (15 s)"),
+    /// it is the code's (the contributors' pages give the settings of a
+    /// test or a bench, not defaults).
+    #[test]
+    fn every_default_the_pages_state_is_the_codes() {
+        let mut defaults: std::collections::BTreeMap<String, Vec<String>> = Default::default();
+        for mut cmd in [Cli::command(), PluginCli::command()] {
+            cmd.build();
+            let subs: Vec<clap::Command> = cmd.get_subcommands().cloned().collect();
+            for c in std::iter::once(&cmd).chain(&subs) {
+                for a in c.get_arguments() {
+                    let (Some(l), Some(d)) = (a.get_long(), a.get_default_values().first()) else {
+                        continue;
+                    };
+                    let d = d.to_string_lossy();
+                    let d = canonical(&d).unwrap_or_else(|| d.into_owned());
+                    defaults.entry(format!("--{l}")).or_default().push(d);
+                }
+            }
+        }
+        let mut wrong = Vec::new();
+        let mut checked = 0;
+        for (file, text) in prose() {
+            if ["testing.md", "BENCHMARKS.md", "CHANGELOG.md", "design.md"]
+                .iter()
+                .any(|f| file.ends_with(f))
+            {
+                continue;
+            }
+            for (n, line) in text.lines().enumerate() {
+                for (i, _) in line.match_indices("` (") {
+                    let Some(flag) = line[..i].rsplit('`').next().filter(|f| f.starts_with("--"))
+                    else {
+                        continue;
+                    };
+                    let (Some(want), Some(code)) = (stated(&line[i + 3..]), defaults.get(flag))
+                    else {
+                        continue;
+                    };
+                    checked += 1;
+                    if !code.contains(&want) {
+                        wrong.push(format!(
+                            "{file}:{}: {flag} ({want}), the code's {code:?}",
+                            n + 1
+                        ));
+                    }
+                }
+            }
+        }
+        assert!(
+            checked >= 20,
+            "the pages give {checked} defaults: is the reader broken?"
+        );
+        assert!(
+            wrong.is_empty(),
+            "defaults the code does not have:\n{}",
+            wrong.join("\n")
+        );
+    }
+
+    #[test]
+    fn stated_values_read_as_clap_does() {
+        assert_eq!(stated("15 s)").as_deref(), Some("15000ms"));
+        assert_eq!(stated("4,096)").as_deref(), Some("4096"));
+        assert_eq!(stated("4 MiB; a ConfigMap").as_deref(), Some("4194304"));
+        assert_eq!(stated("5 min)").as_deref(), Some("300000ms"));
+        assert_eq!(stated("3, at most 8)").as_deref(), Some("3"));
+        assert_eq!(stated("250 ms)").as_deref(), Some("250ms"));
+        assert_eq!(stated("off by default)"), None);
+        assert_eq!(canonical("5m").as_deref(), Some("300000ms"));
     }
 
     /// Every metric a page names (and the dashboard's and the alerts'

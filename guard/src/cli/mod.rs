@@ -293,7 +293,7 @@ pub struct RunArgs {
     pub on_exit: OnExit,
 
     /// Serve /metrics, /healthz, /readyz, /status, /explain, /events,
-    /// /counters, /responders and /clients here
+    /// /counters, /responders, /clients, /cluster and /probes here
     /// (`none` to disable). Loopback by default: exposing it off the node is
     /// a deliberate choice.
     #[arg(long, value_name = "ADDR", default_value = DEFAULT_API, value_parser = parse_listen)]

@@ -209,6 +209,34 @@ fn print_state(st: &DaemonStatus, census_on: bool) {
         "  LB IPs {} (owned {}, foreign {}, unknown {}), not enforced {}, map memory {} bytes",
         c.total, c.owned, c.foreign, c.unknown, st.not_enforced, st.map_memory_bytes
     );
+    if let Some(m) = &st.memory {
+        println!("  {}", memory_line(m));
+    }
+}
+
+/// What the memory cgroup counts of the daemon, against its limit.
+fn memory_line(m: &crate::telemetry::memory::MemoryStatus) -> String {
+    let mib = |b: u64| b as f64 / f64::from(1 << 20);
+    let limit = m.limit_bytes.map_or("no limit found".to_owned(), |l| {
+        format!(
+            "of {:.1} MiB ({:.0} %)",
+            mib(l),
+            100.0 * m.used() as f64 / l.max(1) as f64
+        )
+    });
+    let level = match m.level {
+        crate::telemetry::memory::Level::Ok => "ok",
+        crate::telemetry::memory::Level::Warning => "WARNING: raise the limit",
+        crate::telemetry::memory::Level::Pressure => {
+            "PRESSURE: no new Kubernetes object is taken in; raise the limit"
+        }
+    };
+    format!(
+        "memory {:.1} MiB (resident {:.1}, maps {:.1}) {limit}: {level}",
+        mib(m.used()),
+        mib(m.rss_bytes),
+        mib(m.maps_bytes)
+    )
 }
 
 /// The census line of `status`.
@@ -420,4 +448,30 @@ pub async fn events(args: &ClientArgs) -> Result<()> {
         bail!("the daemon answered {code}: {}", body.trim());
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::telemetry::memory::{Level, MemoryStatus};
+
+    /// The line an operator reads when a pod is OOM-killed: what the
+    /// cgroup counts, of which limit, and what to do at each level.
+    #[test]
+    fn the_memory_line_says_the_share_of_the_limit_and_what_to_do() {
+        let mut m = MemoryStatus {
+            rss_bytes: 40 << 20,
+            maps_bytes: 8 << 20,
+            limit_bytes: Some(64 << 20),
+            level: Level::Warning,
+        };
+        let l = super::memory_line(&m);
+        assert!(
+            l.starts_with("memory 48.0 MiB (resident 40.0, maps 8.0) of 64.0 MiB (75 %)"),
+            "{l}"
+        );
+        assert!(l.contains("raise the limit"), "{l}");
+        m.limit_bytes = None;
+        m.level = Level::Ok;
+        assert!(super::memory_line(&m).ends_with("no limit found: ok"));
+    }
 }

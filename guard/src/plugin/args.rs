@@ -19,7 +19,7 @@ use crate::cli::parse_duration;
         What the API alone holds (the guard Pods, their presence records, the LoadBalancer Services, \
         arp-guard's Events) is read once; what only a node knows (its census, its clients, its \
         takeovers) is asked of each guard by running its own `arp-guard ... -o json` in its Pod \
-        (pods/exec), a bounded number at a time, each within --node-timeout. A node whose guard does \
+        (pods/exec), a bounded number at a time, each within --node-timeout and all within --timeout. A node whose guard does \
         not answer, is not running or is not Ready is listed as such. The plugin only reads (and \
         execs the guard's read-only commands).\n\n\
         Exit codes: 0 nothing found, 1 a finding (a conflict, stale clients, a silent takeover, a \
@@ -75,6 +75,11 @@ pub struct ConnArgs {
     /// answering).
     #[arg(long, global = true, value_name = "DURATION", default_value = "15s", value_parser = parse_duration)]
     pub node_timeout: Duration,
+    /// How long asking the guards may take in all (then those that have not
+    /// answered are listed as such): a cluster of hung guards is reported
+    /// in minutes, not in nodes / --parallel x --node-timeout.
+    #[arg(long, global = true, value_name = "DURATION", default_value = "2m", value_parser = parse_duration)]
+    pub timeout: Duration,
     /// How long a read of the API may take.
     #[arg(long, global = true, value_name = "DURATION", default_value = "30s", value_parser = parse_duration)]
     pub request_timeout: Duration,

@@ -1,9 +1,14 @@
 //! Asking every guard: the same command in each guard Pod, `parallel` at
-//! a time, each within a deadline; every node gets an answer or the reason
-//! it has none (no guard Pod, not running, no answer in time, the command
-//! failed). None is silently missing.
+//! a time, each within its own deadline and all within the command's;
+//! every node gets an answer or the reason it has none (no guard Pod, not
+//! running, no answer in time, the command failed). None is silently
+//! missing.
 
-use std::{collections::BTreeMap, time::Duration};
+use std::{
+    collections::BTreeMap,
+    sync::atomic::{AtomicBool, Ordering},
+    time::Duration,
+};
 
 use futures::{stream, StreamExt as _};
 use serde::Serialize;
@@ -51,6 +56,9 @@ pub enum Unanswered {
     NotRunning { why: String },
     /// No answer within the deadline.
     Timeout { after_s: u64 },
+    /// No answer before the command's own deadline (`--timeout`): asked
+    /// too late, or still answering then.
+    Deadline { after_s: u64 },
     /// The exec failed (the Pod went away, the kubelet did not answer).
     ExecFailed { error: String },
     /// The guard's command could not run (exit 2: its daemon did not
@@ -68,6 +76,9 @@ impl std::fmt::Display for Unanswered {
             Unanswered::NotRunning { why } => write!(f, "guard not running ({why})"),
             Unanswered::Timeout { after_s } => {
                 write!(f, "not answering (no answer within {after_s}s)")
+            }
+            Unanswered::Deadline { after_s } => {
+                write!(f, "no answer before the command's --timeout ({after_s}s)")
             }
             Unanswered::ExecFailed { error } => write!(f, "could not be asked: {error}"),
             Unanswered::CommandFailed { code, stderr } => {
@@ -98,20 +109,49 @@ pub struct Plan<'a> {
     /// The guards' namespace (named in a 403).
     pub namespace: &'a str,
     pub parallel: usize,
+    /// One guard's deadline.
     pub timeout: Duration,
+    /// The whole fan-out's: at 5,000 nodes of hung guards, `parallel` at a
+    /// time, each node's deadline alone would be half an hour.
+    pub total: Duration,
 }
 
 impl Plan<'_> {
     /// Run `argv` on every target and read each output with `read`, in the
-    /// targets' order. The first 403 ends it: the user may not exec.
+    /// targets' order. A 403 ends it (the user may not exec): the guards not
+    /// asked yet are not. What has not answered by the command's deadline
+    /// is listed as such.
     pub async fn ask<T>(
         &self,
         targets: Vec<Target>,
         argv: &[String],
         read: fn(&[u8]) -> Result<T, String>,
     ) -> Result<Vec<NodeAnswer<T>>, Denied> {
+        let deadline = tokio::time::Instant::now() + self.total;
+        let denied = AtomicBool::new(false);
+        let late = || {
+            Ok(Err(Unanswered::Deadline {
+                after_s: self.total.as_secs(),
+            }))
+        };
+        let (deadline, denied, late) = (&deadline, &denied, &late);
         let asked = stream::iter(targets.into_iter().enumerate())
-            .map(|(i, t)| async move { (i, self.one(&t, argv, read).await, t) })
+            .map(|(i, t)| async move {
+                if denied.load(Ordering::Relaxed) {
+                    let error = "not asked: exec is forbidden".into();
+                    return (i, Ok(Err(Unanswered::ExecFailed { error })), t);
+                }
+                if tokio::time::Instant::now() >= *deadline {
+                    return (i, late(), t);
+                }
+                let r = tokio::time::timeout_at(*deadline, self.one(&t, argv, read))
+                    .await
+                    .unwrap_or_else(|_| late());
+                if matches!(r, Err(ExecError::Forbidden(_))) {
+                    denied.store(true, Ordering::Relaxed);
+                }
+                (i, r, t)
+            })
             .buffer_unordered(self.parallel.max(1));
         let mut all: Vec<_> = asked.collect().await;
         all.sort_by_key(|(i, _, _)| *i);
@@ -246,6 +286,7 @@ mod tests {
     struct Fake {
         now: AtomicUsize,
         most: AtomicUsize,
+        runs: AtomicUsize,
     }
 
     impl Runner for Fake {
@@ -255,6 +296,7 @@ mod tests {
             _: &'a [String],
         ) -> BoxFuture<'a, Result<ExecOut, ExecError>> {
             Box::pin(async move {
+                self.runs.fetch_add(1, Ordering::SeqCst);
                 let n = self.now.fetch_add(1, Ordering::SeqCst) + 1;
                 self.most.fetch_max(n, Ordering::SeqCst);
                 tokio::time::sleep(Duration::from_millis(20)).await;
@@ -283,6 +325,7 @@ mod tests {
         Fake {
             now: AtomicUsize::new(0),
             most: AtomicUsize::new(0),
+            runs: AtomicUsize::new(0),
         }
     }
 
@@ -303,6 +346,7 @@ mod tests {
             namespace: "arp-guard",
             parallel: 2,
             timeout: Duration::from_millis(500),
+            total: Duration::from_secs(60),
         };
         let t = std::time::Instant::now();
         let got = plan
@@ -346,17 +390,21 @@ mod tests {
         assert!(missing::<String>(&[]).is_err());
     }
 
+    /// A 403 ends the command with what to grant, and the guards not asked
+    /// yet are not asked (each would be one more denied request).
     #[tokio::test]
     async fn a_forbidden_exec_ends_the_command_with_what_to_grant() {
-        let pods = [("deny".to_string(), pod("deny", true))]
-            .into_iter()
+        let pods = ["deny", "e", "f", "g"]
+            .iter()
+            .map(|n| (n.to_string(), pod(n, true)))
             .collect();
         let f = fake();
         let plan = Plan {
             runner: &f,
             namespace: "arp-guard",
-            parallel: 4,
+            parallel: 1,
             timeout: Duration::from_secs(5),
+            total: Duration::from_secs(60),
         };
         let e = plan
             .ask(targets(&pods, None, None), &[], json::<String>)
@@ -365,5 +413,46 @@ mod tests {
         let text = e.to_string();
         assert!(text.contains("`create` on pods/exec"), "{text}");
         assert!(text.contains("arp-guard-operator"), "{text}");
+        assert_eq!(f.runs.load(Ordering::SeqCst), 1, "no exec after the 403");
+    }
+
+    /// Hung guards, one at a time, each with a long deadline of its own:
+    /// the command's deadline ends the asking, and every node is still
+    /// listed, each with why (those not asked by then too).
+    #[tokio::test]
+    async fn the_commands_deadline_bounds_a_cluster_of_hung_guards() {
+        let mut pods: BTreeMap<String, GuardPod> =
+            [("a".to_string(), pod("a", true))].into_iter().collect();
+        for i in 0..5 {
+            let mut p = pod("hang", true);
+            p.name = format!("arp-guard-hang-{i}");
+            pods.insert(format!("hang-{i}"), p);
+        }
+        let f = fake();
+        let plan = Plan {
+            runner: &f,
+            namespace: "arp-guard",
+            parallel: 1,
+            timeout: Duration::from_secs(30),
+            total: Duration::from_millis(300),
+        };
+        let t = std::time::Instant::now();
+        let got = plan
+            .ask(targets(&pods, None, None), &[], json::<String>)
+            .await
+            .unwrap();
+        assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
+        assert_eq!(got.len(), 6);
+        assert_eq!(got[0].answer, Ok(("a".to_owned(), 0)), "asked in time");
+        for a in &got[1..] {
+            assert_eq!(
+                a.answer,
+                Err(Unanswered::Deadline { after_s: 0 }),
+                "{}",
+                a.node
+            );
+        }
+        assert_eq!(f.runs.load(Ordering::SeqCst), 2, "none asked after it");
+        assert_eq!(missing(&got).unwrap(), 5, "each a finding");
     }
 }

@@ -57,6 +57,7 @@ pub async fn run(cli: PluginCli) -> Result<()> {
         namespace: &c.namespace,
         parallel: c.parallel as usize,
         timeout: c.node_timeout,
+        total: c.timeout,
     };
     let ask = Ask {
         reader: &reader,

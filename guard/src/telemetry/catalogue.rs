@@ -103,7 +103,10 @@ fn sample_scrape() -> String {
     };
     let status: DaemonStatus = sample(STATUS);
     let census: CensusDoc = sample(CENSUS);
-    let clients: ClientsDoc = sample(CLIENTS);
+    let mut clients: ClientsDoc = sample(CLIENTS);
+    // The per-LB-IP series are chosen as the clients task chooses them
+    // (not part of the document): without them the families show no labels.
+    clients.series.update(&clients.ips, 16);
     let probes: ProbesDoc = sample(PROBES);
     let mut takeover = TakeoverStats::default();
     for o in OUTCOMES {
@@ -193,5 +196,11 @@ mod tests {
         assert!(labels("arp_guard_arp_frames_total").contains(&"verdict".to_owned()));
         assert!(labels("arp_guard_announce_total").contains(&"outcome".to_owned()));
         assert!(by.contains_key("arp_guard_memory_limit_bytes"));
+        for name in [
+            "arp_guard_misdirected_packets_total",
+            "arp_guard_misdirected_clients",
+        ] {
+            assert_eq!(labels(name), ["family", "lb_ip"], "{name}");
+        }
     }
 }

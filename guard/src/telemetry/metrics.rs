@@ -350,7 +350,7 @@ fn operations(v: &mut Values, ops: &Ops) {
     ));
     v.counters.push((
         "arp_guard_feed_rebuilds",
-        "Kubernetes watch streams rebuilt (relisted), by stream and reason (idle, stuck, api_back).",
+        "Kubernetes watch streams rebuilt (relisted), by stream and reason (idle, stuck, api_back, memory).",
         ops.feed_rebuilds
             .lock()
             .unwrap_or_else(|p| p.into_inner())

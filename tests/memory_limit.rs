@@ -108,6 +108,20 @@ fn near_the_limit_it_warns_then_takes_in_nothing_new_and_keeps_what_it_guards() 
     std::fs::write(&max, format!("{}\n", used(&bed) * 100 / 97)).unwrap();
     guard.expect_log("memory near the cgroup limit", SAMPLE);
     assert_eq!(metric(&bed, "arp_guard_memory_pressure"), Some(1.0));
+    // What the OOM entry of the troubleshooting page tells the operator to run.
+    let bin = testbed::guard_binary();
+    let out = bed.nodes[0]
+        .ns
+        .exec(&[bin.to_str().unwrap(), "status"])
+        .unwrap();
+    let line = out
+        .lines()
+        .find(|l| l.trim_start().starts_with("memory "))
+        .unwrap_or_default();
+    assert!(
+        line.contains(" %): PRESSURE: no new Kubernetes object"),
+        "{out}"
+    );
     bed.api.apply(
         Resource::Services,
         objects::service("default", "new", &[NEW]),

@@ -141,7 +141,10 @@ impl Plan<'_> {
                     let error = "not asked: exec is forbidden".into();
                     return (i, Ok(Err(Unanswered::ExecFailed { error })), t);
                 }
-                if tokio::time::Instant::now() >= *deadline {
+                // A node without a running guard is said as such, late or not
+                // (`one` answers it at once, without asking).
+                let to_ask = t.pod.as_ref().is_some_and(|p| p.running);
+                if to_ask && tokio::time::Instant::now() >= *deadline {
                     return (i, late(), t);
                 }
                 let r = tokio::time::timeout_at(*deadline, self.one(&t, argv, read))
@@ -421,8 +424,12 @@ mod tests {
     /// listed, each with why (those not asked by then too).
     #[tokio::test]
     async fn the_commands_deadline_bounds_a_cluster_of_hung_guards() {
-        let mut pods: BTreeMap<String, GuardPod> =
-            [("a".to_string(), pod("a", true))].into_iter().collect();
+        let mut pods: BTreeMap<String, GuardPod> = [
+            ("a".to_string(), pod("a", true)),
+            ("z-down".to_string(), pod("z-down", false)),
+        ]
+        .into_iter()
+        .collect();
         for i in 0..5 {
             let mut p = pod("hang", true);
             p.name = format!("arp-guard-hang-{i}");
@@ -437,13 +444,19 @@ mod tests {
             total: Duration::from_millis(300),
         };
         let t = std::time::Instant::now();
-        let got = plan
+        let mut got = plan
             .ask(targets(&pods, None, None), &[], json::<String>)
             .await
             .unwrap();
         assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
-        assert_eq!(got.len(), 6);
+        assert_eq!(got.len(), 7);
         assert_eq!(got[0].answer, Ok(("a".to_owned(), 0)), "asked in time");
+        let down = got.pop().unwrap();
+        assert!(
+            matches!(down.answer, Err(Unanswered::NotRunning { .. })),
+            "a guard not running is said as such after the deadline too: {:?}",
+            down.answer
+        );
         for a in &got[1..] {
             assert_eq!(
                 a.answer,
@@ -454,5 +467,6 @@ mod tests {
         }
         assert_eq!(f.runs.load(Ordering::SeqCst), 2, "none asked after it");
         assert_eq!(missing(&got).unwrap(), 5, "each a finding");
+        assert_eq!(down.node, "z-down");
     }
 }

@@ -227,17 +227,18 @@ fn relists_after_410_and_cut_watches_and_service_changes() {
         .start(&["--announcer", "cilium", "--presence-period", "0"])
         .unwrap();
     check(bed.wait_answer(LB, Some("node-a"), CHANGE));
-    // Every watch is cut, the Lease is deleted meanwhile and the history
-    // compacted: resuming the watches gets 410 Gone, and only a relist can
-    // show that the Lease is gone.
+    // The Lease is deleted while no watch delivers, the history compacted,
+    // then every watch cut: resuming the watches gets 410 Gone, and only a
+    // relist can show that the Lease is gone.
     let lists = bed.api.lists();
-    bed.api.drop_watches();
+    bed.api.hold_watches();
     bed.api.delete(
         Resource::Leases,
         "kube-system",
         "cilium-l2announce-default-web",
     );
     bed.api.compact();
+    bed.api.drop_watches();
     check(bed.wait_answer(LB, None, Duration::from_secs(15)));
     // The owner's relist silenced the LB IP; the other guard's may still be
     // under way on a loaded machine.

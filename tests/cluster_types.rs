@@ -106,9 +106,10 @@ fn follows_type_and_ingress_changes(tag: &str, server_filters: bool) {
     check(bed.wait_answer(LB, Some("node-a"), CHANGE));
 
     // A type change while the watch is down, seen by the relist alone.
-    bed.api.drop_watches();
+    bed.api.hold_watches();
     bed.api.apply(Resource::Services, web_cluster_ip());
     bed.api.compact();
+    bed.api.drop_watches();
     check(bed.wait_answer(LB, None, Duration::from_secs(15)));
     bed.api.apply(Resource::Services, web());
     check(bed.wait_answer(LB, Some("node-a"), CHANGE));

@@ -1,11 +1,13 @@
 //! deploy/base/rbac.yaml is exactly what the daemon and `arp-guard doctor`
-//! ask of the API server: every request they make (counted by the fake API
-//! per client, verb and resource) is granted by a rule there, and every
-//! verb of every rule is one they make. The scenario makes each kind of
+//! ask of the API server: every request they make (recorded by the fake API
+//! per client, verb, resource and namespace) is granted by a rule there (a
+//! ClusterRole's anywhere, a Role's in its namespace only), and every verb
+//! of every rule is one they make where the rule applies. The scenario makes each kind of
 //! request at least once: the feed's lists and watches (Services, Leases,
 //! ServiceL2Statuses), its confirming GET of a Lease past its deadline and
 //! its API check (a GET of the `kubernetes` Service) on a quiet API,
-//! presence (its record created, replaced when a MAC changes, deleted at
+//! presence (its record created, replaced when a MAC changes, read again
+//! after a 409 when it was changed behind the guard's back, deleted at
 //! SIGTERM; the records and the guard Pods listed and watched; the Nodes
 //! listed for `/cluster`), Events (a split-brain speaker: one Event, then
 //! its series patched) and `arp-guard doctor`'s read of kube-proxy's
@@ -15,29 +17,42 @@ use std::{collections::BTreeSet, net::IpAddr, time::Duration};
 
 use testbed::{
     cluster_bed::PRESENCE_NS,
+    fake_api::Resource,
     takeover::{Style, TakeoverBed, LB},
     ArpSpec,
 };
 
-/// (verb, resource) every rule of the shipped RBAC grants.
-fn granted() -> BTreeSet<(String, String)> {
+/// (verb, resource, namespace) a rule grants: a ClusterRole's in every
+/// namespace (None), a Role's in its own.
+type Grant = (String, String, Option<String>);
+
+/// What every rule of the shipped RBAC grants.
+fn granted() -> BTreeSet<Grant> {
     let mut out = BTreeSet::new();
     for d in testbed::deploy::documents("base/rbac.yaml") {
-        if !matches!(d["kind"].as_str(), Some("Role" | "ClusterRole")) {
-            continue;
-        }
+        let ns = match d["kind"].as_str() {
+            Some("ClusterRole") => None,
+            Some("Role") => Some(d["metadata"]["namespace"].as_str().unwrap().to_owned()),
+            _ => continue,
+        };
         for r in d["rules"].as_array().unwrap() {
             for res in r["resources"].as_array().unwrap() {
                 for v in r["verbs"].as_array().unwrap() {
                     out.insert((
                         v.as_str().unwrap().to_owned(),
                         res.as_str().unwrap().to_owned(),
+                        ns.clone(),
                     ));
                 }
             }
         }
     }
     out
+}
+
+/// Whether `grant` covers a request of `verb` on `res` in `ns`.
+fn covers(grant: &Grant, (verb, res, ns): (&str, &str, Option<&str>)) -> bool {
+    grant.0 == verb && grant.1 == res && (grant.2.is_none() || grant.2.as_deref() == ns)
 }
 
 #[test]
@@ -74,11 +89,25 @@ fn every_request_is_granted_and_every_rule_is_used() {
         t.bed.api.event_requests().1 > 0
     });
     assert!(patched, "no Event series: {:#?}", t.bed.api.events());
-    // node-b's record changes (its uplink's MAC): replaced.
+    // node-b's record changes (its uplink's MAC): replaced. Changed behind
+    // its back first, while no watch delivers: the replace meets a 409 and
+    // the record is read again (the Role's get).
+    t.bed.api.hold_watches();
+    let mut record = (t.bed.api)
+        .object(Resource::Leases, PRESENCE_NS, "arp-guard-node-b")
+        .expect("node-b's presence record");
+    record["metadata"]["labels"]["touched-by"] = "rbac-test".into();
+    t.bed.api.apply(Resource::Leases, record);
     t.bed.nodes[1]
         .ns
         .ip(&["link", "set", "eth0", "address", "02:00:5e:00:53:b2"])
         .unwrap();
+    let reread = testbed::wait_until(Duration::from_secs(10), || {
+        (t.bed.api.scopes().iter())
+            .any(|(_, v, r, ns)| *v == "get" && r == "leases" && ns.as_deref() == Some(PRESENCE_NS))
+    });
+    t.bed.api.drop_watches();
+    assert!(reread, "node-b's record was not read again after a 409");
     // /cluster asks presence for the Nodes.
     let _ = t.bed.nodes[0]
         .ns
@@ -102,19 +131,46 @@ fn every_request_is_granted_and_every_rule_is_used() {
         .unwrap();
 
     let nodes: BTreeSet<IpAddr> = (11..=12).map(|i| IpAddr::from([203, 0, 113, i])).collect();
-    let asked: BTreeSet<(String, String)> = (t.bed.api.tally().into_keys())
-        .filter(|(peer, _, _)| nodes.contains(peer))
-        .map(|(_, verb, res)| (verb.to_owned(), res.split('{').next().unwrap().to_owned()))
+    let asked: BTreeSet<(&str, String, Option<String>)> = (t.bed.api.scopes().into_iter())
+        .filter(|(peer, ..)| nodes.contains(peer))
+        .map(|(_, verb, res, ns)| (verb, res, ns))
         .collect();
+    fn request<'a>(
+        (v, r, n): &'a (&str, String, Option<String>),
+    ) -> (&'a str, &'a str, Option<&'a str>) {
+        (v, r.as_str(), n.as_deref())
+    }
     let granted = granted();
-    let not_granted: Vec<_> = asked.difference(&granted).collect();
+    let not_granted: Vec<_> = (asked.iter())
+        .filter(|a| !granted.iter().any(|g| covers(g, request(a))))
+        .collect();
     assert!(
         not_granted.is_empty(),
-        "asked but not granted: {not_granted:?}\n(asked: {asked:?})"
+        "asked but not granted (verb, resource, namespace): {not_granted:?}\n(asked: {asked:?})"
     );
-    let unused: Vec<_> = granted.difference(&asked).collect();
+    let unused: Vec<_> = (granted.iter())
+        .filter(|g| !asked.iter().any(|a| covers(g, request(a))))
+        .collect();
     assert!(
         unused.is_empty(),
-        "granted but never asked: {unused:?}\n(asked: {asked:?})"
+        "granted but never asked where the rule applies: {unused:?}\n(asked: {asked:?})"
     );
+}
+
+/// The rule of the check above: a Role grants in its namespace only, a
+/// ClusterRole everywhere (a Lease created outside the guards' namespace is
+/// not granted by presence's Role).
+#[test]
+fn a_role_grants_in_its_namespace_only() {
+    let g = granted();
+    let ok = |v: &str, r: &str, n: Option<&str>| g.iter().any(|x| covers(x, (v, r, n)));
+    assert!(ok("create", "leases", Some("arp-guard")));
+    assert!(!ok("create", "leases", Some("kube-system")));
+    assert!(!ok("create", "leases", None));
+    assert!(
+        ok("watch", "leases", Some("kube-system")),
+        "the ClusterRole's"
+    );
+    assert!(ok("get", "configmaps", Some("kube-system")));
+    assert!(!ok("get", "configmaps", Some("arp-guard")));
 }

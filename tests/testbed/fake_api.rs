@@ -67,7 +67,7 @@ mod write;
 pub use exec::{ExecCall, ExecHook};
 pub use faults::Fault;
 pub use store::ApiHandle;
-pub use tally::{Counts, Key as TallyKey};
+pub use tally::{Counts, Key as TallyKey, Scope};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Resource {

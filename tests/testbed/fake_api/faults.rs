@@ -24,10 +24,21 @@ pub enum Fault {
 }
 
 impl FakeApi {
-    /// Cut every open watch connection mid-stream.
+    /// Cut every open watch connection mid-stream (and end a hold).
     pub fn drop_watches(&self) {
-        self.inner.state.lock().unwrap().generation += 1;
+        let mut st = self.inner.state.lock().unwrap();
+        st.generation += 1;
+        st.held = false;
         self.inner.changed.notify_all();
+    }
+
+    /// Open watches, and those opened from now on, send nothing (no event,
+    /// no bookmark) until [`FakeApi::drop_watches`] cuts them: what changes
+    /// meanwhile no watch delivers, so that, with the history compacted, only
+    /// a relist can show it. Cutting first and changing after would race
+    /// with a watch the guard was opening at that moment.
+    pub fn hold_watches(&self) {
+        self.inner.state.lock().unwrap().held = true;
     }
 
     /// Down: every connection is closed at once, open watches are cut.

@@ -199,7 +199,11 @@ fn serve(stream: TcpStream, inner: &Inner) -> Result<()> {
             quorum: u64::from(quorum),
             ..Counts::default()
         };
-        inner.tally.lock().unwrap().add(&key, one);
+        {
+            let mut tally = inner.tally.lock().unwrap();
+            tally.add(&key, one);
+            tally.scopes.insert(tally::scope(&key, t.path));
+        }
         answering = Some((key.clone(), reader.get_ref().written));
         {
             let mut st = inner.state.lock().unwrap();

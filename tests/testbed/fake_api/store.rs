@@ -30,6 +30,8 @@ pub(super) struct State {
     pub(super) compacted: u64,
     /// Bumped to cut every open watch.
     pub(super) generation: u64,
+    /// Open watches send nothing (no event, no bookmark) until cut.
+    pub(super) held: bool,
     pub(super) down: bool,
     /// Connections are accepted and never answered (a silently dead API).
     pub(super) blackhole: bool,
@@ -104,13 +106,15 @@ impl FakeApi {
             .cloned()
     }
 
-    /// Forget the event history: watches resuming from before the current
-    /// resourceVersion get 410 Gone (a watch from the current one is fine,
-    /// as on a real server after compaction).
+    /// Compact the history: watches that start from before the current
+    /// resourceVersion get 410 Gone (a watch from the current one is fine),
+    /// as on a real server. A watch already open still gets every event, as
+    /// from the API server's watch cache: the log is kept for it (clearing
+    /// it lost an event applied just before, when the watch had not sent it
+    /// yet: a test waited for a relist that only the watch's timeout brought).
     pub fn compact(&self) {
         let mut st = self.inner.state.lock().unwrap();
         st.compacted = st.rv;
-        st.log.clear();
     }
 
     /// The current resourceVersion (a watch from it sees what comes next).

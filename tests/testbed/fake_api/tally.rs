@@ -4,7 +4,10 @@
 //! it to show what each guard costs the API server and how that grows with
 //! the number of guards.
 
-use std::{collections::BTreeMap, net::IpAddr};
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    net::IpAddr,
+};
 
 use super::FakeApi;
 
@@ -39,9 +42,15 @@ impl std::ops::AddAssign for Counts {
 /// (services, leases, pods, nodes, events, ...) with its label selector.
 pub type Key = (IpAddr, &'static str, String);
 
+/// (client, verb, resource, namespace) of a request, as RBAC authorizes
+/// it: the resource without a selector, the namespace None for a
+/// cluster-wide or cluster-scoped request.
+pub type Scope = (IpAddr, &'static str, String, Option<String>);
+
 #[derive(Debug, Default)]
 pub(super) struct Tally {
     pub(super) by: BTreeMap<Key, Counts>,
+    pub(super) scopes: BTreeSet<Scope>,
 }
 
 impl Tally {
@@ -85,6 +94,25 @@ pub(super) fn resource(path: &str) -> (String, bool) {
     }
 }
 
+/// The namespace a path is in (None: cluster-wide, or cluster-scoped).
+pub(super) fn namespace(path: &str) -> Option<String> {
+    let parts: Vec<&str> = path.trim_matches('/').split('/').collect();
+    let rest = match parts.as_slice() {
+        ["api", _, rest @ ..] | ["apis", _, _, rest @ ..] => rest,
+        _ => return None,
+    };
+    match rest {
+        ["namespaces", ns, _, ..] => Some((*ns).to_owned()),
+        _ => None,
+    }
+}
+
+/// The request's scope, for [`FakeApi::scopes`].
+pub(super) fn scope(key: &Key, path: &str) -> Scope {
+    let res = key.2.split('{').next().unwrap_or_default().to_owned();
+    (key.0, key.1, res, namespace(path))
+}
+
 /// The key of a request; a label selector is part of the resource's name
 /// (`leases{app.kubernetes.io/component=arp-guard-presence}`): two watches
 /// of one resource by different selectors are counted apart.
@@ -113,9 +141,17 @@ impl FakeApi {
         self.inner.tally.lock().unwrap().by.clone()
     }
 
+    /// Every (client, verb, resource, namespace) asked so far: what RBAC
+    /// had to grant.
+    pub fn scopes(&self) -> BTreeSet<Scope> {
+        self.inner.tally.lock().unwrap().scopes.clone()
+    }
+
     /// Forget the counts (the start of a measured window).
     pub fn reset_tally(&self) {
-        self.inner.tally.lock().unwrap().by.clear();
+        let mut t = self.inner.tally.lock().unwrap();
+        t.by.clear();
+        t.scopes.clear();
     }
 }
 
@@ -137,6 +173,16 @@ mod tests {
         assert_eq!(
             resource("/apis/events.k8s.io/v1/namespaces/d/events"),
             ("events".into(), false)
+        );
+        assert_eq!(namespace("/api/v1/nodes"), None);
+        assert_eq!(
+            namespace("/apis/coordination.k8s.io/v1/namespaces/x/leases/arp-guard-a").as_deref(),
+            Some("x")
+        );
+        assert_eq!(
+            namespace("/api/v1/namespaces/x"),
+            None,
+            "the namespace itself"
         );
         assert_eq!(verb("GET", false, true), "watch");
         assert_eq!(verb("GET", true, false), "get");

@@ -156,6 +156,14 @@ pub(super) fn watch_stream(
             drop(st);
             return hang(out, inner).map(|()| None);
         }
+        if st.held {
+            st = inner
+                .changed
+                .wait_timeout(st, Duration::from_millis(200))
+                .unwrap()
+                .0;
+            continue;
+        }
         if Instant::now() >= deadline {
             // timeoutSeconds reached: the server ends the stream properly.
             drop(st);

@@ -157,11 +157,7 @@ pub(super) fn watch_stream(
             return hang(out, inner).map(|()| None);
         }
         if st.held {
-            st = inner
-                .changed
-                .wait_timeout(st, Duration::from_millis(200))
-                .unwrap()
-                .0;
+            st = next_change(inner, st);
             continue;
         }
         if Instant::now() >= deadline {
@@ -190,11 +186,19 @@ pub(super) fn watch_stream(
         }
         st = inner.state.lock().unwrap();
         if st.rv == sent_up_to {
-            st = inner
-                .changed
-                .wait_timeout(st, Duration::from_millis(200))
-                .unwrap()
-                .0;
+            st = next_change(inner, st);
         }
     }
+}
+
+/// Wait for the next change of the server's state (at most 200 ms: the
+/// watch's deadline and its bookmarks are looked at in between).
+fn next_change<'a>(
+    inner: &'a Inner,
+    st: std::sync::MutexGuard<'a, State>,
+) -> std::sync::MutexGuard<'a, State> {
+    (inner.changed)
+        .wait_timeout(st, Duration::from_millis(200))
+        .unwrap()
+        .0
 }

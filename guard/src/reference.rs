@@ -272,6 +272,7 @@ fn events() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::collections::{BTreeMap, BTreeSet};
 
     /// The committed reference is what this code generates: run `cargo
     /// xtask docs` after changing a flag, a metric, an alert or an Event.
@@ -499,6 +500,111 @@ mod tests {
         assert_eq!(stated("250 ms)").as_deref(), Some("250ms"));
         assert_eq!(stated("off by default)"), None);
         assert_eq!(canonical("5m").as_deref(), Some("300000ms"));
+    }
+
+    /// Each subcommand's long flags, with the command's global ones.
+    fn flags_by_command(mut cmd: clap::Command) -> BTreeMap<String, BTreeSet<String>> {
+        cmd.build();
+        let longs = |c: &clap::Command| -> BTreeSet<String> {
+            (c.get_arguments())
+                .filter_map(|a| a.get_long().map(|l| format!("--{l}")))
+                .collect()
+        };
+        let top = longs(&cmd);
+        (cmd.get_subcommands())
+            .map(|s| (s.get_name().to_owned(), &longs(s) | &top))
+            .collect()
+    }
+
+    /// The commands a line of code runs: in each code span (or the whole
+    /// line in a fenced block), `[kubectl] arp-guard SUB --flag ...` up to
+    /// a pipe, `&&`, `;` or a comment.
+    fn invocations(line: &str, fenced: bool) -> Vec<(bool, String, Vec<String>)> {
+        let spans: Vec<&str> = if fenced {
+            vec![line]
+        } else {
+            line.split('`').skip(1).step_by(2).collect()
+        };
+        let mut out = Vec::new();
+        for span in spans {
+            let t: Vec<&str> = span.split_whitespace().collect();
+            for i in 0..t.len() {
+                if !(t[i] == "arp-guard" || t[i].ends_with("/arp-guard")) || i + 1 == t.len() {
+                    continue;
+                }
+                let plugin = i > 0 && t[i - 1] == "kubectl";
+                let flags = (t[i + 2..].iter())
+                    .take_while(|w| !matches!(**w, "|" | "&&" | ";" | "#" | "\\"))
+                    .filter(|w| w.starts_with("--"))
+                    .map(|w| {
+                        w.split('=')
+                            .next()
+                            .unwrap_or(w)
+                            .trim_end_matches([',', ')'])
+                            .to_owned()
+                    })
+                    .collect();
+                out.push((plugin, t[i + 1].to_owned(), flags));
+            }
+        }
+        out
+    }
+
+    /// Where a page shows a command with flags, each flag is that
+    /// command's (or a global one): `arp-guard probe --node` would pass the
+    /// test above, as some command has `--node`.
+    #[test]
+    fn every_flag_a_shown_command_takes_is_that_commands() {
+        let guard = flags_by_command(Cli::command());
+        let plugin = flags_by_command(PluginCli::command());
+        let (mut wrong, mut checked) = (Vec::new(), 0);
+        for (file, text) in prose() {
+            let mut fenced = false;
+            for (n, line) in text.lines().enumerate() {
+                if line.trim_start().starts_with("```") {
+                    fenced = !fenced;
+                    continue;
+                }
+                for (is_plugin, sub, flags) in invocations(line, fenced) {
+                    let Some(known) = (if is_plugin { &plugin } else { &guard }).get(&sub) else {
+                        continue;
+                    };
+                    for f in flags {
+                        checked += 1;
+                        if !known.contains(&f) && f != "--help" {
+                            wrong.push(format!("{file}:{}: `{sub}` has no {f}", n + 1));
+                        }
+                    }
+                }
+            }
+        }
+        assert!(
+            checked >= 20,
+            "{checked} flags of shown commands: is the reader broken?"
+        );
+        assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+    }
+
+    #[test]
+    fn shown_commands_are_read_up_to_their_end() {
+        assert_eq!(
+            invocations(
+                "run `kubectl arp-guard status --node a -o json | jq` now",
+                false
+            ),
+            [(true, "status".to_owned(), vec!["--node".to_owned()])]
+        );
+        assert_eq!(
+            invocations(
+                "arp-guard probe --interface=eth0 198.51.100.1 # --not-this",
+                true
+            ),
+            [(false, "probe".to_owned(), vec!["--interface".to_owned()])]
+        );
+        assert!(
+            invocations("arp-guard probe --interface eth0", false).is_empty(),
+            "prose"
+        );
     }
 
     /// Every metric a page names (and the dashboard's and the alerts'

@@ -92,6 +92,11 @@ fn every_request_is_granted_and_every_rule_is_used() {
     // node-b's record changes (its uplink's MAC): replaced. Changed behind
     // its back first, while no watch delivers: the replace meets a 409 and
     // the record is read again (the Role's get).
+    let reads = |api: &testbed::fake_api::FakeApi| {
+        (api.scopes().iter())
+            .any(|(_, v, r, ns)| *v == "get" && r == "leases" && ns.as_deref() == Some(PRESENCE_NS))
+    };
+    assert!(!reads(&t.bed.api), "nothing read a record before");
     t.bed.api.hold_watches();
     let mut record = (t.bed.api)
         .object(Resource::Leases, PRESENCE_NS, "arp-guard-node-b")
@@ -102,10 +107,7 @@ fn every_request_is_granted_and_every_rule_is_used() {
         .ns
         .ip(&["link", "set", "eth0", "address", "02:00:5e:00:53:b2"])
         .unwrap();
-    let reread = testbed::wait_until(Duration::from_secs(10), || {
-        (t.bed.api.scopes().iter())
-            .any(|(_, v, r, ns)| *v == "get" && r == "leases" && ns.as_deref() == Some(PRESENCE_NS))
-    });
+    let reread = testbed::wait_until(Duration::from_secs(10), || reads(&t.bed.api));
     t.bed.api.drop_watches();
     assert!(reread, "node-b's record was not read again after a 409");
     // /cluster asks presence for the Nodes.

@@ -199,7 +199,7 @@ fn label_values() -> String {
         ),
         (
             "family",
-            "every family with lb_ip",
+            "the families that carry it",
             "ipv4 (ARP), ipv6 (NDP)".to_owned(),
         ),
         (
@@ -432,7 +432,9 @@ mod tests {
 
     /// Where an operator's page gives a flag's default ("`--flag` (15 s)"),
     /// it is the code's (the contributors' pages give the settings of a
-    /// test or a bench, not defaults).
+    /// test or a bench, not defaults). On those pages that form means a
+    /// default: an example value is written otherwise (`--flag 5s`). A flag
+    /// two commands share passes with either's default (today they agree).
     #[test]
     fn every_default_the_pages_state_is_the_codes() {
         let mut defaults: std::collections::BTreeMap<String, Vec<String>> = Default::default();
@@ -529,7 +531,10 @@ mod tests {
         for span in spans {
             let t: Vec<&str> = span.split_whitespace().collect();
             for i in 0..t.len() {
-                if !(t[i] == "arp-guard" || t[i].ends_with("/arp-guard")) || i + 1 == t.len() {
+                let binary = t[i] == "arp-guard" || t[i].ends_with("/arp-guard");
+                // `-n arp-guard` is the namespace, not the command.
+                let a_value = i > 0 && matches!(t[i - 1], "-n" | "--namespace");
+                if !binary || a_value || i + 1 == t.len() {
                     continue;
                 }
                 let plugin = i > 0 && t[i - 1] == "kubectl";
@@ -604,6 +609,16 @@ mod tests {
         assert!(
             invocations("arp-guard probe --interface eth0", false).is_empty(),
             "prose"
+        );
+        assert_eq!(
+            invocations("kubectl -n arp-guard events --for pod/x", true),
+            [],
+            "a namespace"
+        );
+        assert_eq!(
+            invocations("kubectl arp-guard -n arp-guard status", true),
+            [(true, "-n".to_owned(), vec![])],
+            "kubectl's -n first: no subcommand of that name, nothing checked"
         );
     }
 

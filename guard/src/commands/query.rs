@@ -219,7 +219,7 @@ fn memory_line(m: &crate::telemetry::memory::MemoryStatus) -> String {
     let mib = |b: u64| b as f64 / f64::from(1 << 20);
     let limit = m.limit_bytes.map_or("no limit found".to_owned(), |l| {
         format!(
-            "of {:.1} MiB ({:.0} %)",
+            "of {:.1} MiB ({:.1} %)",
             mib(l),
             100.0 * m.used() as f64 / l.max(1) as f64
         )
@@ -459,14 +459,14 @@ mod tests {
     #[test]
     fn the_memory_line_says_the_share_of_the_limit_and_what_to_do() {
         let mut m = MemoryStatus {
-            rss_bytes: 40 << 20,
+            rss_bytes: 48 << 20,
             maps_bytes: 8 << 20,
             limit_bytes: Some(64 << 20),
             level: Level::Warning,
         };
         let l = super::memory_line(&m);
         assert!(
-            l.starts_with("memory 48.0 MiB (resident 40.0, maps 8.0) of 64.0 MiB (75 %)"),
+            l.starts_with("memory 56.0 MiB (resident 48.0, maps 8.0) of 64.0 MiB (87.5 %)"),
             "{l}"
         );
         assert!(l.contains("raise the limit"), "{l}");

@@ -75,9 +75,9 @@ pub struct ConnArgs {
     /// answering).
     #[arg(long, global = true, value_name = "DURATION", default_value = "15s", value_parser = parse_duration)]
     pub node_timeout: Duration,
-    /// How long asking the guards may take in all (then those that have not
-    /// answered are listed as such): a cluster of hung guards is reported
-    /// in minutes, not in nodes / --parallel x --node-timeout.
+    /// How long the command may take to ask the guards, in all (then those
+    /// that have not answered are listed as such): a cluster of hung guards
+    /// is reported in minutes, not in nodes / --parallel x --node-timeout.
     #[arg(long, global = true, value_name = "DURATION", default_value = "2m", value_parser = parse_duration)]
     pub timeout: Duration,
     /// How long a read of the API may take.

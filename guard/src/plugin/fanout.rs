@@ -111,9 +111,11 @@ pub struct Plan<'a> {
     pub parallel: usize,
     /// One guard's deadline.
     pub timeout: Duration,
-    /// The whole fan-out's: at 5,000 nodes of hung guards, `parallel` at a
-    /// time, each node's deadline alone would be half an hour.
+    /// The command's, from `since`, for every ask it makes: at 5,000 nodes
+    /// of hung guards, `parallel` at a time, each node's deadline alone
+    /// would be half an hour.
     pub total: Duration,
+    pub since: tokio::time::Instant,
 }
 
 impl Plan<'_> {
@@ -127,7 +129,9 @@ impl Plan<'_> {
         argv: &[String],
         read: fn(&[u8]) -> Result<T, String>,
     ) -> Result<Vec<NodeAnswer<T>>, Denied> {
-        let deadline = tokio::time::Instant::now() + self.total;
+        // An absurd --timeout is no deadline (rather than an overflow).
+        let deadline = (self.since.checked_add(self.total))
+            .unwrap_or_else(|| self.since + Duration::from_secs(86_400 * 365));
         let denied = AtomicBool::new(false);
         let late = || {
             Ok(Err(Unanswered::Deadline {
@@ -350,6 +354,7 @@ mod tests {
             parallel: 2,
             timeout: Duration::from_millis(500),
             total: Duration::from_secs(60),
+            since: tokio::time::Instant::now(),
         };
         let t = std::time::Instant::now();
         let got = plan
@@ -408,6 +413,7 @@ mod tests {
             parallel: 1,
             timeout: Duration::from_secs(5),
             total: Duration::from_secs(60),
+            since: tokio::time::Instant::now(),
         };
         let e = plan
             .ask(targets(&pods, None, None), &[], json::<String>)
@@ -442,6 +448,7 @@ mod tests {
             parallel: 1,
             timeout: Duration::from_secs(30),
             total: Duration::from_millis(300),
+            since: tokio::time::Instant::now(),
         };
         let t = std::time::Instant::now();
         let mut got = plan

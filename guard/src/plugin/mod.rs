@@ -58,6 +58,7 @@ pub async fn run(cli: PluginCli) -> Result<()> {
         parallel: c.parallel as usize,
         timeout: c.node_timeout,
         total: c.timeout,
+        since: tokio::time::Instant::now(),
     };
     let ask = Ask {
         reader: &reader,

@@ -17,7 +17,7 @@ use std::{
 use tokio::sync::{watch, Notify};
 
 use super::per_stream::{PerStream, StreamId};
-use super::{feed::Feed, stream::Msg};
+use super::{cause::Failure, feed::Feed, stream::Msg};
 use crate::model::cluster::ClusterView;
 
 /// The API check (is the API there at all?): at most this often...
@@ -226,6 +226,31 @@ impl Core {
         !self.checking && now >= self.check_at()
     }
 
+    /// The API check is asked: out until it answers, and spaced from now.
+    pub(super) fn check_asked(&mut self, now: Instant) {
+        self.checking = true;
+        self.next_check = now + CHECK_EVERY;
+    }
+
+    /// The API check's answer: the API alive (true), or failing since the
+    /// feed's last sign of life (read now: a stream may have delivered while
+    /// the check was out). Either way the next one is due a period later.
+    pub(super) fn check_answered(&mut self, answer: Result<(), Failure>, now: Instant) -> bool {
+        self.checking = false;
+        self.next_check = now + CHECK_EVERY;
+        match answer {
+            Ok(()) => {
+                self.feed.ok(None, now);
+                true
+            }
+            Err(f) => {
+                let since = self.feed.last_alive();
+                self.feed.failed(None, &f, since);
+                false
+            }
+        }
+    }
+
     /// The loop has work a stream's message may have made due: a rebuild,
     /// a relist held back by memory pressure, a confirmation (a Lease past
     /// its deadline, or failing ones the watch may have made moot), or a
@@ -281,6 +306,7 @@ impl Core {
 #[cfg(test)]
 mod tests {
     use super::super::{
+        cause::{Cause, Failure},
         decode::{Lease, Obj, Service},
         feed::WATCH_TIMEOUT,
         stream::{Event, Update},
@@ -422,7 +448,8 @@ mod tests {
 
     /// While an API check is out, the loop neither asks another nor wakes
     /// for one (its due time has passed: that would be a busy loop until
-    /// the answer); once it answered, the rule is as before.
+    /// the answer); once it answered, either way, the next is due a period
+    /// later (an answer that left it out would end the checks for good).
     #[test]
     fn a_check_out_is_not_due_and_does_not_wake_the_loop() {
         let t0 = Instant::now();
@@ -431,11 +458,20 @@ mod tests {
         c.next_check = t0;
         let later = t0 + Duration::from_secs(60);
         assert!(c.check_due(later), "due: nothing else is out");
-        c.checking = true;
-        assert!(!c.check_due(later));
-        assert!(c.wake(later) > later, "no deadline in the past");
-        c.checking = false;
-        assert!(c.wake(later) <= later);
+        c.check_asked(later);
+        let much_later = later + Duration::from_secs(600);
+        assert!(!c.check_due(much_later), "out: never asked twice");
+        assert!(c.wake(much_later) > much_later, "no deadline in the past");
+        let failed = Failure::new(Cause::Other, "timed out");
+        for (answer, alive) in [(Err(failed), false), (Ok(()), true)] {
+            let t = much_later;
+            assert_eq!(c.check_answered(answer, t), alive);
+            assert!(!c.check_due(t + CHECK_EVERY - Duration::from_millis(1)));
+            let next = c.check_at();
+            assert!(next >= t + CHECK_EVERY);
+            assert!(c.check_due(next), "due again (alive: {alive})");
+            c.check_asked(t);
+        }
     }
 
     /// The loop sleeps until the API check is due, and the API check runs then: a

@@ -13,21 +13,36 @@ use std::net::IpAddr;
 /// kubeconfig's `proxy-url` is used as it is, as client-go does) is an
 /// error naming the proxy, where it came from and the fix.
 pub fn settle(config: &mut kube::Config) -> Result<(), String> {
+    settle_in(config, |name| std::env::var(name).ok())
+}
+
+/// [`settle`] with the environment given (tests pass their own).
+fn settle_in(
+    config: &mut kube::Config,
+    env: impl Fn(&str) -> Option<String>,
+) -> Result<(), String> {
     let Some(proxy) = config.proxy_url.clone() else {
         return Ok(());
     };
-    let from_env = env_any(&["HTTPS_PROXY", "https_proxy"])
+    // The first of `names` set to something, as Go's proxy settings read them.
+    let any = |names: [&str; 2]| names.iter().find_map(|n| env(n).filter(|v| !v.is_empty()));
+    let url = &config.cluster_url;
+    let from_env = any(["HTTPS_PROXY", "https_proxy"])
         .and_then(|p| p.parse::<http::Uri>().ok())
         .is_some_and(|p| p == proxy);
-    let url = &config.cluster_url;
-    if from_env && excludes(&env_any(&["NO_PROXY", "no_proxy"]).unwrap_or_default(), url) {
+    let (proxy, from) = if !from_env {
+        (Some(proxy.to_string()), "the kubeconfig's proxy-url")
+    } else if url.scheme_str() == Some("http") {
+        // kube takes HTTPS_PROXY whatever the scheme; kubectl, HTTP_PROXY
+        // for an http:// server.
+        (any(["HTTP_PROXY", "http_proxy"]), "HTTP_PROXY")
+    } else {
+        (Some(proxy.to_string()), "HTTPS_PROXY")
+    };
+    let excluded = from_env && excludes(&any(["NO_PROXY", "no_proxy"]).unwrap_or_default(), url);
+    let Some(proxy) = proxy.filter(|_| !excluded) else {
         config.proxy_url = None;
         return Ok(());
-    }
-    let from = if from_env {
-        "HTTPS_PROXY"
-    } else {
-        "the kubeconfig's proxy-url"
     };
     let host = url.host().unwrap_or_default();
     Err(format!(
@@ -35,13 +50,6 @@ pub fn settle(config: &mut kube::Config) -> Result<(), String> {
          connects to it directly and does not use a proxy: exclude it (NO_PROXY={host}) or \
          drop the proxy"
     ))
-}
-
-/// The first of `names` set to something, as Go's proxy settings read them.
-fn env_any(names: &[&str]) -> Option<String> {
-    names
-        .iter()
-        .find_map(|n| std::env::var(n).ok().filter(|v| !v.is_empty()))
 }
 
 /// Whether kubectl would go to `url` directly: a loopback server, or one
@@ -139,9 +147,9 @@ mod tests {
     #[test]
     fn a_proxy_that_remains_is_an_error_saying_how_to_exclude_the_server() {
         let mut c = kube::Config::new("https://203.0.113.1:6443".parse().unwrap());
-        assert_eq!(settle(&mut c), Ok(()));
+        assert_eq!(settle_in(&mut c, |_| None), Ok(()));
         c.proxy_url = Some("http://198.51.100.9:3128".parse().unwrap());
-        let e = settle(&mut c).unwrap_err();
+        let e = settle_in(&mut c, |_| None).unwrap_err();
         for want in [
             "http://198.51.100.9:3128",
             "proxy-url",
@@ -149,6 +157,46 @@ mod tests {
         ] {
             assert!(e.contains(want), "{want:?} in {e}");
         }
+    }
+
+    /// HTTPS_PROXY (which kube takes for any server) is dropped where
+    /// kubectl would not use it: NO_PROXY excludes the server, or the
+    /// server is http:// and HTTP_PROXY is not set (kubectl's proxy for it).
+    #[test]
+    fn the_environments_proxy_is_judged_as_kubectl_judges_it() {
+        let proxy = "http://198.51.100.9:3128";
+        let run = |server: &str, env: &[(&str, &str)]| {
+            let mut c = kube::Config::new(server.parse().unwrap());
+            c.proxy_url = Some(proxy.parse().unwrap());
+            let env: std::collections::BTreeMap<String, String> = (env.iter())
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .chain([("HTTPS_PROXY".to_owned(), proxy.to_owned())])
+                .collect();
+            settle_in(&mut c, |n| env.get(n).cloned()).map(|()| c.proxy_url)
+        };
+        let api = "https://203.0.113.1:6443";
+        assert_eq!(run(api, &[("NO_PROXY", "203.0.113.0/24")]), Ok(None));
+        let e = run(api, &[("NO_PROXY", "example.net")]).unwrap_err();
+        assert!(
+            e.contains("(HTTPS_PROXY)") && e.contains("NO_PROXY=203.0.113.1"),
+            "{e}"
+        );
+        let plain = "http://203.0.113.1:8080";
+        assert_eq!(
+            run(plain, &[]),
+            Ok(None),
+            "no HTTP_PROXY: kubectl goes direct"
+        );
+        let e = run(plain, &[("http_proxy", "http://198.51.100.8:3128")]).unwrap_err();
+        assert!(
+            e.contains("198.51.100.8") && e.contains("(HTTP_PROXY)"),
+            "{e}"
+        );
+        let excluded = [
+            ("HTTP_PROXY", "http://198.51.100.8:3128"),
+            ("NO_PROXY", "*"),
+        ];
+        assert_eq!(run(plain, &excluded), Ok(None));
     }
 
     #[test]

@@ -23,7 +23,7 @@ use super::{
     dial::Dialer,
     driver,
     feed::Feed,
-    hub::{AskWatch, Hub, CHECK_EVERY, CHECK_TIMEOUT},
+    hub::{AskWatch, Hub, CHECK_TIMEOUT},
     store::Key,
     stream::StreamCtl,
     trust::{self, Trust},
@@ -306,11 +306,7 @@ impl Task {
     /// 404 included, is one. Asked in a task of its own, so that the loop's
     /// deadlines (a Lease's expiry: a takeover) never wait on the API.
     fn check_api(&mut self) {
-        {
-            let mut c = self.hub.lock();
-            c.checking = true;
-            c.next_check = Instant::now() + CHECK_EVERY;
-        }
+        self.hub.lock().check_asked(Instant::now());
         let (client, tx, hub) = (self.client.clone(), self.check_tx.clone(), self.hub.clone());
         tokio::spawn(async move {
             let _panic = AskWatch {
@@ -334,18 +330,9 @@ impl Task {
         let now = Instant::now();
         let hub = self.hub.clone();
         let mut c = hub.lock();
-        c.checking = false;
-        match answer {
-            Ok(()) => {
-                c.feed.ok(None, now);
-                self.unstick(&mut c.feed, now);
-            }
-            Err(f) => {
-                let since = c.feed.last_alive();
-                c.feed.failed(None, &f, since);
-            }
+        if c.check_answered(answer, now) {
+            self.unstick(&mut c.feed, now);
         }
-        c.next_check = now + CHECK_EVERY;
     }
 
     /// The API answers but a stream has not delivered since its error for a

@@ -72,6 +72,12 @@ fn flags() -> String {
     out
 }
 
+/// The id of a flag's row in flags.md (`arp-guard-run--announce-hold`,
+/// `kubectl-arp-guard--timeout`): the pages link a flag there.
+pub fn flag_anchor(command: &str, long: &str) -> String {
+    format!("{}--{long}", command.replace(' ', "-"))
+}
+
 /// One command's flags; the root's global flags are listed once, with it.
 fn command(out: &mut String, name: &str, cmd: &clap::Command, root: &clap::Command) {
     let _ = writeln!(out, "## `{name}`\n");
@@ -88,6 +94,10 @@ fn command(out: &mut String, name: &str, cmd: &clap::Command, root: &clap::Comma
     }
     out.push_str("| flag | default | env | meaning |\n|---|---|---|---|\n");
     for a in args {
+        let anchor = a
+            .get_long()
+            .map(|l| format!("<a id=\"{}\"></a>", flag_anchor(name, l)))
+            .unwrap_or_default();
         let flag = match (a.get_long(), a.get_short()) {
             (Some(l), Some(s)) => format!("`-{s}`, `--{l}`"),
             (Some(l), None) => format!("`--{l}`"),
@@ -134,7 +144,7 @@ fn command(out: &mut String, name: &str, cmd: &clap::Command, root: &clap::Comma
         };
         let _ = writeln!(
             out,
-            "| {flag} | {} | {env} | {} |",
+            "| {anchor}{flag} | {} | {env} | {} |",
             cell(&default),
             cell(&help)
         );
@@ -462,6 +472,7 @@ mod tests {
                 continue;
             }
             for (n, line) in text.lines().enumerate() {
+                let line = &unlinked(line);
                 for (i, _) in line.match_indices("` (") {
                     let Some(flag) = line[..i].rsplit('`').next().filter(|f| f.starts_with("--"))
                     else {
@@ -492,8 +503,59 @@ mod tests {
         );
     }
 
+    /// `line` with each flag's link to the reference ("[`--f`](…#…)")
+    /// back to the flag alone ("`--f`").
+    fn unlinked(line: &str) -> String {
+        let (mut out, mut rest) = (String::new(), line);
+        while let Some(i) = rest.find("[`--") {
+            let Some(close) = rest[i..].find("`](").map(|j| i + j) else {
+                break;
+            };
+            let Some(end) = rest[close..].find(')').map(|k| close + k) else {
+                break;
+            };
+            out.push_str(&rest[..i]);
+            out.push_str(&rest[i + 1..=close]);
+            rest = &rest[end + 1..];
+        }
+        out.push_str(rest);
+        out
+    }
+
+    /// Every link a page makes to a flag's row in the reference lands on
+    /// one (its id is made where the row is: `flag_anchor`).
+    #[test]
+    fn every_link_to_a_flag_lands_on_its_row() {
+        let all = render();
+        let flags = &all.iter().find(|(f, _)| *f == "flags.md").unwrap().1;
+        let (mut wrong, mut links) = (Vec::new(), 0);
+        for (file, text) in prose() {
+            for (n, line) in text.lines().enumerate() {
+                for (i, _) in line.match_indices("flags.md#") {
+                    let id: String = (line[i + 9..].chars())
+                        .take_while(|c| c.is_ascii_alphanumeric() || *c == '-')
+                        .collect();
+                    links += 1;
+                    if !flags.contains(&format!("<a id=\"{id}\">")) {
+                        wrong.push(format!("{file}:{}: #{id}", n + 1));
+                    }
+                }
+            }
+        }
+        assert!(links >= 20, "{links} links to flags: is the reader broken?");
+        assert!(
+            wrong.is_empty(),
+            "links to no flag's row:\n{}",
+            wrong.join("\n")
+        );
+    }
+
     #[test]
     fn stated_values_read_as_clap_does() {
+        assert_eq!(
+            unlinked("within [`--a-b`](reference/flags.md#x--a-b) (5 s) and `--c` (1)"),
+            "within `--a-b` (5 s) and `--c` (1)"
+        );
         assert_eq!(stated("15 s)").as_deref(), Some("15000ms"));
         assert_eq!(stated("4,096)").as_deref(), Some("4096"));
         assert_eq!(stated("4 MiB; a ConfigMap").as_deref(), Some("4194304"));

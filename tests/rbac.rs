@@ -17,43 +17,11 @@ use std::{collections::BTreeSet, net::IpAddr, time::Duration};
 
 use testbed::{
     cluster_bed::PRESENCE_NS,
+    deploy::{covers, grants, Request},
     fake_api::Resource,
     takeover::{Style, TakeoverBed, LB},
     ArpSpec,
 };
-
-/// (verb, resource, namespace) a rule grants: a ClusterRole's in every
-/// namespace (None), a Role's in its own.
-type Grant = (String, String, Option<String>);
-
-/// What every rule of the shipped RBAC grants.
-fn granted() -> BTreeSet<Grant> {
-    let mut out = BTreeSet::new();
-    for d in testbed::deploy::documents("base/rbac.yaml") {
-        let ns = match d["kind"].as_str() {
-            Some("ClusterRole") => None,
-            Some("Role") => Some(d["metadata"]["namespace"].as_str().unwrap().to_owned()),
-            _ => continue,
-        };
-        for r in d["rules"].as_array().unwrap() {
-            for res in r["resources"].as_array().unwrap() {
-                for v in r["verbs"].as_array().unwrap() {
-                    out.insert((
-                        v.as_str().unwrap().to_owned(),
-                        res.as_str().unwrap().to_owned(),
-                        ns.clone(),
-                    ));
-                }
-            }
-        }
-    }
-    out
-}
-
-/// Whether `grant` covers a request of `verb` on `res` in `ns`.
-fn covers(grant: &Grant, (verb, res, ns): (&str, &str, Option<&str>)) -> bool {
-    grant.0 == verb && grant.1 == res && (grant.2.is_none() || grant.2.as_deref() == ns)
-}
 
 #[test]
 fn every_request_is_granted_and_every_rule_is_used() {
@@ -133,25 +101,20 @@ fn every_request_is_granted_and_every_rule_is_used() {
         .unwrap();
 
     let nodes: BTreeSet<IpAddr> = (11..=12).map(|i| IpAddr::from([203, 0, 113, i])).collect();
-    let asked: BTreeSet<(&str, String, Option<String>)> = (t.bed.api.scopes().into_iter())
+    let asked: BTreeSet<Request> = (t.bed.api.scopes().into_iter())
         .filter(|(peer, ..)| nodes.contains(peer))
         .map(|(_, verb, res, ns)| (verb, res, ns))
         .collect();
-    fn request<'a>(
-        (v, r, n): &'a (&str, String, Option<String>),
-    ) -> (&'a str, &'a str, Option<&'a str>) {
-        (v, r.as_str(), n.as_deref())
-    }
-    let granted = granted();
+    let granted = grants("base/rbac.yaml");
     let not_granted: Vec<_> = (asked.iter())
-        .filter(|a| !granted.iter().any(|g| covers(g, request(a))))
+        .filter(|a| !granted.iter().any(|g| covers(g, a)))
         .collect();
     assert!(
         not_granted.is_empty(),
         "asked but not granted (verb, resource, namespace): {not_granted:?}\n(asked: {asked:?})"
     );
     let unused: Vec<_> = (granted.iter())
-        .filter(|g| !asked.iter().any(|a| covers(g, request(a))))
+        .filter(|g| !asked.iter().any(|a| covers(g, a)))
         .collect();
     assert!(
         unused.is_empty(),
@@ -164,8 +127,11 @@ fn every_request_is_granted_and_every_rule_is_used() {
 /// not granted by presence's Role).
 #[test]
 fn a_role_grants_in_its_namespace_only() {
-    let g = granted();
-    let ok = |v: &str, r: &str, n: Option<&str>| g.iter().any(|x| covers(x, (v, r, n)));
+    let g = grants("base/rbac.yaml");
+    let ok = |v: &'static str, r: &str, n: Option<&str>| {
+        let request = (v, r.to_owned(), n.map(str::to_owned));
+        g.iter().any(|x| covers(x, &request))
+    };
     assert!(ok("create", "leases", Some("arp-guard")));
     assert!(!ok("create", "leases", Some("kube-system")));
     assert!(!ok("create", "leases", None));

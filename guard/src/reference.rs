@@ -354,16 +354,12 @@ mod tests {
     #[test]
     fn every_flag_the_docs_name_exists() {
         let mut known = std::collections::BTreeSet::new();
-        for mut cmd in [Cli::command(), PluginCli::command()] {
-            cmd.build();
-            let subs: Vec<clap::Command> = cmd.get_subcommands().cloned().collect();
-            for c in std::iter::once(&cmd).chain(&subs) {
-                known.extend(
-                    c.get_arguments()
-                        .filter_map(|a| a.get_long().map(|l| format!("--{l}"))),
-                );
-            }
-        }
+        each_command(|c| {
+            known.extend(
+                c.get_arguments()
+                    .filter_map(|a| a.get_long().map(|l| format!("--{l}"))),
+            );
+        });
         // Other tools' flags the pages mention: cargo and cargo xtask
         // (test, bench, image, vm-test), kube-proxy, prlimit, perf, kubectl
         // create (role)binding.
@@ -448,20 +444,16 @@ mod tests {
     #[test]
     fn every_default_the_pages_state_is_the_codes() {
         let mut defaults: std::collections::BTreeMap<String, Vec<String>> = Default::default();
-        for mut cmd in [Cli::command(), PluginCli::command()] {
-            cmd.build();
-            let subs: Vec<clap::Command> = cmd.get_subcommands().cloned().collect();
-            for c in std::iter::once(&cmd).chain(&subs) {
-                for a in c.get_arguments() {
-                    let (Some(l), Some(d)) = (a.get_long(), a.get_default_values().first()) else {
-                        continue;
-                    };
-                    let d = d.to_string_lossy();
-                    let d = canonical(&d).unwrap_or_else(|| d.into_owned());
-                    defaults.entry(format!("--{l}")).or_default().push(d);
-                }
+        each_command(|c| {
+            for a in c.get_arguments() {
+                let (Some(l), Some(d)) = (a.get_long(), a.get_default_values().first()) else {
+                    continue;
+                };
+                let d = d.to_string_lossy();
+                let d = canonical(&d).unwrap_or_else(|| d.into_owned());
+                defaults.entry(format!("--{l}")).or_default().push(d);
             }
-        }
+        });
         let mut wrong = Vec::new();
         let mut checked = 0;
         for (file, text) in prose() {
@@ -564,6 +556,16 @@ mod tests {
         assert_eq!(stated("250 ms)").as_deref(), Some("250ms"));
         assert_eq!(stated("off by default)"), None);
         assert_eq!(canonical("5m").as_deref(), Some("300000ms"));
+    }
+
+    /// `f` for `arp-guard`, `kubectl arp-guard` and each of their
+    /// subcommands, built (globals propagated).
+    fn each_command(mut f: impl FnMut(&clap::Command)) {
+        for mut cmd in [Cli::command(), PluginCli::command()] {
+            cmd.build();
+            f(&cmd);
+            cmd.get_subcommands().for_each(&mut f);
+        }
     }
 
     /// Each subcommand's long flags, with the command's global ones.

@@ -49,6 +49,44 @@ pub fn documents(rel: &str) -> Vec<serde_json::Value> {
         .unwrap_or_else(|e| panic!("{path:?}: {e}"))
 }
 
+/// (verb, resource, namespace) a rule grants: a ClusterRole's in every
+/// namespace (None), a Role's in its own.
+pub type Grant = (String, String, Option<String>);
+
+/// What every rule of the Roles and ClusterRoles in `rel` (under
+/// `deploy/`) grants.
+pub fn grants(rel: &str) -> std::collections::BTreeSet<Grant> {
+    let mut out = std::collections::BTreeSet::new();
+    for d in documents(rel) {
+        let ns = match d["kind"].as_str() {
+            Some("ClusterRole") => None,
+            Some("Role") => Some(d["metadata"]["namespace"].as_str().unwrap().to_owned()),
+            _ => continue,
+        };
+        for r in d["rules"].as_array().unwrap() {
+            for res in r["resources"].as_array().unwrap() {
+                for v in r["verbs"].as_array().unwrap() {
+                    out.insert((
+                        v.as_str().unwrap().to_owned(),
+                        res.as_str().unwrap().to_owned(),
+                        ns.clone(),
+                    ));
+                }
+            }
+        }
+    }
+    out
+}
+
+/// A request as RBAC authorizes it: (verb, resource, namespace; None
+/// for a cluster-wide or cluster-scoped one).
+pub type Request = (&'static str, String, Option<String>);
+
+/// Whether `grant` covers `request`.
+pub fn covers(grant: &Grant, (verb, res, ns): &Request) -> bool {
+    grant.0 == *verb && grant.1 == *res && (grant.2.is_none() || grant.2 == *ns)
+}
+
 /// The guard's DaemonSet, as `deploy/base/daemonset.yaml` declares it.
 pub fn daemonset() -> serde_json::Value {
     documents("base/daemonset.yaml")

@@ -328,6 +328,19 @@ mod tests {
         }
     }
 
+    /// Asking with `f`: `parallel` at a time, each within `timeout`, all
+    /// within `total` from now.
+    fn plan(f: &Fake, parallel: usize, timeout: Duration, total: Duration) -> Plan<'_> {
+        Plan {
+            runner: f,
+            namespace: "arp-guard",
+            parallel,
+            timeout,
+            total,
+            since: tokio::time::Instant::now(),
+        }
+    }
+
     fn fake() -> Fake {
         Fake {
             now: AtomicUsize::new(0),
@@ -348,14 +361,7 @@ mod tests {
         pods.insert("down".into(), pod("down", false));
         let nodes = ["a", "b", "bare"].iter().map(|s| s.to_string()).collect();
         let f = fake();
-        let plan = Plan {
-            runner: &f,
-            namespace: "arp-guard",
-            parallel: 2,
-            timeout: Duration::from_millis(500),
-            total: Duration::from_secs(60),
-            since: tokio::time::Instant::now(),
-        };
+        let plan = plan(&f, 2, Duration::from_millis(500), Duration::from_secs(60));
         let t = std::time::Instant::now();
         let got = plan
             .ask(targets(&pods, Some(&nodes), None), &[], json::<String>)
@@ -407,14 +413,7 @@ mod tests {
             .map(|n| (n.to_string(), pod(n, true)))
             .collect();
         let f = fake();
-        let plan = Plan {
-            runner: &f,
-            namespace: "arp-guard",
-            parallel: 1,
-            timeout: Duration::from_secs(5),
-            total: Duration::from_secs(60),
-            since: tokio::time::Instant::now(),
-        };
+        let plan = plan(&f, 1, Duration::from_secs(5), Duration::from_secs(60));
         let e = plan
             .ask(targets(&pods, None, None), &[], json::<String>)
             .await
@@ -442,14 +441,7 @@ mod tests {
             pods.insert(format!("hang-{i}"), p);
         }
         let f = fake();
-        let plan = Plan {
-            runner: &f,
-            namespace: "arp-guard",
-            parallel: 1,
-            timeout: Duration::from_secs(30),
-            total: Duration::from_millis(300),
-            since: tokio::time::Instant::now(),
-        };
+        let plan = plan(&f, 1, Duration::from_secs(30), Duration::from_millis(300));
         let t = std::time::Instant::now();
         let mut got = plan
             .ask(targets(&pods, None, None), &[], json::<String>)

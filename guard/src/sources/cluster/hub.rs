@@ -127,6 +127,16 @@ impl Hub {
         }
         Ok(())
     }
+
+    /// A task of the feed panicked (`who`, if it is still the feed's): the
+    /// loop is told and stops the feed.
+    fn stop_for_panic(&self, who: impl FnOnce(&Core) -> Option<String>) {
+        let mut c = self.lock();
+        if let Some(who) = who(&c) {
+            c.panicked = Some(who);
+            self.wake.notify_one();
+        }
+    }
 }
 
 /// Set on a stream's task: tells the loop when the task ends by a panic.
@@ -138,13 +148,13 @@ pub(super) struct PanicWatch {
 
 impl Drop for PanicWatch {
     fn drop(&mut self) {
-        if !std::thread::panicking() {
-            return;
-        }
-        let mut c = self.hub.lock();
-        if c.generations.get(self.stream) == Some(&self.generation) {
-            c.panicked = Some(c.feed.name(self.stream).to_owned());
-            self.hub.wake.notify_one();
+        if std::thread::panicking() {
+            let (stream, generation) = (self.stream, self.generation);
+            // A replaced task's panic is no longer the feed's.
+            self.hub.stop_for_panic(|c| {
+                (c.generations.get(stream) == Some(&generation))
+                    .then(|| c.feed.name(stream).to_owned())
+            });
         }
     }
 }
@@ -161,8 +171,7 @@ pub(super) struct AskWatch {
 impl Drop for AskWatch {
     fn drop(&mut self) {
         if std::thread::panicking() {
-            self.hub.lock().panicked = Some(self.what.to_owned());
-            self.hub.wake.notify_one();
+            self.hub.stop_for_panic(|_| Some(self.what.to_owned()));
         }
     }
 }

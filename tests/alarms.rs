@@ -23,26 +23,26 @@
 //! node-a owns (split brain), and promtool sees ArpGuardSpeakerSplitBrain
 //! for node-b.
 //!
+//! The bed and its rounds are `testbed::alarm_rounds`'s (shared with
+//! `alarms_restart.rs`, the same quiet through a restart and an upgrade).
+//!
 //! Not in the VM lane: lease and round timings assume a native CPU.
 
 use std::{
     collections::BTreeMap,
-    net::{Ipv4Addr, SocketAddr, UdpSocket},
-    sync::{
-        atomic::{AtomicBool, Ordering},
-        Arc, Mutex,
-    },
+    net::Ipv4Addr,
     time::{Duration, Instant},
 };
 
 use serde_json::Value;
 use testbed::{
-    cluster_bed::{ClusterBed, PRESENCE_NS},
-    fake_api::{objects, ApiHandle, Resource},
+    alarm_rounds::{self, announce, client_knows_node_a, none_fire, svc, Svc, GUARD_ARGS},
+    cluster_bed::ClusterBed,
+    fake_api::{objects, Resource},
     promtool::{self, Expect},
     scrape::Scraper,
     takeover::Style,
-    ArpSpec, RawSocket,
+    RawSocket,
 };
 
 /// The scrape interval, and the step of promtool's timeline.
@@ -52,16 +52,6 @@ const STEP: Duration = Duration::from_secs(1);
 const HOLD: Duration = Duration::from_secs(40 * 60);
 /// Takeovers per Service (two Services per announcer: 20 per announcer).
 const ROUNDS: usize = 10;
-/// Between two takeovers of one IP: past the census window (2 s), so that
-/// two owners one after the other are a move, not a conflict.
-const GAP: Duration = Duration::from_millis(2600);
-const LEASE_SECONDS: i32 = 15;
-
-struct Svc {
-    name: &'static str,
-    ip: Ipv4Addr,
-    style: Style,
-}
 
 const SERVICES: [Svc; 6] = [
     svc("cil0", 101, Style::Cilium),
@@ -75,211 +65,8 @@ const SERVICES: [Svc; 6] = [
 /// owned by node-a throughout.
 const CONTROL: Svc = svc("ctl", 110, Style::MetalLb);
 
-const fn svc(name: &'static str, last: u8, style: Style) -> Svc {
-    Svc {
-        name,
-        ip: Ipv4Addr::new(198, 51, 100, last),
-        style,
-    }
-}
-
 fn all_ips() -> Vec<Ipv4Addr> {
     SERVICES.iter().chain([&CONTROL]).map(|s| s.ip).collect()
-}
-
-/// Who holds each Lease now; renewed every 2 s by the keeper.
-type Holders = Arc<Mutex<BTreeMap<&'static str, (Style, String)>>>;
-
-fn write_lease(api: &ApiHandle, svc: &str, style: Style, holder: &str) {
-    let renew = objects::renew_now();
-    let lease = match style {
-        Style::Cilium => objects::cilium_lease(svc, holder, LEASE_SECONDS, &renew),
-        _ => objects::lease(
-            "default",
-            &format!("kubevip-{svc}"),
-            holder,
-            LEASE_SECONDS,
-            &renew,
-        ),
-    };
-    api.apply(Resource::Leases, lease);
-}
-
-/// MetalLB's status: node `to` announces `svc` (the other's is removed).
-fn write_status(api: &ApiHandle, svc: &str, to: usize, node: &str) {
-    api.delete(
-        Resource::L2Statuses,
-        "metallb-system",
-        &format!("l2-{svc}-{}", 1 - to),
-    );
-    api.apply(
-        Resource::L2Statuses,
-        objects::l2status(
-            "metallb-system",
-            &format!("l2-{svc}-{to}"),
-            node,
-            "default",
-            svc,
-        ),
-    );
-}
-
-/// The bed of one mode: node-a owns everything, the guards run, the
-/// client's entries point at node-a.
-fn bed(tag: &str, mode: &str) -> (ClusterBed, Vec<testbed::Daemon>, Holders) {
-    let bed = ClusterBed::new(tag, &all_ips()).unwrap();
-    let api = bed.api.handle();
-    for n in &bed.nodes {
-        // strictARP on: the kernel answers only for addresses on eth0.
-        n.ns.sysctl("net.ipv4.conf.all.arp_ignore", "1").unwrap();
-        n.ns.sysctl("net.ipv4.conf.all.arp_announce", "2").unwrap();
-        bed.api.apply(Resource::Nodes, objects::node(&n.name));
-    }
-    let holders: Holders = Arc::default();
-    for s in SERVICES.iter().chain([&CONTROL]) {
-        bed.api.apply(
-            Resource::Services,
-            objects::service("default", s.name, &[&s.ip.to_string()]),
-        );
-        match s.style {
-            Style::MetalLb => write_status(&api, s.name, 0, "node-a"),
-            style => {
-                write_lease(&api, s.name, style, "node-a");
-                holders
-                    .lock()
-                    .unwrap()
-                    .insert(s.name, (style, "node-a".into()));
-            }
-        }
-        bed.nodes[0]
-            .ns
-            .ip(&["addr", "add", &format!("{}/32", s.ip), "dev", "eth0"])
-            .unwrap();
-    }
-    let args = [
-        "--mode",
-        mode,
-        "--announcer",
-        "cilium,kube-vip,metallb",
-        "--presence-period",
-        "1s",
-        "--presence-namespace",
-        PRESENCE_NS,
-        "--census-window",
-        "2s",
-        "--probe-interval",
-        "10s",
-        "--probe-in-monitor-mode",
-        "--split-brain-after",
-        "15s",
-    ];
-    let guards = bed.start(&args).unwrap();
-    let client = &bed.peer;
-    client
-        .sysctl("net.ipv4.neigh.eth0.base_reachable_time_ms", "600000")
-        .unwrap();
-    for ip in all_ips() {
-        client
-            .set_neigh("eth0", ip, &bed.nodes[0].mac, "reachable")
-            .unwrap();
-    }
-    (bed, guards, holders)
-}
-
-/// Node `i`'s speaker announces `ip` (gratuitous `ops`: 1 request, 2 reply).
-fn announce(speaker: &RawSocket, mac: [u8; 6], ip: Ipv4Addr, ops: &[u16]) {
-    for op in ops {
-        speaker
-            .send(&ArpSpec::gratuitous(*op, mac, ip).to_bytes())
-            .unwrap();
-    }
-}
-
-/// Ten takeovers of `s`, back and forth, the way its announcer does them.
-fn rounds(bed: &ClusterBed, s: &Svc, k: usize, holders: &Holders) {
-    let api = bed.api.handle();
-    let speakers: Vec<RawSocket> = (bed.nodes.iter())
-        .map(|n| RawSocket::open(&n.ns, "eth0").unwrap())
-        .collect();
-    let addr = format!("{}/32", s.ip);
-    for round in 0..ROUNDS {
-        let (from, to) = (round % 2, 1 - round % 2);
-        let (node, mac) = (&bed.nodes[to].name, bed.nodes[to].mac);
-        // The old owner stops answering; the new one takes the address.
-        bed.nodes[from]
-            .ns
-            .ip(&["addr", "del", &addr, "dev", "eth0"])
-            .unwrap();
-        bed.nodes[to]
-            .ns
-            .ip(&["addr", "add", &addr, "dev", "eth0"])
-            .unwrap();
-        match s.style {
-            Style::Cilium | Style::KubeVip => {
-                holders
-                    .lock()
-                    .unwrap()
-                    .insert(s.name, (s.style, node.clone()));
-                write_lease(&api, s.name, s.style, node);
-                let ops: &[u16] = if s.style == Style::Cilium {
-                    &[2]
-                } else {
-                    &[1, 2]
-                };
-                announce(&speakers[to], mac, s.ip, ops);
-            }
-            Style::MetalLb => {
-                // Its status 0-8 s late: spread over the range, both ends in.
-                let step = 8000 / (ROUNDS as u64 - 1);
-                let late = Duration::from_millis(if k == 0 {
-                    round as u64 * step
-                } else {
-                    8000 - round as u64 * step
-                });
-                metallb_takeover(&api, s, &speakers[to], mac, to, node, late);
-            }
-        }
-        std::thread::sleep(GAP);
-    }
-}
-
-/// MetalLB: a burst of request and reply every 1.1 s for 5 s, its status
-/// `late` after the first.
-#[allow(clippy::too_many_arguments)]
-fn metallb_takeover(
-    api: &ApiHandle,
-    s: &Svc,
-    speaker: &RawSocket,
-    mac: [u8; 6],
-    to: usize,
-    node: &str,
-    late: Duration,
-) {
-    let t0 = Instant::now();
-    let mut written = false;
-    for i in 0..5u32 {
-        let at = Duration::from_millis(1100) * i;
-        while t0.elapsed() < at {
-            if !written && t0.elapsed() >= late {
-                write_status(api, s.name, to, node);
-                written = true;
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        announce(speaker, mac, s.ip, &[1, 2]);
-    }
-    if !written {
-        std::thread::sleep(late.saturating_sub(t0.elapsed()));
-        write_status(api, s.name, to, node);
-    }
-}
-
-struct StopOnDrop<'a>(&'a AtomicBool);
-
-impl Drop for StopOnDrop<'_> {
-    fn drop(&mut self) {
-        self.0.store(true, Ordering::SeqCst);
-    }
 }
 
 /// What one mode's run leaves for the checks.
@@ -294,54 +81,33 @@ struct Run {
 
 /// The rounds and the control in one mode's bed, scraped throughout.
 fn run(tag: &str, mode: &'static str) -> Run {
-    let (bed, guards, holders) = bed(tag, mode);
+    let bed = ClusterBed::new(tag, &all_ips()).unwrap();
+    let services: Vec<&Svc> = SERVICES.iter().chain([&CONTROL]).collect();
+    let holders = alarm_rounds::prepare(&bed, &services);
+    let args: Vec<&str> = ["--mode", mode].iter().chain(GUARD_ARGS).copied().collect();
+    let guards = bed.start(&args).unwrap();
+    client_knows_node_a(&bed, &all_ips());
     let targets: Vec<(&str, &testbed::Netns)> =
         bed.nodes.iter().map(|n| (n.name.as_str(), &n.ns)).collect();
     let scraper = Scraper::start(&targets, STEP).unwrap();
-    let stop = AtomicBool::new(false);
-    let api = bed.api.handle();
-    let client = (bed.peer)
-        .enter(|| Ok(UdpSocket::bind((Ipv4Addr::UNSPECIFIED, 0))?))
-        .unwrap();
-    let (rounds_end, control_end, warnings) = std::thread::scope(|scope| {
-        // The helpers stop however this ends (a panic too).
-        let _stop = StopOnDrop(&stop);
-        // The announcers renew their Leases every 2 s.
-        scope.spawn(|| {
-            while !stop.load(Ordering::SeqCst) {
-                for (svc, (style, holder)) in holders.lock().unwrap().iter() {
-                    write_lease(&api, svc, *style, holder);
-                }
-                std::thread::sleep(Duration::from_secs(2));
-            }
-        });
-        // The client sends to every IP five times a second.
-        scope.spawn(|| {
-            while !stop.load(Ordering::SeqCst) {
-                for ip in all_ips() {
-                    let _ = client.send_to(b"hello", SocketAddr::from((ip, 7777)));
-                }
-                std::thread::sleep(Duration::from_millis(200));
-            }
-        });
-        let workers: Vec<_> = (SERVICES.iter().enumerate())
-            .map(|(i, s)| {
-                let (bed, holders) = (&bed, &holders);
-                scope.spawn(move || rounds(bed, s, i % 2, holders))
-            })
-            .collect();
-        for w in workers {
-            w.join().unwrap();
-        }
-        // Past the last step's scrape.
-        std::thread::sleep(STEP * 2);
-        let rounds_end = scraper.elapsed();
-        let warnings: Vec<Value> = (bed.api.events().into_iter())
-            .filter(|e| e["type"] == "Warning")
-            .collect();
-        let control_end = control(&bed, &scraper);
-        (rounds_end, control_end, warnings)
-    });
+    let rounds: Vec<&Svc> = SERVICES.iter().collect();
+    let plan = (&rounds[..], &all_ips()[..], ROUNDS);
+    let (rounds_end, control_end, warnings) = alarm_rounds::drive(
+        &bed,
+        plan,
+        &holders,
+        |_| {},
+        || {
+            // Past the last step's scrape.
+            std::thread::sleep(STEP * 2);
+            let rounds_end = scraper.elapsed();
+            let warnings: Vec<Value> = (bed.api.events().into_iter())
+                .filter(|e| e["type"] == "Warning")
+                .collect();
+            let control_end = control(&bed, &scraper);
+            (rounds_end, control_end, warnings)
+        },
+    );
     let samples = scraper.stop();
     let logs = format!(
         "node-a:\n{}\nnode-b:\n{}",
@@ -378,23 +144,6 @@ fn control(bed: &ClusterBed, scraper: &Scraper) -> Option<Duration> {
     });
     std::thread::sleep(STEP * 3);
     seen.then(|| scraper.elapsed())
-}
-
-/// No alert at any minute from the first to the end of the hold (but
-/// those `quiet` leaves out).
-fn none_fire(spec: &Value, until: Duration, but: &[&str]) -> Vec<Expect> {
-    let names = promtool::alertnames(spec);
-    (1..=until.as_secs() / 60)
-        .flat_map(|m| {
-            (names.iter())
-                .filter(|a| !but.contains(&a.as_str()))
-                .map(move |a| Expect {
-                    at: Duration::from_secs(m * 60),
-                    alert: a.clone(),
-                    exp: Vec::new(),
-                })
-        })
-        .collect()
 }
 
 /// A series' value in the last scrape before `until`, summed over nodes.
@@ -466,14 +215,35 @@ fn check(r: &Run) {
         .into_iter()
         .map(|(k, v)| (k.to_owned(), v.to_owned()))
         .collect();
+    // The reference names this test as the one that fires it.
+    let fired_by = (guard::reference::FIRED_BY.iter())
+        .find(|(a, _, _)| *a == "ArpGuardSpeakerSplitBrain")
+        .map(|(_, f, t)| (*f, *t));
+    assert_eq!(
+        fired_by,
+        Some((
+            "tests/alarms.rs",
+            "ordinary_takeovers_raise_no_alarm_and_a_split_brain_does"
+        ))
+    );
     let summary = promtool::summary(&spec, "ArpGuardSpeakerSplitBrain", &labels).unwrap();
     let at = r.control_end + Duration::from_secs(60);
-    let expect = [Expect {
-        at,
-        alert: "ArpGuardSpeakerSplitBrain".into(),
-        exp: vec![(labels, BTreeMap::from([("summary".to_owned(), summary)]))],
-    }];
-    if let Err(e) = promtool::test(&dir.join("control"), &spec, &input, STEP, at, &expect) {
+    // A split brain on a node that holds nothing is no NODE_NAME mismatch:
+    // every holder has its guard (presence), so that page stays quiet.
+    let later = at + Duration::from_secs(180);
+    let expect = [
+        Expect {
+            at,
+            alert: "ArpGuardSpeakerSplitBrain".into(),
+            exp: vec![(labels, BTreeMap::from([("summary".to_owned(), summary)]))],
+        },
+        Expect {
+            at: later,
+            alert: "ArpGuardDroppingOwnedIP".into(),
+            exp: vec![],
+        },
+    ];
+    if let Err(e) = promtool::test(&dir.join("control"), &spec, &input, STEP, later, &expect) {
         panic!("{}: the split brain was not alerted: {e:#}", r.mode);
     }
     let _ = std::fs::remove_dir_all(&dir);

@@ -235,6 +235,13 @@ fn a_takeover_with_a_stale_client_in_one_command() {
         "{}",
         table.out
     );
+    // Wide: each guard's uplinks, with why they were chosen.
+    let wide = laptop.run(&["status", "-o", "wide"]);
+    assert!(
+        wide.out.contains("node-a: guards eth0 (--interface eth0)"),
+        "{}",
+        wide.out
+    );
     // The same through YAML.
     let yaml = laptop.run(&["status", "-o", "yaml"]);
     let y: Value = serde_saphyr::from_str(&yaml.out).unwrap();

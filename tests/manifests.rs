@@ -379,8 +379,8 @@ fn check_presence_rbac(objs: &[Value], ns: &str, sa: &str, ctx: &str) {
             .iter()
             .any(|r| r["resources"] == serde_json::json!(["nodes"])
                 && r["apiGroups"] == serde_json::json!([""])
-                && r["verbs"] == serde_json::json!(["list"])),
-        "{ctx}: nodes readable for coverage"
+                && r["verbs"] == serde_json::json!(["get", "list"])),
+        "{ctx}: nodes readable for coverage and each guard's own Node"
     );
     // The ClusterRole writes nothing but Events (on the Services of LB IPs).
     for r in rules {
@@ -423,7 +423,7 @@ fn promtool_check(spec: &Value) {
 const DEFAULTS: Expect = Expect {
     mode: ModeArg::Monitor,
     announcers: &[AnnouncerArg::Metallb],
-    interface: "eth0",
+    interface: "auto",
     monitoring: false,
 };
 

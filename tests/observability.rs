@@ -107,12 +107,13 @@ fn metrics_status_explain_and_health() {
         m.contains("# TYPE arp_guard_arp_frames_total counter"),
         "{m}"
     );
-    // Without a feed its families are absent, and presence's (it needs the
-    // API); without a memory limit found (this machine's cgroups may have
+    // Without a feed its families are absent (the node name's match with
+    // its holders too), and presence's (it needs the API); without a memory limit found (this machine's cgroups may have
     // none), so is the limit's; the refreshes of stale clients only with
     // --refresh-stale-clients (tests/refresh.rs, tests/presence.rs); the
     // active census's only with presence (tests/probing.rs).
     let absent_here = [
+        "arp_guard_node_name_unmatched",
         "arp_guard_memory_limit_bytes",
         "arp_guard_presence_nodes",
         "arp_guard_client_refreshes_total",

@@ -10,8 +10,9 @@
 //! after a 409 when it was changed behind the guard's back, deleted at
 //! SIGTERM; the records and the guard Pods listed and watched; the Nodes
 //! listed for `/cluster`), Events (a split-brain speaker: one Event, then
-//! its series patched) and `arp-guard doctor`'s read of kube-proxy's
-//! ConfigMap.
+//! its series patched), `--interface auto` (its Node read, MetalLB's
+//! L2Advertisements and Cilium's L2 announcement policies followed) and
+//! `arp-guard doctor`'s read of kube-proxy's ConfigMap.
 
 use std::{collections::BTreeSet, net::IpAddr, time::Duration};
 
@@ -44,6 +45,9 @@ fn every_request_is_granted_and_every_rule_is_used() {
         // A quiet API is checked after 5 s without a sign of life.
         "--stale-after",
         "5s",
+        // The uplinks chosen too: its Node read, the announcers' interfaces followed.
+        "--interface",
+        "auto",
     ];
     let mut t = TakeoverBed::new("rbac", Style::KubeVip, true, &flags).unwrap();
     // A Cilium Lease nobody renews: past its 2 s the feed confirms it.

@@ -107,12 +107,28 @@ fn exit(result: anyhow::Result<()>, name: &str) -> ExitCode {
     }
 }
 
+/// A command whose reader goes away (`arp-guard status | head`) ends
+/// quietly, as other command-line tools do, instead of panicking in
+/// `println!`. Not the daemon: a client closing its connection must never
+/// end it (Rust ignores SIGPIPE, and the write fails instead).
+fn end_quietly_on_a_closed_pipe() {
+    // SAFETY: signal(2) with SIG_DFL installs no handler; called before any
+    // thread is started.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
+}
+
 fn main() -> ExitCode {
     let name = invoked_as();
     if name == plugin::PLUGIN_NAME || name == plugin::COMPLETE_NAME {
+        end_quietly_on_a_closed_pipe();
         return plugin(&name);
     }
     let cli = Cli::parse();
+    if !matches!(cli.command, Command::Run(_)) {
+        end_quietly_on_a_closed_pipe();
+    }
     init_logging(&cli);
     let result = match &cli.command {
         Command::Run(args) => daemon(commands::run(args)),

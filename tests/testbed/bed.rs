@@ -179,10 +179,15 @@ impl Bed {
     /// The usual daemon's arguments: guard eth0, ownership file, LB IPs
     /// from kube-ipvs0, then `extra`.
     pub fn args(&self, extra: &[&str]) -> Vec<String> {
+        self.args_guarding("eth0", extra)
+    }
+
+    /// The same guarding `uplinks` (`--interface`: `auto`, names, globs).
+    pub fn args_guarding(&self, uplinks: &str, extra: &[&str]) -> Vec<String> {
         let owners = self.owners.to_string_lossy().into_owned();
         let mut args: Vec<String> = [
             "-i",
-            "eth0",
+            uplinks,
             "--node-name",
             NODE,
             "--ownership-file",

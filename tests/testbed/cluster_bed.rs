@@ -66,6 +66,8 @@ pub struct ClusterBed {
     /// The segment's bridges, and the API server on the management one
     /// (203.0.113.1): where an operator's laptop reaches the API.
     pub switch: Netns,
+    /// `--interface` of the guards it starts (`eth0`; `auto` to let them choose).
+    pub uplinks: String,
 }
 
 impl ClusterBed {
@@ -162,6 +164,7 @@ impl ClusterBed {
             nodes,
             peer,
             switch,
+            uplinks: "eth0".into(),
         })
     }
 
@@ -219,7 +222,7 @@ impl ClusterBed {
         let kc = self.kubeconfig.to_string_lossy().into_owned();
         let mut a = vec![
             "-i",
-            "eth0",
+            &self.uplinks,
             "--node-name",
             &n.name,
             "--kubeconfig",
@@ -266,7 +269,7 @@ impl ClusterBed {
         let n = &self.nodes[i];
         let mut a = vec![
             "-i",
-            "eth0",
+            &self.uplinks,
             "--node-name",
             &n.name,
             "--lb-ips-from",

@@ -80,6 +80,10 @@ pub enum Resource {
     Nodes,
     /// The guard Pods (presence watches their Ready condition).
     Pods,
+    /// MetalLB's L2Advertisements (`--interface auto` reads their `interfaces`).
+    L2Advertisements,
+    /// CiliumL2AnnouncementPolicies, cluster-scoped (the same).
+    L2Policies,
 }
 
 impl Resource {
@@ -91,13 +95,16 @@ impl Resource {
             Resource::ConfigMaps => "ConfigMap",
             Resource::Nodes => "Node",
             Resource::Pods => "Pod",
+            Resource::L2Advertisements => "L2Advertisement",
+            Resource::L2Policies => "CiliumL2AnnouncementPolicy",
         }
     }
     fn api_version(self) -> &'static str {
         match self {
             Resource::Services => "v1",
             Resource::Leases => "coordination.k8s.io/v1",
-            Resource::L2Statuses => "metallb.io/v1beta1",
+            Resource::L2Statuses | Resource::L2Advertisements => "metallb.io/v1beta1",
+            Resource::L2Policies => "cilium.io/v2alpha1",
             Resource::ConfigMaps | Resource::Nodes | Resource::Pods => "v1",
         }
     }
@@ -110,6 +117,8 @@ impl Resource {
             Resource::ConfigMaps => "configmaps",
             Resource::Nodes => "nodes",
             Resource::Pods => "pods",
+            Resource::L2Advertisements => "l2advertisements",
+            Resource::L2Policies => "ciliuml2announcementpolicies",
         }
     }
     /// (resource, namespace, object name) from a request path.
@@ -120,6 +129,8 @@ impl Resource {
             ("coord", r)
         } else if let Some(r) = path.strip_prefix("/apis/metallb.io/v1beta1/") {
             ("metallb", r)
+        } else if let Some(r) = path.strip_prefix("/apis/cilium.io/v2alpha1/") {
+            ("cilium", r)
         } else {
             return None;
         };
@@ -137,6 +148,8 @@ impl Resource {
             ("core", "services") => Resource::Services,
             ("coord", "leases") => Resource::Leases,
             ("metallb", "servicel2statuses") => Resource::L2Statuses,
+            ("metallb", "l2advertisements") => Resource::L2Advertisements,
+            ("cilium", "ciliuml2announcementpolicies") => Resource::L2Policies,
             ("core", "configmaps") => Resource::ConfigMaps,
             ("core", "nodes") => Resource::Nodes,
             ("core", "pods") => Resource::Pods,

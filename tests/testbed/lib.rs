@@ -7,12 +7,15 @@
 //! namespaces (and with them every interface inside), and child processes.
 //! Nothing is ever created in, or connected to, the root namespace.
 
+pub mod alarm_rounds;
+pub mod alerting;
 pub mod bed;
 pub mod bed6;
 pub mod bench;
 pub mod cluster_bed;
 pub mod container;
 pub mod daemon;
+pub mod dashboard;
 pub mod deploy;
 pub mod fake_api;
 pub mod frames;
@@ -24,6 +27,7 @@ mod neigh;
 pub mod netns;
 pub mod packet;
 pub mod promtool;
+pub mod quoted;
 pub mod scrape;
 pub mod segment;
 pub mod stale_client;

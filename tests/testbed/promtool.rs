@@ -74,6 +74,63 @@ pub fn series(samples: &[Sample], step: Duration) -> BTreeMap<String, BTreeMap<u
     out
 }
 
+/// How often promtool evaluates the rules: an alert at an evaluation time
+/// is what the last evaluation at or before it found.
+pub const EVALUATION_INTERVAL: Duration = Duration::from_secs(15);
+
+/// Series by name (`name{labels}`), each its value at each step.
+pub type Series = BTreeMap<String, BTreeMap<usize, f64>>;
+
+/// Whether a series is a counter's (or a histogram's part): it only grows.
+pub fn counter_like(name: &str) -> bool {
+    let metric = name.split("{").next().unwrap_or(name);
+    ["_total", "_bucket", "_count", "_sum"]
+        .iter()
+        .any(|s| metric.ends_with(s))
+}
+
+/// How much each series of `input` that `grows` names grew per step over
+/// its last `tail` steps: what a steady state adds per step after the last
+/// scrape, when a scenario's few seconds stand for the minutes a rule's
+/// window and `for:` need (a counter that went down, a restart, counts from
+/// after it).
+pub fn slopes(input: &Series, tail: usize, grows: impl Fn(&str) -> bool) -> BTreeMap<String, f64> {
+    let mut out = BTreeMap::new();
+    for (name, values) in input.iter().filter(|(n, _)| grows(n)) {
+        let Some((&end, &last)) = values.iter().next_back() else {
+            continue;
+        };
+        let window: Vec<(usize, f64)> = (values.range(end.saturating_sub(tail)..=end))
+            .map(|(k, v)| (*k, *v))
+            .collect();
+        // From the last reset on.
+        let from = (window.windows(2).rposition(|w| w[1].1 < w[0].1)).map_or(0, |i| i + 1);
+        let (first, v0) = window[from];
+        if end > first && last > v0 {
+            out.insert(name.clone(), (last - v0) / (end - first) as f64);
+        }
+    }
+    out
+}
+
+/// What promtool replays: the series, held to `until` after their last
+/// scrape (or going on by their slope, per step).
+pub struct Timeline<'a> {
+    pub input: &'a Series,
+    pub slopes: &'a BTreeMap<String, f64>,
+    pub step: Duration,
+    pub until: Duration,
+}
+
+/// A PromQL expression expected to give exactly `samples` (labels as
+/// promtool writes them, `{a="b"}`, and value) at `at`.
+#[derive(Debug, Clone)]
+pub struct ExprExpect {
+    pub at: Duration,
+    pub expr: String,
+    pub samples: Vec<(String, f64)>,
+}
+
 /// One alert expected at one evaluation time (no `exp`: none firing).
 #[derive(Debug, Clone)]
 pub struct Expect {
@@ -93,11 +150,33 @@ pub fn test(
     until: Duration,
     expect: &[Expect],
 ) -> Result<()> {
+    let held = BTreeMap::new();
+    let t = Timeline {
+        input,
+        slopes: &held,
+        step,
+        until,
+    };
+    run(dir, spec, &t, expect, &[])
+}
+
+/// `promtool test rules` on `spec` replaying `t`, with the alerts and the
+/// expressions expected; Err: promtool's words.
+pub fn run(
+    dir: &Path,
+    spec: &Value,
+    t: &Timeline,
+    expect: &[Expect],
+    exprs: &[ExprExpect],
+) -> Result<()> {
     std::fs::create_dir_all(dir)?;
     std::fs::write(dir.join("rules.json"), serde_json::to_string(spec)?)?;
-    let last = (until.as_secs_f64() / step.as_secs_f64()).ceil() as usize;
-    let input_series: Vec<Value> = (input.iter())
-        .map(|(name, values)| json!({"series": name, "values": values_text(values, last)}))
+    let last = (t.until.as_secs_f64() / t.step.as_secs_f64()).ceil() as usize;
+    let input_series: Vec<Value> = (t.input.iter())
+        .map(|(name, values)| {
+            let slope = t.slopes.get(name).copied().unwrap_or(0.0);
+            json!({"series": name, "values": values_text(values, last, slope)})
+        })
         .collect();
     let secs = |d: Duration| format!("{}s", d.as_secs());
     let tests: Vec<Value> = (expect.iter())
@@ -108,13 +187,22 @@ pub fn test(
             json!({"eval_time": secs(e.at), "alertname": e.alert, "exp_alerts": alerts})
         })
         .collect();
+    let exprs: Vec<Value> = (exprs.iter())
+        .map(|e| {
+            let samples: Vec<Value> = (e.samples.iter())
+                .map(|(labels, value)| json!({"labels": labels, "value": value}))
+                .collect();
+            json!({"expr": e.expr, "eval_time": secs(e.at), "exp_samples": samples})
+        })
+        .collect();
     let file = json!({
         "rule_files": ["rules.json"],
-        "evaluation_interval": "15s",
+        "evaluation_interval": format!("{}s", EVALUATION_INTERVAL.as_secs()),
         "tests": [{
-            "interval": format!("{}ms", step.as_millis()),
+            "interval": format!("{}ms", t.step.as_millis()),
             "input_series": input_series,
             "alert_rule_test": tests,
+            "promql_expr_test": exprs,
         }],
     });
     let path = dir.join("test.json");
@@ -136,18 +224,22 @@ pub fn test(
 }
 
 /// A series' values from step 0 to `last`: `_` where it was not scraped,
-/// then its last value held to the end.
-fn values_text(values: &BTreeMap<usize, f64>, last: usize) -> String {
+/// then its last value held to the end (growing by `slope` per step).
+fn values_text(values: &BTreeMap<usize, f64>, last: usize, slope: f64) -> String {
     let end = values.keys().next_back().copied().unwrap_or(0);
     let mut out: Vec<String> = (0..=end)
         .map(|i| values.get(&i).map_or_else(|| "_".to_owned(), |v| num(*v)))
         .collect();
     if last > end {
-        let v = values.get(&end).map_or_else(|| "_".to_owned(), |v| num(*v));
-        out.push(format!("{v}+0x{}", last - end - 1));
-        if v == "_" {
-            out.pop();
-            out.push(format!("_x{}", last - end));
+        match values.get(&end) {
+            Some(v) if v.is_finite() => out.push(format!(
+                "{}+{}x{}",
+                num(v + slope),
+                num(slope),
+                last - end - 1
+            )),
+            Some(v) => out.push(format!("{}+0x{}", num(*v), last - end - 1)),
+            None => out.push(format!("_x{}", last - end)),
         }
     }
     out.join(" ")
@@ -190,7 +282,11 @@ mod tests {
             x.iter().map(|(k, v)| (*k, *v)).collect::<Vec<_>>(),
             [(0, 1.0), (2, 3.0)]
         );
-        assert_eq!(values_text(x, 5), "1 _ 3 3+0x2");
+        assert_eq!(values_text(x, 5, 0.0), "1 _ 3 3+0x2");
+        assert_eq!(values_text(x, 5, 0.5), "1 _ 3 3.5+0.5x2");
+        let grown = slopes(&got, 10, counter_like);
+        assert_eq!(grown.len(), 1, "{grown:?}");
+        assert_eq!(grown.values().next(), Some(&1.0));
         assert!(got.contains_key("y{instance=\"node-a\",job=\"arp-guard\"}"));
     }
 }

@@ -24,6 +24,7 @@ use crate::suite::Exe;
 pub const SLOW_FIRST: &[&str] = &[
     "image",
     "alarms",
+    "alarms_restart",
     "cluster",
     "incluster",
     "takeover_rounds",

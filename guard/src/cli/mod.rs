@@ -5,6 +5,7 @@ mod cluster_args;
 mod config;
 mod doctor;
 mod events_args;
+mod parse;
 mod probe;
 mod tool_args;
 
@@ -20,6 +21,8 @@ use guard_common::{LeakAction, Mode};
 pub use crate::daemon::config::OnExit;
 use crate::sources::file::DEFAULT_MAX_BYTES;
 
+use parse::parse_listen;
+pub use parse::{parse_duration, Listen};
 pub use probe::{ConnectTarget, NeighArg, ProbeArgs};
 
 #[derive(Debug, Parser)]
@@ -148,8 +151,21 @@ pub struct RunArgs {
     #[command(flatten)]
     pub kube_events: events_args::KubeEventsArgs,
 
-    /// Interface whose egress is guarded (the node's uplink). Repeat for several.
-    #[arg(short = 'i', long = "interface", value_name = "IFACE", required = true)]
+    /// Interfaces whose egress is guarded (the node's uplinks): a name, a
+    /// glob (`ens*`, `bond0.*`), or `auto`: the devices of the default
+    /// routes, the one holding the Node's InternalIP, and those the
+    /// announcers' objects name (MetalLB L2Advertisement and
+    /// CiliumL2AnnouncementPolicy `interfaces`), an upper device (bond,
+    /// bridge) rather than its slaves, never tunnels, dummies, Pods' veths or
+    /// CNI devices; followed as links, addresses and routes change. Repeat
+    /// or mix (`-i auto,eno2`).
+    #[arg(
+        short = 'i',
+        long = "interface",
+        value_name = "IFACE",
+        default_value = "auto",
+        value_delimiter = ','
+    )]
     pub uplinks: Vec<String>,
 
     /// This node's name as the ownership sources spell it (Kubernetes node name).
@@ -456,43 +472,6 @@ pub enum AttachArg {
     Netlink,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Listen {
-    Off,
-    On(std::net::SocketAddr),
-}
-
-impl Listen {
-    pub fn addr(self) -> Option<std::net::SocketAddr> {
-        match self {
-            Listen::On(a) => Some(a),
-            Listen::Off => None,
-        }
-    }
-}
-
-fn parse_listen(s: &str) -> Result<Listen, String> {
-    if s == "none" || s == "off" {
-        return Ok(Listen::Off);
-    }
-    s.parse()
-        .map(Listen::On)
-        .map_err(|e| format!("`{s}`: {e} (use ADDR:PORT or none)"))
-}
-
-/// `500ms`, `5s`, `2m`, `1h 30m` (jiff's friendly format), or a bare
-/// number of seconds.
-pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    let s = s.trim();
-    if let Ok(secs) = s.parse::<u64>() {
-        return Ok(Duration::from_secs(secs));
-    }
-    let d: jiff::SignedDuration = s
-        .parse()
-        .map_err(|e| format!("`{s}` is not a duration like 500ms, 5s or 2m ({e})"))?;
-    Duration::try_from(d).map_err(|e| format!("`{s}`: {e}"))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -517,7 +496,8 @@ mod tests {
     }
 
     /// The shipped RBAC grants exactly what the feed watches, what Events on
-    /// Services need, and Nodes for presence's coverage (the rendered
+    /// Services need, Nodes for presence's coverage, and what `--interface
+    /// auto` reads (its Node, the announcers' interfaces) (the rendered
     /// manifests are checked against the CLI in tests/manifests.rs).
     #[test]
     fn rbac_grants_exactly_what_the_feed_watches_and_events_need() {
@@ -545,10 +525,12 @@ mod tests {
         assert_eq!(
             grants,
             [
-                "/nodes: list".to_owned(),
+                "/nodes: get,list".to_owned(),
                 "/services: get,list,watch".into(),
+                "cilium.io/ciliuml2announcementpolicies: list,watch".into(),
                 "coordination.k8s.io/leases: get,list,watch".into(),
                 "events.k8s.io/events: create,patch".into(),
+                "metallb.io/l2advertisements: list,watch".into(),
                 format!("{}/{}: list,watch", l2.group, l2.plural)
             ]
         );
@@ -579,9 +561,22 @@ mod tests {
     }
 
     #[test]
-    fn run_needs_an_interface() {
-        let err =
-            Cli::try_parse_from(["arp-guard", "run", "--lb-ips-from", "kube-ipvs0"]).unwrap_err();
-        assert!(err.to_string().contains("--interface"), "{err}");
+    fn the_uplinks_are_chosen_automatically_unless_named() {
+        let uplinks = |args: &[&str]| match Cli::try_parse_from(args).unwrap().command {
+            Command::Run(r) => r.uplinks,
+            _ => unreachable!("run"),
+        };
+        assert_eq!(
+            uplinks(&["arp-guard", "run", "--lb-ips-from", "kube-ipvs0"]),
+            ["auto"]
+        );
+        assert_eq!(
+            uplinks(&["arp-guard", "run", "-i", "eno1", "-i", "auto"]),
+            ["eno1", "auto"]
+        );
+        assert_eq!(
+            uplinks(&["arp-guard", "run", "-i", "auto,eno2"]),
+            ["auto", "eno2"]
+        );
     }
 }

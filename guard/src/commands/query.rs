@@ -176,8 +176,9 @@ fn takeover_cell(t: &crate::model::takeover::TakeoverRecord) -> String {
 /// Attachments, feed and LB IP counts of `status`.
 fn print_state(st: &DaemonStatus, census_on: bool) {
     for i in &st.interfaces {
+        let why: Vec<&str> = i.chosen_by.iter().map(|c| c.text.as_str()).collect();
         println!(
-            "  interface {:<12} {:<9} {}{}",
+            "  interface {:<12} {:<9} {}{}{}",
             i.name,
             i.state.as_str(),
             i.detail,
@@ -187,6 +188,11 @@ fn print_state(st: &DaemonStatus, census_on: bool) {
                 (None, true) if i.state == InterfaceState::Attached =>
                     "  census not attached (see the log)".into(),
                 _ => String::new(),
+            },
+            if why.is_empty() {
+                String::new()
+            } else {
+                format!("  chosen: {}", why.join("; "))
             }
         );
     }

@@ -1,47 +1,31 @@
-//! Which interfaces are guarded, as links come and go.
+//! Which interfaces are guarded, as links, addresses and routes come and go.
 //!
-//! `--interface` takes names or glob patterns (`eth*`, `bond0.*`, `en?1`).
-//! Every change of the link table is compared with what is attached: a
-//! matching interface that appears (also re-created with a new ifindex, or
-//! renamed into a pattern) gets the program; one that disappears or is
-//! renamed away is forgotten or detached. A pattern that matches nothing is a
-//! warning, not an error: the interface may come later.
+//! The choice is `model::uplinks`' (names and globs of `--interface`, and
+//! with `auto` the devices the node's routes, its Node address and the
+//! announcers' objects point at). This keeps the program attached where
+//! the choice says: a device that joins the choice gets the program (also
+//! re-created with a new ifindex, or renamed into a pattern) before one that
+//! leaves it loses it, so that a change of uplink never leaves a moment
+//! when neither is guarded; one that disappears is forgotten. A pattern that
+//! matches nothing is a warning, not an error: the interface may come later.
 
 use std::collections::BTreeMap;
 
+use tokio::sync::watch;
+
+use super::RunConfig;
 use crate::{
     datapath::{
         attach::{AttachHow, AttachMode},
         Datapath,
     },
-    model::addrs::AddrTable,
-    telemetry::status::{Interface, InterfaceState},
+    model::{
+        addrs::AddrTable,
+        uplinks::{self, Ask, Choice, Hints},
+    },
+    sources::{cluster::store::Announcer, uplink_hints},
+    telemetry::status::{ChosenBy, Interface, InterfaceState},
 };
-
-/// `*` matches any run of characters, `?` one character; everything else itself.
-pub fn glob(pattern: &str, name: &str) -> bool {
-    fn m(p: &[u8], n: &[u8]) -> bool {
-        match (p.first(), n.first()) {
-            (None, None) => true,
-            (Some(b'*'), _) => m(&p[1..], n) || (!n.is_empty() && m(p, &n[1..])),
-            (Some(b'?'), Some(_)) => m(&p[1..], &n[1..]),
-            (Some(a), Some(b)) if a == b => m(&p[1..], &n[1..]),
-            _ => false,
-        }
-    }
-    m(pattern.as_bytes(), name.as_bytes())
-}
-
-/// Interfaces of `table` that some pattern names, except those excluded
-/// (the LB IP source interfaces, which never answer the segment).
-pub fn wanted(patterns: &[String], exclude: &[String], table: &AddrTable) -> BTreeMap<String, u32> {
-    table
-        .links
-        .iter()
-        .filter(|(name, _)| !exclude.contains(name) && patterns.iter().any(|p| glob(p, name)))
-        .map(|(n, i)| (n.clone(), *i))
-        .collect()
-}
 
 /// One interface the guard is attached to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -52,46 +36,54 @@ pub struct Attached {
     pub census: Option<AttachHow>,
 }
 
-/// What is attached where, kept equal to [`wanted`].
+/// What is attached where, kept equal to the choice.
 #[derive(Debug)]
 pub struct Attachments {
-    /// `--interface` patterns, the interfaces excluded from them, and how to attach.
-    patterns: Vec<String>,
-    exclude: Vec<String>,
+    ask: Ask,
     how: AttachMode,
+    /// The uplinks as last chosen.
+    pub choice: Choice,
     /// Interface name -> where and how the guard is attached.
     pub attached: BTreeMap<String, Attached>,
-    /// Patterns that matched nothing at the last sync (shown in the status).
-    pub missing: Vec<String>,
     /// Interfaces whose attach failed at the last sync, with why.
     pub failed: BTreeMap<String, String>,
 }
 
 impl Attachments {
-    pub fn new(patterns: &[String], exclude: &[String], how: AttachMode) -> Self {
+    pub fn new(values: &[String], exclude: &[String], how: AttachMode) -> Self {
         Attachments {
-            patterns: patterns.to_vec(),
-            exclude: exclude.to_vec(),
+            ask: Ask::new(values, exclude),
             how,
+            choice: Choice::default(),
             attached: BTreeMap::new(),
-            missing: Vec::new(),
             failed: BTreeMap::new(),
         }
     }
 
-    /// Attach to what appeared, forget what vanished, detach what no longer matches.
+    /// Choose the uplinks again from `table` and `hints` (pure: nothing is
+    /// attached yet); whether the choice changed. Said in the log when it does.
+    pub fn choose(&mut self, table: &AddrTable, hints: &Hints) -> bool {
+        let next = uplinks::choose(&self.ask, table, hints, &self.choice);
+        if next == self.choice {
+            return false;
+        }
+        say_changes(&self.choice, &next);
+        self.choice = next;
+        true
+    }
+
+    /// Attach where the choice says (new ones first), then take the
+    /// program off what left it.
     pub fn sync(&mut self, dp: &mut Datapath, table: &AddrTable) {
-        let want = wanted(&self.patterns, &self.exclude, table);
-        // Renamed within the patterns: the same device (ifindex), a new name.
-        // Only the record changes; the attachment is untouched.
-        let renamed: Vec<(String, String)> = self
-            .attached
-            .iter()
-            .filter(|(name, a)| !want.contains_key(*name) && want.values().any(|i| *i == a.ifindex))
+        // Renamed: the same device (ifindex) under a new name. Only the
+        // record changes; the attachment is untouched.
+        let by_index: BTreeMap<u32, String> = (self.choice.uplinks.iter())
+            .map(|(n, u)| (u.ifindex, n.clone()))
+            .collect();
+        let renamed: Vec<(String, String)> = (self.attached.iter())
             .filter_map(|(old, a)| {
-                want.iter()
-                    .find(|(_, i)| **i == a.ifindex)
-                    .map(|(new, _)| (old.clone(), new.clone()))
+                let new = by_index.get(&a.ifindex)?;
+                (new != old).then(|| (old.clone(), new.clone()))
             })
             .collect();
         for (old, new) in renamed {
@@ -100,68 +92,66 @@ impl Attachments {
                 self.attached.insert(new, rec);
             }
         }
-        // Gone, re-created (new ifindex) or renamed away.
-        let stale: Vec<(String, u32)> = self
-            .attached
-            .iter()
-            .filter(|(name, a)| want.get(*name) != Some(&a.ifindex))
-            .map(|(n, a)| (n.clone(), a.ifindex))
+        // What left the choice: gone, re-created (a new ifindex) or no
+        // longer chosen. Taken off only after the new ones are on.
+        let leaving: Vec<(String, Attached)> = (self.attached.iter())
+            .filter(|(name, a)| {
+                self.choice.uplinks.get(*name).map(|u| u.ifindex) != Some(a.ifindex)
+            })
+            .map(|(n, a)| (n.clone(), *a))
             .collect();
-        for (name, ifindex) in stale {
-            self.attached.remove(&name);
-            let still_there = table.links.values().any(|i| *i == ifindex);
-            if still_there {
-                // Renamed to a name no pattern matches: take the program off.
-                match dp.detach(ifindex) {
+        for (name, _) in &leaving {
+            self.attached.remove(name);
+        }
+        self.attach_new(dp);
+        for (name, a) in leaving {
+            let still_there = table.links.values().any(|i| *i == a.ifindex);
+            if !still_there {
+                // The kernel removed the attachment with the device.
+                dp.forget(a.ifindex);
+                tracing::warn!(interface = %name, "guarded interface disappeared; it gets the guard again if it comes back");
+            } else if self.attached.values().any(|b| b.ifindex == a.ifindex) {
+                // Re-attached under its new name in this very sync.
+            } else {
+                match dp.detach(a.ifindex) {
                     Ok(()) => {
-                        tracing::info!(interface = %name, "interface no longer matches --interface; guard detached")
+                        tracing::info!(interface = %name, "interface is no longer an uplink; guard detached")
                     }
                     Err(e) => {
                         tracing::warn!(interface = %name, error = %format!("{e:#}"), "detach failed")
                     }
                 }
-            } else {
-                // The kernel removed the attachment with the device.
-                dp.forget(ifindex);
-                tracing::warn!(interface = %name, "guarded interface disappeared; it gets the guard again if it comes back");
             }
         }
-        self.attach_new(dp, &want);
-        let missing: Vec<String> = self
-            .patterns
-            .iter()
-            .filter(|p| !want.keys().any(|n| glob(p, n)))
-            .cloned()
-            .collect();
-        for p in missing.iter().filter(|p| !self.missing.contains(p)) {
-            tracing::warn!(interface = %p, "no interface matches --interface {p} (yet); it is guarded as soon as it appears");
-        }
-        self.missing = missing;
     }
 
-    /// Attach to the wanted interfaces that are not attached yet.
-    fn attach_new(&mut self, dp: &mut Datapath, want: &BTreeMap<String, u32>) {
+    /// Attach to the chosen interfaces that are not attached yet.
+    fn attach_new(&mut self, dp: &mut Datapath) {
         self.failed.clear();
-        for (name, ifindex) in want {
-            if self.attached.contains_key(name) {
+        let chosen: Vec<(String, u32)> = (self.choice.uplinks.iter())
+            .map(|(n, u)| (n.clone(), u.ifindex))
+            .collect();
+        for (name, ifindex) in chosen {
+            if self.attached.contains_key(&name) {
                 continue;
             }
-            match dp.attach(name, self.how) {
+            match dp.attach(&name, self.how) {
                 Ok(h) => {
                     tracing::info!(interface = %name, attach = h.as_str(), "guard attached to egress");
-                    let census = attach_census(dp, name, *ifindex, self.how);
+                    let census = attach_census(dp, &name, ifindex, self.how);
+                    let how = h;
                     self.attached.insert(
-                        name.clone(),
+                        name,
                         Attached {
-                            ifindex: *ifindex,
-                            how: h,
+                            ifindex,
+                            how,
                             census,
                         },
                     );
                 }
                 Err(e) => {
                     tracing::error!(interface = %name, error = %format!("{e:#}"), "cannot attach the guard; will retry on the next link change");
-                    self.failed.insert(name.clone(), format!("{e:#}"));
+                    self.failed.insert(name, format!("{e:#}"));
                 }
             }
         }
@@ -169,40 +159,130 @@ impl Attachments {
 
     /// Each interface as the status shows it.
     pub fn status(&self) -> Vec<Interface> {
+        let why = |name: &str| -> Vec<ChosenBy> {
+            (self.choice.uplinks.get(name).into_iter())
+                .flat_map(|u| u.why.iter())
+                .map(|w| ChosenBy {
+                    kind: w.label().into(),
+                    text: w.to_string(),
+                })
+                .collect()
+        };
         let attached = self.attached.iter().map(|(n, a)| Interface {
             name: n.clone(),
             state: InterfaceState::Attached,
             detail: a.how.as_str().into(),
             census: a.census.map(|h| h.as_str().into()),
+            chosen_by: why(n),
         });
-        let missing = self.missing.iter().map(|p| Interface {
+        let missing = self.choice.missing.iter().map(|p| Interface {
             name: p.clone(),
             state: InterfaceState::Missing,
             detail: String::new(),
             census: None,
+            chosen_by: Vec::new(),
         });
-        let failed = self.failed.iter().map(|(n, why)| Interface {
+        let none_found = self.choice.none_found.iter().map(|said| Interface {
+            name: uplinks::AUTO.into(),
+            state: InterfaceState::Missing,
+            detail: said.clone(),
+            census: None,
+            chosen_by: Vec::new(),
+        });
+        let failed = self.failed.iter().map(|(n, why_not)| Interface {
             name: n.clone(),
             state: InterfaceState::Failed,
-            detail: why.clone(),
+            detail: why_not.clone(),
             census: None,
+            chosen_by: why(n),
         });
-        attached.chain(missing).chain(failed).collect()
+        let skipped = self.choice.left_out.iter().map(|(n, why_not)| Interface {
+            name: n.clone(),
+            state: InterfaceState::Skipped,
+            detail: why_not.clone(),
+            census: None,
+            chosen_by: Vec::new(),
+        });
+        (attached
+            .chain(missing)
+            .chain(none_found)
+            .chain(failed)
+            .chain(skipped))
+        .collect()
     }
 
     /// Why the daemon is not ready, as far as attachments go.
     pub fn not_ready(&self) -> Vec<String> {
         let mut out = Vec::new();
-        for p in &self.missing {
+        for p in &self.choice.missing {
             out.push(format!("no interface matches --interface {p}"));
         }
         for (i, why) in &self.failed {
             out.push(format!("attach to {i} failed: {why}"));
         }
         if self.attached.is_empty() {
-            out.push("attached to no interface".into());
+            match &self.choice.none_found {
+                Some(said) => out.push(said.clone()),
+                None => out.push("attached to no interface".into()),
+            }
         }
         out
+    }
+}
+
+/// With `--interface auto` and the API: the Node's addresses and the
+/// announcers' named interfaces, followed on a task of their own (the
+/// routes choose until they come).
+pub(super) fn hints(
+    cfg: &RunConfig,
+    node: &str,
+) -> Option<watch::Receiver<crate::model::uplinks::Hints>> {
+    let auto = cfg
+        .daemon
+        .uplinks
+        .iter()
+        .any(|u| u == crate::model::uplinks::AUTO);
+    let cluster = cfg.sources.cluster.as_ref().filter(|_| auto)?;
+    let announcers = &cluster.feed.announcers;
+    Some(uplink_hints::spawn(uplink_hints::HintsConfig {
+        kubeconfig: cluster.kubeconfig.clone(),
+        node: node.to_owned(),
+        metallb: announcers.iter().find_map(|a| match a {
+            Announcer::MetalLb { namespace } => Some(namespace.clone()),
+            _ => None,
+        }),
+        cilium: (announcers.iter()).any(|a| matches!(a, Announcer::Cilium { .. })),
+    }))
+}
+
+/// Log what joined and left the uplinks, each with why; a pattern that
+/// newly matches nothing; `auto` finding nothing.
+fn say_changes(before: &Choice, next: &Choice) {
+    for (name, up) in &next.uplinks {
+        if before.uplinks.get(name).map(|u| &u.why) != Some(&up.why) {
+            tracing::info!(interface = %name, because = %up.because(), "uplink chosen");
+        }
+    }
+    for name in before
+        .uplinks
+        .keys()
+        .filter(|n| !next.uplinks.contains_key(*n))
+    {
+        let why = next
+            .left_out
+            .get(name)
+            .map_or("gone or no longer pointed at", String::as_str);
+        tracing::info!(interface = %name, why, "no longer an uplink");
+    }
+    for p in next.missing.iter().filter(|p| !before.missing.contains(p)) {
+        tracing::warn!(interface = %p, "no interface matches --interface {p} (yet); it is guarded as soon as it appears");
+    }
+    if let Some(said) = next
+        .none_found
+        .as_ref()
+        .filter(|s| before.none_found.as_ref() != Some(*s))
+    {
+        tracing::error!("{said}");
     }
 }
 
@@ -227,37 +307,5 @@ fn attach_census(
             tracing::warn!(interface = %iface, error = %format!("{e:#}"), "the census cannot attach here; guarding without it");
             None
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn globs() {
-        assert!(glob("eth0", "eth0"));
-        assert!(!glob("eth0", "eth01"));
-        assert!(glob("eth*", "eth0") && glob("eth*", "eth") && !glob("eth*", "veth0"));
-        assert!(glob("bond0.*", "bond0.100") && !glob("bond0.*", "bond0"));
-        assert!(glob("en?1", "enp1") && !glob("en?1", "en1"));
-        assert!(glob("*", "anything") && glob("*0", "eth0"));
-    }
-
-    #[test]
-    fn wanted_follows_the_table() {
-        let mut t = AddrTable::default();
-        for (n, i) in [("eth0", 2), ("eth1", 3), ("kube-ipvs0", 4), ("lo", 1)] {
-            t.links.insert(n.into(), i);
-        }
-        let w = wanted(
-            &["eth*".into(), "kube-*".into()],
-            &["kube-ipvs0".into()],
-            &t,
-        );
-        assert_eq!(
-            w.into_iter().collect::<Vec<_>>(),
-            vec![("eth0".into(), 2), ("eth1".into(), 3)]
-        );
     }
 }

@@ -7,7 +7,6 @@
 use std::{collections::BTreeSet, net::IpAddr};
 
 use super::{
-    attachments,
     publish::{self, Changed},
     takeover::Transition,
     Daemon, Sources,
@@ -79,11 +78,11 @@ impl Daemon {
         }
     }
 
-    /// The uplinks: the interfaces the guard is (to be) attached to.
-    pub(super) fn uplinks(&self, table: &AddrTable) -> Vec<String> {
-        attachments::wanted(&self.cfg.daemon.uplinks, &self.cfg.sources.lb_ifaces, table)
-            .into_keys()
-            .collect()
+    /// Choose the uplinks again from the table and the cluster's hints;
+    /// whether the choice changed.
+    fn choose_uplinks(&mut self, sources: &mut Sources, table: &AddrTable) -> bool {
+        let hints = (sources.hints.as_mut()).map(|h| h.borrow_and_update().clone());
+        self.attachments.choose(table, &hints.unwrap_or_default())
     }
 
     /// A source published: bring the view and the maps to it, follow links
@@ -102,8 +101,10 @@ impl Daemon {
         let flags = cluster.as_ref().map(|c| (c.synced, c.degraded));
         let unsynced = flags.is_some_and(|(synced, _)| !synced);
         let settling = settling(flags, self.cluster_flags);
-        let full = self.full_next || file_changed || unsynced || flags != self.cluster_flags;
-        let uplinks = self.uplinks(&table);
+        let uplinks_changed = self.choose_uplinks(sources, &table);
+        let full = self.full_next || file_changed || unsynced || uplinks_changed;
+        let full = full || flags != self.cluster_flags;
+        let uplinks = self.attachments.choice.names();
         let claims = cluster.as_ref().map(|c| c.owners.lock());
         let (taken, lost) = self.claims_changed(claims.as_deref());
         let full = full || lost;
@@ -156,9 +157,9 @@ impl Daemon {
                 );
             }
         }
-        // Interfaces that appeared, vanished or were renamed (after the maps
-        // know their addresses).
-        if table.links != self.links {
+        // Uplinks that joined or left the choice, interfaces that appeared,
+        // vanished or were renamed (after the maps know their addresses).
+        if uplinks_changed || table.links != self.links {
             self.attachments.sync(&mut self.dp, &table);
             self.links = table.links.clone();
         }

@@ -51,6 +51,9 @@ struct Sources {
     file: Option<watch::Receiver<OwnershipFile>>,
     /// None without an announcer that reads the API.
     cluster: Option<watch::Receiver<ClusterView>>,
+    /// What the cluster says of this node's uplinks (None: no API, or no
+    /// `--interface auto`).
+    hints: Option<watch::Receiver<crate::model::uplinks::Hints>>,
 }
 
 /// Signals and timers the loop waits on.
@@ -253,7 +256,7 @@ impl Daemon {
     /// The view from the file and the interfaces (at start, before the
     /// cluster feed has anything to say).
     fn derive(&self, file: Option<&OwnershipFile>, table: &AddrTable) -> View {
-        let uplinks = self.uplinks(table);
+        let uplinks = self.attachments.choice.names();
         crate::model::view::compute(&crate::model::view::Inputs {
             node: &self.node,
             file,
@@ -270,9 +273,12 @@ impl Daemon {
     }
 
     /// A node name that matches no lease holder or announcing node is most
-    /// likely a NODE_NAME typo: said once.
+    /// likely a NODE_NAME typo: said once (the metric
+    /// `arp_guard_node_name_unmatched` says it as long as it lasts).
     fn warn_once_if_node_unknown(&mut self, c: &ClusterView) {
-        if self.node_warned || !c.synced || c.holders.is_empty() || c.holders.contains(&self.node) {
+        let guards = (self.shared.read().presence.as_ref()).map(|p| p.table.clone());
+        let unmatched = crate::telemetry::status::node_unmatched(c, &self.node, guards.as_deref());
+        if self.node_warned || !unmatched {
             return;
         }
         self.node_warned = true;
@@ -344,6 +350,9 @@ async fn next_event(i: &mut Inputs) -> Event {
             Ok(()) => Event::SourceChanged(false),
             Err(_) => Event::SourceStopped("the Kubernetes feed"),
         },
+        // The hints' task ends when it has nothing more to follow: the
+        // choice keeps the last hints.
+        Ok(()) = changed(i.sources.hints.as_mut()) => Event::SourceChanged(false),
         _ = i.heartbeat.tick() => Event::Heartbeat,
         _ = i.reconcile.tick() => Event::Reconcile,
         _ = i.reclaim.tick() => Event::Reclaim,

@@ -37,6 +37,7 @@ impl Daemon {
     /// attachments and feed.
     pub(super) fn publish(&mut self, cluster: Option<&ClusterView>, changed: &Changed) {
         let att = &self.attachments;
+        let guards = (self.shared.read().presence.as_ref()).map(|p| p.table.clone());
         let status = DaemonStatus {
             node: self.node.clone(),
             mode: self.cfg.datapath.mode.as_str().into(),
@@ -44,7 +45,8 @@ impl Daemon {
             lb_ips: Counts::of(&self.view),
             not_enforced: self.dp.not_enforced(),
             map_memory_bytes: self.memlock,
-            feed: cluster.map(|c| FeedHealth::of(&self.announcers, c)),
+            feed: cluster
+                .map(|c| FeedHealth::of(&self.announcers, c, &self.node, guards.as_deref())),
             // The memory watch's sample (set again under the write lock
             // below, where a newer one cannot be overwritten).
             memory: self.shared.read().memory.clone(),

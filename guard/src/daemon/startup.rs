@@ -73,6 +73,7 @@ pub(super) async fn start(cfg: RunConfig) -> Result<(Daemon, Inputs)> {
         None => None,
     };
     let takeover = super::takeover::Takeover::new(&cfg.daemon.takeover)?;
+    let hints = super::attachments::hints(&cfg, &node);
     let mut daemon = Daemon::new(cfg, node, dp, &table, announcers, takeover, ops);
     daemon.enforce(file.as_ref().map(|(f, _)| f), &table, cluster_rx.is_some())?;
     let held = daemon.start_held_reader();
@@ -101,6 +102,7 @@ pub(super) async fn start(cfg: RunConfig) -> Result<(Daemon, Inputs)> {
         addrs: addr_rx,
         file: file_rx,
         cluster: cluster_rx,
+        hints,
     };
     let mut inputs = inputs(&daemon.cfg, sources, signals).await;
     (inputs.held, inputs.heard) = (held, heard);
@@ -233,6 +235,7 @@ impl Daemon {
         table: &AddrTable,
         cluster_on: bool,
     ) -> Result<()> {
+        self.attachments.choose(table, &Default::default());
         let mut view = self.derive(file, table);
         if cluster_on {
             view.hold_previous(|ip| self.dp.map_state(ip));

@@ -16,7 +16,7 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 pub enum DatapathError {
     #[error("interface {0} not found in this network namespace")]
     NoInterface(String),
-    #[error("the kernel refused to load the BPF program: run as root or with CAP_BPF, CAP_NET_ADMIN and CAP_PERFMON (before Linux 5.11 BPF memory also counts against RLIMIT_MEMLOCK: raise it, e.g. LimitMEMLOCK=infinity for the container runtime, or add CAP_SYS_RESOURCE)")]
+    #[error("the kernel refused to load the BPF program: run as root or with CAP_BPF, CAP_NET_ADMIN and CAP_PERFMON (before Linux 5.11 BPF memory also counts against RLIMIT_MEMLOCK: raise it for the container runtime, e.g. LimitMEMLOCK=infinity in containerd's systemd unit; a seccomp profile that denies bpf(2) fails the same way)")]
     LoadNotPermitted(#[source] BoxError),
     #[error("this kernel has no BPF support (bpf() returned ENOSYS)")]
     NoBpf(#[source] BoxError),
@@ -67,7 +67,7 @@ pub enum DatapathError {
     PinsLocked { dir: String, pid: Option<u32> },
     #[error("--pin-dir {0}: not on a bpffs (mount one: mount -t bpf bpf /sys/fs/bpf)")]
     NotBpffs(String),
-    #[error("{dir} is not a bpffs and mounting one failed")]
+    #[error("{dir} is not a bpffs and mounting one there failed: mount it on the node (mount -t bpf bpf {dir})")]
     MountBpffs {
         dir: String,
         #[source]

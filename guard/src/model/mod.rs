@@ -14,6 +14,7 @@ pub mod probing;
 pub mod refresh;
 pub mod takeover;
 pub mod text;
+pub mod uplinks;
 pub mod view;
 
 /// A MAC address as every output of arp-guard writes it: `aa:bb:cc:dd:ee:ff`.

@@ -16,7 +16,9 @@ use super::{
     cluster::ClusterReads,
     fanout::{NodeAnswer, Unanswered},
 };
-use crate::{api::types::StatusDoc, model::takeover::TakeoverRecord};
+use crate::{
+    api::types::StatusDoc, model::takeover::TakeoverRecord, telemetry::status::InterfaceState,
+};
 
 /// The whole cluster's status.
 #[derive(Debug, Clone, Serialize)]
@@ -96,6 +98,12 @@ pub struct GuardStatus {
     /// Why it has no answer (None: it answered).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub unanswered: Option<Unanswered>,
+    /// The interfaces it guards, each with why: `eno1 (default route)`.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub uplinks: Vec<String>,
+    /// Why it says it is not ready (an uplink not found, its feed not synced).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub not_ready: Vec<String>,
 }
 
 impl IpStatus {
@@ -199,6 +207,28 @@ fn guards(reads: &ClusterReads, answers: &[NodeAnswer<StatusDoc>]) -> Vec<GuardS
                 version,
                 image: reads.pods.get(&a.node).and_then(|p| p.image.clone()),
                 unanswered: a.answer.as_ref().err().cloned(),
+                uplinks: doc.map(uplinks).unwrap_or_default(),
+                not_ready: doc.map(|d| d.not_ready.clone()).unwrap_or_default(),
+            }
+        })
+        .collect()
+}
+
+/// A guard's attached interfaces, each with why it chose it.
+fn uplinks(d: &StatusDoc) -> Vec<String> {
+    let interfaces = d
+        .status
+        .as_ref()
+        .map(|s| s.interfaces.as_slice())
+        .unwrap_or_default();
+    (interfaces.iter())
+        .filter(|i| i.state == InterfaceState::Attached)
+        .map(|i| {
+            let why: Vec<&str> = i.chosen_by.iter().map(|c| c.text.as_str()).collect();
+            if why.is_empty() {
+                i.name.clone()
+            } else {
+                format!("{} ({})", i.name, why.join("; "))
             }
         })
         .collect()
@@ -332,7 +362,7 @@ pub fn table(s: &ClusterStatus, wide: bool, now_unix: u64) -> String {
     }
     out.push_str(&super::output::columns(&rows));
     out.push('\n');
-    out.push_str(&guards_summary(s));
+    out.push_str(&guards_summary(s, wide));
     out
 }
 
@@ -391,7 +421,7 @@ fn warnings_cell(i: &IpStatus) -> String {
 
 /// The guards in a few lines: how many answered, on which versions, and
 /// every one that did not, with why.
-fn guards_summary(s: &ClusterStatus) -> String {
+fn guards_summary(s: &ClusterStatus, wide: bool) -> String {
     let answered = s.guards.iter().filter(|g| g.unanswered.is_none()).count();
     let versions: Vec<String> = (s.versions.iter())
         .map(|(v, n)| format!("{v} x{n}"))
@@ -411,11 +441,26 @@ fn guards_summary(s: &ClusterStatus) -> String {
     for g in &s.guards {
         if let Some(u) = &g.unanswered {
             out.push_str(&format!("  {}: {u}\n", g.node));
-        } else if g.ready == Some(false) {
-            out.push_str(&format!(
-                "  {}: answered, but its Pod is not Ready\n",
-                g.node
-            ));
+        } else if g.ready == Some(false) || !g.not_ready.is_empty() {
+            let why = if g.not_ready.is_empty() {
+                String::new()
+            } else {
+                format!(": {}", g.not_ready.join("; "))
+            };
+            let who = if g.ready == Some(false) {
+                "its Pod is not Ready"
+            } else {
+                "it says it is not ready"
+            };
+            out.push_str(&format!("  {}: answered, but {who}{why}\n", g.node));
+        }
+        if wide && g.unanswered.is_none() {
+            let ups = if g.uplinks.is_empty() {
+                "none".to_owned()
+            } else {
+                g.uplinks.join(", ")
+            };
+            out.push_str(&format!("  {}: guards {ups}\n", g.node));
         }
     }
     out

@@ -1,8 +1,10 @@
 //! The kernel's interfaces and their addresses (IPv4, and global IPv6),
-//! kept current through rtnetlink. One table serves three needs: LB IPs read
-//! from an interface (`--lb-ips-from kube-ipvs0`: both families), the "LB IP
-//! is on the egress interface" rule and the primary IPv4 an announce leak is
-//! rewritten to (IPv4 only: NDP has neither).
+//! their kinds and the default routes, kept current through rtnetlink. One
+//! table serves four needs: LB IPs read from an interface (`--lb-ips-from
+//! kube-ipvs0`: both families), the "LB IP is on the egress interface" rule,
+//! the primary IPv4 an announce leak is rewritten to (IPv4 only: NDP has
+//! neither), and `--interface auto`'s choice of uplinks (kinds, bonds'
+//! slaves, default routes).
 //!
 //! Notifications are applied as they come (one address or link each), so an
 //! address kube-vip or kube-proxy adds reaches the maps within a millisecond
@@ -14,12 +16,14 @@ use std::time::Duration;
 use futures::{StreamExt as _, TryStreamExt as _};
 use netlink_packet_route::{
     address::{AddressAttribute, AddressHeaderFlags, AddressMessage},
-    link::{InfoData, InfoVlan, LinkAttribute, LinkInfo, LinkMessage},
+    link::{InfoData, InfoKind, InfoVlan, LinkAttribute, LinkFlags, LinkInfo, LinkMessage},
+    route::{RouteAttribute, RouteHeader, RouteMessage, RouteType},
     AddressFamily, RouteNetlinkMessage,
 };
 use rtnetlink::packet_core::NetlinkPayload;
 
 pub use crate::model::addrs::{AddrTable, IfAddrV4};
+use crate::model::addrs::{Device, DeviceKind, RouteKey};
 use rtnetlink::{Handle, MulticastGroup};
 use tokio::sync::watch;
 
@@ -57,6 +61,91 @@ fn vlan_of(msg: &LinkMessage) -> Option<(u32, u16)> {
         _ => None,
     })?;
     Some((lower, vid))
+}
+
+/// What kind of device a link message describes.
+fn device_of(msg: &LinkMessage) -> Device {
+    let kind = msg.attributes.iter().find_map(|a| match a {
+        LinkAttribute::LinkInfo(infos) => infos.iter().find_map(|i| match i {
+            LinkInfo::Kind(k) => Some(k),
+            _ => None,
+        }),
+        _ => None,
+    });
+    let kind = kind.map(|k| match k {
+        InfoKind::Other(name) => name.clone(),
+        k => k.to_string(),
+    });
+    let ether = msg.attributes.iter().any(|a| match a {
+        LinkAttribute::Address(mac) => mac.len() == 6 && mac.iter().any(|b| *b != 0),
+        _ => false,
+    });
+    Device {
+        kind: DeviceKind::from_kind(kind.as_deref()),
+        controller: msg.attributes.iter().find_map(|a| match a {
+            LinkAttribute::Controller(c) if *c != 0 => Some(*c),
+            _ => None,
+        }),
+        ether,
+        loopback: msg.header.flags.contains(LinkFlags::Loopback),
+        up: msg.header.flags.contains(LinkFlags::Up),
+        carrier: msg.header.flags.contains(LinkFlags::LowerUp),
+    }
+}
+
+/// A default route's identity and the links it leaves through; None for
+/// any other route (a prefix, the local table, a blackhole).
+fn default_route(msg: &RouteMessage) -> Option<(RouteKey, Vec<u32>)> {
+    let h = &msg.header;
+    let v6 = match h.address_family {
+        AddressFamily::Inet => false,
+        AddressFamily::Inet6 => true,
+        _ => return None,
+    };
+    if h.destination_prefix_length != 0 || h.kind != RouteType::Unicast {
+        return None;
+    }
+    let table = msg.attributes.iter().find_map(|a| match a {
+        RouteAttribute::Table(t) => Some(*t),
+        _ => None,
+    });
+    let table = table.unwrap_or(u32::from(h.table));
+    // 255: the local table (addresses of this host, never a way out).
+    if table == 255 {
+        return None;
+    }
+    let metric = msg.attributes.iter().find_map(|a| match a {
+        RouteAttribute::Priority(p) => Some(*p),
+        _ => None,
+    });
+    let mut oifs: Vec<u32> = msg
+        .attributes
+        .iter()
+        .flat_map(|a| match a {
+            RouteAttribute::Oif(i) => vec![*i],
+            RouteAttribute::MultiPath(hops) => hops.iter().map(|h| h.interface_index).collect(),
+            _ => Vec::new(),
+        })
+        .collect();
+    oifs.sort_unstable();
+    oifs.dedup();
+    let key = RouteKey {
+        v6,
+        table,
+        metric: metric.unwrap_or(0),
+    };
+    Some((key, oifs))
+}
+
+/// Whether `msg` takes a link that was up down (`IFF_UP` cleared).
+fn goes_down(table: &AddrTable, msg: &RouteNetlinkMessage) -> bool {
+    match msg {
+        RouteNetlinkMessage::NewLink(m) => {
+            let was_up = (table.devices.get(&m.header.index)).is_some_and(|d| d.up);
+            was_up && !m.header.flags.contains(LinkFlags::Up)
+        }
+        _ => false,
+    }
 }
 
 /// (ifindex, address) of an IPv4 address message.
@@ -118,6 +207,46 @@ impl AddrTable {
         add != had
     }
 
+    /// A link appeared or changed (kind, master, flags, name).
+    fn new_link(&mut self, m: &LinkMessage) -> bool {
+        let index = m.header.index;
+        let vlan_changed = match vlan_of(m) {
+            Some(v) => self.vlans.insert(index, v) != Some(v),
+            None => false,
+        };
+        let device = device_of(m);
+        let changed = vlan_changed | (self.devices.get(&index) != Some(&device));
+        self.devices.insert(index, device);
+        let Some(name) = link_name(m) else {
+            return changed;
+        };
+        if self.links.get(&name) == Some(&index) {
+            changed
+        } else {
+            // A rename: the old name goes.
+            self.links.retain(|_, i| *i != index);
+            self.links.insert(name, index);
+            true
+        }
+    }
+
+    /// A link went, with its addresses and routes.
+    fn del_link(&mut self, index: u32) -> bool {
+        let before = self.links.len();
+        self.links.retain(|_, i| *i != index);
+        let gone = self.v4.remove(&index).is_some() | self.v6.remove(&index).is_some();
+        let vlan_gone = self.vlans.remove(&index).is_some();
+        let device_gone = self.devices.remove(&index).is_some();
+        // The kernel removes the link's routes without telling.
+        let routes_before = self.default_routes.clone();
+        self.default_routes.retain(|_, oifs| {
+            oifs.retain(|i| *i != index);
+            !oifs.is_empty()
+        });
+        let routes_gone = routes_before != self.default_routes;
+        gone || vlan_gone || device_gone || routes_gone || self.links.len() != before
+    }
+
     /// Apply one notification. Returns whether the table changed.
     pub fn apply(&mut self, msg: &RouteNetlinkMessage) -> bool {
         match msg {
@@ -160,32 +289,16 @@ impl AddrTable {
                 }
                 None => false,
             },
-            RouteNetlinkMessage::NewLink(m) => {
-                let index = m.header.index;
-                let vlan_changed = match vlan_of(m) {
-                    Some(v) => self.vlans.insert(index, v) != Some(v),
-                    None => false,
-                };
-                let Some(name) = link_name(m) else {
-                    return vlan_changed;
-                };
-                if self.links.get(&name) == Some(&index) {
-                    vlan_changed
-                } else {
-                    // A rename: the old name goes.
-                    self.links.retain(|_, i| *i != index);
-                    self.links.insert(name, index);
-                    true
-                }
-            }
-            RouteNetlinkMessage::DelLink(m) => {
-                let index = m.header.index;
-                let before = self.links.len();
-                self.links.retain(|_, i| *i != index);
-                let gone = self.v4.remove(&index).is_some() | self.v6.remove(&index).is_some();
-                let vlan_gone = self.vlans.remove(&index).is_some();
-                gone || vlan_gone || self.links.len() != before
-            }
+            RouteNetlinkMessage::NewLink(m) => self.new_link(m),
+            RouteNetlinkMessage::DelLink(m) => self.del_link(m.header.index),
+            RouteNetlinkMessage::NewRoute(m) => match default_route(m) {
+                Some((key, oifs)) => self.default_routes.insert(key, oifs.clone()) != Some(oifs),
+                None => false,
+            },
+            RouteNetlinkMessage::DelRoute(m) => match default_route(m) {
+                Some((key, _)) => self.default_routes.remove(&key).is_some(),
+                None => false,
+            },
             _ => false,
         }
     }
@@ -204,7 +317,8 @@ pub enum AddrsError {
     },
 }
 
-/// Read all links and their IPv4 and global IPv6 addresses once.
+/// Read all links, their IPv4 and global IPv6 addresses and the default
+/// routes once.
 pub async fn dump(handle: &Handle) -> Result<AddrTable, AddrsError> {
     let failed = |what| move |error| AddrsError::Dump { what, error };
     let mut table = AddrTable::default();
@@ -215,6 +329,27 @@ pub async fn dump(handle: &Handle) -> Result<AddrTable, AddrsError> {
         }
         if let Some(v) = vlan_of(&msg) {
             table.vlans.insert(msg.header.index, v);
+        }
+        table.devices.insert(msg.header.index, device_of(&msg));
+    }
+    for family in [AddressFamily::Inet, AddressFamily::Inet6] {
+        let mut req = RouteMessage::default();
+        req.header.address_family = family;
+        req.header.table = RouteHeader::RT_TABLE_UNSPEC;
+        let mut routes = handle.route().get(req).execute();
+        loop {
+            match routes.try_next().await {
+                Ok(Some(msg)) => {
+                    if let Some((key, oifs)) = default_route(&msg) {
+                        table.default_routes.insert(key, oifs);
+                    }
+                }
+                Ok(None) => break,
+                // A kernel booted without IPv6 refuses that family's dump:
+                // it has no IPv6 default route.
+                Err(_) if family == AddressFamily::Inet6 => break,
+                Err(e) => return Err(failed("route")(e)),
+            }
         }
     }
     let mut addrs = handle.address().get().execute();
@@ -235,12 +370,16 @@ pub type Notifications = futures::channel::mpsc::UnboundedReceiver<(
     rtnetlink::sys::SocketAddr,
 )>;
 
-/// Open a netlink connection subscribed to link and address changes.
+/// Open a netlink connection subscribed to link, address and route
+/// changes (routes: only default ones are kept; the others are read and
+/// dropped, a few microseconds each).
 pub fn connect() -> Result<(Handle, Notifications), AddrsError> {
     let (conn, handle, messages) = rtnetlink::new_multicast_connection(&[
         MulticastGroup::Link,
         MulticastGroup::Ipv4Ifaddr,
         MulticastGroup::Ipv6Ifaddr,
+        MulticastGroup::Ipv4Route,
+        MulticastGroup::Ipv6Route,
     ])
     .map_err(AddrsError::Socket)?;
     tokio::spawn(conn);
@@ -293,7 +432,12 @@ pub async fn watch(
                     let mut next = Some(first);
                     while let Some(msg) = next {
                         match msg.payload {
-                            NetlinkPayload::InnerMessage(m) => changed |= table.apply(&m),
+                            NetlinkPayload::InnerMessage(m) => {
+                                // The kernel drops a link's IPv4 routes when
+                                // it goes down without saying so: read them.
+                                lost |= goes_down(table, &m);
+                                changed |= table.apply(&m);
+                            }
                             NetlinkPayload::Overrun(_) => lost = true,
                             _ => {}
                         }
@@ -413,6 +557,91 @@ mod tests {
         assert_eq!(t.v4_of("lb0").len(), 1);
         assert!(t.apply(&DelLink(link_msg(5, "lb0"))));
         assert_eq!(t, AddrTable::default());
+    }
+
+    fn route_msg(v6: bool, dst_len: u8, table: u8, metric: u32, oif: u32) -> RouteMessage {
+        let mut m = RouteMessage::default();
+        m.header.address_family = if v6 {
+            AddressFamily::Inet6
+        } else {
+            AddressFamily::Inet
+        };
+        m.header.destination_prefix_length = dst_len;
+        m.header.table = table;
+        m.header.kind = RouteType::Unicast;
+        m.attributes.push(RouteAttribute::Priority(metric));
+        m.attributes.push(RouteAttribute::Oif(oif));
+        m
+    }
+
+    #[test]
+    fn default_routes_come_and_go_and_leave_with_their_link() {
+        use RouteNetlinkMessage::*;
+        let mut t = AddrTable::default();
+        t.apply(&NewLink(link_msg(2, "eno1")));
+        t.apply(&NewLink(link_msg(3, "eno2")));
+        assert!(t.apply(&NewRoute(route_msg(false, 0, 254, 100, 2))));
+        assert!(
+            !t.apply(&NewRoute(route_msg(false, 0, 254, 100, 2))),
+            "the same"
+        );
+        assert!(
+            !t.apply(&NewRoute(route_msg(false, 24, 254, 0, 3))),
+            "not a default route"
+        );
+        assert!(
+            !t.apply(&NewRoute(route_msg(false, 0, 255, 0, 3))),
+            "the local table"
+        );
+        assert!(t.apply(&NewRoute(route_msg(true, 0, 254, 1024, 3))));
+        assert!(t.has_default_route(2) && t.has_default_route(3));
+        // Replaced through another link (the same table and metric).
+        assert!(t.apply(&NewRoute(route_msg(false, 0, 254, 100, 3))));
+        assert!(!t.has_default_route(2));
+        assert!(t.apply(&DelRoute(route_msg(false, 0, 254, 100, 3))));
+        assert!(t.has_default_route(3), "the IPv6 one stays");
+        assert!(t.apply(&DelLink(link_msg(3, "eno2"))));
+        assert!(t.default_routes.is_empty(), "gone with its link");
+    }
+
+    #[test]
+    fn links_say_their_kind_master_and_ethernet_address() {
+        use crate::model::addrs::DeviceKind;
+        use RouteNetlinkMessage::*;
+        let mut t = AddrTable::default();
+        let mut slave = link_msg(2, "eno1");
+        slave
+            .attributes
+            .push(LinkAttribute::Address(vec![2, 0, 0, 0, 0, 1]));
+        slave.attributes.push(LinkAttribute::Controller(4));
+        slave.header.flags = LinkFlags::Up | LinkFlags::LowerUp;
+        assert!(t.apply(&NewLink(slave)));
+        let d = &t.devices[&2];
+        assert_eq!(d.kind, DeviceKind::Physical);
+        assert_eq!(d.controller, Some(4));
+        assert!(d.ether && d.up && d.carrier && !d.loopback);
+        let mut wg = link_msg(5, "wg0");
+        wg.attributes
+            .push(LinkAttribute::LinkInfo(vec![LinkInfo::Kind(
+                InfoKind::Wireguard,
+            )]));
+        t.apply(&NewLink(wg));
+        assert_eq!(t.devices[&5].kind, DeviceKind::Tunnel("wireguard".into()));
+        assert!(!t.devices[&5].ether, "no address");
+        // The carrier goes: a change of the table.
+        let mut down = link_msg(2, "eno1");
+        down.attributes
+            .push(LinkAttribute::Address(vec![2, 0, 0, 0, 0, 1]));
+        down.attributes.push(LinkAttribute::Controller(4));
+        down.header.flags = LinkFlags::Up;
+        assert!(t.apply(&NewLink(down)));
+        assert!(!t.devices[&2].carrier);
+        let mut off = link_msg(2, "eno1");
+        off.header.flags = LinkFlags::empty();
+        assert!(
+            goes_down(&t, &NewLink(off)),
+            "set down: its routes are read again"
+        );
     }
 
     #[test]

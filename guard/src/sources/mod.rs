@@ -7,3 +7,4 @@ pub mod cluster;
 pub mod file;
 pub mod file_watch;
 pub mod presence;
+pub mod uplink_hints;

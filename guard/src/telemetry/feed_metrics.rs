@@ -34,6 +34,11 @@ pub(super) fn cluster(v: &mut Values, feed: &FeedHealth) {
             .collect(),
     ));
     v.gauges.push((
+        "arp_guard_node_name_unmatched",
+        "1 while the synced feed names Lease holders or announcing nodes, this node's name (--node-name, NODE_NAME) is none of them and (where presence runs) one of them has no guard by that name: the announcer calls this node otherwise (without presence, a node that holds nothing looks the same). ArpGuardDroppingOwnedIP pairs it with this node's own announcer announcing IPs held by others.",
+        vec![(vec![], f64::from(u8::from(feed.node_unmatched)))],
+    ));
+    v.gauges.push((
         "arp_guard_feed_unconfirmed_leases",
         "Leases in use past their deadline that the API has not confirmed (their holders keep their claims).",
         vec![(vec![], feed.unconfirmed_leases as f64)],
@@ -74,14 +79,35 @@ pub(super) fn by_stream(
         .collect()
 }
 
-/// Kubernetes Events by reason and outcome.
+/// Kubernetes Events by reason and outcome. Every reason and outcome is
+/// there from the start, at 0: a series born at 1 would hide its first
+/// Event from `increase()` (the dashboard's Events published, the alert on
+/// Events that fail).
 pub(super) fn kube_events(
     m: &std::sync::Mutex<std::collections::BTreeMap<(String, crate::ops::EventOutcome), u64>>,
 ) -> super::family::Family<u64> {
+    use crate::{model::kube_events::Reason, ops::EventOutcome};
+    let mut all: std::collections::BTreeMap<(String, EventOutcome), u64> = (Reason::ALL.iter())
+        .flat_map(|r| {
+            [
+                EventOutcome::Published,
+                EventOutcome::Failed,
+                EventOutcome::Timeout,
+                EventOutcome::Dropped,
+            ]
+            .map(|o| ((r.as_str().to_owned(), o), 0))
+        })
+        .collect();
+    all.extend(
+        m.lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .map(|(k, n)| (k.clone(), *n)),
+    );
     (
         "arp_guard_kube_events",
         "Kubernetes Events on Services, by reason and outcome (published, failed, timeout, dropped).",
-        (m.lock().unwrap_or_else(|p| p.into_inner()).iter())
+        (all.iter())
             .map(|((r, o), n)| (vec![("reason", r.clone()), ("outcome", o.as_str().to_owned())], *n))
             .collect(),
     )

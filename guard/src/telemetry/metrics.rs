@@ -230,6 +230,22 @@ fn daemon(v: &mut Values, status: &DaemonStatus) {
             .collect(),
     ));
     v.gauges.push((
+        "arp_guard_uplink_info",
+        "1 for each uplink and each reason it was chosen (chosen_by: interface, default-route, node-ip, announcer, kept).",
+        (status.interfaces.iter())
+            .filter(|i| i.state == InterfaceState::Attached)
+            .flat_map(|i| {
+                let mut kinds: Vec<&str> = i.chosen_by.iter().map(|c| c.kind.as_str()).collect();
+                kinds.sort_unstable();
+                kinds.dedup();
+                kinds.into_iter().map(|k| {
+                    let labels = vec![("interface", i.name.clone()), ("chosen_by", k.to_owned())];
+                    (labels, 1.0)
+                })
+            })
+            .collect(),
+    ));
+    v.gauges.push((
         "arp_guard_mode",
         "1 for the mode in force.",
         vec![(vec![("mode", status.mode.clone())], 1.0)],

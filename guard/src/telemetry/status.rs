@@ -33,9 +33,13 @@ pub struct DaemonStatus {
 #[serde(rename_all = "lowercase")]
 pub enum InterfaceState {
     Attached,
-    /// A --interface pattern that matches nothing (yet).
+    /// A --interface pattern that matches nothing (yet), or `auto` that
+    /// found no uplink.
     Missing,
     Failed,
+    /// Pointed at by `--interface auto` (a route, the Node's address, an
+    /// announcer) and left out: a tunnel, a CNI's device, a Pod's veth ...
+    Skipped,
 }
 
 impl InterfaceState {
@@ -44,6 +48,7 @@ impl InterfaceState {
             InterfaceState::Attached => "attached",
             InterfaceState::Missing => "missing",
             InterfaceState::Failed => "failed",
+            InterfaceState::Skipped => "skipped",
         }
     }
 }
@@ -58,6 +63,19 @@ pub struct Interface {
     /// How the responder census is attached to its ingress (absent: it is not).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub census: Option<String>,
+    /// Why it is an uplink (`--interface` named it, a default route ...).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub chosen_by: Vec<ChosenBy>,
+}
+
+/// One reason an interface is an uplink (`model::uplinks::Why`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChosenBy {
+    /// The metric's `chosen_by` label: interface, default-route, node-ip,
+    /// announcer, kept.
+    pub kind: String,
+    /// As said: `upper device of eno1 (default route)`.
+    pub text: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -101,6 +119,32 @@ pub struct FeedHealth {
     /// server certificate it does not trust), with what to fix.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub problem: Option<String>,
+    /// The feed has synced and names Lease holders or announcing nodes,
+    /// and this node's name is none of them ([`node_unmatched`]).
+    #[serde(default)]
+    pub node_unmatched: bool,
+}
+
+/// Whether `node` is none of the Lease holders and announcing nodes the
+/// synced feed names (and it names some), and, where presence tells the
+/// names the guards run under (`guards`), some holder is none of them: a
+/// `--node-name` (`NODE_NAME`) other than the name the announcer uses.
+/// Without presence a node that holds no LB IP now looks the same. With
+/// this node's own announcer's frames of IPs held by others
+/// (`arp_guard_announce_total{outcome="expired"}`) it is the
+/// misconfiguration that makes the guard stop its own owner
+/// (ArpGuardDroppingOwnedIP); with presence, a split-brain speaker on a node
+/// that holds nothing is not taken for it (every holder has its guard).
+pub fn node_unmatched(
+    c: &ClusterView,
+    node: &str,
+    guards: Option<&crate::model::presence::Table>,
+) -> bool {
+    let unguarded_holder = || match guards {
+        Some(t) if !t.nodes.is_empty() => c.holders.iter().any(|h| !t.nodes.contains_key(h)),
+        _ => true,
+    };
+    c.synced && !c.holders.is_empty() && !c.holders.contains(node) && unguarded_holder()
 }
 
 impl Counts {
@@ -136,7 +180,13 @@ impl FamilyCounts {
 }
 
 impl FeedHealth {
-    pub fn of(announcers: &[&str], c: &ClusterView) -> Self {
+    /// The feed's health as node `node` sees it.
+    pub fn of(
+        announcers: &[&str],
+        c: &ClusterView,
+        node: &str,
+        guards: Option<&crate::model::presence::Table>,
+    ) -> Self {
         FeedHealth {
             announcers: announcers.iter().map(|a| (*a).to_owned()).collect(),
             synced: c.synced,
@@ -146,6 +196,7 @@ impl FeedHealth {
             threshold_seconds: c.threshold.as_secs(),
             streams: c.streams.clone(),
             problem: c.problem.clone(),
+            node_unmatched: node_unmatched(c, node, guards),
         }
     }
 }

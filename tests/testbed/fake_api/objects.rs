@@ -65,6 +65,29 @@ pub fn node(name: &str) -> Value {
     json!({"metadata": {"name": name, "labels": {"kubernetes.io/hostname": name}}})
 }
 
+/// A Node with its addresses, as the kubelet reports them.
+pub fn node_with_ips(name: &str, internal: &[&str]) -> Value {
+    let mut addresses: Vec<Value> = (internal.iter())
+        .map(|ip| json!({"type": "InternalIP", "address": ip}))
+        .collect();
+    addresses.push(json!({"type": "Hostname", "address": name}));
+    let mut n = node(name);
+    n["status"] = json!({"addresses": addresses});
+    n
+}
+
+/// A MetalLB L2Advertisement announcing on `interfaces` (empty: every one).
+pub fn l2_advertisement(ns: &str, name: &str, interfaces: &[&str]) -> Value {
+    json!({"metadata": {"name": name, "namespace": ns},
+        "spec": {"ipAddressPools": ["default"], "interfaces": interfaces}})
+}
+
+/// A CiliumL2AnnouncementPolicy (cluster-scoped) with `interfaces` regexes.
+pub fn l2_policy(name: &str, interfaces: &[&str]) -> Value {
+    json!({"metadata": {"name": name},
+        "spec": {"loadBalancerIPs": true, "interfaces": interfaces}})
+}
+
 /// The guard's Pod on `node`, as the DaemonSet's controller and the
 /// kubelet leave it (labels, owner, a container, its status and Ready
 /// condition; about 2 kB of JSON, a real one with its managed fields

@@ -171,7 +171,7 @@ pub(super) fn apply(inner: &Inner, res: Resource, mut object: Value) {
 /// resourceVersion, uid); the object's key.
 fn stamp(res: Resource, object: &mut Value, rv: u64) -> ObjKey {
     let ns = match res {
-        Resource::Nodes => String::new(),
+        Resource::Nodes | Resource::L2Policies => String::new(),
         _ => object["metadata"]["namespace"]
             .as_str()
             .unwrap_or("default")

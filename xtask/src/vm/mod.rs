@@ -35,6 +35,7 @@ pub const DEFAULT_TESTS: &[&str] = &[
     "probe",
     "kernel_bond",
     "kernel_vlan",
+    "kernel_uplinks",
     "observability",
     "takeover",
     "kernel_netem",

@@ -37,6 +37,12 @@ pub fn boot(m: &Machine) -> Result<i32> {
         .args(["-smp", &m.cpus.to_string(), "-m", &m.memory_mib.to_string()])
         .args(["-nodefaults", "-no-user-config", "-display", "none"])
         .args(["-serial", "stdio", "-no-reboot"])
+        // Two virtio NICs on one hub and nothing else: a segment of real
+        // NICs (no link kind) between two namespaces of the guest.
+        .args(["-netdev", "hubport,id=n0,hubid=0"])
+        .args(["-device", "virtio-net-pci,netdev=n0,mac=52:54:00:5e:00:01"])
+        .args(["-netdev", "hubport,id=n1,hubid=0"])
+        .args(["-device", "virtio-net-pci,netdev=n1,mac=52:54:00:5e:00:02"])
         .arg("-kernel")
         .arg(m.kernel)
         .arg("-initrd")

@@ -39,6 +39,9 @@ pub const MODULES: &[&str] = &[
     "ip_vs_rr",
     // nft: the probe tests' "no endpoint here" rule.
     "nf_tables",
+    // Two NICs on one qemu hub (kernel_uplinks: a real NIC named eno1).
+    "virtio_pci",
+    "virtio_net",
 ];
 
 /// One test binary to run in the guest.

@@ -12,7 +12,10 @@ use super::{
     kube_proxy::KubeProxy,
     node::Node,
 };
-use crate::{model::addrs::AddrTable, telemetry::status::InterfaceState};
+use crate::{
+    model::{addrs::AddrTable, uplinks},
+    telemetry::status::InterfaceState,
+};
 
 /// Everything doctor gathered on the node and from the guard.
 #[derive(Debug, Clone)]
@@ -222,8 +225,9 @@ impl Gathered {
 }
 
 /// Which interfaces to check when none are named: the running guard's,
-/// else its pinned links', else the default route's, else every interface
-/// with an IPv4 address (not `lo`, not the LB interfaces).
+/// else its pinned links', else those `--interface auto` chooses, else the
+/// default route's in the procfs read, else every interface with an IPv4
+/// address (not `lo`, not the LB interfaces).
 pub fn default_uplinks(
     node: &Node,
     addrs: &Result<AddrTable, String>,
@@ -231,13 +235,25 @@ pub fn default_uplinks(
     lb_ifaces: &[String],
 ) -> (Vec<String>, String) {
     if let Some(ifs) = guard.interfaces() {
-        let names: Vec<String> = ifs
-            .iter()
-            .filter(|i| i.state != InterfaceState::Missing)
-            .map(|i| i.name.clone())
+        let ifs: Vec<_> = (ifs.iter())
+            .filter(|i| !matches!(i.state, InterfaceState::Missing | InterfaceState::Skipped))
             .collect();
-        if !names.is_empty() {
-            return (names, "the running guard's interfaces".into());
+        if !ifs.is_empty() {
+            // What `auto` chose, with why (a name given is its own why).
+            let why: Vec<String> = (ifs.iter())
+                .filter_map(|i| {
+                    let c: Vec<&str> = (i.chosen_by.iter())
+                        .filter(|c| c.kind != "interface")
+                        .map(|c| c.text.as_str())
+                        .collect();
+                    (!c.is_empty()).then(|| format!("{}: {}", i.name, c.join("; ")))
+                })
+                .collect();
+            let from = match why.is_empty() {
+                true => "the running guard's interfaces".to_owned(),
+                false => format!("the running guard's interfaces ({})", why.join("; ")),
+            };
+            return (ifs.iter().map(|i| i.name.clone()).collect(), from);
         }
     }
     if let (Some(p), Ok(ifs)) = (&guard.pinned, &node.interfaces) {
@@ -250,6 +266,21 @@ pub fn default_uplinks(
             return (names, "the guard's pinned links".into());
         }
     }
+    if let Ok(t) = addrs {
+        // As the daemon's `--interface auto` would choose (without the
+        // API's hints: the routes and what they point at).
+        let ask = uplinks::Ask::new(&[uplinks::AUTO.into()], lb_ifaces);
+        let c = uplinks::choose(&ask, t, &Default::default(), &Default::default());
+        if !c.uplinks.is_empty() {
+            let why: Vec<String> = (c.uplinks.iter())
+                .map(|(n, u)| format!("{n}: {}", u.because()))
+                .collect();
+            let from = format!("--interface auto ({})", why.join("; "));
+            return (c.names(), from);
+        }
+    }
+    // A procfs root given to doctor (another host's /proc) may know routes
+    // netlink does not.
     if let Ok(routes) = &node.routes {
         let mut names: Vec<String> = routes
             .iter()

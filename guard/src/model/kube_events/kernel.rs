@@ -67,14 +67,14 @@ pub fn nodes_answer(ip: IpAddr, owner: &str, answering: &BTreeSet<String>) -> Op
     if others.len() > NAMED {
         nodes.push_str(&format!(" and {} more nodes", others.len() - NAMED));
     }
-    let their = match others.len() {
-        1 => "its kernel answers",
-        _ => "their kernels answer",
+    let (answer, their) = match others.len() {
+        1 => ("answers", "its kernel answers"),
+        _ => ("answer", "their kernels answer"),
     };
     Some(Occurrence {
         reason: Reason::NodesAnswerArp,
         note: format!(
-            "{nodes} also answer ARP for {ip}, which {owner} owns: {their} for every LB IP on a local interface such as kube-ipvs0 (kube-proxy in IPVS mode with strictARP off: net.ipv4.conf.all.arp_ignore=0), and arp-guard there is in monitor mode; clients may cache the wrong MAC. Fix: set strictARP: true in kube-proxy's configuration (ConfigMap kube-system/kube-proxy, ipvs.strictARP) and restart kube-proxy, or set net.ipv4.conf.all.arp_ignore=1 and arp_announce=2 on those nodes; arp-guard in enforce mode stops these answers meanwhile"
+            "{nodes} also {answer} ARP for {ip}, which {owner} owns: {their} for every LB IP on a local interface such as kube-ipvs0 (kube-proxy in IPVS mode with strictARP off: net.ipv4.conf.all.arp_ignore=0), and arp-guard there is in monitor mode; clients may cache the wrong MAC. Fix: set strictARP: true in kube-proxy's configuration (ConfigMap kube-system/kube-proxy, ipvs.strictARP) and restart kube-proxy, or set net.ipv4.conf.all.arp_ignore=1 and arp_announce=2 on those nodes; arp-guard in enforce mode stops these answers meanwhile"
         ),
         node_at_fault: None,
     })
@@ -212,7 +212,7 @@ mod tests {
             o.note
         );
         let o = nodes_answer(IP, "node-a", &set(&["node-b"])).unwrap();
-        assert!(o.note.contains("node-b also answer ARP") && o.note.contains("its kernel"));
+        assert!(o.note.contains("node-b also answers ARP") && o.note.contains("its kernel"));
     }
 
     #[test]

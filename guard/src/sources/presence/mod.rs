@@ -25,7 +25,7 @@ use kube::Client;
 use tokio::sync::{mpsc, Notify};
 
 mod apply;
-mod follow;
+pub mod follow;
 mod nodes;
 mod objects;
 mod record;

@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
 """The shape of the house, checked in every crate of the workspace (the
-daemon, guard-common, the eBPF program, xtask): no file over 500 lines and
-no function over 80 lines outside tests, and no import cycle between a
-crate's files; in the daemon (guard/src), imports between the layers also
-flow one way only (no wrong-way import).
+daemon, guard-common, guard-wire, the plugin, the eBPF program, xtask): no
+file over 500 lines and no function over 80 lines outside tests, and no
+import cycle between a crate's files; in the daemon (guard/src) and in the
+plugin (kubectl-arp_guard/src), imports between the layers also flow one
+way only (no wrong-way import).
 
 Usage: scripts/shape.py [--graph]   (exit status 1 on a violation)
 SHAPE_ROOT=DIR checks that one source folder as the daemon's.
@@ -16,11 +17,18 @@ ROOT = os.environ.get("SHAPE_ROOT") or os.path.join(HOUSE, "guard", "src")
 CRATES = (
     []
     if os.environ.get("SHAPE_ROOT")
-    else [os.path.join(HOUSE, c, "src") for c in ("guard-common", "guard-ebpf", "xtask")]
+    else [
+        os.path.join(HOUSE, c, "src")
+        for c in ("guard-common", "guard-wire", "kubectl-arp_guard", "guard-ebpf", "xtask")
+    ]
 )
 MAX_FILE, MAX_FN = 500, 80
 # Each layer may import only the layers after it (lower in the house).
-LAYERS = ["main", "reference", "plugin", "commands", "cli", "probe", "daemon", "senders", "api", "telemetry", "sources", "datapath", "model", "ops", "testing"]
+LAYERS = ["main", "reference", "commands", "cli", "probe", "daemon", "senders", "api", "telemetry", "sources", "datapath", "model", "ops", "testing"]
+# The plugin's modules, in the same sense: one command (ask) over the pure
+# merge and views, over the asking, over the API's reads and the client.
+PLUGIN = os.path.join(HOUSE, "kubectl-arp_guard", "src")
+PLUGIN_LAYERS = ["main", "ask", "complete", "status", "views", "fanout", "exec", "cluster", "connect", "output"]
 # Reached by every layer: the test-only surface imports from all of them.
 ALLOWED_UP = {("testing", l) for l in LAYERS}
 
@@ -205,6 +213,20 @@ def read_crate(root, label, bad):
     return texts
 
 
+def wrong_way(texts, layers, label, bad):
+    """Imports of a crate's top-level modules against `layers`' order
+    (`super::` from a top-level file is the crate's root)."""
+    modules = set(texts)
+    for m, (rel, text) in texts.items():
+        me = layer_of(rel)
+        if me not in layers:
+            continue
+        for r in module_refs(m, text, modules):
+            other = r[0] if r else None
+            if other in layers and other != me and layers.index(other) <= layers.index(me):
+                bad.append(f"wrong-way import in {label}: {me} -> {other}")
+
+
 def crate_cycles(texts, label, bad):
     modules = set(texts)
     graph = {
@@ -235,7 +257,10 @@ def main():
     crate_cycles(texts, "guard/src", bad)
     for root in CRATES:
         label = os.path.relpath(root, HOUSE)
-        crate_cycles(read_crate(root, label, bad), label, bad)
+        texts = read_crate(root, label, bad)
+        crate_cycles(texts, label, bad)
+        if root == PLUGIN:
+            wrong_way(texts, PLUGIN_LAYERS, label, bad)
     if "--graph" in sys.argv:
         for a in LAYERS:
             known = [b for b in LAYERS if b in edges.get(a, ())]

@@ -1,38 +1,43 @@
 //! `kubectl arp-guard`, as an operator with a laptop and a kubeconfig runs
-//! it: through Debian's real `kubectl` (which finds `kubectl-arp_guard` on
-//! PATH), from the management network's namespace, against the fake API
+//! it: through Debian's real `kubectl` (which finds `kubectl-arp_guard`, the
+//! plugin crate's binary, on PATH), from the management network's namespace, against the fake API
 //! server, which serves the guard Pods and pods/exec over WebSocket
 //! (v5/v4.channel.k8s.io) and runs each exec'd command in that node's
 //! namespace with the DaemonSet's privileges. The guards are the real
 //! daemon on each node.
 //!
 //! - a takeover with a stale client: `status` names the new owner, its
-//!   takeover and the stale client on the old owner; `clients` lists the
-//!   client labelled with that node; JSON and YAML say the same;
-//! - a guard that hangs (SIGSTOP): listed as not answering after
-//!   --node-timeout, the others answered;
-//! - a 403 on pods/exec, or on a read: one error naming the verb and the
-//!   resource, exit 2;
+//!   takeover and the stale client on the old owner, read from the nodes'
+//!   ArpGuardNodes (no exec) with how fresh each row is; `clients` lists
+//!   the count labelled with that node; JSON and YAML say the same;
+//!   `--live` asks the guards (pods/exec) and says the same; the
+//!   read-only role alone grants the views from the API, the exec role
+//!   the rest, and every rule of both is used;
+//! - a guard that hangs (SIGSTOP): `--live` lists it as not answering
+//!   after --node-timeout; from the API its last word is shown and its
+//!   Pod not Ready;
+//! - a 403 on pods/exec: the views from the API need none; `--live` is one
+//!   error naming the verb, the resource and the role, exit 2; a 403 on a
+//!   read the same;
 //! - a Pod that is not Ready, and a node with no guard Pod: listed;
+//! - the proxy kubectl would take (HTTP CONNECT, SOCKS5), and no other;
 //! - completion, through kubectl's own plugin completion.
 
-use std::{
-    path::PathBuf,
-    process::Command,
-    time::{Duration, Instant},
-};
+use std::{process::Command, time::Duration};
 
 use serde_json::Value;
 use testbed::{
     bed::TempDir,
     cluster_bed::{ClusterBed, PRESENCE_NS},
     fake_api::{objects, ExecCall, Resource},
+    laptop::{Laptop, Ran},
     stale_client::{ignore_gratuitous, Traffic},
     takeover::{Style, TakeoverBed, LB},
     Daemon,
 };
 
-/// Presence on (the records name the node behind a MAC), stale after 3 s.
+/// Presence on (the records name the node behind a MAC), stale after 3 s,
+/// the findings written at most every second.
 const GUARD_ARGS: &[&str] = &[
     "--presence-period",
     "1s",
@@ -40,91 +45,9 @@ const GUARD_ARGS: &[&str] = &[
     PRESENCE_NS,
     "--stale-client-after",
     "3s",
+    "--node-report-interval",
+    "1s",
 ];
-
-/// The operator's side: the plugin on PATH under kubectl's name for it,
-/// run from the management network (the switch namespace, which holds the
-/// API server's address).
-struct Laptop {
-    bin: TempDir,
-    kubeconfig: PathBuf,
-    netns: String,
-    kubectl: bool,
-}
-
-struct Ran {
-    code: i32,
-    out: String,
-    err: String,
-    took: Duration,
-}
-
-impl Laptop {
-    fn new(bed: &ClusterBed) -> Laptop {
-        let bin = TempDir::new("kubectl-plugin").unwrap();
-        for name in ["kubectl-arp_guard", "kubectl_complete-arp_guard"] {
-            std::os::unix::fs::symlink(testbed::guard_binary(), bin.path().join(name)).unwrap();
-        }
-        let kubectl = Command::new("kubectl")
-            .arg("version")
-            .arg("--client")
-            .output()
-            .is_ok_and(|o| o.status.success());
-        if !kubectl {
-            eprintln!("no kubectl here: the plugin is run directly");
-        }
-        Laptop {
-            bin,
-            kubeconfig: bed.kubeconfig.clone(),
-            netns: bed.switch.name.clone(),
-            kubectl,
-        }
-    }
-
-    /// `kubectl arp-guard ARGS` (the kubeconfig given as a kubectl user
-    /// would, through $KUBECONFIG).
-    fn run(&self, args: &[&str]) -> Ran {
-        let path = format!(
-            "{}:/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin",
-            self.bin.path().display()
-        );
-        let mut c = Command::new("ip");
-        c.args(["netns", "exec", &self.netns, "env"])
-            .arg(format!("PATH={path}"))
-            .arg(format!("KUBECONFIG={}", self.kubeconfig.display()));
-        if self.kubectl {
-            c.args(["kubectl", "arp-guard"]);
-        } else {
-            c.arg(self.bin.path().join("kubectl-arp_guard"));
-        }
-        c.args(args);
-        let t = Instant::now();
-        let o = c.output().unwrap();
-        let ran = Ran {
-            code: o.status.code().unwrap_or(-1),
-            out: String::from_utf8_lossy(&o.stdout).into_owned(),
-            err: String::from_utf8_lossy(&o.stderr).into_owned(),
-            took: t.elapsed(),
-        };
-        eprintln!(
-            "$ kubectl arp-guard {}  (exit {}, {:?})\n{}{}",
-            args.join(" "),
-            ran.code,
-            ran.took,
-            ran.out,
-            ran.err
-        );
-        ran
-    }
-
-    fn json(&self, args: &[&str]) -> (i32, Value) {
-        let mut a = args.to_vec();
-        a.extend(["-o", "json"]);
-        let r = self.run(&a);
-        let v = serde_json::from_str(&r.out).unwrap_or_else(|e| panic!("{e}: {}", r.out));
-        (r.code, v)
-    }
-}
 
 /// Each exec runs the guard's command in its node's namespace, with the
 /// DaemonSet's capabilities and read-only root, as in its container.
@@ -196,16 +119,22 @@ fn a_takeover_with_a_stale_client_in_one_command() {
     ignore_gratuitous(&t.bed.peer, LB);
     let _traffic = Traffic::start(&t.bed.peer, LB);
     let laptop = Laptop::new(&t.bed);
-    let before = laptop.run(&["status"]);
-    assert_eq!(before.code, 0, "a quiet cluster: nothing found");
+    // Every guard's findings in the API (once it is ready): a quiet cluster.
+    let before = testbed::wait_for(Duration::from_secs(30), || {
+        let r = laptop.run(&["status"]);
+        (r.code == 0).then_some(r)
+    })
+    .expect("a quiet cluster: nothing found, every guard reported");
     assert!(
         row(&before.out, &LB.to_string()).contains("node-a"),
         "{}",
         before.out
     );
+    t.bed.api.reset_tally();
     t.take_over().unwrap();
-    // node-a's census calls the client stale 3 s after the move.
-    let stale = testbed::wait_for(Duration::from_secs(20), || {
+    // node-a's census calls the client stale 3 s after the move; its
+    // object says so at its next write.
+    let stale = testbed::wait_for(Duration::from_secs(30), || {
         let (code, v) = laptop.json(&["status"]);
         let ip = v["ips"]
             .as_array()?
@@ -224,14 +153,21 @@ fn a_takeover_with_a_stale_client_in_one_command() {
         "node-b's takeover: {stale:#}"
     );
     assert_eq!(stale["owner_guard"]["answered"], true);
+    assert!(stale["as_of"].as_u64().is_some(), "how fresh: {stale:#}");
     let table = laptop.run(&["status"]);
     assert_eq!(table.code, 1, "a stale client is a finding");
     let line = row(&table.out, &LB.to_string());
-    for want in ["default/web", "node-b", "1 on node-a", "ago, announced in"] {
+    for want in [
+        "default/web",
+        "node-b",
+        "1 on node-a",
+        "ago, announced in",
+        "s ago",
+    ] {
         assert!(line.contains(want), "{want:?} in {line:?}");
     }
     assert!(
-        table.out.contains("guards: 2 of 2 answered"),
+        table.out.contains("guards: 2 of 2 reported"),
         "{}",
         table.out
     );
@@ -246,18 +182,54 @@ fn a_takeover_with_a_stale_client_in_one_command() {
     let yaml = laptop.run(&["status", "-o", "yaml"]);
     let y: Value = serde_saphyr::from_str(&yaml.out).unwrap();
     assert_eq!(y["ips"][0]["owner"], "node-b");
-    // `clients`: the client, labelled with the node it still reaches.
+    // `clients`: the count, labelled with the node it still reaches.
     let clients = laptop.run(&["clients", &LB.to_string()]);
+    assert_eq!(clients.code, 1);
+    let line = row(&clients.out, "node-a");
+    assert!(line.contains(&LB.to_string()), "{line}");
+    assert!(
+        !clients.out.lines().any(|l| l.starts_with("node-b ")),
+        "node-b has none:\n{}",
+        clients.out
+    );
+    let responders = laptop.run(&["responders"]);
+    assert!(
+        responders.code == 0 || responders.code == 1,
+        "{}",
+        responders.err
+    );
+    assert!(
+        t.bed.api.execs().is_empty(),
+        "the views from the API exec nothing"
+    );
+    // Nothing but reads, and only what the read-only role grants.
+    viewer_grants_what_the_views_read(&t.bed);
+    // Live: each guard asked now (pods/exec), the same story, and each
+    // client's MAC.
+    let (code, live) = laptop.json(&["status", "--live"]);
+    assert_eq!(code, 1);
+    assert_eq!(live["source"], "live");
+    let ip = (live["ips"].as_array().unwrap().iter())
+        .find(|i| i["ip"] == LB.to_string())
+        .unwrap();
+    assert_eq!(ip["owner"], "node-b");
+    assert!(
+        ip["clients"]["node-a"]["stale"].as_u64() >= Some(1),
+        "{ip:#}"
+    );
+    assert!(
+        laptop
+            .run(&["status", "--live"])
+            .out
+            .contains("guards: 2 of 2 answered"),
+        "live: answered"
+    );
+    let clients = laptop.run(&["clients", "--live", &LB.to_string()]);
     assert_eq!(clients.code, 1);
     let line = row(&clients.out, "node-a");
     assert!(
         line.contains(&LB.to_string()) && line.contains("stale"),
         "{line}"
-    );
-    assert!(
-        !clients.out.lines().any(|l| l.starts_with("node-b ")),
-        "node-b has none:\n{}",
-        clients.out
     );
     // One node only.
     let (_, v) = laptop.json(&["status", "--node", "node-b"]);
@@ -300,18 +272,41 @@ fn a_takeover_with_a_stale_client_in_one_command() {
     the_rbac_component_is_what_the_plugin_asks(&t.bed);
 }
 
-/// Every request the plugin made (the laptop's address on the management
-/// network) is allowed by deploy/components/kubectl-plugin, and every rule
-/// there was used (but `get` on pods/exec, which API servers before 1.35
+/// What the laptop (its address on the management network) asked.
+fn laptop_asked(bed: &ClusterBed) -> Vec<testbed::deploy::Request> {
+    let laptop: std::net::IpAddr = "203.0.113.1".parse().unwrap();
+    (bed.api.scopes().into_iter())
+        .filter(|(peer, ..)| *peer == laptop)
+        .map(|(_, verb, res, ns)| (verb, res, ns))
+        .collect()
+}
+
+/// The views from the API (`status`, `clients`, `responders` since the
+/// tally was reset) read only what the read-only role grants: no exec,
+/// no write.
+fn viewer_grants_what_the_views_read(bed: &ClusterBed) {
+    use testbed::deploy::{covers, grants_of};
+    let viewer = grants_of(
+        "components/kubectl-plugin/rbac.yaml",
+        Some("arp-guard-viewer"),
+    );
+    for a in laptop_asked(bed) {
+        assert!(matches!(a.0, "get" | "list" | "watch"), "not a read: {a:?}");
+        assert!(
+            viewer.iter().any(|g| covers(g, &a)),
+            "the views asked {a:?}, which arp-guard-viewer does not grant"
+        );
+    }
+}
+
+/// Every request the plugin made is allowed by
+/// deploy/components/kubectl-plugin, and every rule of both roles there
+/// was used (but `get` on pods/exec, which API servers before 1.35
 /// authorize the WebSocket upgrade with).
 fn the_rbac_component_is_what_the_plugin_asks(bed: &ClusterBed) {
     use testbed::deploy::{covers, grants};
     let granted = grants("components/kubectl-plugin/rbac.yaml");
-    let laptop: std::net::IpAddr = "203.0.113.1".parse().unwrap();
-    let asked: Vec<testbed::deploy::Request> = (bed.api.scopes().into_iter())
-        .filter(|(peer, ..)| *peer == laptop)
-        .map(|(_, verb, res, ns)| (verb, res, ns))
-        .collect();
+    let asked = laptop_asked(bed);
     for a in &asked {
         assert!(
             granted.iter().any(|g| covers(g, a)),
@@ -354,17 +349,40 @@ impl Drop for Stopped {
     }
 }
 
-/// A guard that hangs costs the deadline, not the command: it is listed
-/// as not answering, the other answered.
+/// A guard that hangs costs the deadline, not the command: asked live it
+/// is listed as not answering, the other answered; from the API its last
+/// word stays, said to come from a guard whose Pod is not Ready.
 #[test]
 fn a_hung_guard_is_listed_as_not_answering() {
     testbed::require_root();
     let (bed, guards) = quiet_bed("kp2");
     let laptop = Laptop::new(&bed);
+    let reported = testbed::wait_until(Duration::from_secs(30), || {
+        laptop
+            .run(&["status"])
+            .out
+            .contains("guards: 2 of 2 reported")
+    });
+    assert!(reported);
+    // SAFETY: kill(2) with a pid and a signal.
+    unsafe { libc::kill(guards[0].pid() as i32, libc::SIGSTOP) };
+    let _resume = Stopped(guards[0].pid());
+    // The kubelet finds node-a's guard not Ready (its /readyz silent).
+    let stale = testbed::wait_for(Duration::from_secs(20), || {
+        let r = laptop.run(&["status"]);
+        r.out
+            .contains("node-a: reported, but its Pod is not Ready")
+            .then_some(r)
+    })
+    .expect("node-a's Pod not Ready");
+    assert_eq!(stale.code, 1);
+    let line = row(&stale.out, &LB.to_string());
+    assert!(line.contains("(node-a not Ready)"), "{line}");
+    drop(_resume);
     // SAFETY: kill(2) with a pid and a signal.
     unsafe { libc::kill(guards[1].pid() as i32, libc::SIGSTOP) };
     let _resume = Stopped(guards[1].pid());
-    let r = laptop.run(&["status", "--node-timeout", "3s"]);
+    let r = laptop.run(&["status", "--live", "--node-timeout", "3s"]);
     assert_eq!(r.code, 1, "a guard without an answer is a finding");
     assert!(r.took < Duration::from_secs(12), "{:?}", r.took);
     assert!(
@@ -376,7 +394,14 @@ fn a_hung_guard_is_listed_as_not_answering() {
     assert!(r.out.contains("guards: 1 of 2 answered"), "{}", r.out);
     assert!(row(&r.out, &LB.to_string()).contains("node-a"), "{}", r.out);
     // Asked alone, it is a command that could not ask: exit 2, saying why.
-    let r = laptop.run(&["status", "--node", "node-b", "--node-timeout", "3s"]);
+    let r = laptop.run(&[
+        "status",
+        "--live",
+        "--node",
+        "node-b",
+        "--node-timeout",
+        "3s",
+    ]);
     assert_eq!(r.code, 2, "no guard answered: not a finding");
     assert!(
         r.err
@@ -386,15 +411,21 @@ fn a_hung_guard_is_listed_as_not_answering() {
     );
 }
 
-/// No right to exec, or to read what the plugin reads: one error that
-/// names the verb and the resource, exit 2; nothing else is tried.
+/// No right to exec: the views from the API need none; `--live` is one
+/// error that names the verb, the resource and the role, exit 2, nothing
+/// else tried. No right to read what the plugin reads: the same.
 #[test]
 fn a_403_is_one_error_naming_what_to_grant() {
     testbed::require_root();
     let (bed, _guards) = quiet_bed("kp3");
     let laptop = Laptop::new(&bed);
     bed.api.deny("pods/exec");
-    let r = laptop.run(&["status"]);
+    let read = testbed::wait_for(Duration::from_secs(30), || {
+        let r = laptop.run(&["status"]);
+        (r.code == 0).then_some(r)
+    });
+    assert!(read.is_some(), "read-only: no exec needed");
+    let r = laptop.run(&["status", "--live"]);
     assert_eq!(r.code, 2, "could not ask");
     assert!(
         r.err
@@ -419,6 +450,7 @@ fn a_403_is_one_error_naming_what_to_grant() {
     let r = laptop.run(&["status"]);
     assert_eq!(r.code, 2);
     assert!(r.err.contains("`list` on services (cluster)"), "{}", r.err);
+    assert!(r.err.contains("arp-guard-viewer"), "{}", r.err);
 }
 
 /// A guard whose Pod is not Ready is listed as such (it still answers),
@@ -433,7 +465,7 @@ fn not_ready_and_missing_guards_are_listed() {
     let r = testbed::wait_for(Duration::from_secs(10), || {
         let r = laptop.run(&["status"]);
         r.out
-            .contains("node-b: answered, but its Pod is not Ready")
+            .contains("node-b: reported, but its Pod is not Ready")
             .then_some(r)
     })
     .expect("node-b listed as not Ready");
@@ -466,6 +498,73 @@ fn not_ready_and_missing_guards_are_listed() {
     );
 }
 
+/// The plugin goes through the proxy kubectl would take, and only there:
+/// `HTTP_PROXY` for the fake API's http:// server (HTTP CONNECT: the
+/// reads and the guards' execs over WebSocket), and a kubeconfig's
+/// `proxy-url` (SOCKS5) whatever `NO_PROXY` says, as client-go (also a
+/// `NO_PROXY` kube-rs alone fails on); not
+/// `HTTPS_PROXY` for it, and not where `NO_PROXY` excludes the server. The
+/// server is named, there, by a name only the proxy resolves: an answer at
+/// all came through it.
+#[test]
+fn the_proxy_kubectl_would_take_is_taken() {
+    testbed::require_root();
+    let (bed, _guards) = quiet_bed("kp5");
+    let inside = "api.arp-guard.invalid";
+    let proxy =
+        testbed::proxy::Proxy::start(&bed.switch, "127.0.0.1:0", &[(inside, "203.0.113.1")])
+            .unwrap();
+    let mut laptop = Laptop::new(&bed);
+    let url = format!("http://{}", proxy.addr);
+    let through = |kind: &str| {
+        let t = proxy.tunnels();
+        t.iter()
+            .filter(|(k, to)| *k == kind && to == &format!("{inside}:6443"))
+            .count()
+    };
+    // The kubeconfig with the inside name, and with a proxy-url too.
+    let kubeconfig = std::fs::read_to_string(&bed.kubeconfig).unwrap();
+    let server = "    server: http://203.0.113.1:6443\n";
+    assert!(kubeconfig.contains(server), "{kubeconfig}");
+    let named = format!("    server: http://{inside}:6443\n");
+    let socks = format!("{named}    proxy-url: socks5://{}\n", proxy.addr);
+    let write = |name: &str, text: String| {
+        let path = bed.kubeconfig.with_file_name(name);
+        std::fs::write(&path, text).unwrap();
+        path
+    };
+    let by_name = write("kubeconfig-named", kubeconfig.replace(server, &named));
+    let with_socks = write("kubeconfig-socks", kubeconfig.replace(server, &socks));
+    // Asked, and answered (exit 1 is a finding: a Pod not Ready yet).
+    let asked = |r: &Ran| matches!(r.code, 0 | 1) && r.out.contains("guards: 2 of 2 answered");
+    laptop.kubeconfig = by_name;
+    let env = [("HTTP_PROXY", url.as_str()), ("NO_PROXY", "example.net,")];
+    let r = laptop.run_env(&env, &["status", "--live"]);
+    assert!(asked(&r), "{}{}", r.out, r.err);
+    assert!(
+        through("connect") >= 2,
+        "reads and execs: {:?}",
+        proxy.tunnels()
+    );
+    // NO_PROXY as kube-rs alone cannot read it (an empty entry; `*` among
+    // others), and matching everything: the proxy-url all the same.
+    laptop.kubeconfig = with_socks;
+    let r = laptop.run_env(&[("NO_PROXY", "example.net,,*")], &["status", "--live"]);
+    assert!(asked(&r), "{}{}", r.out, r.err);
+    assert!(through("socks5") >= 2, "{:?}", proxy.tunnels());
+    // Directly, at the server's address.
+    laptop.kubeconfig = bed.kubeconfig.clone();
+    let before = proxy.tunnels().len();
+    for env in [
+        [("HTTP_PROXY", url.as_str()), ("NO_PROXY", "203.0.113.0/24")],
+        [("HTTPS_PROXY", url.as_str()), ("NO_PROXY", "")],
+    ] {
+        let r = laptop.run_env(&env, &["status", "--live"]);
+        assert!(asked(&r), "{env:?}: {}{}", r.out, r.err);
+    }
+    assert_eq!(proxy.tunnels().len(), before, "{:?}", proxy.tunnels());
+}
+
 /// kubectl completes the plugin's subcommands and flags through
 /// `kubectl_complete-arp_guard`.
 #[test]
@@ -473,7 +572,7 @@ fn completion_through_kubectl() {
     testbed::require_root();
     let bin = TempDir::new("kubectl-complete").unwrap();
     for name in ["kubectl-arp_guard", "kubectl_complete-arp_guard"] {
-        std::os::unix::fs::symlink(testbed::guard_binary(), bin.path().join(name)).unwrap();
+        std::os::unix::fs::symlink(testbed::plugin_binary(), bin.path().join(name)).unwrap();
     }
     let path = format!("{}:/usr/bin:/bin", bin.path().display());
     let direct = Command::new(bin.path().join("kubectl_complete-arp_guard"))

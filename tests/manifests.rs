@@ -88,6 +88,15 @@ fn check_known_fields(obj: &Value) {
         "Role" => same_after::<rbac::Role>(obj),
         "RoleBinding" => same_after::<rbac::RoleBinding>(obj),
         "DaemonSet" => same_after::<DaemonSet>(obj),
+        "CustomResourceDefinition" => same_after::<
+            k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
+        >(obj),
+        "ValidatingAdmissionPolicy" => same_after::<
+            k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicy,
+        >(obj),
+        "ValidatingAdmissionPolicyBinding" => same_after::<
+            k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicyBinding,
+        >(obj),
         "PodMonitor" | "PrometheusRule" => {
             assert_eq!(obj["apiVersion"], "monitoring.coreos.com/v1");
             None
@@ -169,6 +178,17 @@ struct Expect {
 fn check_guard(rel: &str, expect: &Expect) {
     let objs = render(rel);
     objs.iter().for_each(check_known_fields);
+    // The CRD of the findings everywhere; the policy that holds each guard
+    // to its own node's in every overlay (the base leaves it to them: its
+    // namespace transformer would give it a namespace).
+    named(
+        &objs,
+        "CustomResourceDefinition",
+        "arpguardnodes.arp-guard.io",
+    );
+    let policies = of_kind(&objs, "ValidatingAdmissionPolicy").len()
+        + of_kind(&objs, "ValidatingAdmissionPolicyBinding").len();
+    assert_eq!(policies, if rel == "base" { 0 } else { 2 }, "deploy/{rel}");
     let ds = named(&objs, "DaemonSet", "arp-guard");
     let ns = ds["metadata"]["namespace"].as_str().unwrap();
     let pod = &ds["spec"]["template"]["spec"];
@@ -180,7 +200,12 @@ fn check_guard(rel: &str, expect: &Expect) {
     for o in &objs {
         let (kind, name) = (o["kind"].as_str().unwrap(), &o["metadata"]["name"]);
         let want = match kind {
-            "Namespace" | "ClusterRole" | "ClusterRoleBinding" => None,
+            "Namespace"
+            | "ClusterRole"
+            | "ClusterRoleBinding"
+            | "CustomResourceDefinition"
+            | "ValidatingAdmissionPolicy"
+            | "ValidatingAdmissionPolicyBinding" => None,
             "Role" | "RoleBinding" if name == "arp-guard-doctor" => Some("kube-system"),
             _ => Some(ns),
         };
@@ -382,17 +407,23 @@ fn check_presence_rbac(objs: &[Value], ns: &str, sa: &str, ctx: &str) {
                 && r["verbs"] == serde_json::json!(["get", "list"])),
         "{ctx}: nodes readable for coverage and each guard's own Node"
     );
-    // The ClusterRole writes nothing but Events (on the Services of LB IPs).
+    // The ClusterRole writes nothing but Events (on the Services of LB IPs)
+    // and the ArpGuardNodes (each guard its own: the admission policy).
     for r in rules {
         let events = r["apiGroups"] == serde_json::json!(["events.k8s.io"])
             && r["resources"] == serde_json::json!(["events"]);
+        let findings = r["apiGroups"] == serde_json::json!(["arp-guard.io"])
+            && r["resources"] == serde_json::json!(["arpguardnodes"]);
         for v in r["verbs"].as_array().unwrap() {
             let ok = match v.as_str() {
                 Some("get" | "list" | "watch") => true,
-                Some("create" | "patch") => events,
+                Some("create" | "patch") => events || findings,
                 _ => false,
             };
-            assert!(ok, "{ctx}: the ClusterRole writes only Events: {r}");
+            assert!(
+                ok,
+                "{ctx}: the ClusterRole writes only Events and ArpGuardNodes: {r}"
+            );
         }
     }
 }

@@ -11,8 +11,9 @@
 //! SIGTERM; the records and the guard Pods listed and watched; the Nodes
 //! listed for `/cluster`), Events (a split-brain speaker: one Event, then
 //! its series patched), `--interface auto` (its Node read, MetalLB's
-//! L2Advertisements and Cilium's L2 announcement policies followed) and
-//! `arp-guard doctor`'s read of kube-proxy's ConfigMap.
+//! L2Advertisements and Cilium's L2 announcement policies followed), its
+//! ArpGuardNode (read, created, patched) and `arp-guard doctor`'s read of
+//! kube-proxy's ConfigMap.
 
 use std::{collections::BTreeSet, net::IpAddr, time::Duration};
 
@@ -48,6 +49,9 @@ fn every_request_is_granted_and_every_rule_is_used() {
         // The uplinks chosen too: its Node read, the announcers' interfaces followed.
         "--interface",
         "auto",
+        // Its findings written (created, then patched as they change).
+        "--node-report-interval",
+        "1s",
     ];
     let mut t = TakeoverBed::new("rbac", Style::KubeVip, true, &flags).unwrap();
     // A Cilium Lease nobody renews: past its 2 s the feed confirms it.

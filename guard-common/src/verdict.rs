@@ -377,21 +377,21 @@ macro_rules! names {
         }
 
         /// In JSON (the API, the CLI) by the same name.
-        #[cfg(feature = "user")]
+        #[cfg(feature = "serde")]
         impl serde::Serialize for $t {
             fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
                 s.serialize_str(self.as_str())
             }
         }
 
-        #[cfg(feature = "user")]
+        #[cfg(feature = "serde")]
         impl<'de> serde::Deserialize<'de> for $t {
             fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
                 d.deserialize_str(ByName::<$t>(core::marker::PhantomData))
             }
         }
 
-        #[cfg(feature = "user")]
+        #[cfg(feature = "serde")]
         impl Named for $t {
             const WHAT: &'static str = stringify!($t);
             fn all() -> &'static [Self] {
@@ -405,17 +405,17 @@ macro_rules! names {
 }
 
 /// The enums that have names, for reading them back by name.
-#[cfg(feature = "user")]
+#[cfg(feature = "serde")]
 trait Named: Copy + 'static {
     const WHAT: &'static str;
     fn all() -> &'static [Self];
     fn name(self) -> &'static str;
 }
 
-#[cfg(feature = "user")]
+#[cfg(feature = "serde")]
 struct ByName<T>(core::marker::PhantomData<T>);
 
-#[cfg(feature = "user")]
+#[cfg(feature = "serde")]
 impl<T: Named> serde::de::Visitor<'_> for ByName<T> {
     type Value = T;
     fn expecting(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {

@@ -4,11 +4,9 @@
 //! The layers, each importing only those below it:
 //!
 //! ```text
-//! reference               docs/reference, generated from cli, plugin,
-//!                         telemetry and model (`cargo xtask docs`)
-//! plugin                  `kubectl arp-guard`: every guard, through the
-//!                         API server (reads documents of api and
-//!                         sources' client; nothing imports it but main)
+//! reference               docs/reference, generated from cli (and the
+//!                         plugin's, `guard_wire::plugin_cli`), telemetry
+//!                         and model (`cargo xtask docs`)
 //! commands, cli           what the user runs
 //! probe                   `arp-guard probe`: a tool beside the daemon (ARP
 //!                         and TCP from any host on the segment); it reads
@@ -24,6 +22,8 @@
 //! model                   pure: facts -> view (what the maps should hold)
 //! ops                     the operation counters and the memory-pressure
 //!                         signal every part may write
+//! guard-wire (crate)      the documents served, written and read back (shared
+//!                         with `kubectl arp-guard`, a crate of its own)
 //! guard-common (crate)    pure: frame parser and the verdict, shared with the program
 //! ```
 // A daemon that must never take a node's traffic down does not panic on a
@@ -33,7 +33,6 @@
 
 pub mod cli;
 pub mod commands;
-pub mod plugin;
 pub mod reference;
 
 mod api;

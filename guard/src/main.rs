@@ -7,8 +7,9 @@ use std::{future::Future, process::ExitCode, time::Duration};
 use clap::Parser as _;
 use guard::{
     cli::{Cli, Command, LogFormat},
-    commands, plugin,
+    commands,
 };
+use guard_wire::cli::{end_quietly_on_a_closed_pipe, exit};
 use tracing_subscriber::{layer::SubscriberExt as _, util::SubscriberInitExt as _};
 
 fn init_logging(cli: &Cli) {
@@ -66,66 +67,9 @@ fn oneshot(f: impl Future<Output = anyhow::Result<()>>) -> anyhow::Result<()> {
     r
 }
 
-/// The name this binary was run under (`kubectl-arp_guard`: the plugin).
-fn invoked_as() -> String {
-    let arg0 = std::env::args_os().next().unwrap_or_default();
-    let name = std::path::Path::new(&arg0).file_name().unwrap_or_default();
-    name.to_string_lossy().into_owned()
-}
-
-/// `kubectl arp-guard ...` (and its completer).
-fn plugin(name: &str) -> ExitCode {
-    if name == plugin::COMPLETE_NAME {
-        let words: Vec<String> = std::env::args().skip(1).collect();
-        print!("{}", plugin::complete(&words));
-        return ExitCode::SUCCESS;
-    }
-    let cli = plugin::PluginCli::parse();
-    // Warnings only (kube's own lines would mix with the tables).
-    let filter = tracing_subscriber::EnvFilter::try_from_env("ARP_GUARD_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .init();
-    exit(oneshot(plugin::run(cli)), "kubectl arp-guard")
-}
-
-fn exit(result: anyhow::Result<()>, name: &str) -> ExitCode {
-    match result {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => match e.downcast_ref::<commands::Found>() {
-            Some(found) => {
-                eprintln!("{name}: {found}");
-                ExitCode::from(commands::Found::EXIT_CODE)
-            }
-            None => {
-                eprintln!("{name}: error: {e:#}");
-                ExitCode::from(commands::EXIT_TROUBLE)
-            }
-        },
-    }
-}
-
-/// A command whose reader goes away (`arp-guard status | head`) ends
-/// quietly, as other command-line tools do, instead of panicking in
-/// `println!`. Not the daemon: a client closing its connection must never
-/// end it (Rust ignores SIGPIPE, and the write fails instead).
-fn end_quietly_on_a_closed_pipe() {
-    // SAFETY: signal(2) with SIG_DFL installs no handler; called before any
-    // thread is started.
-    unsafe {
-        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
-    }
-}
-
 fn main() -> ExitCode {
-    let name = invoked_as();
-    if name == plugin::PLUGIN_NAME || name == plugin::COMPLETE_NAME {
-        end_quietly_on_a_closed_pipe();
-        return plugin(&name);
-    }
     let cli = Cli::parse();
+    // Not the daemon: a client closing its connection must never end it.
     if !matches!(cli.command, Command::Run(_)) {
         end_quietly_on_a_closed_pipe();
     }

@@ -44,6 +44,8 @@ pub enum ErrorCause {
     PresenceSkipped,
     /// Writing this guard's presence Lease failed.
     PresenceWrite,
+    /// Writing this node's ArpGuardNode (its findings) failed.
+    NodeReport,
 }
 
 impl ErrorCause {
@@ -61,6 +63,7 @@ impl ErrorCause {
             ErrorCause::PresenceNodes => "presence_nodes",
             ErrorCause::PresenceSkipped => "presence_skipped",
             ErrorCause::PresenceWrite => "presence_write",
+            ErrorCause::NodeReport => "node_report",
         }
     }
 }

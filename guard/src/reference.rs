@@ -9,7 +9,9 @@ use std::fmt::Write as _;
 
 use clap::CommandFactory as _;
 
-use crate::{cli::Cli, model::kube_events::Reason, plugin::PluginCli, telemetry::catalogue};
+use guard_wire::plugin_cli::PluginCli;
+
+use crate::{cli::Cli, model::kube_events::Reason, telemetry::catalogue};
 
 /// The shipped alerting rules (the reference lists them as they ship).
 const PROMETHEUS_RULE: &str = include_str!("../../deploy/monitoring/prometheusrule.yaml");
@@ -504,8 +506,8 @@ mod tests {
             );
         });
         // Other tools' flags the pages mention: cargo and cargo xtask
-        // (test, bench, image, vm-test), kube-proxy, prlimit, perf, kubectl
-        // create (role)binding, kubectl logs.
+        // (test, bench, image, vm-test, krew), kube-proxy, prlimit, perf,
+        // kubectl create (role)binding, kubectl logs, kubectl krew.
         const OTHERS: &[&str] = &[
             "--all-targets",
             "--arch",
@@ -537,6 +539,10 @@ mod tests {
             "--role",
             "--user",
             "--previous",
+            // kubectl krew install, cargo install.
+            "--manifest",
+            "--archive",
+            "--path",
         ];
         let mut unknown = Vec::new();
         for (file, text) in prose() {

@@ -13,8 +13,12 @@
 //! renewed every 10 s, doubled with every doubling of N). Then one more
 //! guard joins and leaves: the events that costs the others in total (O(N)).
 //!
+//! Then a mass failover: every Lease moves at once, every guard's findings
+//! change, and each writes its ArpGuardNode (at most once per 10-12 s):
+//! those writes per guard and for the fleet, beside the announcer's own.
+//!
 //! Tables: `fleet` (per guard and for the fleet, per N, with the fitted
-//! growth), `fleet_requests` (the largest N by verb and resource, per
+//! growth), `fleet_failover`, `fleet_requests` (the largest N by verb and resource, per
 //! guard), `fleet_model` (the fitted figures at 100 / 1,000 / 5,000 nodes
 //! next to the announcers' own load). `BENCH_FLEET_WINDOW=s` sets the
 //! measured window (default 120 s, short run 8 s).
@@ -53,6 +57,7 @@ fn main() {
     let fit = Fit::of(&runs);
     for r in &runs {
         r.print(&fit);
+        r.print_failover();
     }
     if let Some(last) = runs.last() {
         last.print_requests();
@@ -73,7 +78,15 @@ struct Run {
     join_events: u64,
     leave_events: u64,
     join_bytes: u64,
+    /// A mass failover (every Lease moved at once): each guard's writes of
+    /// its ArpGuardNode and their bytes, over [`FAILOVER_WINDOW`].
+    failover_writes: Vec<u64>,
+    failover_bytes: u64,
 }
+
+/// How long a mass failover's writes are counted: the findings' interval
+/// (10 s) and its random part (2 s), and a second to spare.
+const FAILOVER_WINDOW: Duration = Duration::from_secs(13);
 
 /// The same verb/resource counts summed over guards.
 fn total<'a>(it: impl Iterator<Item = &'a Counts>) -> Counts {
@@ -151,6 +164,20 @@ impl Run {
         );
     }
 
+    /// The mass failover: each guard's writes of its findings, against the
+    /// announcer's own (one Lease write per Service moved).
+    fn print_failover(&self) {
+        let w = &self.failover_writes;
+        let (max, sum) = (w.iter().max().copied().unwrap_or(0), w.iter().sum::<u64>());
+        let n = self.n;
+        println!(
+            "RESULT fleet_failover {n}_guards window_s={} report_writes_per_guard_max={max} report_writes_fleet={sum} \
+             report_B_per_write={:.0} announcer_lease_writes={SERVICES}",
+            FAILOVER_WINDOW.as_secs(),
+            self.failover_bytes as f64 / sum.max(1) as f64,
+        );
+    }
+
     /// Per guard, by verb and resource.
     fn print_requests(&self) {
         let mut by: BTreeMap<(&str, &str), Counts> = BTreeMap::new();
@@ -217,6 +244,7 @@ fn model(runs: &[Run], fit: &Fit) {
     let Some(last) = runs.last() else { return };
     let [req, bytes, events, bookmarks] = last.per_guard();
     let join_per_guard = last.join_events as f64 / last.n as f64;
+    let writes_per_guard = last.failover_writes.iter().max().copied().unwrap_or(0) as f64;
     for nodes in [100usize, 1_000, 5_000] {
         // Flat figures stay what the largest fleet measured; one that grows
         // (or fits no power law) is grown by the exponent measured, at
@@ -236,12 +264,15 @@ fn model(runs: &[Run], fit: &Fit) {
         println!(
             "RESULT fleet_model {nodes}_nodes guards_req/s={:.1} guards_B/s={:.0} guards_watch_events+bookmarks/s={:.1} \
              a_guard_joining_or_leaving_events={:.0} cilium_300_Services_Lease_writes/s={cilium_writes:.0} \
-             cilium_candidate_GETs/s={cilium_gets:.0} guards_req/s_vs_cilium_writes={:.2} metallb_ServiceL2Status_writes_per_move=2",
+             cilium_candidate_GETs/s={cilium_gets:.0} guards_req/s_vs_cilium_writes={:.2} metallb_ServiceL2Status_writes_per_move=2 \
+             mass_failover_findings_writes={:.0} mass_failover_findings_writes/s={:.0}",
             g_req * nodes as f64,
             g_bytes * nodes as f64,
             g_events * nodes as f64,
             join_per_guard * nodes as f64,
             g_req * nodes as f64 / cilium_writes,
+            writes_per_guard * nodes as f64,
+            writes_per_guard * nodes as f64 / FAILOVER_WINDOW.as_secs_f64(),
         );
     }
 }
@@ -353,6 +384,28 @@ fn run(n: usize, window: Duration) -> Run {
         )
     };
     let (j, l) = (to_others(&joined), to_others(&left));
+    // A mass failover: every Lease to the next node at once (a partition
+    // healing, a rolling restart of the announcer): every guard's findings
+    // change; each writes its ArpGuardNode at most once per interval.
+    bed.api.reset_tally();
+    for i in 0..SERVICES {
+        bed.api
+            .apply(Resource::Leases, lease(i, &bed.nodes[(i + 1) % n].name));
+    }
+    std::thread::sleep(FAILOVER_WINDOW);
+    let failover = bed.api.tally();
+    let report = |ip: &IpAddr| {
+        total(
+            (failover.iter())
+                .filter(|((by, v, r), _)| by == ip && *v != "get" && r == "arpguardnodes")
+                .map(|(_, c)| c),
+        )
+    };
+    let guard_ips: Vec<IpAddr> = (0..n)
+        .map(|i| format!("203.0.113.{}", 11 + i).parse().unwrap())
+        .collect();
+    let failover_writes = guard_ips.iter().map(|ip| report(ip).requests).collect();
+    let failover_bytes = guard_ips.iter().map(|ip| report(ip).bytes).sum();
     drop(guards);
     Run {
         n,
@@ -366,5 +419,7 @@ fn run(n: usize, window: Duration) -> Run {
         join_events: j.events,
         leave_events: l.events,
         join_bytes: j.bytes,
+        failover_writes,
+        failover_bytes,
     }
 }

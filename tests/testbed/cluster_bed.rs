@@ -150,6 +150,13 @@ impl ClusterBed {
             ns.sysctl("net.ipv6.conf.all.disable_ipv6", "1")?;
         }
         let api = start(&switch)?;
+        // Every node has its Node object, as in any cluster (its UID owns
+        // the node's ArpGuardNode; its InternalIP is on eth0).
+        for (i, n) in nodes.iter().enumerate() {
+            let ip = format!("198.51.100.{}", 11 + i);
+            let node = crate::fake_api::objects::node_with_ips(&n.name, &[&ip]);
+            api.apply(crate::fake_api::Resource::Nodes, node);
+        }
         let dir = TempDir::new(tag)?;
         let kubeconfig = dir.path().join("kubeconfig");
         std::fs::write(&kubeconfig, api.kubeconfig())?;

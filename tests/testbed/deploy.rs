@@ -56,8 +56,16 @@ pub type Grant = (String, String, Option<String>);
 /// What every rule of the Roles and ClusterRoles in `rel` (under
 /// `deploy/`) grants.
 pub fn grants(rel: &str) -> std::collections::BTreeSet<Grant> {
+    grants_of(rel, None)
+}
+
+/// [`grants`] of the roles named `role` only (None: every role).
+pub fn grants_of(rel: &str, role: Option<&str>) -> std::collections::BTreeSet<Grant> {
     let mut out = std::collections::BTreeSet::new();
     for d in documents(rel) {
+        if role.is_some_and(|r| d["metadata"]["name"] != r) {
+            continue;
+        }
         let ns = match d["kind"].as_str() {
             Some("ClusterRole") => None,
             Some("Role") => Some(d["metadata"]["namespace"].as_str().unwrap().to_owned()),

@@ -50,6 +50,7 @@ use serde_json::{json, Value};
 
 use crate::Netns;
 
+pub mod admission;
 mod auth;
 mod conn;
 mod events;
@@ -59,6 +60,7 @@ pub mod objects;
 mod select;
 mod server;
 mod store;
+mod table;
 mod tally;
 pub mod tls;
 mod watch;
@@ -84,6 +86,8 @@ pub enum Resource {
     L2Advertisements,
     /// CiliumL2AnnouncementPolicies, cluster-scoped (the same).
     L2Policies,
+    /// ArpGuardNodes, cluster-scoped: each guard's findings.
+    GuardNodes,
 }
 
 impl Resource {
@@ -97,6 +101,7 @@ impl Resource {
             Resource::Pods => "Pod",
             Resource::L2Advertisements => "L2Advertisement",
             Resource::L2Policies => "CiliumL2AnnouncementPolicy",
+            Resource::GuardNodes => "ArpGuardNode",
         }
     }
     fn api_version(self) -> &'static str {
@@ -105,6 +110,7 @@ impl Resource {
             Resource::Leases => "coordination.k8s.io/v1",
             Resource::L2Statuses | Resource::L2Advertisements => "metallb.io/v1beta1",
             Resource::L2Policies => "cilium.io/v2alpha1",
+            Resource::GuardNodes => "arp-guard.io/v1alpha1",
             Resource::ConfigMaps | Resource::Nodes | Resource::Pods => "v1",
         }
     }
@@ -119,6 +125,7 @@ impl Resource {
             Resource::Pods => "pods",
             Resource::L2Advertisements => "l2advertisements",
             Resource::L2Policies => "ciliuml2announcementpolicies",
+            Resource::GuardNodes => "arpguardnodes",
         }
     }
     /// (resource, namespace, object name) from a request path.
@@ -131,6 +138,8 @@ impl Resource {
             ("metallb", r)
         } else if let Some(r) = path.strip_prefix("/apis/cilium.io/v2alpha1/") {
             ("cilium", r)
+        } else if let Some(r) = path.strip_prefix("/apis/arp-guard.io/v1alpha1/") {
+            ("arpguard", r)
         } else {
             return None;
         };
@@ -141,7 +150,8 @@ impl Resource {
             ["namespaces", ns, plural, name] => {
                 (Some(ns.to_string()), *plural, Some(name.to_string()))
             }
-            ["nodes", name] => (None, "nodes", Some(name.to_string())),
+            // A cluster-scoped object: a Node, an ArpGuardNode.
+            [plural, name] if *plural != "namespaces" => (None, *plural, Some(name.to_string())),
             _ => return None,
         };
         let res = match (prefix, plural) {
@@ -150,6 +160,7 @@ impl Resource {
             ("metallb", "servicel2statuses") => Resource::L2Statuses,
             ("metallb", "l2advertisements") => Resource::L2Advertisements,
             ("cilium", "ciliuml2announcementpolicies") => Resource::L2Policies,
+            ("arpguard", "arpguardnodes") => Resource::GuardNodes,
             ("core", "configmaps") => Resource::ConfigMaps,
             ("core", "nodes") => Resource::Nodes,
             ("core", "pods") => Resource::Pods,
@@ -230,8 +241,17 @@ impl FakeApi {
 
     /// A kubeconfig that points at this server (plain HTTP, no auth).
     pub fn kubeconfig(&self) -> String {
+        self.kubeconfig_user("{}")
+    }
+
+    /// The same presenting bearer `token` (see [`FakeApi::set_user`]).
+    pub fn kubeconfig_with_token(&self, token: &str) -> String {
+        self.kubeconfig_user(&format!("{{token: {token}}}"))
+    }
+
+    fn kubeconfig_user(&self, user: &str) -> String {
         format!(
-            "apiVersion: v1\nkind: Config\nclusters:\n- name: fake\n  cluster:\n    server: http://{}\ncontexts:\n- name: fake\n  context:\n    cluster: fake\n    user: fake\ncurrent-context: fake\nusers:\n- name: fake\n  user: {{}}\n",
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: fake\n  cluster:\n    server: http://{}\ncontexts:\n- name: fake\n  context:\n    cluster: fake\n    user: fake\ncurrent-context: fake\nusers:\n- name: fake\n  user: {user}\n",
             self.addr
         )
     }

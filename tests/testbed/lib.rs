@@ -23,10 +23,12 @@ pub mod http;
 pub mod kernel;
 pub mod kubelet;
 pub mod lab;
+pub mod laptop;
 mod neigh;
 pub mod netns;
 pub mod packet;
 pub mod promtool;
+pub mod proxy;
 pub mod quoted;
 pub mod scrape;
 pub mod segment;
@@ -43,7 +45,20 @@ pub use packet::RawSocket;
 /// Where to find the `arp-guard` binary: `$ARP_GUARD_BIN`, else next to the
 /// running test binary's target directory.
 pub fn guard_binary() -> std::path::PathBuf {
-    if let Some(p) = std::env::var_os("ARP_GUARD_BIN") {
+    built_binary("ARP_GUARD_BIN", "arp-guard")
+}
+
+/// Where to find `kubectl-arp_guard`, the plugin's binary (a crate of its
+/// own): `$ARP_GUARD_PLUGIN`, else next to the running test binary's
+/// target directory (`cargo test --workspace` builds it there: its crate
+/// has integration tests).
+pub fn plugin_binary() -> std::path::PathBuf {
+    built_binary("ARP_GUARD_PLUGIN", "kubectl-arp_guard")
+}
+
+/// `$var`, else `name` in the running test binary's target directory.
+fn built_binary(var: &str, name: &str) -> std::path::PathBuf {
+    if let Some(p) = std::env::var_os(var) {
         return p.into();
     }
     let exe = std::env::current_exe().expect("current_exe");
@@ -52,7 +67,7 @@ pub fn guard_binary() -> std::path::PathBuf {
     if dir.ends_with("deps") {
         dir.pop();
     }
-    dir.join("arp-guard")
+    dir.join(name)
 }
 
 /// The integration tests create namespaces and load BPF programs.

@@ -29,6 +29,7 @@ pub const BENCHES: &[&str] = &[
     "takeover",
     "probing",
     "fleet",
+    "plugin",
 ];
 
 #[derive(Debug, clap::Args)]
@@ -300,9 +301,10 @@ pub fn bench_with(args: &BenchArgs, built: Option<&Built>) -> Result<()> {
         args.only.iter().map(String::as_str).collect()
     };
     if built.is_none() {
-        // The daemon the benches spawn, in the profile they run with.
+        // The daemon and the plugin the benches spawn, in the profile they
+        // run with.
         let mut build = cargo();
-        build.args(["build", "-p", "guard"]);
+        build.args(["build", "-p", "guard", "-p", "kubectl-arp_guard"]);
         if !args.short {
             build.arg("--release");
         }

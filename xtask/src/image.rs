@@ -206,8 +206,9 @@ fn ca_bundle() -> Result<Vec<u8>> {
     Ok(pem)
 }
 
-/// SOURCE_DATE_EPOCH, else the commit time of HEAD, else 0.
-fn source_date_epoch() -> i64 {
+/// SOURCE_DATE_EPOCH, else the commit time of HEAD, else 0 (the image's
+/// and the krew archives' mtimes).
+pub fn source_date_epoch() -> i64 {
     std::env::var("SOURCE_DATE_EPOCH")
         .ok()
         .or_else(|| git(&["log", "-1", "--format=%ct"]))

@@ -1,5 +1,6 @@
-//! Project automation: tool-chain set-up, the container image (the incident
-//! lab lives in the test bed, `testbed::lab`).
+//! Project automation: tool-chain set-up, the container image, the
+//! plugin's krew manifest (the incident lab lives in the test bed,
+//! `testbed::lab`).
 
 use std::{path::PathBuf, process::Command};
 
@@ -7,12 +8,14 @@ use anyhow::{bail, Context as _, Result};
 
 pub mod bench;
 pub mod image;
+pub mod krew;
 pub mod oci;
 pub mod phases;
 pub mod promtool;
 pub mod setup;
 pub mod slots;
 pub mod suite;
+pub mod targets;
 pub mod vm;
 
 /// The workspace's root directory.

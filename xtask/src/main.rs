@@ -50,6 +50,13 @@ enum Task {
     /// Write docs/reference from the code (every flag, metric, alert and
     /// Event reason); a unit test fails while the committed one differs.
     Docs,
+    /// Build and pack the plugin's linux/amd64 release archive and write
+    /// its krew manifest (plugins/arp-guard.yaml) from it and the other
+    /// platforms' archives given.
+    Krew(xtask::krew::KrewArgs),
+    /// Compile the plugin for Windows (std from source with the pinned
+    /// nightly, ring's C with mingw-w64); macOS needs Apple's SDK.
+    CheckTargets,
 }
 
 /// `cargo xtask test`: every check CI runs, each a timed phase. The suite
@@ -149,10 +156,11 @@ impl LaneBuild {
     }
 }
 
-/// What the suite runs: every test executable, built and linted once, and
-/// the lane's daemon and image.
+/// What the suite runs: every test executable, built and linted once, the
+/// plugin's binary, and the lane's daemon and image.
 struct Built<'a> {
     exes: Vec<suite::Exe>,
+    plugin: PathBuf,
     first: &'a LaneBuild,
 }
 
@@ -163,13 +171,24 @@ impl<'a> Built<'a> {
         tests.args(["test", "--workspace", "--all-targets", "--no-run"]);
         suite::lint_while_building(&mut tests)?;
         let exes = suite::build(tests)?;
+        // `kubectl-arp_guard`, built beside the tests (its crate has
+        // integration tests, so `cargo test` builds its binary), for the
+        // tests that run it through kubectl.
+        let plugin = target_dir().join("debug").join("kubectl-arp_guard");
+        if !plugin.exists() {
+            bail!("the suite's build left no {}", plugin.display());
+        }
         // Doc tests build apart (there are none today): run so that one
         // added is not skipped.
         let mut doc = cargo();
         doc.args(["test", "--workspace", "--doc"]);
         suite::lint_while_building(&mut doc)?;
         run(&mut doc)?;
-        Ok(Built { exes, first })
+        Ok(Built {
+            exes,
+            plugin,
+            first,
+        })
     }
 
     /// Every unit and integration test binary, `slots` at a time.
@@ -179,6 +198,7 @@ impl<'a> Built<'a> {
             .collect();
         let env = [
             ("ARP_GUARD_BIN".to_owned(), self.first.daemon.clone().into()),
+            ("ARP_GUARD_PLUGIN".to_owned(), self.plugin.clone().into()),
             (
                 "ARP_GUARD_IMAGE".to_owned(),
                 self.first.image.clone().into(),
@@ -235,6 +255,8 @@ fn task(task: Task) -> Result<()> {
     match task {
         Task::Setup => xtask::setup::setup(),
         Task::Image(args) => xtask::image::image(&args).map(|_| ()),
+        Task::Krew(args) => xtask::krew::krew(&args).map(|_| ()),
+        Task::CheckTargets => xtask::targets::check_targets(),
         Task::Bench(args) => xtask::bench::bench(&args),
         Task::VmTest(args) => xtask::vm::vm_test(&args),
         Task::Docs => {

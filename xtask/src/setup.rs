@@ -56,6 +56,8 @@ const PACKAGES: &[(&str, &str)] = &[
     ("gcc-aarch64-linux-gnu", "/usr/bin/aarch64-linux-gnu-gcc"),
     ("libc6-dev-arm64-cross", "/usr/aarch64-linux-gnu/lib/libc.a"),
     ("qemu-user-static", "/usr/bin/qemu-aarch64-static"),
+    // `cargo xtask check-targets`: the C cross compiler for Windows (ring).
+    ("gcc-mingw-w64-x86-64", "/usr/bin/x86_64-w64-mingw32-gcc"),
     // `cargo xtask vm-test`: the emulator, ipvsadm for the guest (copied in
     // with its libraries), objcopy and xz to strip binaries and unpack modules.
     ("qemu-system-x86", "/usr/bin/qemu-system-x86_64"),

@@ -25,7 +25,7 @@ use tokio::sync::broadcast;
 use super::{
     state::{unix_now, Shared},
     types::{
-        CensusSummary, ClientsRow, ConflictRow, Explanation, IpRow, StatusDoc, TakeoverSummary,
+        takeover_summary, CensusSummary, ClientsRow, ConflictRow, Explanation, IpRow, StatusDoc,
         Would,
     },
     MAX_EVENT_STREAMS,
@@ -207,7 +207,7 @@ async fn status(State(shared): State<Arc<Shared>>) -> Response {
             .collect(),
         conflicts: st.census.as_ref().map(ConflictRow::all).unwrap_or_default(),
         census: (st.census.as_ref()).map(|c| CensusSummary::of(c, st.clients.as_ref())),
-        takeovers: st.takeover.as_ref().map(TakeoverSummary::of),
+        takeovers: st.takeover.as_ref().map(takeover_summary),
         clients: st.clients.as_ref().map(ClientsRow::all).unwrap_or_default(),
     })
 }

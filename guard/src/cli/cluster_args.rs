@@ -31,6 +31,14 @@ pub struct PresenceArgs {
     /// account's namespace, else the kubeconfig's.
     #[arg(long, env = "POD_NAMESPACE", value_name = "NS")]
     pub presence_namespace: Option<String>,
+    /// This node's findings (mode, health, uplinks, the LB IPs it owns with
+    /// their last takeover, conflicts, clients still sending here) go into
+    /// its ArpGuardNode, cluster-scoped, named after the node, owned by the
+    /// Node: written when they change, at most once per this long (plus up
+    /// to a fifth of it, random), never at rest; what `kubectl arp-guard
+    /// status` reads. Needs the Kubernetes API and the CRD; 0 turns it off.
+    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_duration)]
+    pub node_report_interval: Duration,
     #[command(flatten)]
     pub probing: ProbingArgs,
 }

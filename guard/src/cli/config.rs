@@ -29,6 +29,9 @@ impl RunArgs {
             datapath: self.datapath()?,
             sources: self.sources(),
             presence: self.presence(),
+            node_report: (self.sources().cluster.is_some())
+                .then_some(self.presence.node_report_interval)
+                .filter(|i| !i.is_zero()),
             api: ApiConfig {
                 listen: self.listen.addr(),
                 metrics_listen: self.metrics_listen.addr(),

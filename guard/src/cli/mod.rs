@@ -496,8 +496,9 @@ mod tests {
     }
 
     /// The shipped RBAC grants exactly what the feed watches, what Events on
-    /// Services need, Nodes for presence's coverage, and what `--interface
-    /// auto` reads (its Node, the announcers' interfaces) (the rendered
+    /// Services need, Nodes for presence's coverage, what `--interface
+    /// auto` reads (its Node, the announcers' interfaces) and this node's
+    /// ArpGuardNode (the rendered
     /// manifests are checked against the CLI in tests/manifests.rs).
     #[test]
     fn rbac_grants_exactly_what_the_feed_watches_and_events_need() {
@@ -527,6 +528,7 @@ mod tests {
             [
                 "/nodes: get,list".to_owned(),
                 "/services: get,list,watch".into(),
+                "arp-guard.io/arpguardnodes: get,create,patch".into(),
                 "cilium.io/ciliuml2announcementpolicies: list,watch".into(),
                 "coordination.k8s.io/leases: get,list,watch".into(),
                 "events.k8s.io/events: create,patch".into(),

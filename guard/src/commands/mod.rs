@@ -42,31 +42,10 @@ use crate::{
     telemetry::counters::{CountersDoc, Snapshot},
 };
 
-/// A command that ran to its end and found a problem (a failed check, a
-/// conflict): its output already said what. `main` exits with
-/// [`Found::EXIT_CODE`] for it, and with 2 for any error that kept the
-/// command from finishing, the way `diff` and `grep` tell the two apart.
-#[derive(Debug, thiserror::Error)]
-#[error("{0}")]
-pub struct Found(pub String);
-
-impl Found {
-    /// The exit code of a command that found a problem.
-    pub const EXIT_CODE: u8 = 1;
-
-    /// `Ok` when `n` is 0, else the finding "`n` `what`": a command's count
-    /// of the problems its output showed.
-    pub fn if_any(n: usize, what: &str) -> Result<()> {
-        if n > 0 {
-            return Err(Found(format!("{n} {what}")).into());
-        }
-        Ok(())
-    }
-}
-
-/// The exit code of a command that could not finish (bad arguments, no
-/// permission, the daemon unreachable...).
-pub const EXIT_TROUBLE: u8 = 2;
+/// A command that found a problem, and the exit codes that tell it from one
+/// that could not finish (shared with `kubectl arp-guard`, which reads the
+/// guards' by the same rule).
+pub use guard_wire::cli::{Found, EXIT_TROUBLE};
 
 /// `arp-guard run`: the daemon, until SIGTERM/SIGINT.
 pub async fn run(args: &RunArgs) -> Result<()> {

@@ -235,24 +235,21 @@ impl Attachments {
 /// routes choose until they come).
 pub(super) fn hints(
     cfg: &RunConfig,
-    node: &str,
+    api: Option<&super::report::NodeApi>,
 ) -> Option<watch::Receiver<crate::model::uplinks::Hints>> {
-    let auto = cfg
-        .daemon
-        .uplinks
-        .iter()
-        .any(|u| u == crate::model::uplinks::AUTO);
+    let auto = (cfg.daemon.uplinks.iter()).any(|u| u == crate::model::uplinks::AUTO);
     let cluster = cfg.sources.cluster.as_ref().filter(|_| auto)?;
+    let api = api?;
     let announcers = &cluster.feed.announcers;
-    Some(uplink_hints::spawn(uplink_hints::HintsConfig {
-        kubeconfig: cluster.kubeconfig.clone(),
-        node: node.to_owned(),
+    let follow = uplink_hints::HintsConfig {
         metallb: announcers.iter().find_map(|a| match a {
             Announcer::MetalLb { namespace } => Some(namespace.clone()),
             _ => None,
         }),
         cilium: (announcers.iter()).any(|a| matches!(a, Announcer::Cilium { .. })),
-    }))
+    };
+    let (client, dialer) = (api.client.clone(), api.dialer.clone());
+    Some(uplink_hints::spawn(follow, client, dialer, api.own.clone()))
 }
 
 /// Log what joined and left the uplinks, each with why; a pattern that

@@ -84,6 +84,9 @@ pub struct RunConfig {
     pub sources: SourcesConfig,
     /// Presence (None: off, or no Kubernetes API to write to).
     pub presence: Option<PresenceConfig>,
+    /// This node's ArpGuardNode written at most this often (None: off, or
+    /// no Kubernetes API).
+    pub node_report: Option<Duration>,
     pub api: ApiConfig,
     pub clients: ClientsConfig,
     pub kube_events: KubeEventsConfig,

@@ -16,6 +16,7 @@ mod preflight;
 mod presence;
 mod probing;
 mod publish;
+mod report;
 mod startup;
 mod status_file;
 mod takeover;
@@ -124,6 +125,14 @@ pub(crate) struct Daemon {
     presence: Option<crate::sources::presence::Handle>,
     /// What it knew of recent moves, kept across restarts.
     history: history::HistoryState,
+    /// This node's findings for its ArpGuardNode's writer, and when it
+    /// started (None: off).
+    report: Option<(
+        watch::Sender<guard_wire::node::NodeReport>,
+        std::time::Instant,
+    )>,
+    /// Heartbeats since start (the findings are looked at every fourth).
+    beats: u64,
 }
 
 impl Daemon {
@@ -172,6 +181,10 @@ impl Daemon {
             }
         }
         self.dp.flush_program_logs();
+        self.beats += 1;
+        if self.beats.is_multiple_of(4) {
+            self.refresh_report();
+        }
         self.takeover_tick();
         self.save_history(false);
         if self.dirty {

@@ -63,12 +63,7 @@ impl Daemon {
                     node: node.clone(),
                     mode: if monitor { "monitor" } else { "enforce" }.into(),
                     version: env!("CARGO_PKG_VERSION").into(),
-                    health: match (st.not_ready.is_empty(), monitor) {
-                        (false, _) => "degraded",
-                        (true, true) => "monitoring",
-                        (true, false) => "enforcing",
-                    }
-                    .into(),
+                    health: super::report::health(!st.not_ready.is_empty(), st.mode).into(),
                     interfaces,
                     other,
                     kernel_answers: answers_now(st.kernel_answered_ns, monotonic_ns()),

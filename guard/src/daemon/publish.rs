@@ -19,7 +19,7 @@ use crate::{
     ops::{ErrorCause, Ops},
     telemetry::{
         counters::Snapshot,
-        status::{Counts, DaemonStatus, FeedHealth},
+        status::{counts, feed_health, DaemonStatus},
     },
 };
 
@@ -42,11 +42,10 @@ impl Daemon {
             node: self.node.clone(),
             mode: self.cfg.datapath.mode.as_str().into(),
             interfaces: att.status(),
-            lb_ips: Counts::of(&self.view),
+            lb_ips: counts(&self.view),
             not_enforced: self.dp.not_enforced(),
             map_memory_bytes: self.memlock,
-            feed: cluster
-                .map(|c| FeedHealth::of(&self.announcers, c, &self.node, guards.as_deref())),
+            feed: cluster.map(|c| feed_health(&self.announcers, c, &self.node, guards.as_deref())),
             // The memory watch's sample (set again under the write lock
             // below, where a newer one cannot be overwritten).
             memory: self.shared.read().memory.clone(),

@@ -73,7 +73,8 @@ pub(super) async fn start(cfg: RunConfig) -> Result<(Daemon, Inputs)> {
         None => None,
     };
     let takeover = super::takeover::Takeover::new(&cfg.daemon.takeover)?;
-    let hints = super::attachments::hints(&cfg, &node);
+    let node_api = super::report::node_api(&cfg, &node).await;
+    let hints = super::attachments::hints(&cfg, node_api.as_ref());
     let mut daemon = Daemon::new(cfg, node, dp, &table, announcers, takeover, ops);
     daemon.enforce(file.as_ref().map(|(f, _)| f), &table, cluster_rx.is_some())?;
     let held = daemon.start_held_reader();
@@ -84,6 +85,7 @@ pub(super) async fn start(cfg: RunConfig) -> Result<(Daemon, Inputs)> {
     // fills (the uplinks and their MACs). Started before, the first Lease
     // could go out naming no interface (tests/presence.rs saw it).
     daemon.presence = daemon.start_presence();
+    daemon.start_report(node_api.as_ref());
     daemon.announce();
 
     // The sources keep their facts current from now on.
@@ -224,6 +226,8 @@ impl Daemon {
             takeover,
             presence: None,
             history,
+            report: None,
+            beats: 0,
             cfg,
         }
     }

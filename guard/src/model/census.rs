@@ -19,7 +19,8 @@ use std::{
 };
 
 use guard_common::Kind;
-use serde::{Deserialize, Serialize};
+/// The census as it is served (a wire type: the plugin reads it too).
+pub use guard_wire::census::{Census, IpCensus, Reason, Responder};
 
 use super::{
     fmt_mac,
@@ -98,74 +99,6 @@ pub struct Who {
     /// The owner node of each claimed LB IP, where the source names one.
     pub owners: BTreeMap<IpAddr, String>,
 }
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Reason {
-    /// Claimed by more than one MAC at a time.
-    Contested,
-    /// Owned by this node, claimed by another MAC.
-    ClaimedElsewhere,
-}
-
-impl Reason {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Reason::Contested => "contested",
-            Reason::ClaimedElsewhere => "claimed_elsewhere",
-        }
-    }
-}
-
-/// One MAC that claimed an IP, as the API and CLI show it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Responder {
-    pub mac: String,
-    pub claims: u64,
-    /// Seconds since its current run of claims began, and since its latest.
-    pub first_seen_ago_s: u64,
-    pub last_seen_ago_s: u64,
-    /// Claimed within the window.
-    pub active: bool,
-    /// One of this node's own MACs.
-    pub local: bool,
-    pub kinds: Vec<String>,
-    /// The interface its latest claim arrived on.
-    pub interface: String,
-    /// The guarded node whose interface has this MAC (presence), and which.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub node: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub node_interface: Option<String>,
-    /// No live guard lists this MAC: a device outside the cluster, or a
-    /// node without the guard (only said while presence runs).
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub outside: bool,
-}
-
-/// The census of one LB IP.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct IpCensus {
-    /// MACs that claimed it within the window.
-    pub active: usize,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub conflict: Option<Reason>,
-    /// The owner node the ownership source names.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub owner: Option<String>,
-    /// Most recent first, at most [`MAX_LISTED`].
-    pub responders: Vec<Responder>,
-    /// Responders not listed.
-    #[serde(default, skip_serializing_if = "is_zero")]
-    pub more: usize,
-}
-
-fn is_zero(n: &usize) -> bool {
-    *n == 0
-}
-
-/// Every LB IP with a claim in the table.
-pub type Census = BTreeMap<IpAddr, IpCensus>;
 
 /// The census from the claims (any order), judged in `cx`.
 pub fn assess(claims: &[CensusEntry], cx: &Context) -> Census {

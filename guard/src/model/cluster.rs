@@ -39,26 +39,8 @@ impl std::fmt::Display for ServiceRef {
     }
 }
 
-/// One stream's health, as shown in the status and metrics.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct StreamStatus {
-    pub name: String,
-    /// Listed at least once.
-    pub synced: bool,
-    /// Delivering: no error and no missed deadline since its last progress.
-    pub healthy: bool,
-    /// The last error, while failing.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub error: Option<String>,
-    /// Objects whose latest version cannot be decoded (skipped; the rest of
-    /// the stream is read).
-    #[serde(default, skip_serializing_if = "is_zero")]
-    pub undecodable: usize,
-}
-
-fn is_zero(n: &usize) -> bool {
-    *n == 0
-}
+/// One stream's health, as shown in the status and metrics (a wire type).
+pub use guard_wire::status::StreamStatus;
 
 /// The claims as the feed hands them to the daemon: every LB IP's current
 /// claim, and a log of which IPs changed at which version, so that one

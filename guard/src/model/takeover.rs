@@ -21,6 +21,9 @@ use std::{collections::BTreeMap, net::IpAddr, time::Duration};
 
 pub use fates::{Fates, Tally};
 use guard_common::{Kind, Origin, Ownership, Verdict};
+/// The record a takeover leaves in the status (a wire type: the plugin
+/// reads it too).
+pub use guard_wire::takeover::TakeoverRecord;
 
 /// An announcement held back ([`guard_common::HeldFrame`], decoded).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -193,25 +196,6 @@ impl Holds {
         self.count -= out.iter().map(|(_, n)| n).sum::<usize>();
         out
     }
-}
-
-/// The last takeover of an IP by this node, as the status shows it.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct TakeoverRecord {
-    /// When the ownership change was seen (Unix seconds).
-    pub at_unix: u64,
-    /// From the ownership change to the first announcement that left this
-    /// node (0 when it left before the change was seen, within the window);
-    /// None: none yet.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub first_announcement_ms: Option<u64>,
-    /// Who sent it: `speaker`, `kernel`, `redirect`, or `guard` (a held
-    /// announcement re-sent by the guard).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub via: Option<Origin>,
-    /// No announcement within the threshold (it may have come later: then
-    /// `first_announcement_ms` says when).
-    pub silent: bool,
 }
 
 /// A takeover as it is kept across a restart.

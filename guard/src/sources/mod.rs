@@ -6,5 +6,7 @@ pub mod addrs;
 pub mod cluster;
 pub mod file;
 pub mod file_watch;
+pub mod own_node;
 pub mod presence;
+pub mod report;
 pub mod uplink_hints;

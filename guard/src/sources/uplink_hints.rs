@@ -1,9 +1,8 @@
 //! What the cluster says of this node's uplinks, for `--interface auto`:
-//! the Node's InternalIP and ExternalIP (read once, from the API server's
-//! cache, retried with back-off until it answers), and the interfaces the
-//! announcers' own objects name: MetalLB's L2Advertisements (`interfaces`,
-//! names) and Cilium's CiliumL2AnnouncementPolicies (`interfaces`, regular
-//! expressions), each followed with one watch.
+//! the Node's InternalIP and ExternalIP (`own_node`: read once), and the
+//! interfaces the announcers' own objects name: MetalLB's L2Advertisements
+//! (`interfaces`, names) and Cilium's CiliumL2AnnouncementPolicies
+//! (`interfaces`, regular expressions), each followed with one watch.
 //!
 //! Node selectors are not read: the kernel of a node that does not announce
 //! still answers ARP on every interface (the flux this guard stops), so an
@@ -15,7 +14,7 @@
 //! [`ABSENT_RETRY`]. At rest this costs one watch request per follower per
 //! [`follow::WATCH_TIMEOUT`] (290 s).
 
-use std::{collections::BTreeMap, path::PathBuf, time::Duration};
+use std::{collections::BTreeMap, time::Duration};
 
 use kube::Client;
 use serde::Deserialize;
@@ -27,20 +26,15 @@ use crate::{
         cluster::{
             decode::{Meta, Obj, Object},
             dial::Dialer,
-            stream::backoff,
-            task::connections,
         },
+        own_node::OwnNode,
         presence::follow::{self, Collection, Step},
     },
 };
 
 /// A kind the API does not serve here, or may not be read, is asked again
 /// after this long.
-const ABSENT_RETRY: Duration = Duration::from_secs(600);
-/// The Node's first retry; doubling to 30 s (`backoff`).
-const NODE_RETRY: Duration = Duration::from_secs(1);
-/// Each Node read gives up after this long.
-const NODE_TIMEOUT: Duration = Duration::from_secs(10);
+const ABSENT_RETRY: Duration = crate::sources::own_node::REFUSED_RETRY;
 /// Objects of one kind taken at most, and interface rules per object: an
 /// operator's objects, not an attacker's, but bounded all the same.
 const MAX_OBJECTS: usize = 256;
@@ -51,31 +45,32 @@ const REGEX_SIZE: usize = 1 << 20;
 /// Which objects to follow.
 #[derive(Debug, Clone)]
 pub struct HintsConfig {
-    pub kubeconfig: Option<PathBuf>,
-    pub node: String,
     /// MetalLB's namespace (its L2Advertisements), when MetalLB announces.
     pub metallb: Option<String>,
     /// Cilium announces (its cluster-wide policies).
     pub cilium: bool,
 }
 
-/// Start following; the hints are published on the returned channel.
-pub fn spawn(cfg: HintsConfig) -> watch::Receiver<Hints> {
+/// Start following with `client` and `dialer`; `node` is this guard's Node
+/// as `own_node` reads it. The hints are published on the returned channel.
+pub fn spawn(
+    cfg: HintsConfig,
+    client: Client,
+    dialer: Dialer,
+    node: watch::Receiver<Option<OwnNode>>,
+) -> watch::Receiver<Hints> {
     let (tx, rx) = watch::channel(Hints::default());
-    tokio::spawn(run(cfg, tx));
+    tokio::spawn(run(cfg, client, dialer, node, tx));
     rx
 }
 
-async fn run(cfg: HintsConfig, tx: watch::Sender<Hints>) {
-    let (client, dialer) = match connections(cfg.kubeconfig.as_deref()).await {
-        Ok(c) => c,
-        Err(e) => {
-            tracing::warn!(error = %format!("{e:#}"), "uplink hints: no Kubernetes client; the routes alone choose the uplinks");
-            // Held open: the daemon keeps waiting on a channel that never changes.
-            tx.closed().await;
-            return;
-        }
-    };
+async fn run(
+    cfg: HintsConfig,
+    client: Client,
+    dialer: Dialer,
+    mut node: watch::Receiver<Option<OwnNode>>,
+    tx: watch::Sender<Hints>,
+) {
     let (steps_tx, mut steps) = mpsc::channel::<(Kind, Step<Announcement>)>(64);
     if let Some(ns) = &cfg.metallb {
         let path = format!("/apis/metallb.io/v1beta1/namespaces/{ns}/l2advertisements");
@@ -98,20 +93,22 @@ async fn run(cfg: HintsConfig, tx: watch::Sender<Hints>) {
         ));
     }
     drop(steps_tx);
-    let mut node = std::pin::pin!(node_ips(client, cfg.node.clone()));
     let mut objects: BTreeMap<(Kind, String), Named> = BTreeMap::new();
-    let (mut node_done, mut steps_open) = (false, true);
+    let (mut node_open, mut steps_open) = (true, true);
     loop {
-        if node_done && !steps_open {
+        if !node_open && !steps_open {
             // Nothing more to follow: held open, the daemon keeps the hints.
             tx.closed().await;
             return;
         }
         tokio::select! {
-            ips = &mut node, if !node_done => {
-                node_done = true;
-                tracing::info!(node = %cfg.node, addresses = ?ips, "uplink hints: the Node's addresses");
-                tx.send_modify(|h| h.node_ips = Some(ips));
+            r = node.changed(), if node_open => {
+                let ips = node.borrow_and_update().as_ref().map(|n| n.addresses.clone());
+                match (r, ips) {
+                    (Err(_), _) => node_open = false,
+                    (Ok(()), Some(ips)) => tx.send_modify(|h| h.node_ips = Some(ips)),
+                    (Ok(()), None) => {}
+                }
             }
             step = steps.recv(), if steps_open => {
                 let Some((kind, step)) = step else {
@@ -306,79 +303,6 @@ async fn keep_following(
     }
 }
 
-/// The Node's InternalIP and ExternalIP addresses, retried until read
-/// (every [`ABSENT_RETRY`] while refused or not found, else with back-off).
-async fn node_ips(client: Client, node: String) -> Vec<std::net::IpAddr> {
-    let mut attempt = 0;
-    loop {
-        match read_node(&client, &node).await {
-            Ok(ips) => return ips,
-            Err((code, e)) => {
-                if attempt == 0 {
-                    tracing::info!(node = %node, error = %e, "uplink hints: cannot read the Node yet; retrying (the routes choose meanwhile)");
-                }
-                let wait = match code {
-                    Some(403 | 404) => ABSENT_RETRY,
-                    _ => backoff(NODE_RETRY, attempt),
-                };
-                tokio::time::sleep(wait).await;
-                attempt += 1;
-            }
-        }
-    }
-}
-
-#[derive(Deserialize)]
-struct Node {
-    #[serde(default)]
-    status: Option<NodeStatus>,
-}
-
-#[derive(Deserialize)]
-struct NodeStatus {
-    #[serde(default)]
-    addresses: Vec<NodeAddress>,
-}
-
-#[derive(Deserialize)]
-struct NodeAddress {
-    #[serde(rename = "type", default)]
-    kind: String,
-    #[serde(default)]
-    address: String,
-}
-
-/// The Node's addresses; Err: the API's status code if it gave one, and why.
-async fn read_node(
-    client: &Client,
-    node: &str,
-) -> Result<Vec<std::net::IpAddr>, (Option<u16>, String)> {
-    // resourceVersion=0: from the API server's cache, not a quorum read.
-    let req = http::Request::get(format!("/api/v1/nodes/{node}?resourceVersion=0"))
-        .body(Vec::new())
-        .map_err(|e| (None, e.to_string()))?;
-    let text = tokio::time::timeout(NODE_TIMEOUT, client.request_text(req))
-        .await
-        .map_err(|_| (None, format!("no answer within {NODE_TIMEOUT:?}")))?
-        .map_err(|e| match &e {
-            kube::Error::Api(s) => (Some(s.code), e.to_string()),
-            _ => (None, e.to_string()),
-        })?;
-    let n: Node = serde_json::from_str(&text).map_err(|e| (None, format!("not a Node: {e}")))?;
-    Ok(node_addresses(n))
-}
-
-fn node_addresses(n: Node) -> Vec<std::net::IpAddr> {
-    let mut ips: Vec<std::net::IpAddr> = (n.status.into_iter())
-        .flat_map(|s| s.addresses)
-        .filter(|a| a.kind == "InternalIP" || a.kind == "ExternalIP")
-        .filter_map(|a| a.address.parse().ok())
-        .collect();
-    ips.sort_unstable();
-    ips.dedup();
-    ips
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -433,17 +357,5 @@ mod tests {
             Step::Delete(announcement(l2))
         ));
         assert!(objects.is_empty());
-    }
-
-    #[test]
-    fn the_node_s_internal_and_external_addresses() {
-        let n: Node = serde_json::from_str(
-            r#"{"status":{"addresses":[{"type":"Hostname","address":"node-a"},
-                {"type":"InternalIP","address":"198.51.100.2"},{"type":"InternalIP","address":"fd00::2"},
-                {"type":"ExternalIP","address":"203.0.113.2"},{"type":"InternalIP","address":"junk"}]}}"#,
-        )
-        .unwrap();
-        let ips: Vec<String> = node_addresses(n).iter().map(|i| i.to_string()).collect();
-        assert_eq!(ips, ["198.51.100.2", "203.0.113.2", "fd00::2"]);
     }
 }

@@ -19,27 +19,11 @@ use crate::{
     model::census::{assess, claims_in_words, conflicts, Census, Context, Reason, Who},
 };
 
-/// The census as the API serves it (`/responders`).
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct CensusDoc {
-    /// Claims older than this are history.
-    pub window_seconds: u64,
-    /// Entries in the kernel table, and its capacity (LRU: the least recently
-    /// claimed make room).
-    pub entries: usize,
-    pub capacity: u32,
-    /// Census totals from the kernel (arp, ndp, claims, insert_failed).
-    pub totals: BTreeMap<String, u64>,
-    /// The table could not be read (the last good census is kept).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub error: Option<String>,
-    /// Every LB IP with a claim.
-    pub ips: Census,
-    /// The claims as read (shared, not copied): what healing stale clients
-    /// reads the owner's MAC from, to the nanosecond.
-    #[serde(skip)]
-    pub claims: std::sync::Arc<Vec<crate::model::census::CensusEntry>>,
-}
+/// The census as the API serves it (`/responders`), with the claims as
+/// read beside it (shared, not copied): what healing stale clients reads the
+/// owner's MAC from, to the nanosecond.
+pub type CensusDoc =
+    guard_wire::census::CensusDoc<std::sync::Arc<Vec<crate::model::census::CensusEntry>>>;
 
 /// One conflict, as an `/events` line and in the status.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

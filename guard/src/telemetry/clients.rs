@@ -28,76 +28,13 @@ use super::histogram::FAILOVER_SECONDS;
 use crate::{
     datapath::{clients::ClientsReader, sys::monotonic_ns},
     model::clients::{
-        assess, kept, totals, Clients, Context, Entry, IpState, Kept, Memory, Restore, StaleClient,
+        assess, kept, totals, Context, Entry, IpState, Kept, Memory, Restore, StaleClient,
     },
 };
 
-/// `/clients`: misdirected and stale clients per LB IP.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct ClientsDoc {
-    /// `--stale-client-after`, in seconds.
-    pub stale_after_seconds: f64,
-    /// Entries in the kernel table, and its capacity (LRU: the least
-    /// recently seen clients make room).
-    pub entries: usize,
-    pub capacity: u32,
-    /// Totals from the kernel (recorded, new_client, insert_failed, other_host).
-    pub totals: BTreeMap<String, u64>,
-    /// The table could not be read (the last good state is kept).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub error: Option<String>,
-    /// Clients still sending here past `--stale-client-after`, all LB IPs.
-    pub stale: usize,
-    /// Failover times of the clients that followed a move (seconds).
-    pub failover: Histogram,
-    /// With `--refresh-stale-clients`: refreshes by outcome (`sent`,
-    /// `send_failed`, or why not: `not_foreign`, `blind`,
-    /// `owner_uncertain`, `own_mac`, `rate_limited`, `over_limit`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub refreshes: Option<BTreeMap<String, u64>>,
-    /// Every LB IP with misdirected packets.
-    pub ips: Clients,
-    /// The per-LB-IP metric series (bounded by --metrics-max-ip-series).
-    #[serde(skip)]
-    pub series: IpSeries,
-}
-
-impl ClientsDoc {
-    /// An empty document: "on, nothing seen yet".
-    pub fn empty(stale_after: Duration) -> Self {
-        ClientsDoc {
-            stale_after_seconds: stale_after.as_secs_f64(),
-            capacity: MAX_CLIENTS,
-            ..Default::default()
-        }
-    }
-
-    /// What its metric families are made of.
-    pub(super) fn parts(&self) -> super::clients_metrics::Parts<'_> {
-        super::clients_metrics::Parts {
-            series: &self.series,
-            ips: &self.ips,
-            totals: &self.totals,
-            entries: self.entries,
-            refreshes: self.refreshes.as_ref(),
-        }
-    }
-
-    /// The same document for one LB IP only.
-    pub fn only(&self, ip: IpAddr) -> Self {
-        ClientsDoc {
-            ips: self
-                .ips
-                .get(&ip)
-                .map(|c| (ip, c.clone()))
-                .into_iter()
-                .collect(),
-            stale: self.ips.get(&ip).map_or(0, |c| c.stale),
-            series: IpSeries::default(),
-            ..self.clone()
-        }
-    }
-}
+/// `/clients`: misdirected and stale clients per LB IP, with the per-LB-IP
+/// metric series chosen for it beside it (not served: the metrics' own).
+pub type ClientsDoc = guard_wire::clients::ClientsDoc<IpSeries>;
 
 /// What the task needs from the daemon: the published state of the LB IPs
 /// asked (and of every IP this node has lost), on the census's clock; and,

@@ -27,6 +27,20 @@ pub(super) struct Parts<'a> {
     pub(super) refreshes: Option<&'a BTreeMap<String, u64>>,
 }
 
+impl<'a> Parts<'a> {
+    /// The parts of `doc` (the clients task's document: the wire type with
+    /// its series beside it).
+    pub(super) fn of(doc: &'a guard_wire::clients::ClientsDoc<IpSeries>) -> Self {
+        Parts {
+            series: &doc.series,
+            ips: &doc.ips,
+            totals: &doc.totals,
+            entries: doc.entries,
+            refreshes: doc.refreshes.as_ref(),
+        }
+    }
+}
+
 /// Which LB IPs have their own series: first come, first labelled, and
 /// kept while the IP is in the LB set (no series flaps); past the limit an
 /// IP's packets are added to `lb_ip="other"` (per family), which only grows.

@@ -15,8 +15,6 @@
 
 use std::path::{Path, PathBuf};
 
-use serde::{Deserialize, Serialize};
-
 /// How often the memory is looked at (a read of /proc/self/statm and of
 /// the limit file: microseconds).
 pub const PERIOD: std::time::Duration = std::time::Duration::from_secs(5);
@@ -33,38 +31,9 @@ pub struct Limit {
     pub file: PathBuf,
 }
 
-/// How close to the limit.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Level {
-    /// Under [`WARN_AT`] (or no limit known).
-    #[default]
-    Ok,
-    /// Past [`WARN_AT`]: raise the limit.
-    Warning,
-    /// Past [`PRESSURE_AT`]: no new object is taken in.
-    Pressure,
-}
-
-/// The state as `/status` and `/metrics` show it.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct MemoryStatus {
-    /// Resident memory of the daemon.
-    pub rss_bytes: u64,
-    /// Kernel memory of its BPF maps (charged to its cgroup too).
-    pub maps_bytes: u64,
-    /// The cgroup's limit (absent: none found).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub limit_bytes: Option<u64>,
-    pub level: Level,
-}
-
-impl MemoryStatus {
-    /// What the cgroup counts of this daemon.
-    pub fn used(&self) -> u64 {
-        self.rss_bytes + self.maps_bytes
-    }
-}
+/// The state as `/status` and `/metrics` show it (wire types: its level is
+/// [`Level`], from [`WARN_AT`] and [`PRESSURE_AT`] of the limit).
+pub use guard_wire::memory::{Level, MemoryStatus};
 
 /// The next level from `prev` at `used` of `limit` bytes (hysteresis: a
 /// level is left only well below where it was entered).

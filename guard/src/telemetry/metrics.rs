@@ -126,7 +126,7 @@ pub fn render(scrape: Scrape<'_>) -> Result<String, std::fmt::Error> {
         takeovers(&mut v, t);
     }
     if let Some(c) = scrape.clients {
-        let f = super::clients_metrics::families(c.parts());
+        let f = super::clients_metrics::families(super::clients_metrics::Parts::of(c));
         v.counters.extend(f.counters);
         v.gauges.extend(f.gauges);
         v.histograms.push((

@@ -68,6 +68,8 @@ struct Request {
     body: Vec<u8>,
     /// The bearer token presented, if any.
     token: Option<String>,
+    /// The client asked for a server-side Table (`Accept: ...;as=Table`).
+    table: bool,
     /// A WebSocket handshake's headers (pods/exec).
     upgrade: exec::Upgrade,
 }
@@ -80,6 +82,7 @@ fn read_request(reader: &mut BufReader<Conn>) -> Result<Option<Request>> {
     }
     let mut content_length = 0usize;
     let mut token = None;
+    let mut table = false;
     let mut upgrade = exec::Upgrade::default();
     loop {
         let mut h = String::new();
@@ -94,6 +97,8 @@ fn read_request(reader: &mut BufReader<Conn>) -> Result<Option<Request>> {
             content_length = value.trim().parse().unwrap_or(0);
         } else if name.eq_ignore_ascii_case("authorization") {
             token = value.trim().strip_prefix("Bearer ").map(str::to_owned);
+        } else if name.eq_ignore_ascii_case("accept") {
+            table = value.contains("as=Table");
         } else {
             upgrade.header(name, value);
         }
@@ -108,6 +113,7 @@ fn read_request(reader: &mut BufReader<Conn>) -> Result<Option<Request>> {
         target,
         body,
         token,
+        table,
         upgrade,
     }))
 }
@@ -290,9 +296,9 @@ fn resource(
             inner,
             &req.method,
             res,
-            ns.as_deref(),
-            name,
+            (ns.as_deref(), name),
             &req.body,
+            req.token.as_deref(),
         ))
     } else {
         name.map(|name| store::get(inner, res, ns.as_deref(), &name))
@@ -318,7 +324,13 @@ fn resource(
     if !t.is_watch() {
         let limit = t.param("limit").and_then(|v| v.parse().ok());
         let cont = t.param("continue");
-        respond(out, 200, &select::list(inner, &filter, limit, cont))?;
+        let list = select::list(inner, &filter, limit, cont);
+        let list = if req.table {
+            super::table::of(res, &list)
+        } else {
+            list
+        };
+        respond(out, 200, &list)?;
         return Ok(After::Kept(reader));
     }
     let from: u64 = t

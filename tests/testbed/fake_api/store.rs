@@ -44,6 +44,8 @@ pub(super) struct State {
     pub(super) auth: Option<Auth>,
     /// Requests per bearer token presented.
     pub(super) tokens_seen: BTreeMap<String, u64>,
+    /// Who each bearer token is (the admission policy reads it).
+    pub(super) identities: BTreeMap<String, super::admission::User>,
     /// Services may be selected by `spec.type` and `spec.clusterIP`
     /// (Kubernetes 1.31 and later); false: an older server, which answers
     /// such a field selector with 400 Bad Request.
@@ -171,7 +173,7 @@ pub(super) fn apply(inner: &Inner, res: Resource, mut object: Value) {
 /// resourceVersion, uid); the object's key.
 fn stamp(res: Resource, object: &mut Value, rv: u64) -> ObjKey {
     let ns = match res {
-        Resource::Nodes | Resource::L2Policies => String::new(),
+        Resource::Nodes | Resource::L2Policies | Resource::GuardNodes => String::new(),
         _ => object["metadata"]["namespace"]
             .as_str()
             .unwrap_or("default")

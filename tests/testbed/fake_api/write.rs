@@ -10,15 +10,19 @@ use super::{
 
 /// A write, as the real server checks it: POST creates (409 if the name is
 /// taken), PUT replaces only at the current resourceVersion (409 Conflict
-/// otherwise; 404 if gone), DELETE removes (404 if gone). Leases only.
+/// otherwise; 404 if gone), DELETE removes (404 if gone). Leases, and
+/// ArpGuardNodes (`guard_node`: with PATCH, and the admission policy).
 pub(super) fn write(
     inner: &Inner,
     method: &str,
     res: Resource,
-    ns: Option<&str>,
-    name: Option<String>,
+    (ns, name): (Option<&str>, Option<String>),
     body: &[u8],
+    token: Option<&str>,
 ) -> (u16, Value) {
+    if res == Resource::GuardNodes {
+        return guard_node(inner, method, name, body, token);
+    }
     let Some(ns) = ns.filter(|_| res == Resource::Leases) else {
         return (
             405,
@@ -119,4 +123,111 @@ fn remove(at: At<'_>, name: &str) -> (u16, Value) {
     };
     delete(at.0, at.1, at.2, name);
     (200, gone)
+}
+
+/// A write of an ArpGuardNode (cluster-scoped): POST creates, PATCH with a
+/// JSON Patch (`add` or `replace` of a top-level member, what the guard
+/// sends), DELETE; each first admitted by the shipped policy
+/// ([`super::admission`]) for the token's identity.
+fn guard_node(
+    inner: &Inner,
+    method: &str,
+    name: Option<String>,
+    body: &[u8],
+    token: Option<&str>,
+) -> (u16, Value) {
+    let at = (inner, Resource::GuardNodes, "");
+    let parsed: Result<Value, _> = serde_json::from_slice(body);
+    let (name, old, new) = match (method, name, parsed) {
+        ("POST", None, Ok(o)) => {
+            let n = o["metadata"]["name"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned();
+            (n, None, o)
+        }
+        ("PATCH", Some(n), Ok(ops)) => {
+            let Some(cur) = current(at, &n) else {
+                return (
+                    404,
+                    status(404, "NotFound", &format!("arpguardnodes \"{n}\" not found")),
+                );
+            };
+            match json_patch(&cur, &ops) {
+                Ok(new) => (n, Some(cur), new),
+                Err(e) => return (422, status(422, "Invalid", &e)),
+            }
+        }
+        ("DELETE", Some(n), _) => {
+            let Some(cur) = current(at, &n) else {
+                return (
+                    404,
+                    status(404, "NotFound", &format!("arpguardnodes \"{n}\" not found")),
+                );
+            };
+            (n, Some(cur), Value::Null)
+        }
+        (_, _, Err(e)) => return (400, status(400, "BadRequest", &format!("body: {e}"))),
+        _ => {
+            return (
+                405,
+                status(
+                    405,
+                    "MethodNotAllowed",
+                    &format!("fake API: {method} not served here"),
+                ),
+            )
+        }
+    };
+    let operation = match method {
+        "POST" => "CREATE",
+        "DELETE" => "DELETE",
+        _ => "UPDATE",
+    };
+    let who = super::admission::who(inner, token);
+    let policy = super::admission::shipped().expect("the shipped admission policy");
+    let newer = (!new.is_null()).then_some(&new);
+    match policy.check(operation, &who, old.as_ref(), newer) {
+        Ok(None) => {}
+        Ok(Some(message)) => return super::admission::denied(&name, &message),
+        Err(e) => {
+            return (
+                500,
+                status(500, "InternalError", &format!("the policy failed: {e:#}")),
+            )
+        }
+    }
+    match method {
+        "POST" if old.is_none() && current(at, &name).is_some() => (
+            409,
+            status(
+                409,
+                "AlreadyExists",
+                &format!("arpguardnodes \"{name}\" already exists"),
+            ),
+        ),
+        "DELETE" => {
+            delete(inner, Resource::GuardNodes, "", &name);
+            (200, old.unwrap_or_default())
+        }
+        code => {
+            apply(inner, Resource::GuardNodes, new);
+            (if code == "POST" { 201 } else { 200 }, stored(at, &name))
+        }
+    }
+}
+
+/// `ops` (a JSON Patch) applied to `cur`: `add` and `replace` of top-level
+/// members only, which is all the guard sends.
+fn json_patch(cur: &Value, ops: &Value) -> Result<Value, String> {
+    let mut out = cur.clone();
+    for op in ops.as_array().ok_or("a JSON Patch is an array")? {
+        let path = op["path"].as_str().ok_or("an op without a path")?;
+        let key = path.strip_prefix('/').filter(|k| !k.contains('/'));
+        match (op["op"].as_str(), key) {
+            (Some("add" | "replace"), Some(k)) => out[k] = op["value"].clone(),
+            _ => return Err(format!("fake API: JSON Patch op {op} not served")),
+        }
+    }
+    Ok(out)
 }

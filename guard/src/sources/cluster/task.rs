@@ -80,24 +80,13 @@ pub async fn start(cfg: ClusterConfig, ops: Arc<Ops>) -> Result<watch::Receiver<
 /// Build a client from `kubeconfig`, else the usual inference (in-cluster
 /// service account, then $KUBECONFIG / ~/.kube/config).
 pub async fn client(kubeconfig: Option<&std::path::Path>) -> Result<Client> {
-    let (config, trust) = config(kubeconfig, None).await?;
-    client_of(config, trust)
-}
-
-/// A client from `kubeconfig` (else $KUBECONFIG / ~/.kube/config) and its
-/// `context` (else the current one), as kubectl picks them; with neither,
-/// the usual inference.
-pub async fn client_in_context(
-    kubeconfig: Option<&std::path::Path>,
-    context: Option<&str>,
-) -> Result<Client> {
-    let (config, trust) = config(kubeconfig, context).await?;
+    let (config, trust) = config(kubeconfig).await?;
     client_of(config, trust)
 }
 
 /// The client and the watch connections, from one configuration.
 pub async fn connections(kubeconfig: Option<&std::path::Path>) -> Result<(Client, Dialer)> {
-    let (config, trust) = config(kubeconfig, None).await?;
+    let (config, trust) = config(kubeconfig).await?;
     // The client first: its errors carry the advice (a CA bundle to mount).
     let client = client_of(config.clone(), trust)?;
     let dialer = Dialer::new(&config).context("configuring the Kubernetes watch connections")?;
@@ -105,29 +94,20 @@ pub async fn connections(kubeconfig: Option<&std::path::Path>) -> Result<(Client
 }
 
 /// The configuration, and the TLS trust it was settled to.
-async fn config(
-    kubeconfig: Option<&std::path::Path>,
-    context: Option<&str>,
-) -> Result<(kube::Config, Trust)> {
+async fn config(kubeconfig: Option<&std::path::Path>) -> Result<(kube::Config, Trust)> {
     // Several rustls providers could be compiled in; name ours. An error only
     // means one is installed already.
     let _ = rustls::crypto::ring::default_provider().install_default();
-    let opts = kube::config::KubeConfigOptions {
-        context: context.map(str::to_owned),
-        ..Default::default()
-    };
-    let mut config = match (kubeconfig, context) {
-        (Some(path), _) => {
+    let mut config = match kubeconfig {
+        Some(path) => {
             let kc = kube::config::Kubeconfig::read_from(path)
                 .with_context(|| format!("reading kubeconfig {}", path.display()))?;
+            let opts = kube::config::KubeConfigOptions::default();
             kube::Config::from_custom_kubeconfig(kc, &opts)
                 .await
                 .context("kubeconfig")?
         }
-        (None, Some(c)) => kube::Config::from_kubeconfig(&opts)
-            .await
-            .with_context(|| format!("kubeconfig context {c:?}"))?,
-        (None, None) => kube::Config::infer()
+        None => kube::Config::infer()
             .await
             .context("no Kubernetes API configuration (in-cluster or kubeconfig)")?,
     };

@@ -1,34 +1,15 @@
-//! Which CA roots the client's TLS trusts, decided before kube-rs builds it.
-//!
-//! kube-rs builds a rustls configuration for every kubeconfig, also for a
-//! plain-HTTP API, and one that names no CA gets the platform verifier,
-//! which fails when the system has no CA bundle ("No CA certificates were
-//! loaded from the system"): the guard would not start from a kubeconfig
-//! that never needs those roots. The image ships Debian's bundle (for an API
-//! server with a publicly signed certificate); outside it, or with the
-//! bundle hidden, a kubeconfig that needs no system roots must still work.
+//! Which CA roots the client's TLS trusts, decided before kube-rs builds it
+//! (the rule, [`Trust`], is `guard_wire::connect`'s, shared with `kubectl
+//! arp-guard`). The image ships Debian's bundle (for an API server with a
+//! publicly signed certificate); outside it, or with the bundle hidden, a
+//! kubeconfig that needs no system roots must still work.
 
-/// Where the client's trust comes from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Trust {
-    /// The kubeconfig (or the service account) names its CA.
-    OwnCa,
-    /// Nothing is verified: plain HTTP, or `insecure-skip-tls-verify`.
-    Unverified,
-    /// HTTPS with no CA named: the system's bundle (`SSL_CERT_FILE`, else
-    /// the usual paths such as /etc/ssl/certs/ca-certificates.crt).
-    System,
-}
+pub use guard_wire::connect::Trust;
 
 /// The trust `config` asks for.
 pub fn trust(config: &kube::Config) -> Trust {
-    if config.root_cert.is_some() {
-        Trust::OwnCa
-    } else if config.cluster_url.scheme_str() == Some("http") || config.accept_invalid_certs {
-        Trust::Unverified
-    } else {
-        Trust::System
-    }
+    let names_ca = config.root_cert.is_some();
+    Trust::of(&config.cluster_url, names_ca, config.accept_invalid_certs)
 }
 
 /// Make `config` trust what it asks for and no more: a configuration that

@@ -7,7 +7,7 @@
 
 use clap::CommandFactory as _;
 
-use super::args::PluginCli;
+use guard_wire::plugin_cli::PluginCli;
 
 /// The candidates for `words` (the last is being completed).
 pub fn complete(words: &[String]) -> String {

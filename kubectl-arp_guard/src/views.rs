@@ -10,7 +10,7 @@ use super::{
     fanout::{NodeAnswer, Unanswered},
     output::{ago, columns, labelled},
 };
-use crate::{model::census::Census, telemetry::clients::ClientsDoc};
+use guard_wire::{census::Census, clients::ClientsDoc};
 
 /// One node's answer in a JSON or YAML document: its document, or why it
 /// has none.
@@ -48,9 +48,13 @@ pub fn unanswered<T>(answers: &[NodeAnswer<T>]) -> String {
     out
 }
 
-/// Nodes that answered, and how many had nothing to say.
+/// Nodes that answered (or reported), and how many had something to say.
 fn quiet_line(answered: usize, said: usize) -> String {
-    format!("{said} of {answered} nodes that answered have something to say\n")
+    quiet_line_as(answered, said, "answered")
+}
+
+fn quiet_line_as(answered: usize, said: usize, verb: &str) -> String {
+    format!("{said} of {answered} nodes that {verb} have something to say\n")
 }
 
 /// `clients`: one row per misdirected client, labelled with the node it
@@ -202,8 +206,144 @@ pub fn events_table(events: &[EventRow]) -> String {
             e.service.clone(),
             e.node.clone(),
             e.count.to_string(),
-            crate::model::text::clip(&e.note, 160),
+            guard_wire::text::clip(&e.note, 160),
         ]);
     }
     columns(&rows)
+}
+
+/// One LB IP's clients still reaching one node, from its ArpGuardNode.
+#[derive(Debug, Clone, Serialize)]
+pub struct ClientCountRow {
+    pub node: String,
+    pub ip: std::net::IpAddr,
+    pub sending: usize,
+    pub stale: usize,
+    /// When its object was written (Unix seconds).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub as_of: Option<u64>,
+}
+
+/// `clients` from the API: per node and LB IP, how many clients still send
+/// there and how many are stale (`--live` for each client's MAC and IP).
+pub fn client_counts(
+    views: &[crate::node_view::NodeView],
+    only: Option<std::net::IpAddr>,
+) -> Vec<ClientCountRow> {
+    (views.iter())
+        .flat_map(|v| {
+            (v.clients.iter())
+                .filter(move |(ip, _)| only.is_none_or(|o| o == **ip))
+                .map(|(ip, c)| ClientCountRow {
+                    node: v.node.clone(),
+                    ip: *ip,
+                    sending: c.sending,
+                    stale: c.stale,
+                    as_of: v.as_of,
+                })
+        })
+        .collect()
+}
+
+/// Nodes that reported, and the lines for those that did not.
+fn reported(views: &[crate::node_view::NodeView]) -> (usize, String) {
+    let mut out = String::new();
+    for v in views {
+        if let Some(u) = &v.unanswered {
+            out.push_str(&format!("{}: {u}\n", v.node));
+        }
+    }
+    (views.iter().filter(|v| v.unanswered.is_none()).count(), out)
+}
+
+/// The table of [`client_counts`].
+pub fn client_counts_table(
+    rows: &[ClientCountRow],
+    views: &[crate::node_view::NodeView],
+) -> String {
+    let now = jiff::Timestamp::now().as_second().max(0) as u64;
+    let mut t = vec![["NODE", "LB IP", "SENDING", "STALE", "AS OF"]
+        .map(String::from)
+        .to_vec()];
+    for r in rows {
+        let as_of = r.as_of.map_or("-".into(), |a| {
+            format!("{} ago", ago(now.saturating_sub(a)))
+        });
+        t.push(vec![
+            r.node.clone(),
+            r.ip.to_string(),
+            r.sending.to_string(),
+            r.stale.to_string(),
+            as_of,
+        ]);
+    }
+    let mut out = if rows.is_empty() {
+        "no misdirected client on any node\n".into()
+    } else {
+        columns(&t)
+    };
+    let (n, missing) = reported(views);
+    let said: std::collections::BTreeSet<&str> = rows.iter().map(|r| r.node.as_str()).collect();
+    out.push_str(&quiet_line_as(n, said.len(), "reported"));
+    out.push_str("(each client's MAC and IP: --live)\n");
+    out.push_str(&missing);
+    out
+}
+
+/// One LB IP in conflict as one node's census sees it.
+#[derive(Debug, Clone, Serialize)]
+pub struct ConflictRow {
+    pub node: String,
+    pub ip: std::net::IpAddr,
+    pub reason: String,
+    pub claimants: Vec<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub as_of: Option<u64>,
+}
+
+/// `responders` from the API: the LB IPs in conflict, per node whose census
+/// sees it, with the claimants named by node (`--live` for every MAC).
+pub fn conflicts(
+    views: &[crate::node_view::NodeView],
+    only: Option<std::net::IpAddr>,
+) -> Vec<ConflictRow> {
+    (views.iter())
+        .flat_map(|v| {
+            (v.conflicts.iter())
+                .filter(move |c| only.is_none_or(|o| o == c.ip))
+                .map(|c| ConflictRow {
+                    node: v.node.clone(),
+                    ip: c.ip,
+                    reason: c.reason.clone(),
+                    claimants: c.claimants.clone(),
+                    as_of: v.as_of,
+                })
+        })
+        .collect()
+}
+
+/// The table of [`conflicts`].
+pub fn conflicts_table(rows: &[ConflictRow], views: &[crate::node_view::NodeView]) -> String {
+    let mut t = vec![["NODE", "LB IP", "CONFLICT", "CLAIMED BY"]
+        .map(String::from)
+        .to_vec()];
+    for r in rows {
+        t.push(vec![
+            r.node.clone(),
+            r.ip.to_string(),
+            r.reason.clone(),
+            r.claimants.join(", "),
+        ]);
+    }
+    let mut out = if rows.is_empty() {
+        "no LB IP in conflict on any node\n".into()
+    } else {
+        columns(&t)
+    };
+    let (n, missing) = reported(views);
+    let said: std::collections::BTreeSet<&str> = rows.iter().map(|r| r.node.as_str()).collect();
+    out.push_str(&quiet_line_as(n, said.len(), "reported"));
+    out.push_str("(every MAC each census saw: --live)\n");
+    out.push_str(&missing);
+    out
 }

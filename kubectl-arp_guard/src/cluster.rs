@@ -11,7 +11,7 @@ use std::{
 };
 
 use k8s_openapi::api::{
-    coordination::v1::Lease, core::v1::Node, core::v1::Pod, core::v1::Service, events::v1::Event,
+    coordination::v1::Lease, core::v1::Pod, core::v1::Service, events::v1::Event,
 };
 use kube::{
     api::{ListParams, ObjectList},
@@ -19,20 +19,33 @@ use kube::{
 };
 use serde::{Deserialize, Serialize};
 
-use crate::model::presence::{self, Record};
+use guard_wire::presence::{self, Record};
 
 /// A request the plugin's user is not allowed to make: what to grant.
 #[derive(Debug, thiserror::Error)]
 #[error(
-    "forbidden: {message}\n  kubectl arp-guard needs `{verb}` on {resource} ({scope}): the \
-     ClusterRole and the Role arp-guard-operator of deploy/components/kubectl-plugin grant what it \
-     needs; bind both to your user or group"
+    "forbidden: {message}\n  kubectl arp-guard needs `{verb}` on {resource} ({scope}): {}",
+    role_for(resource)
 )]
 pub struct Denied {
     pub verb: &'static str,
     pub resource: &'static str,
     pub scope: String,
     pub message: String,
+}
+
+/// Which role of deploy/components/kubectl-plugin grants `resource`.
+fn role_for(resource: &str) -> &'static str {
+    match resource {
+        "pods/exec" | "leases" => {
+            "the Role arp-guard-operator of deploy/components/kubectl-plugin grants it (exec: \
+             explain, doctor, --live; not read-only); bind it to your user or group"
+        }
+        _ => {
+            "the roles arp-guard-viewer of deploy/components/kubectl-plugin grant what it reads \
+             (read-only); bind them to your user or group"
+        }
+    }
 }
 
 /// A failed read of the API (not a 403): the command could not ask.
@@ -185,25 +198,6 @@ impl Reader<'_> {
                 Record::decode(text.map(String::as_str)).ok()
             })
             .map(|r| (r.node.clone(), r))
-            .collect())
-    }
-
-    /// Every node's name (metadata is enough), or why they could not be
-    /// read (not allowed, no answer): the nodes without a guard are then
-    /// not named, and the output says why.
-    pub async fn nodes(&self) -> Result<BTreeSet<String>, String> {
-        // Metadata only: a Node's status (images, conditions) is 10-20 kB.
-        let api: Api<Node> = Api::all(self.client.clone());
-        let lp = ListParams::default().match_any();
-        let list = match tokio::time::timeout(self.timeout, api.list_metadata(&lp)).await {
-            Err(_) => return Err(format!("no answer within {:?}", self.timeout)),
-            Ok(Err(e)) => return Err(e.to_string()),
-            Ok(Ok(l)) => l,
-        };
-        Ok(list
-            .items
-            .into_iter()
-            .filter_map(|n| n.metadata.name)
             .collect())
     }
 

@@ -4,7 +4,7 @@
 use anyhow::Result;
 use serde::Serialize;
 
-use super::args::Format;
+use guard_wire::plugin_cli::Format;
 
 /// `doc` as JSON or YAML (None for the table formats).
 pub fn document<T: Serialize>(format: Format, doc: &T) -> Result<Option<String>> {

@@ -67,6 +67,10 @@ pub enum Unanswered {
     /// It printed something that is not the document asked for (an older
     /// guard that lacks the command, ...).
     Unreadable { error: String },
+    /// Its guard runs but has no ArpGuardNode (yet): starting, a guard
+    /// without the API or `--node-report-interval 0`, an older version, or
+    /// its writes refused (its log says why).
+    NoReport,
 }
 
 impl std::fmt::Display for Unanswered {
@@ -85,10 +89,14 @@ impl std::fmt::Display for Unanswered {
                 write!(
                     f,
                     "its command failed (exit {code}): {}",
-                    crate::model::text::clip(stderr.trim(), 300)
+                    guard_wire::text::clip(stderr.trim(), 300)
                 )
             }
             Unanswered::Unreadable { error } => write!(f, "unreadable answer: {error}"),
+            Unanswered::NoReport => write!(
+                f,
+                "no ArpGuardNode from its guard (starting, an older version, or its writes refused: see its log; --live asks it)"
+            ),
         }
     }
 }
@@ -238,6 +246,11 @@ impl Unanswered {
 /// answered (every node asked, or the one `--node` named), the command
 /// could not ask: an error naming why (exit 2), not a finding.
 pub fn missing<T>(answers: &[NodeAnswer<T>]) -> anyhow::Result<usize> {
+    missing_as(answers, "answered")
+}
+
+/// [`missing`], the guards having `said` (answered, reported) or not.
+pub fn missing_as<T>(answers: &[NodeAnswer<T>], said: &str) -> anyhow::Result<usize> {
     const NAMED: usize = 5;
     if answers.is_empty() {
         anyhow::bail!("no node to ask: no guard Pod matches the selector in the namespace, and no Node was listed");
@@ -252,7 +265,7 @@ pub fn missing<T>(answers: &[NodeAnswer<T>]) -> anyhow::Result<usize> {
         } else {
             String::new()
         };
-        anyhow::bail!("no guard answered ({}{more})", why.join("; "));
+        anyhow::bail!("no guard {said} ({}{more})", why.join("; "));
     }
     Ok((answers.iter())
         .filter(|a| a.answer.as_ref().err().is_some_and(Unanswered::is_finding))

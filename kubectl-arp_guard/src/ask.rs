@@ -1,47 +1,31 @@
-//! `kubectl arp-guard`: the whole segment's story from a laptop, through
-//! the API server only. The same binary as the daemon, run under the name
-//! `kubectl-arp_guard` (kubectl finds it on PATH as `kubectl arp-guard`;
-//! `kubectl_complete-arp_guard` completes it).
-//!
-//! What the API alone holds is read once (`cluster`); what only a node
-//! knows is asked of every guard with its own read-only command in its Pod
-//! (`fanout` over `exec`), merged (`status`, `views`) and shown (`output`).
-
-mod args;
-mod cluster;
-mod complete;
-mod exec;
-mod fanout;
-mod output;
-mod status;
-mod views;
+//! One `kubectl arp-guard` command, from its arguments to its exit: the
+//! client (`connect`), what the API holds read once (`cluster`), the
+//! guards asked (`fanout` over `exec`), the merge (`status`, `views`) and
+//! the output.
 
 use std::{net::IpAddr, time::Duration};
 
 use anyhow::{Context as _, Result};
+use guard_wire::{
+    api::StatusDoc,
+    cli::Found,
+    clients::ClientsDoc,
+    plugin_cli::{Format, PluginCli, PluginCommand},
+};
 use kube::Api;
 
-pub use args::PluginCli;
-pub use complete::complete;
-
-use args::{Format, PluginCommand};
-use cluster::{ClusterReads, Reader};
-use fanout::{Plan, Target};
-
-use crate::{api::types::StatusDoc, commands::Found, telemetry::clients::ClientsDoc};
-
-/// The file name kubectl runs the plugin under, and its completer's.
-pub const PLUGIN_NAME: &str = "kubectl-arp_guard";
-pub const COMPLETE_NAME: &str = "kubectl_complete-arp_guard";
+use crate::{
+    cluster::{ClusterReads, Reader},
+    exec, fanout,
+    fanout::{NodeAnswer, Plan, Target, Unanswered},
+    node_view::{self, NodeView},
+    output, status, status_table, views,
+};
 
 /// Run one `kubectl arp-guard` command.
 pub async fn run(cli: PluginCli) -> Result<()> {
     let c = &cli.conn;
-    let client = crate::sources::cluster::task::client_in_context(
-        c.kubeconfig.as_deref(),
-        c.context.as_deref(),
-    )
-    .await?;
+    let client = crate::connect::client(c.kubeconfig.as_deref(), c.context.as_deref()).await?;
     let reader = Reader {
         client: &client,
         namespace: &c.namespace,
@@ -65,6 +49,7 @@ pub async fn run(cli: PluginCli) -> Result<()> {
         plan: &plan,
         node: c.node.as_deref(),
         format: c.output,
+        live: c.live,
     };
     match &cli.command {
         PluginCommand::Status { ip } => ask.status(*ip).await,
@@ -87,6 +72,8 @@ struct Ask<'a> {
     plan: &'a Plan<'a>,
     node: Option<&'a str>,
     format: Format,
+    /// Ask the guards now (pods/exec) instead of reading their objects.
+    live: bool,
 }
 
 /// The guard's own command line: `arp-guard ARGS -o json` (or the table).
@@ -134,7 +121,75 @@ impl Ask<'_> {
         Ok(())
     }
 
+    /// The nodes' views from the API: every node's ArpGuardNode (one list),
+    /// with its guard Pod's readiness (a Table); a node with a Pod and no
+    /// object, or with neither, says so.
+    async fn views_from_api(&self) -> Result<(Vec<NodeView>, ClusterReads)> {
+        let mut reads = ClusterReads {
+            pods: self.reader.pods_ready().await?,
+            ..Default::default()
+        };
+        if self.node.is_none() {
+            match self.reader.nodes().await {
+                Ok(n) => reads.nodes = Some(n),
+                Err(why) => {
+                    eprintln!("note: the cluster's Nodes could not be read ({why}): nodes without a guard Pod are not listed");
+                    reads.nodes_unread = Some(why);
+                }
+            }
+        }
+        let reports = self.reader.reports().await?;
+        let mut names: std::collections::BTreeSet<String> = reads.pods.keys().cloned().collect();
+        names.extend(reads.nodes.iter().flatten().cloned());
+        names.extend(reports.iter().map(|r| r.metadata.name.clone()));
+        if let Some(n) = self.node {
+            names = std::iter::once(n.to_owned()).collect();
+        }
+        let views = (names.into_iter())
+            .map(|n| {
+                let ready = reads.pods.get(&n).map(|p| p.ready);
+                match reports.iter().find(|r| r.metadata.name == n) {
+                    Some(r) => node_view::of_report(r, ready),
+                    None => NodeView {
+                        unanswered: Some(match reads.pods.get(&n) {
+                            None => Unanswered::NoGuardPod,
+                            Some(p) if !p.running => Unanswered::NotRunning {
+                                why: p.why.clone().unwrap_or_default(),
+                            },
+                            Some(_) => Unanswered::NoReport,
+                        }),
+                        node: n,
+                        ready,
+                        ..Default::default()
+                    },
+                }
+            })
+            .collect();
+        Ok((views, reads))
+    }
+
+    /// The guards that did not report (findings); an error when none did.
+    fn unreported(views: &[NodeView]) -> Result<usize> {
+        let answers: Vec<NodeAnswer<()>> = (views.iter())
+            .map(|v| NodeAnswer {
+                node: v.node.clone(),
+                ready: v.ready,
+                answer: v.unanswered.clone().map_or(Ok(((), 0)), Err),
+            })
+            .collect();
+        fanout::missing_as(&answers, "reported")
+    }
+
     async fn status(&self, ip: Option<IpAddr>) -> Result<()> {
+        if !self.live {
+            let (views, mut reads) = self.views_from_api().await?;
+            reads.services = self.reader.services().await?;
+            reads.events = self.reader.events(Duration::from_secs(3600)).await?;
+            let s = status::merge(&reads, &views, None, ip, status::Source::Api);
+            self.print_status(&s)?;
+            Self::unreported(&views)?;
+            return Found::if_any(s.findings(), "finding(s), listed above");
+        }
         let (targets, mut reads) = self.targets().await?;
         reads.records = self.reader.records().await?;
         reads.services = self.reader.services().await?;
@@ -175,15 +230,35 @@ impl Ask<'_> {
             }
             _ => None,
         };
-        let s = status::merge(&reads, &answers, reference.as_ref(), ip);
-        let now = jiff::Timestamp::now().as_second().max(0) as u64;
-        let wide = self.format == Format::Wide;
-        self.print(&s, || status::table(&s, wide, now))?;
+        let views: Vec<NodeView> = (answers.iter())
+            .map(|a| node_view::of_answer(a, &reads.records))
+            .collect();
+        let reference = reference.map(|d| {
+            let mut v = NodeView::default();
+            v.absorb(&d, &Default::default());
+            v
+        });
+        let s = status::merge(&reads, &views, reference.as_ref(), ip, status::Source::Live);
+        self.print_status(&s)?;
         fanout::missing(&answers)?;
         Found::if_any(s.findings(), "finding(s), listed above")
     }
 
+    fn print_status(&self, s: &status::ClusterStatus) -> Result<()> {
+        let now = jiff::Timestamp::now().as_second().max(0) as u64;
+        let wide = self.format == Format::Wide;
+        self.print(s, || status_table::table(s, wide, now))
+    }
+
     async fn clients(&self, ip: Option<IpAddr>) -> Result<()> {
+        if !self.live {
+            let (views, _) = self.views_from_api().await?;
+            let rows = views::client_counts(&views, ip);
+            let stale: usize = rows.iter().map(|r| r.stale).sum();
+            self.print(&rows, || views::client_counts_table(&rows, &views))?;
+            let missing = Self::unreported(&views)?;
+            return Found::if_any(stale + missing, "stale clients or guards without a report");
+        }
         let (targets, _) = self.targets().await?;
         let mut args = vec!["clients".to_owned()];
         args.extend(ip_arg(ip));
@@ -198,6 +273,13 @@ impl Ask<'_> {
     }
 
     async fn responders(&self, ip: Option<IpAddr>) -> Result<()> {
+        if !self.live {
+            let (views, _) = self.views_from_api().await?;
+            let rows = views::conflicts(&views, ip);
+            self.print(&rows, || views::conflicts_table(&rows, &views))?;
+            let missing = Self::unreported(&views)?;
+            return Found::if_any(rows.len() + missing, "conflicts or guards without a report");
+        }
         let (targets, _) = self.targets().await?;
         let mut args = vec!["responders".to_owned()];
         args.extend(ip_arg(ip));

@@ -1,6 +1,12 @@
 //! `kubectl arp-guard`: its arguments. kubectl passes a plugin's arguments
 //! as they are, so the usual kubectl flags (`--kubeconfig`, `--context`,
 //! `-n`) are the plugin's own.
+//!
+//! Here rather than in the plugin's crate: the daemon's generated reference
+//! (`arp-guard reference`: docs/reference/flags.md, and the check of every
+//! flag the pages name) lists the plugin's flags from this definition, and
+//! would otherwise link the plugin's crate, its client and its kube-rs
+//! features into the daemon's build.
 
 use std::{net::IpAddr, path::PathBuf, time::Duration};
 
@@ -13,20 +19,23 @@ use crate::cli::parse_duration;
     name = "kubectl-arp_guard",
     bin_name = "kubectl arp-guard",
     version,
-    about = "The segment's story from a laptop: every arp-guard of the cluster, asked through the API server.",
-    long_about = "The segment's story from a laptop: every arp-guard of the cluster, asked through the \
+    about = "The segment's story from a laptop: every arp-guard of the cluster, read from the API server.",
+    long_about = "The segment's story from a laptop: every arp-guard of the cluster, read from the \
         API server.\n\n\
-        What the API alone holds (the guard Pods, their presence records, the LoadBalancer Services, \
-        arp-guard's Events) is read once; what only a node knows (its census, its clients, its \
-        takeovers) is asked of each guard by running its own `arp-guard ... -o json` in its Pod \
-        (pods/exec), a bounded number at a time, each within --node-timeout and all within --timeout. A node whose guard does \
-        not answer, is not running or is not Ready is listed as such. The plugin only reads (and \
-        execs the guard's read-only commands).\n\n\
+        `status`, `clients`, `responders` and `events` only read (get/list): each guard keeps its \
+        node's findings in its ArpGuardNode (the LB IPs it owns with their last takeover, the IPs \
+        in conflict and who claims them, the clients still reaching it, its uplinks), written \
+        when they change; one list of those, the LoadBalancer Services, the guard Pods' readiness \
+        and arp-guard's Events, each from the API server's cache. Every row says how fresh it is \
+        (its objects' last write) and whose guard is not Ready. What only a node knows now \
+        (`explain`, `doctor`, and any view with --live) is asked of each guard by running its own \
+        `arp-guard ... -o json` in its Pod (pods/exec), a bounded number at a time, each within \
+        --node-timeout and all within --timeout.\n\n\
         Exit codes: 0 nothing found, 1 a finding (a conflict, stale clients, a silent takeover, a \
-        Warning Event, a guard that did not answer or is not Ready; a node without a guard Pod is \
-        listed, not counted), 2 could not ask (no access, API unreachable, no guard answered, or \
-        not the one --node named).",
-    after_help = "RBAC: the roles arp-guard-operator in deploy/components/kubectl-plugin; exec into a guard Pod is not read-only (docs/kubectl-arp-guard.md)."
+        Warning Event, a guard that did not report or answer or is not Ready; a node without a \
+        guard Pod is listed, not counted), 2 could not ask (no access, API unreachable, no guard \
+        reported or answered, or not the one --node named).",
+    after_help = "RBAC: deploy/components/kubectl-plugin: arp-guard-viewer (read-only: status, clients, responders, events) and arp-guard-operator (exec into the guard Pods: explain, doctor, --live; not read-only, docs/kubectl-arp-guard.md)."
 )]
 pub struct PluginCli {
     #[command(flatten)]
@@ -86,6 +95,11 @@ pub struct ConnArgs {
     /// Output format.
     #[arg(short, long, global = true, value_enum, default_value_t = Format::Table)]
     pub output: Format,
+    /// Ask each guard now (pods/exec) instead of reading its ArpGuardNode:
+    /// `status`, `clients` (with each client's MAC and IP) and `responders`
+    /// (every MAC the census saw). Needs the arp-guard-operator role.
+    #[arg(long, global = true)]
+    pub live: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]

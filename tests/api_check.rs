@@ -1,8 +1,9 @@
 //! The feed's API check (a cached GET of the `kubernetes` Service when the
-//! streams have been quiet, or every 2 s while they fail) is asked beside the
-//! feed's loop, never in it: while it hangs, a Lease's expiry still takes
-//! effect at its time. Before, the loop awaited it, and a takeover due while
-//! the API was slow waited up to the check's 2 s timeout.
+//! streams' heartbeat is overdue, at once when the datapath hints that
+//! something moved unseen, or every 2 s while they fail) is asked beside
+//! the feed's loop, never in it: while it hangs, a Lease's expiry still
+//! takes effect at its time. Before, the loop awaited it, and a takeover
+//! due while the API was slow waited up to the check's 2 s timeout.
 
 use std::{
     net::Ipv4Addr,
@@ -12,7 +13,7 @@ use std::{
 use testbed::{
     cluster_bed::ClusterBed,
     fake_api::{objects, Fault, Resource},
-    wait_for,
+    wait_for, ArpSpec, RawSocket,
 };
 
 const LB: &str = "198.51.100.100";
@@ -53,8 +54,9 @@ fn a_hung_api_check_does_not_hold_back_a_lease_expiry() {
     let guard = bed
         .start_on(
             0,
-            // Blind threshold 8 s: the check is asked once the streams
-            // have been quiet 5 s (the threshold less its timeout and 1 s).
+            // Blind threshold 8 s: on a hint, the check is asked once the
+            // streams have been quiet 5 s (the threshold less its timeout
+            // and 1 s).
             &[
                 "--announcer",
                 "cilium",
@@ -68,13 +70,33 @@ fn a_hung_api_check_does_not_hold_back_a_lease_expiry() {
         .unwrap();
     assert_eq!(state(&bed, 0).as_deref(), Some("unknown"), "no Lease yet");
     assert_eq!(guard.count_log(r#""to":"owned""#), 0);
-    // The moment a check is asked, it hangs for its 2 s timeout.
-    let asked = checks(&bed);
+    // node-b holds it (renewed far ahead): foreign on node-a.
+    bed.api.apply(
+        Resource::Leases,
+        objects::cilium_lease("web", "node-b", 600, "2026-11-30T09:59:00.000000Z"),
+    );
     assert!(
-        wait_for(Duration::from_secs(30), || (checks(&bed) > asked)
+        wait_for(Duration::from_secs(5), || (state(&bed, 0).as_deref()
+            == Some("foreign"))
+        .then_some(()))
+        .is_some(),
+        "node-b's Lease seen"
+    );
+    // At rest, with the heartbeat a minute apart, nothing asks.
+    let asked = checks(&bed);
+    std::thread::sleep(Duration::from_secs(8));
+    assert_eq!(checks(&bed), asked, "no check at rest");
+    // A speaker on node-a announces the IP the feed calls foreign: the
+    // datapath's hint. The moment a check is asked, it hangs for its 2 s
+    // timeout.
+    let speaker = RawSocket::open(&bed.nodes[0].ns, "eth0").unwrap();
+    let garp = ArpSpec::gratuitous(2, bed.nodes[0].mac, LB.parse().unwrap()).to_bytes();
+    assert!(!speaker.send(&garp).unwrap(), "node-a's speaker is stopped");
+    assert!(
+        wait_for(Duration::from_secs(10), || (checks(&bed) > asked)
             .then_some(()))
         .is_some(),
-        "the API check is asked once the streams are quiet"
+        "the API check is asked on the datapath's hint"
     );
     // A 1 s Lease nobody renews, seen now: it expires in the middle of the
     // hung check.
@@ -85,7 +107,7 @@ fn a_hung_api_check_does_not_hold_back_a_lease_expiry() {
     );
     // The daemon's own log says when it changed its mind (the /status
     // would have to be polled within the Lease's one second).
-    guard.expect_log(r#""from":"unknown","to":"owned""#, Duration::from_secs(3));
+    guard.expect_log(r#""from":"foreign","to":"owned""#, Duration::from_secs(3));
     let expired = wait_for(Duration::from_secs(10), || {
         guard
             .wait_log(r#""from":"owned","to":"unknown""#, Duration::ZERO)

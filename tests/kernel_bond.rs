@@ -212,3 +212,41 @@ fn lacp_guard_on_the_bond_stops_foreign_replies_on_every_slave() {
     }
     assert_eq!(bed.dropped("bond0", FOREIGN) - before, 4);
 }
+
+/// Both slaves of the bond lose carrier (issue 45): the bond has none, and
+/// the guard on it, owning two LB IPs (the default ownership file), says
+/// so at once (the status line, the gauge the ArpGuardOwnerLinkDown alert
+/// reads); carrier back on one slave, it is clear again. The guard still passes everything the owner
+/// sends (nothing to send on a dead link; the verdicts do not change).
+#[test]
+fn a_bond_whose_slaves_all_lose_carrier_is_an_owner_link_down() {
+    if !require_bonding() {
+        return;
+    }
+    let bed = bond_bed("bond-lc", "active-backup");
+    let guard = bed.guard("bond0");
+    let gauge = "arp_guard_owned_ips_without_carrier";
+    assert_eq!(testbed::counter(&bed.node, gauge), 0.0);
+    for slave in ["eth0", "eth1"] {
+        bed.node.ip(&["link", "set", slave, "down"]).unwrap();
+    }
+    let down = wait_until(Duration::from_secs(5), || {
+        testbed::counter(&bed.node, gauge) == 2.0
+    });
+    let bin = testbed::guard_binary();
+    let out = bed
+        .node
+        .exec_output(&[bin.to_str().unwrap(), "status"])
+        .unwrap();
+    let status = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(down, "{status}\n{}", guard.log_text());
+    assert!(
+        status.contains("OWNER LINK DOWN") && status.contains("NO CARRIER"),
+        "{status}"
+    );
+    bed.node.ip(&["link", "set", "eth0", "up"]).unwrap();
+    assert!(wait_until(Duration::from_secs(10), || testbed::counter(
+        &bed.node, gauge
+    ) == 0.0));
+    assert_eq!(bed.answers(&[OWNED]), vec![true], "the owner answers again");
+}

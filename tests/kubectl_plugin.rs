@@ -20,7 +20,7 @@
 //!   error naming the verb, the resource and the role, exit 2; a 403 on a
 //!   read the same;
 //! - a Pod that is not Ready, and a node with no guard Pod: listed;
-//! - the proxy kubectl would take (HTTP CONNECT, SOCKS5), and no other;
+//! - (the proxy kubectl would take, and no other: `tests/proxy.rs`);
 //! - completion, through kubectl's own plugin completion.
 
 use std::{process::Command, time::Duration};
@@ -29,8 +29,8 @@ use serde_json::Value;
 use testbed::{
     bed::TempDir,
     cluster_bed::{ClusterBed, PRESENCE_NS},
-    fake_api::{objects, ExecCall, Resource},
-    laptop::{Laptop, Ran},
+    fake_api::{objects, Resource},
+    laptop::{serve_execs, Laptop},
     stale_client::{ignore_gratuitous, Traffic},
     takeover::{Style, TakeoverBed, LB},
     Daemon,
@@ -48,28 +48,6 @@ const GUARD_ARGS: &[&str] = &[
     "--node-report-interval",
     "1s",
 ];
-
-/// Each exec runs the guard's command in its node's namespace, with the
-/// DaemonSet's capabilities and read-only root, as in its container.
-fn serve_execs(bed: &ClusterBed) {
-    let nodes: Vec<(String, String)> = bed
-        .nodes
-        .iter()
-        .map(|n| (n.name.clone(), n.ns.name.clone()))
-        .collect();
-    let wrapper = testbed::deploy::daemonset_wrapper();
-    let bin = testbed::guard_binary();
-    bed.api.set_exec(Box::new(move |call: &ExecCall| {
-        let ns = nodes
-            .iter()
-            .find(|(n, _)| *n == call.node)
-            .map_or("none", |(_, ns)| ns.as_str());
-        let mut c = Command::new("ip");
-        c.args(["netns", "exec", ns]).args(&wrapper).arg(&bin);
-        c.args(call.command.iter().skip(1));
-        c
-    }));
-}
 
 /// Every exec ran one of the guard's read-only commands, asking for JSON
 /// or its table.
@@ -496,73 +474,6 @@ fn not_ready_and_missing_guards_are_listed() {
         "{}",
         r.err
     );
-}
-
-/// The plugin goes through the proxy kubectl would take, and only there:
-/// `HTTP_PROXY` for the fake API's http:// server (HTTP CONNECT: the
-/// reads and the guards' execs over WebSocket), and a kubeconfig's
-/// `proxy-url` (SOCKS5) whatever `NO_PROXY` says, as client-go (also a
-/// `NO_PROXY` kube-rs alone fails on); not
-/// `HTTPS_PROXY` for it, and not where `NO_PROXY` excludes the server. The
-/// server is named, there, by a name only the proxy resolves: an answer at
-/// all came through it.
-#[test]
-fn the_proxy_kubectl_would_take_is_taken() {
-    testbed::require_root();
-    let (bed, _guards) = quiet_bed("kp5");
-    let inside = "api.arp-guard.invalid";
-    let proxy =
-        testbed::proxy::Proxy::start(&bed.switch, "127.0.0.1:0", &[(inside, "203.0.113.1")])
-            .unwrap();
-    let mut laptop = Laptop::new(&bed);
-    let url = format!("http://{}", proxy.addr);
-    let through = |kind: &str| {
-        let t = proxy.tunnels();
-        t.iter()
-            .filter(|(k, to)| *k == kind && to == &format!("{inside}:6443"))
-            .count()
-    };
-    // The kubeconfig with the inside name, and with a proxy-url too.
-    let kubeconfig = std::fs::read_to_string(&bed.kubeconfig).unwrap();
-    let server = "    server: http://203.0.113.1:6443\n";
-    assert!(kubeconfig.contains(server), "{kubeconfig}");
-    let named = format!("    server: http://{inside}:6443\n");
-    let socks = format!("{named}    proxy-url: socks5://{}\n", proxy.addr);
-    let write = |name: &str, text: String| {
-        let path = bed.kubeconfig.with_file_name(name);
-        std::fs::write(&path, text).unwrap();
-        path
-    };
-    let by_name = write("kubeconfig-named", kubeconfig.replace(server, &named));
-    let with_socks = write("kubeconfig-socks", kubeconfig.replace(server, &socks));
-    // Asked, and answered (exit 1 is a finding: a Pod not Ready yet).
-    let asked = |r: &Ran| matches!(r.code, 0 | 1) && r.out.contains("guards: 2 of 2 answered");
-    laptop.kubeconfig = by_name;
-    let env = [("HTTP_PROXY", url.as_str()), ("NO_PROXY", "example.net,")];
-    let r = laptop.run_env(&env, &["status", "--live"]);
-    assert!(asked(&r), "{}{}", r.out, r.err);
-    assert!(
-        through("connect") >= 2,
-        "reads and execs: {:?}",
-        proxy.tunnels()
-    );
-    // NO_PROXY as kube-rs alone cannot read it (an empty entry; `*` among
-    // others), and matching everything: the proxy-url all the same.
-    laptop.kubeconfig = with_socks;
-    let r = laptop.run_env(&[("NO_PROXY", "example.net,,*")], &["status", "--live"]);
-    assert!(asked(&r), "{}{}", r.out, r.err);
-    assert!(through("socks5") >= 2, "{:?}", proxy.tunnels());
-    // Directly, at the server's address.
-    laptop.kubeconfig = bed.kubeconfig.clone();
-    let before = proxy.tunnels().len();
-    for env in [
-        [("HTTP_PROXY", url.as_str()), ("NO_PROXY", "203.0.113.0/24")],
-        [("HTTPS_PROXY", url.as_str()), ("NO_PROXY", "")],
-    ] {
-        let r = laptop.run_env(&env, &["status", "--live"]);
-        assert!(asked(&r), "{env:?}: {}{}", r.out, r.err);
-    }
-    assert_eq!(proxy.tunnels().len(), before, "{:?}", proxy.tunnels());
 }
 
 /// kubectl completes the plugin's subcommands and flags through

@@ -93,16 +93,7 @@ fn every_request_is_granted_and_every_rule_is_used() {
     // Quiet: nothing renews, the API check runs.
     std::thread::sleep(Duration::from_secs(7));
     // doctor reads kube-proxy's ConfigMap.
-    let bin = testbed::guard_binary();
-    let kc = t.bed.kubeconfig.to_string_lossy().into_owned();
-    let _ = t.bed.nodes[0].ns.exec_output(&[
-        bin.to_str().unwrap(),
-        "doctor",
-        "-o",
-        "json",
-        "--kubeconfig",
-        &kc,
-    ]);
+    let _ = t.bed.doctor(0, &t.bed.kubeconfig);
     // SIGTERM: node-b deletes its record.
     t.guards[1]
         .stop(libc::SIGTERM, Duration::from_secs(10))

@@ -32,6 +32,63 @@ pub struct IpEntry {
     /// The owner node the source names (None: none known).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub owner: Option<String>,
+    /// Services share the IP and their announcer elected different nodes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub split: Option<SplitElection>,
+}
+
+/// An LB IP shared by Services that were elected separately (one Lease
+/// per Service: Cilium, kube-vip; or MetalLB statuses naming different
+/// nodes) and whose records name different nodes: each of those nodes
+/// announces it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SplitElection {
+    /// Every Service sharing the IP, by namespace/name.
+    pub services: Vec<SharedService>,
+    /// `--settle-shared-ips`: the node treated as the owner, the others'
+    /// announcements and replies stopped as for any foreign IP.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub settled_on: Option<String>,
+    /// Why it is or is not settled, in words.
+    #[serde(default)]
+    pub settle: String,
+}
+
+impl SplitElection {
+    /// One line: each Service with its holder, and the node kept.
+    pub fn summary(&self) -> String {
+        let named: Vec<String> = (self.services.iter())
+            .map(|x| format!("{}={}", x.service, x.holder.as_deref().unwrap_or("-")))
+            .collect();
+        match &self.settled_on {
+            Some(n) => format!("{}  kept on {n}", named.join(" ")),
+            None => format!("{}  not settled", named.join(" ")),
+        }
+    }
+
+    /// The distinct nodes the Services' records name.
+    pub fn holders(&self) -> Vec<&str> {
+        let mut h: Vec<&str> = (self.services.iter())
+            .filter_map(|s| s.holder.as_deref())
+            .collect();
+        h.sort_unstable();
+        h.dedup();
+        h
+    }
+}
+
+/// One Service sharing a split LB IP.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SharedService {
+    pub service: String,
+    /// The node its record names (None: none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub holder: Option<String>,
+    /// The record, in the feed's words (which Lease or status).
+    pub record: String,
+    /// `externalTrafficPolicy: Local`: only nodes with its endpoints serve it.
+    #[serde(default)]
+    pub local: bool,
 }
 
 /// `/status`: the daemon's status document, readiness, and a row per LB IP.
@@ -71,8 +128,9 @@ impl StatusDoc {
         let said: std::collections::BTreeSet<IpAddr> = (self.conflicts.iter().map(|c| c.ip))
             .chain(self.clients.iter().map(|c| c.ip))
             .collect();
-        self.ips
-            .retain(|r| r.entry.state == Ownership::Owned || said.contains(&r.ip));
+        self.ips.retain(|r| {
+            r.entry.state == Ownership::Owned || r.entry.split.is_some() || said.contains(&r.ip)
+        });
         self
     }
 
@@ -220,6 +278,9 @@ pub struct Explanation {
     /// announcement left (or that none did: a silent takeover).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub takeover: Option<TakeoverRecord>,
+    /// Services share the IP and were elected separately.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub split: Option<SplitElection>,
     /// What the program would do with each kind of frame of the IP's
     /// family (ARP or NDP) from each origin, leaving through each guarded
     /// interface.

@@ -1,12 +1,12 @@
 //! How the API server is reached, as kubectl (client-go) reaches it: which
 //! proxy, and which TLS roots. The guard and `kubectl arp-guard` both build
-//! kube-rs clients from a kubeconfig and must judge these alike; what each
-//! does with the answer is its own (the guard connects directly and says
-//! so when a proxy applies; the plugin uses the proxy).
+//! their clients from a kubeconfig (`kubeconfig`) and judge these alike,
+//! through the same route (`route`).
 //!
 //! kube-rs's own reading differs from kubectl's: it takes `HTTPS_PROXY` for
-//! any server, and matches `NO_PROXY` against the proxy's URL rather than
-//! the server's. Hence the rules here, with the environment passed in.
+//! any server, matches `NO_PROXY` against the proxy's URL rather than the
+//! server's, and sets no proxy in a Pod. Hence the rules here, with the
+//! environment passed in.
 
 use std::net::IpAddr;
 
@@ -51,6 +51,20 @@ pub fn kubectl_proxy(
         url: with_scheme(&value),
         from,
     })
+}
+
+/// A proxy URL as it may be shown or logged: its `user:password@` left out.
+pub fn without_credentials(url: &str) -> String {
+    let (scheme, rest) = url.split_once("://").unwrap_or(("", url));
+    let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let (authority, path) = rest.split_at(end);
+    let host = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
+    let path = if path == "/" { "" } else { path };
+    if scheme.is_empty() {
+        format!("{host}{path}")
+    } else {
+        format!("{scheme}://{host}{path}")
+    }
 }
 
 /// A proxy from the environment as Go reads it: one without a scheme Go
@@ -314,5 +328,18 @@ mod tests {
         assert_eq!(Trust::of(&https, true, false), Trust::OwnCa);
         assert_eq!(Trust::of(&https, true, true), Trust::OwnCa);
         assert_eq!(Trust::of(&https, false, true), Trust::Unverified);
+    }
+
+    #[test]
+    fn a_proxy_is_shown_without_its_credentials() {
+        assert_eq!(
+            without_credentials("http://u:p%40ss@198.51.100.9:3128/"),
+            "http://198.51.100.9:3128"
+        );
+        assert_eq!(
+            without_credentials("socks5://198.51.100.9:1080"),
+            "socks5://198.51.100.9:1080"
+        );
+        assert_eq!(without_credentials("u:p@proxy:3128"), "proxy:3128");
     }
 }

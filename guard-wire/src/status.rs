@@ -22,6 +22,18 @@ pub struct DaemonStatus {
     /// The daemon's memory against its cgroup's limit (docs/sizing.md).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub memory: Option<crate::memory::MemoryStatus>,
+    /// This node owns LB IPs and none of its uplinks has carrier.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner_link_down: Option<LinkDown>,
+}
+
+/// An owner that cannot be heard: every uplink without carrier.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LinkDown {
+    /// The uplinks, each without carrier.
+    pub interfaces: Vec<String>,
+    /// LB IPs this node owns.
+    pub owned: usize,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -58,6 +70,9 @@ pub struct Interface {
     /// How the responder census is attached to its ingress (absent: it is not).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub census: Option<String>,
+    /// Attached, and whether the device has carrier (absent: not attached).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub carrier: Option<bool>,
     /// Why it is an uplink (`--interface` named it, a default route ...).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub chosen_by: Vec<ChosenBy>,
@@ -82,6 +97,12 @@ pub struct Counts {
     /// Of these, the IPv6 LB IPs (guarded in Neighbor Discovery).
     #[serde(default)]
     pub ipv6: FamilyCounts,
+    /// LB IPs shared by Services whose records name different nodes (a
+    /// split election), and those of them settled on one node.
+    #[serde(default)]
+    pub split: usize,
+    #[serde(default)]
+    pub split_settled: usize,
 }
 
 /// The LB IPs of one family, by state.

@@ -120,6 +120,10 @@ impl EventOutcome {
 /// Operation counters of the daemon itself.
 #[derive(Debug, Default)]
 pub struct Ops {
+    /// The datapath's hint to the feed: a speaker here announced an IP the
+    /// feed calls foreign (a takeover it may have missed), so the API check
+    /// is asked as soon as blindness would matter (`sources::cluster::hub`).
+    pub api_hint: tokio::sync::Notify,
     /// Watch events received, by stream.
     pub feed_events: Mutex<BTreeMap<String, u64>>,
     pub map_writes: AtomicU64,

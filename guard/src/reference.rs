@@ -43,6 +43,16 @@ pub const FIRED_BY: &[(&str, &str, &str)] = &[
         "a_takeover_stale_clients_and_a_rogue_on_one_node_page",
     ),
     (
+        "ArpGuardSplitElection",
+        "tests/shared_ip.rs",
+        "a_split_election_is_told_once_on_each_service_and_pages",
+    ),
+    (
+        "ArpGuardOwnerLinkDown",
+        "tests/link_down.rs",
+        "an_owner_whose_link_is_down_says_so_within_seconds",
+    ),
+    (
         "ArpGuardSilentOwner",
         "tests/alerts_fire.rs",
         "silent_and_misplaced_owners_page",

@@ -42,7 +42,6 @@ mod views;
 
 pub use ask::run;
 pub use complete::complete;
-pub use connect::kube_readable_no_proxy;
 pub use guard_wire::plugin_cli::PluginCli;
 
 /// The name kubectl (1.26+) runs the completer under: this binary (named

@@ -133,6 +133,14 @@ impl IpStatus {
         if self.takeover.as_ref().is_some_and(|t| t.silent) {
             f.push("silent takeover");
         }
+        // Findings only Events carry (every guard sees a split alike, and
+        // an owner without carrier may not reach the API until it returns).
+        if self.warnings.contains_key("SplitElection") {
+            f.push("split election");
+        }
+        if self.warnings.contains_key("OwnerLinkDown") {
+            f.push("owner link down");
+        }
         if !self.warnings.is_empty() {
             f.push("Warning Events");
         }

@@ -1,12 +1,24 @@
 //! `cargo xtask bench --only fleet`: what a fleet of guards costs the API
-//! server, against the number of guards. N real daemons (4, 8, 16, 32; 2
-//! and 3 in the short run) in network namespaces of one bed, each on its
-//! node's segment with the DaemonSet's defaults (kube-vip's per-Service
-//! election: the cluster-wide Lease watch; presence; the active census),
-//! against the project's fake API server, which counts every request, the
-//! bytes it sends and the watch events, by client, verb and resource. 300 LB
-//! Services whose Leases do not change; bookmarks every minute and the
-//! readiness probe every 5 s, as a real API server and kubelet do.
+//! server, against the number of guards, for two announcers: kube-vip
+//! (per-Service election: the cluster-wide Lease watch, Leases renewed) and
+//! MetalLB (ServiceL2Status, which nothing writes at rest). N real daemons
+//! (4, 8, 16, 32; in the short run 2 of each)
+//! in network namespaces of one bed, each on its node's segment with the
+//! DaemonSet's defaults (`--interface auto`: its Node read, the announcer's
+//! interfaces followed; presence; the active census), against the
+//! project's fake API server, which counts every request, the bytes it
+//! sends and the watch events, by client, verb and resource. 300 LB
+//! Services whose owners do not change; the readiness probe every 5 s, as
+//! a kubelet does; bookmarks every 10 s, counted as one a minute (× 10/60),
+//! as a real API server sends them.
+//!
+//! A watch asks to be ended after [8, 16) minutes by default, longer than a
+//! window: the fleet runs with `--kube-watch-timeout 20s` ([20, 40) s), so
+//! that every watch is renewed in the window, and a guard's watch requests
+//! are scaled to the default (× 30/720, the means); everything else (lists,
+//! GETs, the API check, writes) is counted as it is. The bookmarks keep
+//! coming on every watch, so the API check, asked only when they are
+//! overdue, stays as rare as measured.
 //!
 //! With nothing changing, a guard's requests, bytes and watch events per
 //! second must not grow with N (presence's lists of every guard's record,
@@ -37,15 +49,60 @@ use testbed::{
     Daemon,
 };
 
-/// LB Services, each with its kube-vip Lease.
+/// LB Services, each with its kube-vip Lease or MetalLB ServiceL2Status.
 const SERVICES: usize = 300;
+/// The fleet's `--kube-watch-timeout`, and the default's, as the means of
+/// their [W, 2W) (see the module's comment).
+const BENCH_WATCH: &str = "20s";
+const WATCH_SCALE: f64 = 30.0 / 720.0;
+/// A real API server sends a bookmark about every minute on every watch;
+/// the bench's watches last [20, 40) s, so its server sends one every
+/// 10 s and the bookmarks counted are scaled to the minute (× 10/60).
+const BENCH_BOOKMARK: Duration = Duration::from_secs(10);
+const BOOKMARK_SCALE: f64 = 10.0 / 60.0;
+/// MetalLB's namespace.
+const METALLB_NS: &str = "metallb-system";
+
+/// Which announcer the fleet follows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Announcer {
+    KubeVip,
+    MetalLb,
+}
+
+impl Announcer {
+    fn name(self) -> &'static str {
+        match self {
+            Announcer::KubeVip => "kube-vip",
+            Announcer::MetalLb => "metallb",
+        }
+    }
+
+    /// Service `i` owned by `node`: its Lease or its ServiceL2Status.
+    fn owner(self, i: usize, node: &str) -> (Resource, serde_json::Value) {
+        match self {
+            Announcer::KubeVip => (Resource::Leases, lease(i, node)),
+            Announcer::MetalLb => {
+                let svc = format!("svc-{i}");
+                let name = format!("l2-{i}");
+                (
+                    Resource::L2Statuses,
+                    objects::l2status(METALLB_NS, &name, node, "default", &svc),
+                )
+            }
+        }
+    }
+}
 
 fn main() {
     testbed::require_root();
-    let sizes: Vec<usize> = if short() {
-        vec![2, 3]
+    let fleets: Vec<(Announcer, Vec<usize>)> = if short() {
+        vec![(Announcer::KubeVip, vec![2]), (Announcer::MetalLb, vec![2])]
     } else {
-        vec![4, 8, 16, 32]
+        vec![
+            (Announcer::KubeVip, vec![4, 8, 16, 32]),
+            (Announcer::MetalLb, vec![4, 8, 16, 32]),
+        ]
     };
     let window = Duration::from_secs(
         std::env::var("BENCH_FLEET_WINDOW")
@@ -53,20 +110,23 @@ fn main() {
             .and_then(|v| v.parse().ok())
             .unwrap_or(if short() { 8 } else { 120 }),
     );
-    let runs: Vec<Run> = sizes.iter().map(|&n| run(n, window)).collect();
-    let fit = Fit::of(&runs);
-    for r in &runs {
-        r.print(&fit);
-        r.print_failover();
-    }
-    if let Some(last) = runs.last() {
-        last.print_requests();
-        model(&runs, &fit);
+    for (announcer, sizes) in fleets {
+        let runs: Vec<Run> = sizes.iter().map(|&n| run(announcer, n, window)).collect();
+        let fit = Fit::of(&runs);
+        for r in &runs {
+            r.print(&fit);
+            r.print_failover();
+        }
+        if let Some(last) = runs.last() {
+            last.print_requests();
+            model(&runs, &fit);
+        }
     }
 }
 
 /// What one fleet of `n` cost over the window.
 struct Run {
+    announcer: Announcer,
     n: usize,
     window: Duration,
     /// Every guard's counts over the window, by (verb, resource).
@@ -107,7 +167,20 @@ impl Run {
         total(self.by.values())
     }
 
-    /// Per guard and second: requests, bytes, events, bookmarks.
+    /// Requests per guard and second with the default watch timeout: the
+    /// watches' scaled, the rest as counted.
+    fn per_guard_at_default(&self) -> f64 {
+        let watches = self.per_guard_verb("watch");
+        self.per_guard()[0] - watches + watches * WATCH_SCALE
+    }
+
+    /// The row's label.
+    fn label(&self) -> String {
+        format!("{}_{}_guards", self.announcer.name(), self.n)
+    }
+
+    /// Per guard and second: requests, bytes, events, bookmarks (as a
+    /// real server sends them, every minute).
     fn per_guard(&self) -> [f64; 4] {
         let c = self.fleet();
         let d = self.n as f64 * self.secs();
@@ -115,7 +188,7 @@ impl Run {
             c.requests as f64 / d,
             c.bytes as f64 / d,
             c.events as f64 / d,
-            c.bookmarks as f64 / d,
+            c.bookmarks as f64 * BOOKMARK_SCALE / d,
         ]
     }
 
@@ -136,8 +209,10 @@ impl Run {
         let cpu_max = self.cpu_pct.iter().copied().fold(0.0, f64::max);
         let rss = self.rss_kib.iter().max().copied().unwrap_or(0) as f64 / 1024.0;
         let n = self.n;
+        let label = self.label();
+        let at_default = self.per_guard_at_default();
         println!(
-            "[fleet {n}] per guard: {req:.3} req/s, {bytes:.0} B/s, {events:.3} watch events/s, {bookmarks:.3} bookmarks/s; \
+            "[fleet {label}] per guard: {req:.3} req/s ({at_default:.4} with the default watch timeout), {bytes:.0} B/s, {events:.3} watch events/s, {bookmarks:.3} bookmarks/s; \
              lists {:.4}/s, GETs {:.4}/s, writes {:.4}/s; CPU {cpu:.3} % of a core (max {cpu_max:.3}); \
              a guard joining: {} watch events to the fleet ({:.2} per guard), leaving: {}",
             self.per_guard_verb("list"),
@@ -148,7 +223,7 @@ impl Run {
             self.leave_events,
         );
         println!(
-            "RESULT fleet {n}_guards window_s={:.0} req/s_per_guard={req:.3} B/s_per_guard={bytes:.0} watch_events/s_per_guard={events:.3} bookmarks/s_per_guard={bookmarks:.3} lists/s_per_guard={:.4} GETs/s_per_guard={:.4} quorum_reads/s_per_guard={quorum:.4} writes/s_per_guard={:.4} fleet_req/s={:.2} fleet_B/s={:.0} CPU_%_per_guard={cpu:.3} CPU_%_max={cpu_max:.3} RSS_MiB_max={rss:.1} join_events={} join_events_per_guard={:.2} join_B={} leave_events={} growth_req={:.2} growth_B={:.2}",
+            "RESULT fleet {label} window_s={:.0} req/s_per_guard={req:.3} req/s_per_guard_at_default={at_default:.4} B/s_per_guard={bytes:.0} watch_events/s_per_guard={events:.3} bookmarks/s_per_guard={bookmarks:.3} lists/s_per_guard={:.4} GETs/s_per_guard={:.4} quorum_reads/s_per_guard={quorum:.4} writes/s_per_guard={:.4} fleet_req/s={:.2} fleet_B/s={:.0} CPU_%_per_guard={cpu:.3} CPU_%_max={cpu_max:.3} RSS_MiB_max={rss:.1} join_events={} join_events_per_guard={:.2} join_B={} leave_events={} growth_req={:.2} growth_B={:.2}",
             self.secs(),
             self.per_guard_verb("list"),
             self.per_guard_verb("get"),
@@ -169,10 +244,10 @@ impl Run {
     fn print_failover(&self) {
         let w = &self.failover_writes;
         let (max, sum) = (w.iter().max().copied().unwrap_or(0), w.iter().sum::<u64>());
-        let n = self.n;
         println!(
-            "RESULT fleet_failover {n}_guards window_s={} report_writes_per_guard_max={max} report_writes_fleet={sum} \
-             report_B_per_write={:.0} announcer_lease_writes={SERVICES}",
+            "RESULT fleet_failover {} window_s={} report_writes_per_guard_max={max} report_writes_fleet={sum} \
+             report_B_per_write={:.0} announcer_writes={SERVICES}",
+            self.label(),
             FAILOVER_WINDOW.as_secs(),
             self.failover_bytes as f64 / sum.max(1) as f64,
         );
@@ -187,13 +262,14 @@ impl Run {
         let d = self.n as f64 * self.secs();
         for ((verb, res), c) in by {
             println!(
-                "RESULT fleet_requests {verb}_{}_({}_guards) req/s_per_guard={:.4} B/s_per_guard={:.1} watch_events/s_per_guard={:.4} bookmarks/s_per_guard={:.4}",
+                "RESULT fleet_requests {verb}_{}_({}) req/s_per_guard={:.4} req/s_per_guard_at_default={:.4} B/s_per_guard={:.1} watch_events/s_per_guard={:.4} bookmarks/s_per_guard={:.4}",
                 res.replace(' ', "_"),
-                self.n,
+                self.label(),
                 c.requests as f64 / d,
+                c.requests as f64 / d * if verb == "watch" { WATCH_SCALE } else { 1.0 },
                 c.bytes as f64 / d,
                 c.events as f64 / d,
-                c.bookmarks as f64 / d,
+                c.bookmarks as f64 * BOOKMARK_SCALE / d,
             );
         }
     }
@@ -242,7 +318,8 @@ fn slope(runs: &[Run], f: &dyn Fn(&Run) -> f64) -> f64 {
 /// figures grown by the fitted exponents, next to the announcers' own load.
 fn model(runs: &[Run], fit: &Fit) {
     let Some(last) = runs.last() else { return };
-    let [req, bytes, events, bookmarks] = last.per_guard();
+    let [_, bytes, events, bookmarks] = last.per_guard();
+    let req = last.per_guard_at_default();
     let join_per_guard = last.join_events as f64 / last.n as f64;
     let writes_per_guard = last.failover_writes.iter().max().copied().unwrap_or(0) as f64;
     for nodes in [100usize, 1_000, 5_000] {
@@ -262,10 +339,11 @@ fn model(runs: &[Run], fit: &Fit) {
         let cilium_writes = SERVICES as f64 / 2.0;
         let cilium_gets = nodes as f64 * SERVICES as f64 / 2.0;
         println!(
-            "RESULT fleet_model {nodes}_nodes guards_req/s={:.1} guards_B/s={:.0} guards_watch_events+bookmarks/s={:.1} \
+            "RESULT fleet_model {}_{nodes}_nodes guards_req/s={:.1} guards_B/s={:.0} guards_watch_events+bookmarks/s={:.1} \
              a_guard_joining_or_leaving_events={:.0} cilium_300_Services_Lease_writes/s={cilium_writes:.0} \
              cilium_candidate_GETs/s={cilium_gets:.0} guards_req/s_vs_cilium_writes={:.2} metallb_ServiceL2Status_writes_per_move=2 \
              mass_failover_findings_writes={:.0} mass_failover_findings_writes/s={:.0}",
+            last.announcer.name(),
             g_req * nodes as f64,
             g_bytes * nodes as f64,
             g_events * nodes as f64,
@@ -303,29 +381,39 @@ fn service_ip(i: usize) -> String {
     }
 }
 
-fn args() -> Vec<&'static str> {
+fn args(announcer: Announcer) -> Vec<&'static str> {
     vec![
         "--announcer",
-        "kube-vip",
+        announcer.name(),
         "--presence-namespace",
         PRESENCE_NS,
+        "--kube-watch-timeout",
+        BENCH_WATCH,
     ]
 }
 
-/// One fleet of `n`: started, settled, measured over `window`; then one more
-/// guard joins and leaves.
-fn run(n: usize, window: Duration) -> Run {
-    let bed = ClusterBed::fleet(&format!("flt{n}"), n + 1, &[]).unwrap();
-    bed.api.set_bookmark_every(Duration::from_secs(60));
+/// One fleet of `n` following `announcer`: started, settled, measured over
+/// `window`; then one more guard joins and leaves; then every owner moves.
+fn run(announcer: Announcer, n: usize, window: Duration) -> Run {
+    let tag = match announcer {
+        Announcer::KubeVip => format!("flt{n}"),
+        Announcer::MetalLb => format!("flm{n}"),
+    };
+    let mut bed = ClusterBed::fleet(&tag, n + 1, &[]).unwrap();
+    // The DaemonSet's default: the uplinks chosen by the guard (its Node
+    // read once, the announcer's interfaces followed).
+    bed.uplinks = "auto".into();
+    bed.api.set_bookmark_every(BENCH_BOOKMARK);
     bed.kubelet.set_every(Duration::from_secs(5));
     bed.api.preload(
         Resource::Services,
         (0..SERVICES).map(|i| objects::service("default", &format!("svc-{i}"), &[&service_ip(i)])),
     );
-    bed.api.preload(
-        Resource::Leases,
-        (0..SERVICES).map(|i| lease(i, &bed.nodes[i % n].name)),
-    );
+    let owners: Vec<_> = (0..SERVICES)
+        .map(|i| announcer.owner(i, &bed.nodes[i % n].name))
+        .collect();
+    let kind = owners[0].0;
+    bed.api.preload(kind, owners.into_iter().map(|(_, o)| o));
     // Each owner holds its IPs on its uplink, as kube-vip puts them: its
     // kernel answers the active census, so nothing is found and no Event is
     // posted (a fleet at rest).
@@ -343,7 +431,7 @@ fn run(n: usize, window: Duration) -> Run {
         }
     }
     let wrapper = daemonset_wrapper();
-    let args = args();
+    let args = args(announcer);
     let guards: Vec<Daemon> = (0..n)
         .map(|i| {
             bed.start_on_wrapped(i, &wrapper, &args, Duration::from_secs(60))
@@ -389,8 +477,8 @@ fn run(n: usize, window: Duration) -> Run {
     // change; each writes its ArpGuardNode at most once per interval.
     bed.api.reset_tally();
     for i in 0..SERVICES {
-        bed.api
-            .apply(Resource::Leases, lease(i, &bed.nodes[(i + 1) % n].name));
+        let (kind, moved) = announcer.owner(i, &bed.nodes[(i + 1) % n].name);
+        bed.api.apply(kind, moved);
     }
     std::thread::sleep(FAILOVER_WINDOW);
     let failover = bed.api.tally();
@@ -408,6 +496,7 @@ fn run(n: usize, window: Duration) -> Run {
     let failover_bytes = guard_ips.iter().map(|ip| report(ip).bytes).sum();
     drop(guards);
     Run {
+        announcer,
         n,
         window: wall,
         by: by

@@ -17,7 +17,7 @@
 //! reached the client's interface (a packet socket there: the precise
 //! figure); for `guard`, how long the held announcements waited (the
 //! daemon's log, p50/p99).
-//! `BENCH_SHORT=1`: 4 rounds each. `BENCH_ROUNDS=n`: n rounds each.
+//! `BENCH_SHORT=1`: 2 rounds each. `BENCH_ROUNDS=n`: n rounds each.
 //! Output: `RESULT takeover <style>-<variant> key=value ...`.
 
 use std::time::Duration;
@@ -35,7 +35,7 @@ fn rounds() -> usize {
         return n;
     }
     if std::env::var_os("BENCH_SHORT").is_some() {
-        4
+        2
     } else {
         30
     }

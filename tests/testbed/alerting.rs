@@ -191,3 +191,35 @@ impl Proof<'_> {
         Ok(())
     }
 }
+
+/// That `alert` of the shipped rule fires for `each`, a minute past its
+/// `for` after the last of `samples` (the series held from then on), on
+/// the series real guards exported: the whole proof of a test that fires
+/// one alert (`file`: its `file!()`, checked against `fired_by`). Err: why
+/// not, for the test to panic with its guards' logs.
+pub fn prove_one(
+    file: &str,
+    fired_by: FiredBy<'_>,
+    samples: &[Sample],
+    alert: &str,
+    each: &[Firing],
+) -> Result<()> {
+    let spec = promtool::shipped_rules()?;
+    let end = Duration::from_secs(
+        samples
+            .iter()
+            .map(|s| s.at)
+            .max()
+            .unwrap_or_default()
+            .as_secs(),
+    );
+    let at = end + for_of(&spec, alert) + Duration::from_secs(60);
+    let proof = Proof {
+        file,
+        fired_by,
+        grows: &promtool::counter_like,
+        ages: &[],
+        expect: vec![firing(&spec, alert, at, each)?],
+    };
+    proof.check(&spec, samples)
+}

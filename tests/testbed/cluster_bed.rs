@@ -71,6 +71,24 @@ pub struct ClusterBed {
 }
 
 impl ClusterBed {
+    /// `arp-guard doctor -o json` on node `i` with `kubeconfig`: what it
+    /// printed (stdout, then stderr), whatever its exit.
+    pub fn doctor(&self, i: usize, kubeconfig: &std::path::Path) -> String {
+        let bin = crate::guard_binary();
+        let out = self.nodes[i]
+            .ns
+            .exec_output(&[
+                bin.to_str().unwrap(),
+                "doctor",
+                "-o",
+                "json",
+                "--kubeconfig",
+                &kubeconfig.to_string_lossy(),
+            ])
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr)
+    }
+
     /// Nodes `node-a`, `node-b`, each with `lb_ips` on its kube-ipvs0; the
     /// API speaks plain HTTP.
     pub fn new(tag: &str, lb_ips: &[Ipv4Addr]) -> Result<Self> {

@@ -124,3 +124,26 @@ impl Laptop {
         (r.code, v)
     }
 }
+
+/// Each exec runs the guard's command in its node's namespace, with the
+/// DaemonSet's capabilities and read-only root, as in its container.
+pub fn serve_execs(bed: &ClusterBed) {
+    let nodes: Vec<(String, String)> = bed
+        .nodes
+        .iter()
+        .map(|n| (n.name.clone(), n.ns.name.clone()))
+        .collect();
+    let wrapper = crate::deploy::daemonset_wrapper();
+    let bin = crate::guard_binary();
+    bed.api
+        .set_exec(Box::new(move |call: &crate::fake_api::ExecCall| {
+            let ns = nodes
+                .iter()
+                .find(|(n, _)| *n == call.node)
+                .map_or("none", |(_, ns)| ns.as_str());
+            let mut c = Command::new("ip");
+            c.args(["netns", "exec", ns]).args(&wrapper).arg(&bin);
+            c.args(call.command.iter().skip(1));
+            c
+        }));
+}

@@ -19,6 +19,7 @@ pub mod dashboard;
 pub mod deploy;
 pub mod fake_api;
 pub mod frames;
+pub mod go_peer;
 pub mod http;
 pub mod kernel;
 pub mod kubelet;

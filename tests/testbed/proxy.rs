@@ -1,164 +1,204 @@
-//! A forward proxy for the tests, as a laptop's corporate one: HTTP CONNECT
-//! and SOCKS5 (no authentication) on one port, in a network namespace,
-//! recording the target of every tunnel it opens. It knows names the
-//! client cannot resolve (as a corporate proxy knows the inside's): a
-//! client that reaches such a server at all went through it. `kubectl
-//! arp-guard` must go through it where kubectl would, and not where
-//! kubectl would not.
+//! Real forward proxies from Debian for the tests, as an operator's
+//! corporate proxy or bastion: tinyproxy (HTTP CONNECT, with Basic
+//! credentials) and microsocks (SOCKS5, with a user and a password), each
+//! in a network namespace, listening on one address and connecting out from
+//! another ([`OUT`]), so that a fake API server reachable only from there
+//! (`FakeApi::only_from`) is answered only through the proxy. tinyproxy's
+//! log says which tunnels it opened. A proxy is killed on drop, or when a test
+//! wants it dead mid-watch.
 
 use std::{
-    io::{Read, Write},
-    net::{Ipv4Addr, Ipv6Addr, Shutdown, SocketAddr, TcpListener, TcpStream},
-    sync::{Arc, Mutex},
+    net::{IpAddr, Ipv4Addr, SocketAddr},
+    path::PathBuf,
+    process::{Child, Command, Stdio},
+    time::Duration,
 };
 
 use anyhow::{bail, Context as _, Result};
 
-use crate::Netns;
+use crate::{bed::TempDir, wait_for, Netns};
 
-/// The tunnels opened: (`connect` or `socks5`, the target as asked).
-type Seen = Arc<Mutex<Vec<(&'static str, String)>>>;
+/// The address the proxies connect out from (on the management bridge).
+pub const OUT: Ipv4Addr = Ipv4Addr::new(203, 0, 113, 2);
+/// The user every proxy here asks for.
+pub const USER: &str = "alice";
 
-/// The proxy; its threads end with the test process.
-pub struct Proxy {
-    pub addr: SocketAddr,
-    seen: Seen,
+impl Kind {
+    /// Its password: tinyproxy's configuration takes `[-a-z0-9._]` only;
+    /// microsocks's has what must be percent-encoded in a URL and reach the
+    /// proxy decoded.
+    pub fn password(self) -> &'static str {
+        match self {
+            Kind::Http => "s3cr.t-x",
+            Kind::Socks5 => "s3cr%t:@x",
+        }
+    }
 }
 
-/// Host names only the proxy resolves: (name, address).
-type Names = Arc<Vec<(String, String)>>;
+/// Which proxy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// tinyproxy: `http://user:password@host:port`.
+    Http,
+    /// microsocks: `socks5://user:password@host:port`.
+    Socks5,
+}
+
+/// A running proxy; killed on drop.
+pub struct Proxy {
+    pub kind: Kind,
+    pub addr: SocketAddr,
+    ns: String,
+    child: Option<Child>,
+    log: PathBuf,
+    dir: TempDir,
+}
+
+/// Whether the proxies are installed (`cargo xtask setup` installs them).
+pub fn available() -> bool {
+    ["/usr/bin/tinyproxy", "/usr/bin/microsocks"]
+        .iter()
+        .all(|p| std::path::Path::new(p).exists())
+}
 
 impl Proxy {
-    /// Listen on `addr` (`127.0.0.1:0`: a free port) in `ns`, resolving
-    /// `names` (name, address) itself; the tunnels are opened from there.
-    pub fn start(ns: &Netns, addr: &str, names: &[(&str, &str)]) -> Result<Proxy> {
-        let seen: Seen = Arc::default();
-        let (tally, addr) = (seen.clone(), addr.to_owned());
-        let names: Names = Arc::new(
-            (names.iter())
-                .map(|(n, a)| (n.to_string(), a.to_string()))
-                .collect(),
+    /// Start `kind` in `ns`, listening on `listen`, connecting out from
+    /// [`OUT`] (added to `dev` in `ns` if it is not there).
+    pub fn start(kind: Kind, ns: &Netns, dev: &str, listen: SocketAddr) -> Result<Proxy> {
+        if !available() {
+            bail!("tinyproxy and microsocks are needed (cargo xtask setup installs them)");
+        }
+        let _ = ns.ip(&["addr", "add", &format!("{OUT}/24"), "dev", dev]);
+        let dir = TempDir::new("proxy")?;
+        let log = dir.path().join("proxy.log");
+        let mut p = Proxy {
+            kind,
+            addr: listen,
+            ns: ns.name.clone(),
+            child: None,
+            log,
+            dir,
+        };
+        p.spawn()?;
+        Ok(p)
+    }
+
+    fn spawn(&mut self) -> Result<()> {
+        let (ip, port) = (self.addr.ip().to_string(), self.addr.port().to_string());
+        let mut c = Command::new("ip");
+        c.args(["netns", "exec", &self.ns]);
+        match self.kind {
+            Kind::Http => {
+                let conf = self.dir.path().join("tinyproxy.conf");
+                std::fs::write(
+                    &conf,
+                    format!(
+                        "Port {port}\nListen {ip}\nBind {OUT}\nTimeout 3600\nLogFile \"{}\"\n\
+                         LogLevel Connect\nMaxClients 200\nAllow 0.0.0.0/0\nConnectPort 6443\n\
+                         BasicAuth {USER} {}\nUser root\nGroup root\n",
+                        self.log.display(),
+                        self.kind.password()
+                    ),
+                )?;
+                c.args(["tinyproxy", "-d", "-c"]).arg(&conf);
+                c.stdout(Stdio::null()).stderr(Stdio::null());
+            }
+            Kind::Socks5 => {
+                c.args(["microsocks", "-i", &ip, "-p", &port, "-b"])
+                    .arg(OUT.to_string())
+                    .args(["-u", USER, "-P", self.kind.password()]);
+                c.stdout(Stdio::null()).stderr(Stdio::null());
+            }
+        }
+        self.child = Some(
+            c.spawn()
+                .with_context(|| format!("starting {:?}", self.kind))?,
         );
-        let addr = ns.enter(move || {
-            let listener = TcpListener::bind(&addr).with_context(|| format!("binding {addr}"))?;
-            let bound = listener.local_addr()?;
-            // Threads started here stay in the namespace (they inherit it).
-            std::thread::spawn(move || {
-                for c in listener.incoming().flatten() {
-                    let (tally, names) = (tally.clone(), names.clone());
-                    std::thread::spawn(move || {
-                        if let Err(e) = serve(c, &tally, &names) {
-                            eprintln!("test proxy: {e:#}");
-                        }
-                    });
-                }
-            });
-            Ok(bound)
-        })?;
-        Ok(Proxy { addr, seen })
+        let probe = format!("exec 3<>/dev/tcp/{ip}/{port}");
+        let listening = wait_for(Duration::from_secs(5), || {
+            let o = Command::new("ip")
+                .args(["netns", "exec", &self.ns, "bash", "-c", &probe])
+                .stderr(Stdio::null())
+                .status()
+                .ok()?;
+            o.success().then_some(())
+        });
+        if listening.is_none() {
+            bail!("{:?} never listened on {}", self.kind, self.addr);
+        }
+        Ok(())
     }
 
-    /// Every tunnel opened so far.
-    pub fn tunnels(&self) -> Vec<(&'static str, String)> {
-        self.seen.lock().map(|s| s.clone()).unwrap_or_default()
+    /// The proxy's URL with its credentials, percent-encoded.
+    pub fn url(&self) -> String {
+        let enc = |s: &str| {
+            s.bytes()
+                .map(|b| match b {
+                    b'a'..=b'z' | b'A'..=b'Z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => {
+                        (b as char).to_string()
+                    }
+                    _ => format!("%{b:02X}"),
+                })
+                .collect::<String>()
+        };
+        let scheme = match self.kind {
+            Kind::Http => "http",
+            Kind::Socks5 => "socks5",
+        };
+        format!(
+            "{scheme}://{}:{}@{}",
+            enc(USER),
+            enc(self.kind.password()),
+            self.addr
+        )
+    }
+
+    /// The same without credentials (the proxy refuses it).
+    pub fn url_without_credentials(&self) -> String {
+        let scheme = match self.kind {
+            Kind::Http => "http",
+            Kind::Socks5 => "socks5",
+        };
+        format!("{scheme}://{}", self.addr)
+    }
+
+    /// Tunnels opened to `target` (host:port) so far, as tinyproxy's log
+    /// has them (microsocks logs nothing: count at the server, which
+    /// answers only the proxies, `FakeApi::connections`).
+    pub fn tunnels_to(&self, target: &str) -> usize {
+        assert_eq!(self.kind, Kind::Http, "only tinyproxy logs its tunnels");
+        let log = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let needle = format!("CONNECT {target} ");
+        log.lines().filter(|l| l.contains(&needle)).count()
+    }
+
+    /// The proxy's log so far (for a failing assertion).
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Kill it: every tunnel through it is cut, and nothing listens.
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Start it again on the same address.
+    pub fn restart(&mut self) -> Result<()> {
+        self.kill();
+        self.spawn()
     }
 }
 
-/// One client: its protocol told by its first byte (SOCKS5 starts with 5).
-fn serve(mut c: TcpStream, seen: &Seen, names: &Names) -> Result<()> {
-    let mut first = [0u8; 1];
-    c.read_exact(&mut first)?;
-    let (kind, target) = if first[0] == 5 {
-        ("socks5", socks5(&mut c)?)
-    } else {
-        ("connect", connect(&mut c, first[0])?)
-    };
-    let to = match target.rsplit_once(':') {
-        Some((host, port)) => match names.iter().find(|(n, _)| n == host) {
-            Some((_, addr)) => format!("{addr}:{port}"),
-            None => target.clone(),
-        },
-        None => target.clone(),
-    };
-    let upstream = TcpStream::connect(&to).with_context(|| format!("connecting {to}"))?;
-    if kind == "socks5" {
-        // Succeeded; the bound address is not used by clients.
-        c.write_all(&[5, 0, 0, 1, 0, 0, 0, 0, 0, 0])?;
-    } else {
-        c.write_all(b"HTTP/1.1 200 Connection established\r\n\r\n")?;
-    }
-    if let Ok(mut s) = seen.lock() {
-        s.push((kind, target));
-    }
-    pipe(c, upstream)
-}
-
-/// The rest of an HTTP CONNECT request head: its `host:port`.
-fn connect(c: &mut TcpStream, first: u8) -> Result<String> {
-    let mut head = vec![first];
-    let mut b = [0u8; 1];
-    while !head.ends_with(b"\r\n\r\n") && head.len() < 8192 {
-        c.read_exact(&mut b)?;
-        head.push(b[0]);
-    }
-    let text = String::from_utf8_lossy(&head);
-    let line = text.lines().next().unwrap_or_default();
-    match line.split_whitespace().collect::<Vec<_>>()[..] {
-        ["CONNECT", target, _] => Ok(target.to_owned()),
-        _ => {
-            let _ = c.write_all(b"HTTP/1.1 405 Method Not Allowed\r\n\r\n");
-            bail!("not a CONNECT: {line:?}")
-        }
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        self.kill();
     }
 }
 
-/// A SOCKS5 greeting (no authentication chosen) and CONNECT request after
-/// the version byte: its target.
-fn socks5(c: &mut TcpStream) -> Result<String> {
-    let mut n = [0u8; 1];
-    c.read_exact(&mut n)?;
-    let mut methods = vec![0u8; n[0] as usize];
-    c.read_exact(&mut methods)?;
-    c.write_all(&[5, 0])?;
-    let mut req = [0u8; 4];
-    c.read_exact(&mut req)?;
-    if req[..3] != [5, 1, 0] {
-        bail!("not a SOCKS5 CONNECT: {req:?}");
-    }
-    let host = match req[3] {
-        1 => {
-            let mut a = [0u8; 4];
-            c.read_exact(&mut a)?;
-            Ipv4Addr::from(a).to_string()
-        }
-        4 => {
-            let mut a = [0u8; 16];
-            c.read_exact(&mut a)?;
-            format!("[{}]", Ipv6Addr::from(a))
-        }
-        3 => {
-            c.read_exact(&mut n)?;
-            let mut name = vec![0u8; n[0] as usize];
-            c.read_exact(&mut name)?;
-            String::from_utf8_lossy(&name).into_owned()
-        }
-        t => bail!("SOCKS5 address type {t}"),
-    };
-    let mut port = [0u8; 2];
-    c.read_exact(&mut port)?;
-    Ok(format!("{host}:{}", u16::from_be_bytes(port)))
-}
-
-/// Both ways until either side ends.
-fn pipe(a: TcpStream, b: TcpStream) -> Result<()> {
-    let (mut a2, mut b2) = (a.try_clone()?, b.try_clone()?);
-    let up = std::thread::spawn(move || {
-        let _ = std::io::copy(&mut a2, &mut b2);
-        let _ = b2.shutdown(Shutdown::Write);
-    });
-    let (mut a, mut b) = (a, b);
-    let _ = std::io::copy(&mut b, &mut a);
-    let _ = a.shutdown(Shutdown::Write);
-    let _ = up.join();
-    Ok(())
+/// `OUT` as an address.
+pub fn out() -> IpAddr {
+    IpAddr::V4(OUT)
 }

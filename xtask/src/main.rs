@@ -203,6 +203,8 @@ impl<'a> Built<'a> {
                 "ARP_GUARD_IMAGE".to_owned(),
                 self.first.image.clone().into(),
             ),
+            // Set-up installed golang-go: the Go peer's tests run, never skip.
+            ("ARP_GUARD_REQUIRE_GO".to_owned(), "1".into()),
         ];
         let plan = xtask::slots::Plan {
             args,

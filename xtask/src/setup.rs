@@ -64,6 +64,13 @@ const PACKAGES: &[(&str, &str)] = &[
     ("ipvsadm", "/usr/sbin/ipvsadm"),
     ("binutils", "/usr/bin/objcopy"),
     ("xz-utils", "/usr/bin/xz"),
+    // tests/go_peer.rs: the Go peer (tests/go/apipeer), Go's own net/http
+    // as kube-apiserver serves a watch, built from the standard library.
+    ("golang-go", "/usr/bin/go"),
+    // tests/proxy.rs: the API server reached through real proxies, HTTP
+    // CONNECT with Basic credentials and SOCKS5 with a user and password.
+    ("tinyproxy", "/usr/bin/tinyproxy"),
+    ("microsocks", "/usr/bin/microsocks"),
 ];
 
 fn ok(cmd: &mut Command) -> bool {
@@ -125,10 +132,13 @@ fn install_packages(packages: &[(&str, &str)]) -> Result<()> {
         run(Command::new("apt-get").args(["update", "-qq"]))?;
         let _ = UPDATED.set(());
     }
+    // RUNLEVEL=1: invoke-rc.d starts no service a package ships (tinyproxy
+    // would listen in the root namespace); the tests start their own.
     run(Command::new("apt-get")
         .args(["install", "-y", "-qq", "--no-install-recommends"])
         .args(&missing)
-        .env("DEBIAN_FRONTEND", "noninteractive"))
+        .env("DEBIAN_FRONTEND", "noninteractive")
+        .env("RUNLEVEL", "1"))
 }
 
 /// The nightly toolchain that builds the eBPF crate, as pinned in

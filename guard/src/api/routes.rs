@@ -296,6 +296,7 @@ pub fn explain(shared: &Shared, ip: IpAddr) -> Explanation {
         }
         .into(),
         takeover: st.takeovers.get(&ip).cloned(),
+        split: entry.and_then(|e| e.split.clone()),
         would,
     }
 }

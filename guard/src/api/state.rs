@@ -37,6 +37,8 @@ pub struct ApiState {
     /// Uplink (an interface the guard is attached to) -> has a primary IPv4
     /// to rewrite leaks to.
     pub uplinks: BTreeMap<String, bool>,
+    /// Uplink -> has carrier (`IFF_LOWER_UP`).
+    pub carrier: BTreeMap<String, bool>,
     /// The Kubernetes feed: failing since (None: healthy or not used).
     pub feed_failing_since: Option<Instant>,
     pub feed_enabled: bool,
@@ -206,10 +208,19 @@ pub fn ip_entries(
                     on_interfaces: on.get(ip).cloned().unwrap_or_default(),
                     service: service_of(l),
                     owner: l.source.owner().map(str::to_owned),
+                    split: split_of(l),
                 },
             )
         })
         .collect()
+}
+
+/// The split election of an LB IP's Services, from the cluster feed only.
+fn split_of(l: &crate::model::view::LbIp) -> Option<guard_wire::api::SplitElection> {
+    match &l.source {
+        crate::model::view::Provenance::Cluster { split, .. } => split.as_deref().cloned(),
+        _ => None,
+    }
 }
 
 /// The Service of an LB IP (namespace/name), from the cluster feed only.
@@ -251,6 +262,7 @@ pub fn update_ip_entries(
             on_interfaces,
             service: service_of(l),
             owner: l.source.owner().map(str::to_owned),
+            split: split_of(l),
         };
         entries.insert(*ip, e);
     }

@@ -134,6 +134,7 @@ impl RunArgs {
                 selector: self.service_selector.clone(),
                 stale_after: self.stale_after,
                 watch_timeout: self.kube_watch_timeout,
+                settle_shared: self.settle_shared_ips,
             },
         });
         SourcesConfig {
@@ -160,6 +161,7 @@ impl RunArgs {
             node: String::new(),
             period: p.presence_period,
             pods: p.presence_pods.clone(),
+            watch_min: self.kube_watch_timeout,
         })
     }
 

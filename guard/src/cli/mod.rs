@@ -234,10 +234,21 @@ pub struct RunArgs {
     #[arg(long)]
     pub external_ips: bool,
 
-    /// The API server ends each watch after this long; a stream that shows
-    /// no progress (event, bookmark, end of watch) for this plus 10 s is
-    /// stuck and is relisted.
-    #[arg(long, value_name = "DURATION", default_value = "55s", value_parser = parse_duration)]
+    /// An LB IP shared by Services whose announcer elected different nodes
+    /// (one Lease per Service): when every one of them is
+    /// `externalTrafficPolicy: Cluster`, treat the node named by the first
+    /// of them (by namespace/name) as the owner and stop the other nodes'
+    /// announcements and replies for it. Never for `Local` Services. Off:
+    /// the IP stays unknown and the split is only reported.
+    #[arg(long)]
+    pub settle_shared_ips: bool,
+
+    /// Each watch asks the API server to end it after a random time between
+    /// this and twice this (client-go asks for 5-10 minutes); a stream that
+    /// shows no progress (event, bookmark, end of watch) for 90 s once the
+    /// server has shown bookmarks through a watch, else for its time plus
+    /// 10 s, is stuck and is relisted.
+    #[arg(long, value_name = "DURATION", default_value = "8m", value_parser = parse_duration)]
     pub kube_watch_timeout: Duration,
 
     /// Treat `foreign` as `unknown` once the guard has been blind this long

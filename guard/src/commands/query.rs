@@ -140,8 +140,19 @@ pub async fn status(s: &StatusArgs) -> Result<()> {
     Ok(())
 }
 
-/// The IPs in conflict, and those whose clients still send here.
+/// The IPs in conflict, those whose Services were elected separately, and
+/// those whose clients still send here.
 fn print_findings(v: &StatusDoc) {
+    let splits: Vec<_> = (v.ips.iter())
+        .filter_map(|r| Some((r.ip, r.entry.split.as_ref()?)))
+        .collect();
+    if !splits.is_empty() {
+        println!();
+        println!("SPLIT ELECTIONS (Services sharing an IP, elected on different nodes; arp-guard explain IP)");
+        for (ip, s) in splits {
+            println!("  {ip:<16} {}", s.summary());
+        }
+    }
     if !v.conflicts.is_empty() {
         println!();
         println!("CONFLICTS (arp-guard responders IP for the detail)");
@@ -175,13 +186,25 @@ fn takeover_cell(t: &crate::model::takeover::TakeoverRecord) -> String {
 
 /// Attachments, feed and LB IP counts of `status`.
 fn print_state(st: &DaemonStatus, census_on: bool) {
+    if let Some(d) = &st.owner_link_down {
+        println!(
+            "  OWNER LINK DOWN: this node owns {} LB IP(s) and its uplinks ({}) have no carrier: nobody can hear it answer",
+            d.owned,
+            d.interfaces.join(", ")
+        );
+    }
     for i in &st.interfaces {
         let why: Vec<&str> = i.chosen_by.iter().map(|c| c.text.as_str()).collect();
         println!(
-            "  interface {:<12} {:<9} {}{}{}",
+            "  interface {:<12} {:<9} {}{}{}{}",
             i.name,
             i.state.as_str(),
             i.detail,
+            if i.carrier == Some(false) {
+                "  NO CARRIER"
+            } else {
+                ""
+            },
             match (&i.census, census_on) {
                 (Some(how), _) => format!("  census {how}"),
                 // The census runs, but not here (no TCX on this kernel?).
@@ -291,6 +314,23 @@ pub async fn explain(args: &ExplainArgs) -> Result<()> {
         or_dash(v.state.map(|s| s.as_str()))
     );
     println!("  because: {}", or_dash(v.source.as_ref()));
+    if let Some(sp) = &v.split {
+        println!("  SPLIT ELECTION: the Services sharing it were elected on different nodes, each of which announces it:");
+        for x in &sp.services {
+            println!(
+                "    {:<32} {:<16} {}{}",
+                x.service,
+                x.holder.as_deref().unwrap_or("-"),
+                x.record,
+                if x.local {
+                    "  (externalTrafficPolicy: Local)"
+                } else {
+                    ""
+                }
+            );
+        }
+        println!("    {}", sp.settle);
+    }
     println!(
         "  known for {} s; mode {}, leak action {}",
         or_dash(v.known_for_seconds),

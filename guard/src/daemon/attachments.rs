@@ -157,8 +157,9 @@ impl Attachments {
         }
     }
 
-    /// Each interface as the status shows it.
-    pub fn status(&self) -> Vec<Interface> {
+    /// Each interface as the status shows it (`carrier`: uplink -> has
+    /// carrier).
+    pub fn status(&self, carrier: &BTreeMap<String, bool>) -> Vec<Interface> {
         let why = |name: &str| -> Vec<ChosenBy> {
             (self.choice.uplinks.get(name).into_iter())
                 .flat_map(|u| u.why.iter())
@@ -173,6 +174,7 @@ impl Attachments {
             state: InterfaceState::Attached,
             detail: a.how.as_str().into(),
             census: a.census.map(|h| h.as_str().into()),
+            carrier: carrier.get(n).copied(),
             chosen_by: why(n),
         });
         let missing = self.choice.missing.iter().map(|p| Interface {
@@ -180,6 +182,7 @@ impl Attachments {
             state: InterfaceState::Missing,
             detail: String::new(),
             census: None,
+            carrier: None,
             chosen_by: Vec::new(),
         });
         let none_found = self.choice.none_found.iter().map(|said| Interface {
@@ -187,6 +190,7 @@ impl Attachments {
             state: InterfaceState::Missing,
             detail: said.clone(),
             census: None,
+            carrier: None,
             chosen_by: Vec::new(),
         });
         let failed = self.failed.iter().map(|(n, why_not)| Interface {
@@ -194,6 +198,7 @@ impl Attachments {
             state: InterfaceState::Failed,
             detail: why_not.clone(),
             census: None,
+            carrier: None,
             chosen_by: why(n),
         });
         let skipped = self.choice.left_out.iter().map(|(n, why_not)| Interface {
@@ -201,6 +206,7 @@ impl Attachments {
             state: InterfaceState::Skipped,
             detail: why_not.clone(),
             census: None,
+            carrier: None,
             chosen_by: Vec::new(),
         });
         (attached
@@ -247,6 +253,7 @@ pub(super) fn hints(
             _ => None,
         }),
         cilium: (announcers.iter()).any(|a| matches!(a, Announcer::Cilium { .. })),
+        watch_min: cluster.feed.watch_timeout,
     };
     let (client, dialer) = (api.client.clone(), api.dialer.clone());
     Some(uplink_hints::spawn(follow, client, dialer, api.own.clone()))

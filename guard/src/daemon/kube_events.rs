@@ -11,8 +11,10 @@
 //! guard: the queue between them is bounded and a full one drops, every
 //! request is bounded in time, and failures are counted and logged.
 
+use guard_wire::api::SplitElection;
 use std::{
-    collections::{BTreeMap, VecDeque},
+    collections::{BTreeMap, BTreeSet, VecDeque},
+    net::IpAddr,
     sync::Arc,
     time::{Duration, Instant},
 };
@@ -27,7 +29,8 @@ use crate::{
     model::kube_events::{
         event_for,
         kernel::{answers_now, explicable, nodes_answer, silenced},
-        parse, Finding, IpFacts, Limiter, Memory, Occurrence, Offered, StreamKey, Thresholds,
+        link, parse, split, Finding, IpFacts, Limiter, Memory, Occurrence, Offered, Reason,
+        StreamKey, Thresholds,
     },
     ops::{EventOutcome, Ops},
 };
@@ -56,9 +59,16 @@ pub(super) fn spawn(
     silent_after: Duration,
 ) {
     let (tx, rx) = mpsc::channel(QUEUE);
-    tokio::spawn(publish(kubeconfig, node.clone(), rx, shared.ops.clone()));
+    let (done_tx, done) = mpsc::channel(QUEUE);
+    tokio::spawn(publish(
+        kubeconfig,
+        node.clone(),
+        rx,
+        done_tx,
+        shared.ops.clone(),
+    ));
     let events = shared.events.subscribe();
-    tokio::spawn(read(cfg, node, shared, silent_after, events, tx));
+    tokio::spawn(read(cfg, node, shared, silent_after, events, tx, done));
 }
 
 /// One Event to publish.
@@ -75,6 +85,7 @@ async fn read(
     silent_after: Duration,
     mut events: broadcast::Receiver<String>,
     tx: mpsc::Sender<Job>,
+    mut done: mpsc::Receiver<(StreamKey, EventOutcome)>,
 ) {
     let mut r = Reader {
         thresholds: Thresholds {
@@ -88,6 +99,8 @@ async fn read(
         waiting: VecDeque::new(),
         node,
         shared,
+        splits: BTreeMap::new(),
+        link: BTreeMap::new(),
     };
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     let mut kernels = tokio::time::interval(KERNELS_EVERY);
@@ -104,10 +117,23 @@ async fn read(
                 Err(broadcast::error::RecvError::Lagged(_)) => continue,
                 Err(broadcast::error::RecvError::Closed) => return,
             },
-            _ = tick.tick() => r.tick(),
+            _ = tick.tick() => {
+                r.tick();
+                r.link();
+            }
             _ = kernels.tick() => {
                 for (service, o) in answering_kernels(&r.node, &r.shared) {
                     r.offer(service, o);
+                }
+                r.splits();
+            }
+            Some(((service, reason), outcome)) = done.recv() => {
+                // A link-down Event that did not go (the link was the way
+                // to the API too) is told again when a link returns.
+                if reason == Reason::OwnerLinkDown && outcome != EventOutcome::Published {
+                    if let Some(t) = r.link.get_mut(&service) {
+                        t.unsent = true;
+                    }
                 }
             }
         }
@@ -130,6 +156,19 @@ struct Reader {
     waiting: VecDeque<(Instant, Finding)>,
     node: String,
     shared: Arc<Shared>,
+    /// Split elections this node told, by IP: the Services told (each gets
+    /// the end's Event).
+    splits: BTreeMap<IpAddr, Vec<String>>,
+    /// Services told that their owner (this node) has no carrier.
+    link: BTreeMap<String, LinkTold>,
+}
+
+/// A Service told that this node, its IP's owner, lost carrier.
+struct LinkTold {
+    ip: IpAddr,
+    occurrence: Occurrence,
+    /// The publisher could not deliver it.
+    unsent: bool,
 }
 
 impl Reader {
@@ -159,6 +198,102 @@ impl Reader {
             self.shared
                 .ops
                 .kube_event(reason.as_str(), EventOutcome::Dropped);
+        }
+    }
+
+    /// Every few seconds: the split elections this node is the one to
+    /// tell (Warnings, repeated at most hourly while they last), and the
+    /// end of those it told.
+    fn splits(&mut self) {
+        let (found, live) = {
+            let st = self.shared.read();
+            let found: Vec<(IpAddr, SplitElection)> = (st.ips.iter())
+                .filter_map(|(ip, e)| Some((*ip, e.split.clone()?)))
+                .collect();
+            let live = (st.presence.as_ref())
+                .filter(|p| p.read_unix.is_some())
+                .map(|p| p.table.live());
+            (found, live)
+        };
+        let split_now: BTreeSet<IpAddr> = found.iter().map(|(ip, _)| *ip).collect();
+        let ended: Vec<IpAddr> = (self.splits.keys())
+            .filter(|ip| !split_now.contains(ip))
+            .copied()
+            .collect();
+        for ip in ended {
+            if let Some(services) = self.splits.remove(&ip) {
+                for (svc, o) in split::split_resolved(ip, &services) {
+                    self.offer(svc, o);
+                }
+            }
+        }
+        for (ip, s) in found {
+            if split::poster(ip, &s, live.as_deref()) != Some(self.node.as_str()) {
+                // Another holder tells it (or will): nothing to end here.
+                self.splits.remove(&ip);
+                continue;
+            }
+            (self.splits).insert(ip, s.services.iter().map(|x| x.service.clone()).collect());
+            for (svc, o) in split::split_election(ip, &s) {
+                self.offer(svc, o);
+            }
+        }
+    }
+
+    /// Every second: whether this node owns LB IPs with every uplink
+    /// without carrier; a Warning on each owned Service when that starts,
+    /// a Normal Event when carrier returns (and the Warning then, if it
+    /// could not be delivered while the link was down).
+    fn link(&mut self) {
+        let down = (self.shared.read().status.as_ref()).and_then(|s| s.owner_link_down.clone());
+        match down {
+            Some(d) => {
+                let owned: Vec<(String, IpAddr, String)> = {
+                    let st = self.shared.read();
+                    (st.ips.iter())
+                        .filter(|(_, e)| e.state == guard_common::Ownership::Owned)
+                        .filter_map(|(ip, e)| Some((e.service.clone()?, *ip, e.source.clone())))
+                        .collect()
+                };
+                for (svc, ip, why) in owned {
+                    if self.link.contains_key(&svc) || self.link.len() >= MAX_UIDS {
+                        continue;
+                    }
+                    let o = link::owner_link_down(&self.node, ip, &d.interfaces, &why);
+                    self.offer(svc.clone(), o.clone());
+                    let told = LinkTold {
+                        ip,
+                        occurrence: o,
+                        unsent: false,
+                    };
+                    self.link.insert(svc, told);
+                }
+            }
+            None if !self.link.is_empty() => {
+                let (up, owned): (Vec<String>, BTreeSet<IpAddr>) = {
+                    let st = self.shared.read();
+                    let up = (st.carrier.iter()).filter(|(_, c)| **c);
+                    let owned = (st.ips.iter())
+                        .filter(|(_, e)| e.state == guard_common::Ownership::Owned)
+                        .map(|(ip, _)| *ip);
+                    (up.map(|(n, _)| n.clone()).collect(), owned.collect())
+                };
+                for (svc, t) in std::mem::take(&mut self.link) {
+                    // No longer this node's: nothing to restore there.
+                    if !owned.contains(&t.ip) {
+                        continue;
+                    }
+                    if t.unsent {
+                        let mut o = t.occurrence;
+                        o.note.push_str(
+                            " (told late: the API could not be reached while the link was down)",
+                        );
+                        self.offer(svc.clone(), o);
+                    }
+                    self.offer(svc, link::owner_link_restored(&self.node, t.ip, &up));
+                }
+            }
+            None => {}
         }
     }
 
@@ -230,6 +365,7 @@ async fn publish(
     kubeconfig: Option<std::path::PathBuf>,
     node: String,
     mut rx: mpsc::Receiver<Job>,
+    done: mpsc::Sender<(StreamKey, EventOutcome)>,
     ops: Arc<Ops>,
 ) {
     let client = match crate::sources::cluster::task::client(kubeconfig.as_deref()).await {
@@ -238,6 +374,7 @@ async fn publish(
             tracing::warn!(error = %format!("{e:#}"), "Kubernetes Events are off: no API client");
             while let Some(job) = rx.recv().await {
                 ops.kube_event(job.occurrence.reason.as_str(), EventOutcome::Failed);
+                let _ = done.try_send((job.stream, EventOutcome::Failed));
             }
             return;
         }
@@ -287,6 +424,8 @@ async fn publish(
         };
         failing = outcome != EventOutcome::Published;
         ops.kube_event(reason, outcome);
+        // The reader hears how it went (full: it does not need to).
+        let _ = done.try_send((job.stream, outcome));
     }
 }
 

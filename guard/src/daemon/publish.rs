@@ -33,15 +33,30 @@ pub(super) enum Changed {
 }
 
 impl Daemon {
+    /// Each uplink and whether its device has carrier. A device not (yet)
+    /// in the address table counts as up: the guard never reports a fault
+    /// it has not seen.
+    fn carrier(&self) -> BTreeMap<String, bool> {
+        (self.attachments.attached.iter())
+            .map(|(n, a)| {
+                let dev = self.addrs.devices.get(&a.ifindex);
+                (n.clone(), dev.is_none_or(|d| d.carrier))
+            })
+            .collect()
+    }
+
     /// The status document and the API's state, from the current view,
     /// attachments and feed.
     pub(super) fn publish(&mut self, cluster: Option<&ClusterView>, changed: &Changed) {
         let att = &self.attachments;
         let guards = (self.shared.read().presence.as_ref()).map(|p| p.table.clone());
+        let carrier = self.carrier();
+        let owned = self.view.count(guard_common::Ownership::Owned);
+        let owner_link_down = crate::model::uplinks::link_down(&carrier, owned);
         let status = DaemonStatus {
             node: self.node.clone(),
             mode: self.cfg.datapath.mode.as_str().into(),
-            interfaces: att.status(),
+            interfaces: att.status(&carrier),
             lb_ips: counts(&self.view),
             not_enforced: self.dp.not_enforced(),
             map_memory_bytes: self.memlock,
@@ -49,17 +64,12 @@ impl Daemon {
             // The memory watch's sample (set again under the write lock
             // below, where a newer one cannot be overwritten).
             memory: self.shared.read().memory.clone(),
+            owner_link_down,
         };
         if let Some(path) = &self.cfg.daemon.status_file {
             status_file::publish(path, &status, &mut self.last_status);
         }
-        let mut not_ready = att.not_ready();
-        if cluster.is_some_and(|c| !c.synced) {
-            not_ready.push("Kubernetes feed not synced yet".into());
-        }
-        if let Some(p) = cluster.and_then(|c| c.problem.as_ref()) {
-            not_ready.push(p.clone());
-        }
+        let not_ready = not_ready(att, cluster);
         let ifnames: BTreeMap<u32, String> = att
             .attached
             .iter()
@@ -92,6 +102,7 @@ impl Daemon {
             .iter()
             .map(|(n, a)| (n.clone(), self.view.if_primary.contains_key(&a.ifindex)))
             .collect();
+        st.carrier = carrier;
         st.status = Some(DaemonStatus {
             memory: st.memory.clone(),
             ..status
@@ -210,4 +221,16 @@ pub(super) fn warn_if_node_unknown(node: &str, file: Option<&OwnershipFile>) {
             "this node owns no IP in the ownership file; if it should, check --node-name/NODE_NAME"
         );
     }
+}
+
+/// Why the daemon is not ready: its attachments', and the feed's.
+fn not_ready(att: &super::attachments::Attachments, cluster: Option<&ClusterView>) -> Vec<String> {
+    let mut not_ready = att.not_ready();
+    if cluster.is_some_and(|c| !c.synced) {
+        not_ready.push("Kubernetes feed not synced yet".into());
+    }
+    if let Some(p) = cluster.and_then(|c| c.problem.as_ref()) {
+        not_ready.push(p.clone());
+    }
+    not_ready
 }

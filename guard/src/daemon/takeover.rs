@@ -214,6 +214,12 @@ impl Daemon {
         if !matches!(h.via, Origin::Speaker | Origin::Redirect) {
             return;
         }
+        if h.verdict == Verdict::Dropped {
+            // Stopped here on what the feed says: if the feed is blind and
+            // does not know it yet, this is when it matters (a takeover it
+            // missed). Monitor mode stops nothing and asks nothing.
+            self.shared.ops.api_hint.notify_one();
+        }
         let t = &mut self.takeover;
         if h.verdict == Verdict::WouldDrop && h.kind.is_announcement() {
             // It left: the takeover that follows is announced.

@@ -24,6 +24,8 @@ pub struct OwnerRecord {
     /// The Service that carries the IP (the first, when several share it):
     /// what Kubernetes Events about the IP are attached to.
     pub service: Option<ServiceRef>,
+    /// Services share the IP and their records name different nodes.
+    pub split: Option<Arc<guard_wire::api::SplitElection>>,
 }
 
 /// namespace/name of a Service (shared with the feed's keys, not copied).

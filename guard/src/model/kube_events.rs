@@ -25,6 +25,10 @@ pub enum Reason {
     SilentOwner,
     OwnerWrongInterface,
     NodesAnswerArp,
+    SplitElection,
+    SplitElectionResolved,
+    OwnerLinkDown,
+    OwnerLinkRestored,
 }
 
 impl Reason {
@@ -38,6 +42,10 @@ impl Reason {
         Reason::SilentOwner,
         Reason::OwnerWrongInterface,
         Reason::NodesAnswerArp,
+        Reason::SplitElection,
+        Reason::SplitElectionResolved,
+        Reason::OwnerLinkDown,
+        Reason::OwnerLinkRestored,
     ];
 
     /// What an Event of this reason tells the operator (the reference).
@@ -51,6 +59,10 @@ impl Reason {
             Reason::SilentOwner => "the active census asked for the LB IP and its owner did not answer --probe-silent-after times in a row",
             Reason::OwnerWrongInterface => "the active census saw the owner answer from an interface other than the one it guards (a wrong or downed NIC's MAC)",
             Reason::NodesAnswerArp => "other nodes' kernels answer ARP for the LB IP (kube-proxy IPVS with strictARP off, arp_ignore=0), posted once by the IP's owner and at most hourly",
+            Reason::SplitElection => "the LB IP is shared by Services elected separately (one Lease or status per Service) whose records name different nodes: each of them announces it; posted on every Service of the IP by one node every guard chooses alike (the first-ranked holder), at most hourly, naming the Services, their holders, the announcer's setting and the fix",
+            Reason::SplitElectionResolved => "the Services sharing the LB IP name one node again",
+            Reason::OwnerLinkDown => "the posting node owns the LB IP and none of the uplinks it answers on has carrier: its announcements and replies cannot reach the segment while its Lease or status still names it (reaches the API only over another interface; otherwise when the link returns)",
+            Reason::OwnerLinkRestored => "an uplink of the owner has carrier again",
         }
     }
 
@@ -64,20 +76,29 @@ impl Reason {
             Reason::SilentOwner => "SilentOwner",
             Reason::OwnerWrongInterface => "OwnerWrongInterface",
             Reason::NodesAnswerArp => "NodesAnswerARP",
+            Reason::SplitElection => "SplitElection",
+            Reason::SplitElectionResolved => "SplitElectionResolved",
+            Reason::OwnerLinkDown => "OwnerLinkDown",
+            Reason::OwnerLinkRestored => "OwnerLinkRestored",
         }
     }
 
     /// At least this long between two Events of a stream of this reason.
     pub fn interval(self, per_stream: Duration) -> Duration {
         match self {
-            Reason::NodesAnswerArp => per_stream.max(kernel::REPEAT),
+            Reason::NodesAnswerArp | Reason::SplitElection => per_stream.max(kernel::REPEAT),
             _ => per_stream,
         }
     }
 
-    /// Everything but a resolved conflict is a Warning.
+    /// Everything but an end (resolved, restored) is a Warning.
     pub fn warning(self) -> bool {
-        self != Reason::ResponderConflictResolved
+        !matches!(
+            self,
+            Reason::ResponderConflictResolved
+                | Reason::SplitElectionResolved
+                | Reason::OwnerLinkRestored
+        )
     }
 
     /// The Event's action: what arp-guard did that found it.
@@ -90,6 +111,8 @@ impl Reason {
             Reason::SilentTakeover => "TimeTakeover",
             Reason::StaleClients => "WatchClients",
             Reason::SilentOwner | Reason::OwnerWrongInterface => "Probe",
+            Reason::SplitElection | Reason::SplitElectionResolved => "CompareElections",
+            Reason::OwnerLinkDown | Reason::OwnerLinkRestored => "WatchCarrier",
         }
     }
 }
@@ -457,6 +480,8 @@ fn stale_client(
 
 pub mod kernel;
 mod limiter;
+pub mod link;
 mod probe;
+pub mod split;
 #[cfg(test)]
 mod tests;

@@ -238,6 +238,22 @@ impl Choice {
     }
 }
 
+/// An owner that cannot be heard: this node owns `owned` LB IPs and every
+/// uplink it is attached to (`carrier`: name -> has carrier) has lost
+/// carrier. One uplink with carrier is enough to answer; no uplink at all
+/// is NotReady, said elsewhere.
+pub fn link_down(
+    carrier: &std::collections::BTreeMap<String, bool>,
+    owned: usize,
+) -> Option<guard_wire::status::LinkDown> {
+    (owned > 0 && !carrier.is_empty() && carrier.values().all(|c| !c)).then(|| {
+        guard_wire::status::LinkDown {
+            interfaces: carrier.keys().cloned().collect(),
+            owned,
+        }
+    })
+}
+
 /// The uplinks `ask` gives on `table` with `hints`; `before` is the last
 /// choice (what `auto` chose there stays while it qualifies).
 pub fn choose(ask: &Ask, table: &AddrTable, hints: &Hints, before: &Choice) -> Choice {

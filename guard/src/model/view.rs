@@ -26,6 +26,8 @@ pub enum Provenance {
         why: Arc<str>,
         /// The Service that carries the IP (Events are attached to it).
         service: Option<super::cluster::ServiceRef>,
+        /// Services share the IP and were elected separately.
+        split: Option<Arc<guard_wire::api::SplitElection>>,
     },
     /// What the previous daemon left in the pinned maps, kept until the
     /// Kubernetes feed has synced.
@@ -140,6 +142,7 @@ pub fn derive_ip(i: &Inputs<'_>, ip: IpAddr, on_iface: Option<&str>) -> Option<L
                     owner: claim.owner.clone(),
                     why: claim.why.clone(),
                     service: claim.service.clone(),
+                    split: claim.split.clone(),
                 },
             });
         }
@@ -500,6 +503,7 @@ mod tests {
                                 why: format!("seed {seed}").into(),
                                 certain: r.below(4) > 0,
                                 service: None,
+                                split: None,
                             };
                             claims.insert(ip, Arc::new(c));
                         }

@@ -12,7 +12,7 @@ use kube::Client;
 use serde::Deserialize;
 use tokio::sync::watch;
 
-use crate::sources::cluster::stream::backoff;
+use crate::sources::cluster::listwatch::backoff;
 
 /// A refused or missing Node is asked again after this long.
 pub const REFUSED_RETRY: Duration = Duration::from_secs(600);

@@ -12,7 +12,7 @@
 //! alone, and a kind the cluster does not have (its CRD missing, 404) or
 //! this guard may not read (403) is asked again only every
 //! [`ABSENT_RETRY`]. At rest this costs one watch request per follower per
-//! [`follow::WATCH_TIMEOUT`] (290 s).
+//! watch timeout (`--kube-watch-timeout`: [5, 10) minutes).
 
 use std::{collections::BTreeMap, time::Duration};
 
@@ -49,6 +49,9 @@ pub struct HintsConfig {
     pub metallb: Option<String>,
     /// Cilium announces (its cluster-wide policies).
     pub cilium: bool,
+    /// Each watch asks for a random time in [this, twice this)
+    /// (`--kube-watch-timeout`).
+    pub watch_min: Duration,
 }
 
 /// Start following with `client` and `dialer`; `node` is this guard's Node
@@ -76,8 +79,7 @@ async fn run(
         let path = format!("/apis/metallb.io/v1beta1/namespaces/{ns}/l2advertisements");
         tokio::spawn(keep_following(
             Kind::MetalLb,
-            client.clone(),
-            dialer.clone(),
+            (client.clone(), dialer.clone(), cfg.watch_min),
             path,
             steps_tx.clone(),
         ));
@@ -86,8 +88,7 @@ async fn run(
         let path = "/apis/cilium.io/v2alpha1/ciliuml2announcementpolicies".to_owned();
         tokio::spawn(keep_following(
             Kind::Cilium,
-            client.clone(),
-            dialer,
+            (client.clone(), dialer, cfg.watch_min),
             path,
             steps_tx.clone(),
         ));
@@ -255,8 +256,7 @@ impl Announcement {
 /// [`ABSENT_RETRY`], once said.
 async fn keep_following(
     kind: Kind,
-    client: Client,
-    dialer: Dialer,
+    (client, dialer, watch_min): (Client, Dialer, Duration),
     path: String,
     out: mpsc::Sender<(Kind, Step<Announcement>)>,
 ) {
@@ -268,6 +268,7 @@ async fn keep_following(
             dialer: dialer.clone(),
             path: path.clone(),
             labels: String::new(),
+            watch_min,
         };
         let follower = tokio::spawn(follow::follow(c, tx));
         let absent = loop {

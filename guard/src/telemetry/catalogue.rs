@@ -150,7 +150,7 @@ fn sample<T: serde::de::DeserializeOwned>(json: &str) -> T {
 }
 
 const STATUS: &str = r#"{"node": "node-a", "mode": "enforce",
-  "interfaces": [{"name": "eth0", "state": "attached", "detail": "tcx", "census": "tcx"}],
+  "interfaces": [{"name": "eth0", "state": "attached", "detail": "tcx", "census": "tcx", "carrier": true}],
   "lb_ips": {"total": 1, "owned": 0, "foreign": 1, "unknown": 0},
   "not_enforced": 0, "map_memory_bytes": 1,
   "feed": {"announcers": ["cilium"], "synced": true, "degraded": false, "blind": false,

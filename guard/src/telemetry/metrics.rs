@@ -250,6 +250,43 @@ fn daemon(v: &mut Values, status: &DaemonStatus) {
         "1 for the mode in force.",
         vec![(vec![("mode", status.mode.clone())], 1.0)],
     ));
+    findings(v, status);
+}
+
+/// What the daemon finds of its own node and of the cluster's records:
+/// carrier on its uplinks, owned IPs nobody can hear, split elections.
+fn findings(v: &mut Values, status: &DaemonStatus) {
+    let c = &status.lb_ips;
+    v.gauges.push((
+        "arp_guard_uplink_carrier",
+        "1 for each uplink with carrier, 0 for one without.",
+        (status.interfaces.iter())
+            .filter_map(|i| {
+                Some((
+                    vec![("interface", i.name.clone())],
+                    f64::from(u8::from(i.carrier?)),
+                ))
+            })
+            .collect(),
+    ));
+    v.gauges.push((
+        "arp_guard_owned_ips_without_carrier",
+        "LB IPs this node owns while none of its uplinks has carrier (nobody can hear it answer).",
+        vec![(
+            vec![],
+            status
+                .owner_link_down
+                .as_ref()
+                .map_or(0.0, |d| d.owned as f64),
+        )],
+    ));
+    v.gauges.push((
+        "arp_guard_split_election_ips",
+        "LB IPs shared by Services whose announcer's records name different nodes (a split election), as this node reads them; settled: kept on one node by --settle-shared-ips.",
+        [("false", c.split.saturating_sub(c.split_settled)), ("true", c.split_settled)]
+            .map(|(settled, n)| (vec![("settled", settled.to_owned())], n as f64))
+            .into(),
+    ));
 }
 
 /// Who claims each LB IP. One series per LB IP with a current claim, at

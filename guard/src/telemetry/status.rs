@@ -46,7 +46,21 @@ pub fn counts(view: &View) -> Counts {
                 .filter(|(ip, _)| ip.is_ipv6())
                 .map(|(_, l)| l.state),
         ),
+        split: splits(view, false),
+        split_settled: splits(view, true),
     }
+}
+
+/// LB IPs of split elections (`settled`: only those settled on a node).
+fn splits(view: &View, settled: bool) -> usize {
+    (view.lb.values())
+        .filter(|l| match &l.source {
+            crate::model::view::Provenance::Cluster { split: Some(s), .. } => {
+                !settled || s.settled_on.is_some()
+            }
+            _ => false,
+        })
+        .count()
 }
 
 fn family_counts(states: impl Iterator<Item = Ownership>) -> FamilyCounts {

@@ -7,6 +7,11 @@
 mod rng;
 pub use rng::Rng;
 
+/// The watch body's line splitter, for the differential fuzz test
+/// (`tests/fuzz_watch_lines.rs`): the one part of the watch path that is
+/// not a library's.
+pub use crate::sources::cluster::wire::{Lines as WatchLines, MAX_LINE};
+
 #[cfg(feature = "testing")]
 mod harness;
 #[cfg(feature = "testing")]

@@ -49,6 +49,18 @@ impl FakeApi {
         self.inner.changed.notify_all();
     }
 
+    /// Reachable only from `ip` (a proxy's address): connections from
+    /// anywhere else are closed at once, and counted ([`FakeApi::refused`]).
+    /// None: from anywhere.
+    pub fn only_from(&self, ip: Option<std::net::IpAddr>) {
+        self.inner.state.lock().unwrap().only_from = ip;
+    }
+
+    /// Connections closed since for coming from elsewhere.
+    pub fn refused(&self) -> u64 {
+        self.inner.state.lock().unwrap().refused
+    }
+
     /// Black hole: new connections are accepted and never answered, open
     /// watches are cut (a network partition that drops packets silently).
     pub fn set_blackhole(&self, on: bool) {

@@ -40,11 +40,16 @@ impl FakeApi {
 pub(super) fn accept_loop(listener: TcpListener, inner: Arc<Inner>) {
     while !inner.stop.load(Ordering::SeqCst) {
         match listener.accept() {
-            Ok((stream, _)) => {
-                if inner.state.lock().unwrap().down {
+            Ok((stream, peer)) => {
+                let mut st = inner.state.lock().unwrap();
+                let elsewhere = st.only_from.is_some_and(|ip| ip != peer.ip());
+                st.refused += u64::from(elsewhere);
+                if st.down || elsewhere {
+                    drop(st);
                     drop(stream);
                     continue;
                 }
+                drop(st);
                 let inner = inner.clone();
                 std::thread::spawn(move || {
                     let id = inner.next_conn.fetch_add(1, Ordering::Relaxed);

@@ -33,6 +33,11 @@ pub(super) struct State {
     /// Open watches send nothing (no event, no bookmark) until cut.
     pub(super) held: bool,
     pub(super) down: bool,
+    /// Connections from any other address are closed at once: the API
+    /// reachable only through a proxy there.
+    pub(super) only_from: Option<std::net::IpAddr>,
+    /// Connections closed for coming from elsewhere.
+    pub(super) refused: u64,
     /// Connections are accepted and never answered (a silently dead API).
     pub(super) blackhole: bool,
     pub(super) requests: u64,

@@ -77,4 +77,25 @@ impl ServerIdentity {
             )?;
         Ok(Arc::new(cfg))
     }
+
+    /// The certificate and its key as PEM files hold them (`tls.crt`,
+    /// `tls.key`), for a server of another language (the Go peer).
+    pub fn pem(&self) -> (String, String) {
+        (
+            pem("CERTIFICATE", self.cert.as_ref()),
+            pem("PRIVATE KEY", self.key.secret_pkcs8_der()),
+        )
+    }
+}
+
+/// `der` as a PEM block labelled `label`.
+fn pem(label: &str, der: &[u8]) -> String {
+    use base64::Engine as _;
+    let b64 = base64::engine::general_purpose::STANDARD.encode(der);
+    let mut out = format!("-----BEGIN {label}-----\n");
+    for line in b64.as_bytes().chunks(64) {
+        out.push_str(std::str::from_utf8(line).expect("base64 is ASCII"));
+        out.push('\n');
+    }
+    out + &format!("-----END {label}-----\n")
 }

@@ -298,3 +298,59 @@ fn the_active_census_verdicts_are_events_naming_the_owner() {
     // The end of silence is said in the log only.
     assert_eq!(judge_line(line("silent_owner_ended", &["a"]), &mut m), None);
 }
+
+#[test]
+fn a_split_election_is_posted_by_one_live_holder_on_every_service() {
+    use guard_wire::api::{SharedService, SplitElection};
+    let share = |svc: &str, holder: &str| SharedService {
+        service: svc.into(),
+        holder: Some(holder.into()),
+        record: format!("Lease kube-system/cilium-l2announce-{svc} held by {holder}"),
+        local: false,
+    };
+    let split = SplitElection {
+        services: vec![
+            share("default/web", "node-a"),
+            share("default/web2", "node-b"),
+        ],
+        settled_on: None,
+        settle: "not settled: --settle-shared-ips is off".into(),
+    };
+    let ip: IpAddr = "198.51.100.100".parse().unwrap();
+    // Every guard computes the same poster, one of the holders.
+    let p = split::poster(ip, &split, None).unwrap();
+    assert!(["node-a", "node-b"].contains(&p));
+    let live = [
+        "node-c".to_owned(),
+        "node-a".to_owned(),
+        "node-b".to_owned(),
+    ];
+    assert_eq!(split::poster(ip, &split, Some(&live)), Some(p));
+    // A holder whose guard is not live does not post; no live holder: the
+    // holders still choose among themselves.
+    let other = if p == "node-a" { "node-b" } else { "node-a" };
+    let without = ["node-c".to_owned(), other.to_owned()];
+    assert_eq!(split::poster(ip, &split, Some(&without)), Some(other));
+    assert_eq!(
+        split::poster(ip, &split, Some(&["node-c".to_owned()])),
+        Some(p)
+    );
+    let ev = split::split_election(ip, &split);
+    assert_eq!(ev.len(), 2);
+    for (svc, o) in &ev {
+        assert_eq!(o.reason, Reason::SplitElection);
+        assert!(
+            o.note.contains("default/web2") && o.note.contains(svc),
+            "{}",
+            o.note
+        );
+        assert!(
+            o.note
+                .contains("Cilium L2 announcements hold one Lease per Service"),
+            "{}",
+            o.note
+        );
+    }
+    let done = split::split_resolved(ip, &["default/web".into(), "default/web2".into()]);
+    assert!(done.iter().all(|(_, o)| !o.reason.warning()));
+}

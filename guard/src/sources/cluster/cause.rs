@@ -34,6 +34,11 @@ pub enum Cause {
 pub struct Failure {
     pub cause: Cause,
     pub text: String,
+    /// The HTTP status the API answered, if it did.
+    pub code: Option<u16>,
+    /// How long the server asked to be left alone (`Retry-After` of a 429
+    /// or 503, carried in its Status).
+    pub retry_after: Option<std::time::Duration>,
 }
 
 impl Failure {
@@ -41,6 +46,8 @@ impl Failure {
         Failure {
             cause,
             text: text.into(),
+            code: None,
+            retry_after: None,
         }
     }
 
@@ -57,7 +64,15 @@ impl Failure {
             }
             cur = err.source();
         }
-        Failure::new(Cause::of(e), text)
+        let mut f = Failure::new(Cause::of(e), text);
+        if let kube::Error::Api(s) = e {
+            f.code = Some(s.code);
+            f.retry_after = (s.details.as_ref())
+                .map(|d| d.retry_after_seconds)
+                .filter(|s| *s > 0)
+                .map(|s| std::time::Duration::from_secs(s.into()));
+        }
+        f
     }
 
     /// `what` got no answer within `d`.

@@ -10,9 +10,9 @@ use super::{
     cause::{Cause, Failure, Who},
     decode::{self, Obj},
     feed::Feed,
+    listwatch::backoff,
     objects,
     store::{Key, LeaseInfo},
-    stream::backoff,
 };
 use crate::{
     model::text::clip,

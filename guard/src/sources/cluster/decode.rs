@@ -134,6 +134,8 @@ pub struct ServiceSpec {
     pub load_balancer_class: Option<String>,
     #[serde(default, rename = "externalIPs")]
     pub external_ips: Option<Vec<String>>,
+    #[serde(default)]
+    pub external_traffic_policy: Option<String>,
 }
 
 #[derive(Debug, Default, Clone, Deserialize)]

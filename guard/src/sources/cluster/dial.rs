@@ -1,46 +1,113 @@
 //! The connection a watch is read from: opened by the feed itself rather
-//! than by kube's pooled client, so that the stream's own task reads the
-//! socket (see `http1`). Everything that makes it the cluster's client is
-//! kube's: the request passes through kube's own layers (base URI, the
-//! credentials with their refresh, extra and impersonation headers) and TLS
-//! is kube's rustls configuration (CA, client certificate, server name).
-//! After a watch the server ended cleanly the connection is kept for the
-//! next one, as a pooled client would.
+//! than taken from kube's pooled client, so that the stream's own task
+//! drives it (no connection task, no channel between the socket and the
+//! parser). The HTTP/1.1 is hyper's client connection
+//! (`hyper::client::conn::http1`), whose [`Connection`] future is polled
+//! by whoever awaits the response or its body ([`Link::drive`]).
+//!
+//! Everything that makes it the cluster's client is kube's or client-go's:
+//! the request passes through kube's own layers (base URI, credentials with
+//! their refresh, extra and impersonation headers); TLS is kube's rustls
+//! configuration (CA, client certificate, server name) with ALPN pinned to
+//! `http/1.1`; the TCP connection is the one every request of the guard
+//! takes (`guard_wire::route`: the proxy kubectl would take, with its
+//! credentials; happy eyeballs; keepalive probes, so that a peer that
+//! vanished without a FIN is noticed without a request). After a watch the
+//! server ended cleanly the connection is kept for the next one, as a
+//! pooled client would.
 
-use std::{sync::Arc, time::Duration};
+use std::{
+    future::Future,
+    pin::{pin, Pin},
+    sync::Arc,
+    task::Context,
+    time::Duration,
+};
 
-use http::{header, Request};
+use bytes::Bytes;
+use guard_wire::route::Route;
+use http::{header, HeaderValue, Request, Response};
+use http_body_util::{BodyExt as _, Empty, Limited};
+use hyper::{
+    body::Incoming,
+    client::conn::http1::{self, Connection, SendRequest},
+};
+use hyper_util::rt::TokioIo;
 use kube::client::{Body, ConfigExt as _};
 use rustls::pki_types::ServerName;
-use tokio::{
-    io::{AsyncRead, AsyncReadExt as _, AsyncWrite, AsyncWriteExt as _},
-    net::TcpStream,
-};
+use tokio::io::{AsyncRead, AsyncWrite};
 use tower::{util::BoxCloneSyncService, BoxError, ServiceBuilder, ServiceExt as _};
-
-use super::http1::{self, Framing, Head};
 
 /// Longest error body read (a Status object is a few hundred bytes).
 const MAX_ERROR_BODY: usize = 64 << 10;
-/// Bytes read from the socket at a time.
-pub const READ_BUF: usize = 32 << 10;
 /// A kept connection must answer a new watch's head within this, else a
 /// fresh one is opened (the API server writes a watch's head at once; a
 /// kept connection that died without a FIN or RST would otherwise hold the
-/// watch until the stream's idle timeout).
+/// watch until the stream's idle deadline).
 const REUSED_HEAD: Duration = Duration::from_secs(5);
+pub use guard_wire::route::KEEPALIVE_DEAD;
 
-/// A connection to the API server, plain or TLS.
+/// A connection to the API server, plain or TLS, through a proxy or not.
 pub trait Io: AsyncRead + AsyncWrite + Send + Unpin {}
 impl<T: AsyncRead + AsyncWrite + Send + Unpin> Io for T {}
 pub type Conn = Box<dyn Io>;
 
-/// A response whose head says success, ready for its body.
-pub struct Opened {
-    pub head: Head,
-    pub conn: Conn,
-    /// Body bytes read together with the head.
-    pub rest: Vec<u8>,
+type H1 = Connection<TokioIo<Conn>, Empty<Bytes>>;
+
+/// One HTTP/1.1 connection: what sends requests on it, and the connection
+/// future, which does nothing unless polled. Whoever awaits a response or
+/// reads a body on it polls it too ([`Link::drive`]): it is the stream's own
+/// task that reads the socket.
+pub struct Link {
+    send: SendRequest<Empty<Bytes>>,
+    /// None once it ended (closed by either side, or failed: the body, or
+    /// the response being awaited, gets the error).
+    conn: Option<H1>,
+}
+
+impl Link {
+    /// Poll the connection (read, write, keep-alive bookkeeping); it stays
+    /// registered with the socket for the next wake-up.
+    pub fn poll_conn(&mut self, cx: &mut Context<'_>) {
+        if let Some(c) = self.conn.as_mut() {
+            if Pin::new(c).poll(cx).is_ready() {
+                self.conn = None;
+            }
+        }
+    }
+
+    /// Await `f` (a response, a body frame) while driving the connection.
+    pub async fn drive<F: Future>(&mut self, f: F) -> F::Output {
+        let mut f = pin!(f);
+        std::future::poll_fn(|cx| {
+            self.poll_conn(cx);
+            f.as_mut().poll(cx)
+        })
+        .await
+    }
+
+    /// Ready for another request: the last response was read to its end
+    /// and neither side closed the connection.
+    async fn ready(&mut self) -> hyper::Result<()> {
+        std::future::poll_fn(|cx| {
+            self.poll_conn(cx);
+            self.send.poll_ready(cx)
+        })
+        .await
+    }
+
+    /// Send `req`, the response's head once it arrives (hyper skips 1xx).
+    async fn request(&mut self, req: Request<Empty<Bytes>>) -> hyper::Result<Response<Incoming>> {
+        let answer = self.send.send_request(req);
+        self.drive(answer).await
+    }
+
+    /// Whether a later request may use it: it has not ended, and hyper
+    /// would send on it (the body it carried was read to its end and the
+    /// server keeps it).
+    pub fn reusable(&self) -> bool {
+        self.conn.is_some() && !self.send.is_closed()
+    }
 }
 
 /// A request as kube's layers left it (a GET: no body).
@@ -51,6 +118,31 @@ struct Prepared {
     headers: http::HeaderMap,
 }
 
+impl Prepared {
+    /// As hyper sends it: the origin-form target, a Host and a User-Agent
+    /// if kube's layers set none.
+    fn request(&self) -> Result<Request<Empty<Bytes>>, http::Error> {
+        let target = self.uri.path_and_query().map_or("/", |p| p.as_str());
+        let mut req = Request::builder()
+            .method(self.method.clone())
+            .uri(target)
+            .body(Empty::new())?;
+        *req.headers_mut() = self.headers.clone();
+        let h = req.headers_mut();
+        if !h.contains_key(header::HOST) {
+            let host = self.uri.authority().map_or("", |a| a.as_str());
+            h.insert(header::HOST, HeaderValue::from_str(host)?);
+        }
+        if !h.contains_key(header::USER_AGENT) {
+            h.insert(
+                header::USER_AGENT,
+                HeaderValue::from_static(concat!("arp-guard/", env!("CARGO_PKG_VERSION"))),
+            );
+        }
+        Ok(req)
+    }
+}
+
 /// Opens the feed's watch connections as kube's client would.
 #[derive(Clone)]
 pub struct Dialer {
@@ -58,6 +150,7 @@ pub struct Dialer {
     /// response, so the innermost one answers with an empty response that
     /// carries the prepared request ([`Prepared`]) in its extensions.
     prepare: BoxCloneSyncService<Request<Body>, http::Response<()>, BoxError>,
+    route: Route,
     tls: Option<tokio_rustls::TlsConnector>,
     /// `tls-server-name` of the kubeconfig, else the URL's host.
     server_name: Option<ServerName<'static>>,
@@ -70,15 +163,6 @@ fn io_error(e: impl Into<BoxError>) -> kube::Error {
 
 impl Dialer {
     pub fn new(config: &kube::Config) -> kube::Result<Dialer> {
-        // The configuration is settled first (`no_proxy.rs`: a proxy kubectl
-        // would use is an error there); said here as well, so that the
-        // watches can never go around a proxy the client would take.
-        if let Some(proxy) = &config.proxy_url {
-            return Err(io_error(format!(
-                "a proxy ({proxy}) is configured; the guard's watches connect to the API server directly \
-                 and do not support one"
-            )));
-        }
         let prepare = ServiceBuilder::new()
             .layer(config.base_uri_layer())
             .option_layer(config.auth_layer()?)
@@ -95,7 +179,15 @@ impl Dialer {
             });
         let https = config.cluster_url.scheme() == Some(&http::uri::Scheme::HTTPS);
         let tls = https
-            .then(|| config.rustls_client_config().map(Arc::new))
+            .then(|| {
+                config.rustls_client_config().map(|mut c| {
+                    // The watch is read as HTTP/1.1: the server must not
+                    // choose another protocol, whatever kube's defaults
+                    // offer one day.
+                    c.alpn_protocols = vec![b"http/1.1".to_vec()];
+                    Arc::new(c)
+                })
+            })
             .transpose()?
             .map(tokio_rustls::TlsConnector::from);
         let server_name = (config.tls_server_name.clone())
@@ -103,6 +195,8 @@ impl Dialer {
             .transpose()?;
         Ok(Dialer {
             prepare: BoxCloneSyncService::new(prepare),
+            route: Route::new(config.proxy_url.as_ref(), config.connect_timeout)
+                .map_err(io_error)?,
             tls,
             server_name,
             connect_timeout: config.connect_timeout,
@@ -110,10 +204,14 @@ impl Dialer {
     }
 
     /// Send `req` (a GET) on `reuse`, the connection of the last watch, or
-    /// on a new one: the response's head once it says success, else the
-    /// API's error. A kept connection the server has closed meanwhile is
-    /// replaced once.
-    pub async fn send(&self, req: Request<Vec<u8>>, reuse: Option<Conn>) -> kube::Result<Opened> {
+    /// on a new one: the response once its head says success, else the
+    /// API's error. A kept connection that cannot take the request, or
+    /// gives no answer, is replaced once.
+    pub async fn send(
+        &self,
+        req: Request<Vec<u8>>,
+        reuse: Option<Link>,
+    ) -> kube::Result<(Response<Incoming>, Link)> {
         let prepared = (self.prepare.clone().oneshot(req.map(Body::from)).await).map_err(|e| {
             e.downcast::<kube::Error>()
                 .map_or_else(kube::Error::Service, |e| *e)
@@ -121,179 +219,116 @@ impl Dialer {
         let Some(req) = prepared.extensions().get::<Prepared>() else {
             return Err(io_error("kube's request layers lost the request"));
         };
-        let bytes = request_bytes(req);
-        if let Some(conn) = reuse {
-            // Nothing back (closed, reset, silent): a fresh connection; an
+        if let Some(mut link) = reuse {
+            // Not ready, closed, reset, silent: a fresh connection; an
             // answer, even an error, is the answer.
-            if let Ok(Ok(Some(o))) = tokio::time::timeout(REUSED_HEAD, exchange(conn, &bytes)).await
-            {
-                return answer(o).await;
+            let asked = async {
+                link.ready().await.ok()?;
+                link.request(req.request().ok()?).await.ok()
+            };
+            if let Ok(Some(resp)) = tokio::time::timeout(REUSED_HEAD, asked).await {
+                return answer(resp, link).await;
             }
         }
-        let conn = self.connect(&req.uri).await?;
-        match exchange(conn, &bytes).await {
-            Ok(Some(o)) => answer(o).await,
-            Ok(None) => Err(io_error(std::io::Error::new(
-                std::io::ErrorKind::UnexpectedEof,
-                "the API server closed the connection before answering",
-            ))),
-            Err(e) => Err(e),
+        let mut link = self.connect(&req.uri).await?;
+        let r = req.request().map_err(kube::Error::HttpError)?;
+        match link.request(r).await {
+            Ok(resp) => answer(resp, link).await,
+            Err(e) => Err(kube::Error::HyperError(e)),
         }
     }
 
-    /// A new connection, TCP and TLS both within the configured connect
-    /// timeout (as kube's connector bounds them).
-    async fn connect(&self, uri: &http::Uri) -> kube::Result<Conn> {
-        let host = uri.host().unwrap_or_default();
-        // An IPv6 literal is bracketed in the URL, not in an address.
-        let host = host.trim_start_matches('[').trim_end_matches(']');
-        let port = uri
-            .port_u16()
-            .unwrap_or(if self.tls.is_some() { 443 } else { 80 });
-        let open = self.open(host, port);
-        match self.connect_timeout {
+    /// A new connection, TCP (and the proxy's handshake) and TLS all within
+    /// the configured connect timeout (as kube's connector bounds them).
+    async fn connect(&self, uri: &http::Uri) -> kube::Result<Link> {
+        let open = self.open(uri);
+        let io = match self.connect_timeout {
             Some(t) => tokio::time::timeout(t, open).await.map_err(|_| {
                 io_error(std::io::Error::new(
                     std::io::ErrorKind::TimedOut,
-                    format!("connecting to {host}:{port}: no answer within {t:?}"),
+                    format!(
+                        "connecting to {}: no answer within {t:?}",
+                        uri.authority().map_or("", |a| a.as_str())
+                    ),
                 ))
-            })?,
-            None => open.await,
-        }
+            })??,
+            None => open.await?,
+        };
+        let (send, conn) = http1::Builder::new()
+            .handshake(TokioIo::new(io))
+            .await
+            .map_err(kube::Error::HyperError)?;
+        Ok(Link {
+            send,
+            conn: Some(conn),
+        })
     }
 
-    async fn open(&self, host: &str, port: u16) -> kube::Result<Conn> {
-        let tcp = TcpStream::connect((host, port)).await.map_err(io_error)?;
-        // A watch event is one small write: sent at once.
-        tcp.set_nodelay(true).map_err(io_error)?;
+    async fn open(&self, uri: &http::Uri) -> kube::Result<Conn> {
+        let tcp = self
+            .route
+            .connect(uri.clone())
+            .await
+            .map_err(kube::Error::Service)?;
         let Some(tls) = &self.tls else {
             return Ok(Box::new(tcp));
         };
         let name = match &self.server_name {
             Some(n) => n.clone(),
-            None => ServerName::try_from(host.to_owned()).map_err(io_error)?,
+            None => {
+                let host = uri.host().unwrap_or_default();
+                // An IPv6 literal is bracketed in the URL, not in a name.
+                let host = host.trim_start_matches('[').trim_end_matches(']');
+                ServerName::try_from(host.to_owned()).map_err(io_error)?
+            }
         };
         let s = tls.connect(name, tcp).await.map_err(io_error)?;
         Ok(Box::new(s))
     }
 }
 
-/// The request as HTTP/1.1 bytes (a GET: no body).
-fn request_bytes(req: &Prepared) -> Vec<u8> {
-    let uri = &req.uri;
-    let target = uri.path_and_query().map_or("/", |p| p.as_str());
-    let mut out = Vec::with_capacity(512);
-    out.extend_from_slice(format!("{} {target} HTTP/1.1\r\n", req.method).as_bytes());
-    if !req.headers.contains_key(header::HOST) {
-        let host = uri.authority().map_or("", |a| a.as_str());
-        out.extend_from_slice(format!("host: {host}\r\n").as_bytes());
-    }
-    if !req.headers.contains_key(header::USER_AGENT) {
-        out.extend_from_slice(
-            concat!("user-agent: arp-guard/", env!("CARGO_PKG_VERSION"), "\r\n").as_bytes(),
-        );
-    }
-    for (k, v) in &req.headers {
-        out.extend_from_slice(k.as_str().as_bytes());
-        out.extend_from_slice(b": ");
-        out.extend_from_slice(v.as_bytes());
-        out.extend_from_slice(b"\r\n");
-    }
-    out.extend_from_slice(b"\r\n");
-    out
-}
-
-/// Write the request and read the head: None when the connection ended
-/// before any byte of an answer. A write or read that fails is the error
-/// (a TLS alert, a reset: the cause the feed reports).
-async fn exchange(mut conn: Conn, req: &[u8]) -> kube::Result<Option<Opened>> {
-    conn.write_all(req).await.map_err(io_error)?;
-    conn.flush().await.map_err(io_error)?;
-    let mut buf = Vec::with_capacity(READ_BUF);
-    loop {
-        let at = buf.len();
-        buf.resize(at + READ_BUF.min(http1::MAX_HEAD + 1 - at).max(1), 0);
-        let n = conn.read(&mut buf[at..]).await.map_err(io_error)?;
-        buf.truncate(at + n);
-        if n == 0 {
-            if at == 0 {
-                return Ok(None);
-            }
-            return Err(io_error(std::io::Error::new(
-                std::io::ErrorKind::UnexpectedEof,
-                "the API server closed the connection inside a response head",
-            )));
-        }
-        if let Some((head, len)) =
-            http1::head(&buf).map_err(|e| io_error(std::io::Error::from(e)))?
-        {
-            let rest = buf.split_off(len);
-            return Ok(Some(Opened { head, conn, rest }));
-        }
-    }
-}
-
 /// A success as it is; an error status read into the API's error, as
-/// kube's client reports it (a Status object, else the body's text).
-async fn answer(o: Opened) -> kube::Result<Opened> {
-    let code = o.head.status;
-    if (200..300).contains(&code) {
-        return Ok(o);
+/// kube's client reports it (a Status object, else the body's text); a 429
+/// or 503's `Retry-After` kept in the Status's details, for the back-off.
+async fn answer(
+    resp: Response<Incoming>,
+    mut link: Link,
+) -> kube::Result<(Response<Incoming>, Link)> {
+    let code = resp.status().as_u16();
+    if resp.status().is_success() {
+        return Ok((resp, link));
     }
-    let body = error_body(o).await;
+    let retry_after = (resp.headers().get(header::RETRY_AFTER))
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u32>().ok());
+    let body = link
+        .drive(Limited::new(resp.into_body(), MAX_ERROR_BODY).collect())
+        .await
+        .map(|b| b.to_bytes())
+        .unwrap_or_default();
     let text = String::from_utf8_lossy(&body);
-    let status = match serde_json::from_str::<kube::core::Status>(&text) {
+    let mut status = match serde_json::from_str::<kube::core::Status>(&text) {
         Ok(s) if s.code != 0 => s,
         Ok(s) => s.with_code(code),
         Err(_) => {
             kube::core::Status::failure(text.trim(), "Failed to parse error data").with_code(code)
         }
     };
-    Err(kube::Error::Api(status.boxed()))
-}
-
-/// An error response's body, at most [`MAX_ERROR_BODY`] bytes of it, read
-/// for as long as it takes the server to send it (the caller's deadline
-/// bounds the time).
-async fn error_body(o: Opened) -> Vec<u8> {
-    let Opened {
-        head,
-        mut conn,
-        rest,
-    } = o;
-    let mut body = http1::Body::new(head.framing);
-    let mut out = Vec::new();
-    let mut input = rest;
-    let mut buf = vec![0; 4096];
-    loop {
-        let mut at = 0;
-        loop {
-            let Ok((n, piece)) = body.next(&input[at..]) else {
-                return out;
-            };
-            at += n;
-            match piece {
-                http1::Piece::Data(n) => {
-                    let take = n.min(MAX_ERROR_BODY - out.len());
-                    out.extend_from_slice(&input[at..at + take]);
-                    body.take(n);
-                    at += n;
-                    if out.len() >= MAX_ERROR_BODY {
-                        return out;
-                    }
-                }
-                http1::Piece::More => break,
-                http1::Piece::End => return out,
+    if let Some(secs) = retry_after {
+        match status.details.as_mut() {
+            Some(d) if d.retry_after_seconds == 0 => d.retry_after_seconds = secs,
+            Some(_) => {}
+            None => {
+                // Every field of StatusDetails has a default in its schema.
+                let empty = serde_json::from_str::<kube::core::response::StatusDetails>("{}");
+                status.details = empty.ok().map(|mut d| {
+                    d.retry_after_seconds = secs;
+                    d
+                });
             }
         }
-        match conn.read(&mut buf).await {
-            Ok(0) | Err(_) => return out,
-            Ok(n) => input = buf[..n].to_vec(),
-        }
-        if head.framing == Framing::Close && out.len() >= MAX_ERROR_BODY {
-            return out;
-        }
     }
+    Err(kube::Error::Api(status.boxed()))
 }
 
 #[cfg(test)]
@@ -301,141 +336,23 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_request_carries_kube_s_headers_and_a_host() {
+    fn the_request_carries_kube_s_headers_a_host_and_an_origin_form_target() {
         let mut headers = http::HeaderMap::new();
-        headers.insert(
-            header::AUTHORIZATION,
-            http::HeaderValue::from_static("Bearer t"),
-        );
-        headers.insert(
-            header::ACCEPT_ENCODING,
-            http::HeaderValue::from_static("identity"),
-        );
-        let req = Prepared {
+        headers.insert(header::AUTHORIZATION, HeaderValue::from_static("Bearer t"));
+        let p = Prepared {
             method: http::Method::GET,
             uri: "https://203.0.113.1:6443/api/v1/services?watch=true"
                 .parse()
                 .unwrap(),
             headers,
         };
-        let text = String::from_utf8(request_bytes(&req)).unwrap();
-        assert!(
-            text.starts_with("GET /api/v1/services?watch=true HTTP/1.1\r\n"),
-            "{text}"
-        );
-        assert!(text.contains("host: 203.0.113.1:6443\r\n"), "{text}");
-        assert!(text.contains("authorization: Bearer t\r\n"), "{text}");
-        assert!(text.contains("user-agent: arp-guard/"), "{text}");
-        assert!(text.ends_with("\r\n\r\n"), "{text}");
-    }
-
-    /// A server's bytes after the request, as a connection.
-    fn conn(reply: &'static [u8]) -> Conn {
-        let (client, mut server) = tokio::io::duplex(1 << 20);
-        tokio::spawn(async move {
-            let mut req = [0u8; 1024];
-            let _ = server.read(&mut req).await;
-            let _ = server.write_all(reply).await;
-        });
-        Box::new(client)
-    }
-
-    #[tokio::test]
-    async fn an_error_status_is_the_api_s_error() {
-        let gone = b"HTTP/1.1 410 Gone\r\nTransfer-Encoding: chunked\r\n\r\n\
-            2c\r\n{\"kind\":\"Status\",\"code\":410,\"message\":\"old\"}\r\n0\r\n\r\n";
-        let o = exchange(conn(gone), b"GET / HTTP/1.1\r\n\r\n")
-            .await
+        let r = p.request().unwrap();
+        assert_eq!(r.uri(), "/api/v1/services?watch=true");
+        assert_eq!(r.headers()[header::HOST], "203.0.113.1:6443");
+        assert_eq!(r.headers()[header::AUTHORIZATION], "Bearer t");
+        assert!(r.headers()[header::USER_AGENT]
+            .to_str()
             .unwrap()
-            .unwrap();
-        match answer(o).await {
-            Err(kube::Error::Api(s)) => assert_eq!((s.code, s.message.as_str()), (410, "old")),
-            _ => panic!("a 410 is the API's error"),
-        }
-        let html = b"HTTP/1.1 502 Bad Gateway\r\nContent-Length: 11\r\n\r\n<html>x</h>";
-        let o = exchange(conn(html), b"GET / HTTP/1.1\r\n\r\n")
-            .await
-            .unwrap()
-            .unwrap();
-        match answer(o).await {
-            Err(kube::Error::Api(s)) => {
-                assert_eq!((s.code, s.message.as_str()), (502, "<html>x</h>"))
-            }
-            _ => panic!("a 502 is the API's error"),
-        }
-    }
-
-    #[tokio::test]
-    async fn a_closed_kept_connection_is_nothing_not_an_error() {
-        assert!(exchange(conn(b""), b"GET / HTTP/1.1\r\n\r\n")
-            .await
-            .unwrap()
-            .is_none());
-        let cut = exchange(conn(b"HTTP/1.1 200 OK\r\nConte"), b"GET / HTTP/1.1\r\n\r\n").await;
-        assert!(cut.is_err(), "a head cut short is an error");
-    }
-
-    /// A server on loopback that answers each connection's first request
-    /// with `reply`; counts the connections.
-    async fn server(
-        reply: &'static [u8],
-    ) -> (kube::Config, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
-        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let url = format!("http://{}", l.local_addr().unwrap());
-        let count = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
-        let c = count.clone();
-        tokio::spawn(async move {
-            while let Ok((mut s, _)) = l.accept().await {
-                c.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-                tokio::spawn(async move {
-                    let mut req = [0u8; 4096];
-                    let _ = s.read(&mut req).await;
-                    let _ = s.write_all(reply).await;
-                });
-            }
-        });
-        (kube::Config::new(url.parse().unwrap()), count)
-    }
-
-    fn get() -> Request<Vec<u8>> {
-        Request::get("/api/v1/services?watch=true")
-            .body(Vec::new())
-            .unwrap()
-    }
-
-    /// A kept connection the server closed, or one that went silent, costs
-    /// one fresh connection, not a failed watch nor the stream's idle
-    /// timeout; a fresh connection's error is the error.
-    #[tokio::test]
-    async fn a_dead_kept_connection_is_replaced_by_a_fresh_one() {
-        let (config, count) =
-            server(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n").await;
-        let d = Dialer::new(&config).unwrap();
-        let closed = conn(b"");
-        let o = d.send(get(), Some(closed)).await.unwrap();
-        assert_eq!((o.head.status, o.head.framing), (200, Framing::Chunked));
-        assert_eq!(count.load(std::sync::atomic::Ordering::SeqCst), 1);
-        // Silent: the kept connection never answers.
-        let (silent, _held) = tokio::io::duplex(1 << 16);
-        let t = std::time::Instant::now();
-        d.send(get(), Some(Box::new(silent))).await.unwrap();
-        assert!(
-            t.elapsed() < REUSED_HEAD + Duration::from_secs(2),
-            "{:?}",
-            t.elapsed()
-        );
-        assert_eq!(count.load(std::sync::atomic::Ordering::SeqCst), 2);
-        // A server that closes a fresh connection at once: an error.
-        let (config, _) = server(b"").await;
-        let e = Dialer::new(&config).unwrap().send(get(), None).await;
-        assert!(e.is_err());
-    }
-
-    #[test]
-    fn a_configured_proxy_is_refused_not_bypassed() {
-        let mut c = kube::Config::new("https://203.0.113.1:6443".parse().unwrap());
-        c.proxy_url = Some("http://203.0.113.9:3128".parse().unwrap());
-        let e = Dialer::new(&c).err().unwrap();
-        assert!(e.to_string().contains("proxy"), "{e}");
+            .starts_with("arp-guard/"));
     }
 }

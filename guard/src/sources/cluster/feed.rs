@@ -160,7 +160,7 @@ impl Feed {
             })
             .collect();
         let streams = PerStream::new(streams);
-        let store = Store::new(cfg.announcers.clone());
+        let store = Store::new(cfg.announcers.clone()).settling(cfg.settle_shared);
         Feed {
             cfg,
             bad_log: UndecodableLog::default(),
@@ -416,6 +416,14 @@ impl Feed {
                 self.ops.error(ErrorCause::KubernetesFeed);
                 self.failed(Some(stream), &f, now);
             }
+            Msg::Silent(f, silent) => {
+                self.ops.error(ErrorCause::KubernetesFeed);
+                // Blind since the connection last carried anything (the
+                // kernel waited that long), not since now.
+                let last = self.streams[stream].health.last_progress;
+                let since = now.checked_sub(silent).map_or(last, |t| t.max(last));
+                self.failed(Some(stream), &f, since);
+            }
             Msg::Idle(idle) => {
                 let name = self.name(stream).to_owned();
                 // Blind since the last thing it delivered, not since now.
@@ -447,7 +455,8 @@ impl Feed {
 mod tests {
     use super::super::{
         decode::{Lease, Obj, Seconds, Service},
-        stream::{Event, Update, IDLE_MARGIN},
+        listwatch::IDLE_MARGIN,
+        stream::{Event, Update},
     };
     use super::*;
     use std::net::IpAddr;

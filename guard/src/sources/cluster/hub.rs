@@ -23,14 +23,19 @@ use crate::model::cluster::ClusterView;
 /// The API check (is the API there at all?): at most this often...
 pub(super) const CHECK_EVERY: Duration = Duration::from_secs(2);
 /// ...and, while the feed is healthy, only once nothing has shown the API
-/// alive for a while (a stream's event, bookmark or end of watch does):
-/// with Leases renewed every few seconds it never runs. Its failure makes
-/// the guard blind since that last sign of life, so a quieter API check never
-/// delays degradation as long as it fails before the staleness threshold:
-/// it runs [`CHECK_TIMEOUT`] and a second before it, and not more often
-/// than every [`CHECK_QUIET_MIN`]. On a quiet cluster (MetalLB: nothing
-/// renewed) that is one cached GET per 12 s per guard at the default 15 s
-/// threshold, the largest of a guard's steady requests.
+/// alive for this long: the API server sends a bookmark about once a
+/// minute on every watch (and a stream's event or end of watch shows life
+/// too), so at rest it never runs; it asks when the heartbeat is overdue.
+/// A guard at rest sends no request of its own but a watch's renewal every
+/// few minutes.
+pub(super) const QUIET_AT_REST: Duration = Duration::from_secs(75);
+/// ...or, once the datapath hinted that something may have moved unseen (a
+/// speaker here announced an IP the feed calls foreign: a takeover the
+/// feed may have missed), as soon as blindness would matter: its failure
+/// makes the guard blind since that last sign of life, so the check runs
+/// [`CHECK_TIMEOUT`] and a second before the staleness threshold and no
+/// more often than every [`CHECK_QUIET_MIN`] (on a hint, blindness is seen
+/// within the threshold, as the rule says).
 const CHECK_QUIET_MIN: Duration = Duration::from_secs(5);
 pub(super) const CHECK_TIMEOUT: Duration = Duration::from_secs(2);
 
@@ -59,6 +64,9 @@ pub(super) struct Core {
     pub(super) panicked: Option<String>,
     /// The deadline the loop sleeps to.
     pub(super) armed: Instant,
+    /// Until when the datapath's last hint stands (a staleness threshold
+    /// after it): the API check is asked as soon as blindness would matter.
+    pub(super) hinted_until: Option<Instant>,
     tx: watch::Sender<ClusterView>,
     was_degraded: bool,
     announced_sync: bool,
@@ -74,6 +82,7 @@ impl Hub {
                 checking: false,
                 panicked: None,
                 armed: now,
+                hinted_until: None,
                 tx,
                 was_degraded: false,
                 announced_sync: false,
@@ -200,14 +209,23 @@ pub(super) fn check_at(
 
 impl Core {
     /// When the API check is next due (the loop wakes then: one rule for both).
-    pub(super) fn check_at(&self) -> Instant {
+    pub(super) fn check_at(&self, now: Instant) -> Instant {
         let f = &self.feed;
-        check_at(
-            self.next_check,
-            f.all_healthy(),
-            f.last_alive(),
-            check_quiet(f.threshold()),
-        )
+        let hinted = self.hinted_until.is_some_and(|t| t > now);
+        let quiet = check_quiet(f.threshold());
+        let quiet = if hinted {
+            quiet
+        } else {
+            quiet.max(QUIET_AT_REST)
+        };
+        check_at(self.next_check, f.all_healthy(), f.last_alive(), quiet)
+    }
+
+    /// The datapath hinted that something may have moved unseen: for a
+    /// staleness threshold, the API check is asked as soon as blindness
+    /// would matter.
+    pub(super) fn hinted(&mut self, now: Instant) {
+        self.hinted_until = Some(now + self.feed.threshold());
     }
 
     /// The loop's next deadline: a Lease expiry, the staleness threshold,
@@ -218,7 +236,7 @@ impl Core {
         let check = if self.checking {
             now + CHECK_EVERY
         } else {
-            self.check_at()
+            self.check_at(now)
         };
         [
             f.store.next_expiry(now),
@@ -232,7 +250,7 @@ impl Core {
 
     /// Whether the API check is to be asked now.
     pub(super) fn check_due(&self, now: Instant) -> bool {
-        !self.checking && now >= self.check_at()
+        !self.checking && now >= self.check_at(now)
     }
 
     /// The API check is asked: out until it answers, and spaced from now.
@@ -465,7 +483,7 @@ mod tests {
         let (h, _rx) = hub(t0);
         let mut c = h.lock();
         c.next_check = t0;
-        let later = t0 + Duration::from_secs(60);
+        let later = t0 + QUIET_AT_REST + Duration::from_secs(1);
         assert!(c.check_due(later), "due: nothing else is out");
         c.check_asked(later);
         let much_later = later + Duration::from_secs(600);
@@ -476,7 +494,7 @@ mod tests {
             let t = much_later;
             assert_eq!(c.check_answered(answer, t), alive);
             assert!(!c.check_due(t + CHECK_EVERY - Duration::from_millis(1)));
-            let next = c.check_at();
+            let next = c.check_at(t);
             assert!(next >= t + CHECK_EVERY);
             assert!(c.check_due(next), "due again (alive: {alive})");
             c.check_asked(t);
@@ -504,5 +522,31 @@ mod tests {
         // A short threshold: never more often than CHECK_QUIET_MIN.
         assert_eq!(check_quiet(s(3)), CHECK_QUIET_MIN);
         assert!(check_quiet(s(60)) + CHECK_TIMEOUT < s(60));
+    }
+
+    /// At rest (healthy, no hint) the check waits for the heartbeat to be
+    /// overdue; a hint brings it back to the staleness threshold's rule,
+    /// for a threshold; failing, it is asked every CHECK_EVERY.
+    #[test]
+    fn at_rest_the_check_waits_for_an_overdue_heartbeat_and_a_hint_brings_it_forward() {
+        let t0 = Instant::now();
+        let s = Duration::from_secs;
+        let (h, _rx) = hub(t0);
+        let mut c = h.lock();
+        c.next_check = t0;
+        c.feed.ok(None, t0);
+        assert_eq!(c.feed.threshold(), s(15));
+        assert_eq!(c.check_at(t0), t0 + QUIET_AT_REST, "at rest");
+        c.hinted(t0 + s(1));
+        assert_eq!(
+            c.check_at(t0 + s(1)),
+            t0 + s(12),
+            "hinted: 3 s before the threshold"
+        );
+        assert_eq!(
+            c.check_at(t0 + s(16)),
+            t0 + QUIET_AT_REST,
+            "the hint stands for one threshold"
+        );
     }
 }

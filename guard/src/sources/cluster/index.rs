@@ -47,6 +47,13 @@ impl Store {
         m
     }
 
+    /// `--settle-shared-ips`: settle split elections of Services that are
+    /// all `externalTrafficPolicy: Cluster` (see [`Store::fold`]).
+    pub fn settling(mut self, on: bool) -> Self {
+        self.idx.settle_shared = on;
+        self
+    }
+
     /// The claims as of the last [`Store::refresh`].
     pub fn claims(&self) -> &BTreeMap<IpAddr, Arc<OwnerRecord>> {
         &self.idx.claims
@@ -299,15 +306,16 @@ impl Store {
     /// derivation folds them.
     fn claim_of(&self, ip: &IpAddr, now: Instant) -> Option<OwnerRecord> {
         let svcs = self.idx.ip_services.get(ip)?;
-        let mut claim = None;
-        for svc in svcs {
-            let Some(info) = self.services.get(svc) else {
-                continue;
-            };
-            let c = self.decision(svc, info, &self.idx.announcers, now);
-            claim = Some(Self::merge(claim, c));
-        }
-        claim
+        let claims = (svcs.iter())
+            .filter_map(|svc| {
+                let info = self.services.get(svc)?;
+                Some((
+                    self.decision(svc, info, &self.idx.announcers, now),
+                    info.local,
+                ))
+            })
+            .collect();
+        Self::fold(claims, self.idx.settle_shared)
     }
 }
 
@@ -401,6 +409,7 @@ mod tests {
                             ips,
                             kube_vip_lease: r.pick(&vip).map(Into::into),
                             unreadable: r.below(8) == 0,
+                            local: r.below(2) == 0,
                         };
                         m.set_service(svc_key(&mut r), Some(info));
                     }

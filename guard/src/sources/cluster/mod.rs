@@ -2,17 +2,19 @@
 //! node owns each (Cilium and kube-vip Leases, MetalLB ServiceL2Status).
 //!
 //! `cause` classifies failed requests (what to fix), `problems` logs each
-//! cause once and keeps the guard's own problem, `wire` makes the requests
-//! and `decode` reads their bodies object by object into slim types,
-//! `objects` turns those into the `store`'s plain types, `store` holds
-//! them (the cluster objects the feed keeps) and the ownership rules over
-//! them (pure), `stream` and `driver` run one list+watch,
-//! `feed` keeps what the streams delivered and their health (pure in time;
-//! `apply` and `undecodable`), and `task` runs them all and publishes a
-//! `ClusterView`; `trust` decides which CA roots the client needs.
+//! cause once and keeps the guard's own problem, `dial` opens the watches'
+//! connections, `wire` makes the requests and `decode` reads their bodies
+//! object by object into slim types, `listwatch` is the one list+watch
+//! loop (the feed's streams, presence, the uplink hints), `objects` turns
+//! objects into the `store`'s plain types, `store` holds them (the cluster
+//! objects the feed keeps) and the ownership rules over them (pure),
+//! `stream` and `driver` are the feed's streams on the loop, `feed` keeps
+//! what the streams delivered and their health (pure in time; `apply` and
+//! `undecodable`), and `task` runs them all and publishes a `ClusterView`.
 
 mod apply;
 pub mod cause;
+mod collection;
 pub mod confirm;
 #[cfg(feature = "testing")]
 pub mod cost;
@@ -22,18 +24,18 @@ mod driver;
 pub mod feed;
 #[cfg(test)]
 mod fixtures;
-mod http1;
 mod hub;
 pub mod index;
 mod keys;
-pub mod no_proxy;
+pub mod listwatch;
 pub mod objects;
+mod pace;
 mod per_stream;
 pub mod problems;
+mod shared;
 pub mod store;
 pub mod stream;
 pub mod task;
-pub mod trust;
 mod undecodable;
 pub mod wire;
 
@@ -52,8 +54,10 @@ pub struct FeedConfig {
     /// duration of the Leases in use, between 15 s and 60 s.
     pub stale_after: Option<Duration>,
     /// The server ends each watch after this long (`timeoutSeconds`); a
-    /// stream silent for this plus [`stream::IDLE_MARGIN`] is stuck.
+    /// stream silent for this plus [`listwatch::IDLE_MARGIN`] is stuck.
     pub watch_timeout: Duration,
+    /// `--settle-shared-ips` (see [`store::Store::fold`]).
+    pub settle_shared: bool,
 }
 
 impl FeedConfig {
@@ -70,6 +74,7 @@ impl FeedConfig {
             selector: None,
             stale_after: None,
             watch_timeout,
+            settle_shared: false,
         }
     }
 }

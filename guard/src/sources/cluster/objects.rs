@@ -63,6 +63,7 @@ pub fn service(svc: &decode::Service, filter: &ServiceFilter) -> Option<ServiceI
         ips,
         kube_vip_lease,
         unreadable: false,
+        local: spec.external_traffic_policy.as_deref() == Some("Local"),
     })
 }
 

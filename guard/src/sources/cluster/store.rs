@@ -35,6 +35,9 @@ pub struct ServiceInfo {
     /// and its IPs' claims are not trusted (owned stays owned, foreign is
     /// judged unknown) until a readable version comes.
     pub unreadable: bool,
+    /// `externalTrafficPolicy: Local`: only nodes with its endpoints serve
+    /// it (a split election of its IP is never settled).
+    pub local: bool,
 }
 
 /// A Lease as this guard observed it.
@@ -138,6 +141,9 @@ impl Announcer {
 /// The indexes behind the incremental claims (kept by `index.rs`).
 pub struct Index {
     pub(super) announcers: Vec<Announcer>,
+    /// `--settle-shared-ips`: a split election of Services that are all
+    /// `externalTrafficPolicy: Cluster` is settled on one node.
+    pub(super) settle_shared: bool,
     /// LB IP -> the Services that carry it (an IP can be shared).
     pub(super) ip_services: BTreeMap<IpAddr, Keys>,
     /// Lease -> the Services it decides (for the announcers in use). Its
@@ -308,6 +314,7 @@ impl Store {
                     why: format!("Lease {key} held by {h}").into(),
                     certain: true,
                     service: None,
+                    split: None,
                 },
                 LeaseState::Unconfirmed(h) => OwnerRecord {
                     owner: Some(h.clone()),
@@ -318,6 +325,7 @@ impl Store {
                     .into(),
                     certain: false,
                     service: None,
+                    split: None,
                 },
                 LeaseState::Expired => OwnerRecord {
                     owner: None,
@@ -328,12 +336,14 @@ impl Store {
                     .into(),
                     certain: true,
                     service: None,
+                    split: None,
                 },
                 LeaseState::Vacant => OwnerRecord {
                     owner: None,
                     why: format!("Lease {key} has no holder").into(),
                     certain: true,
                     service: None,
+                    split: None,
                 },
                 LeaseState::Unreadable(h) => OwnerRecord {
                     owner: h.cloned(),
@@ -344,6 +354,7 @@ impl Store {
                     .into(),
                     certain: false,
                     service: None,
+                    split: None,
                 },
             })
         };
@@ -380,6 +391,7 @@ impl Store {
                 .into(),
                 certain: readable,
                 service: None,
+                split: None,
             });
         }
         let why = if readable {
@@ -392,6 +404,7 @@ impl Store {
             why: why.into(),
             certain: readable,
             service: None,
+            split: None,
         })
     }
 
@@ -412,6 +425,7 @@ impl Store {
                 why: format!("Service {svc}: no announcer record").into(),
                 certain: true,
                 service: None,
+                split: None,
             });
         claim.service = Some(crate::model::cluster::ServiceRef {
             namespace: svc.ns.clone(),
@@ -427,28 +441,6 @@ impl Store {
         claim
     }
 
-    /// Fold the claim of one more Service carrying an IP into the IP's
-    /// claim so far: Services whose owners disagree leave it no owner.
-    pub(super) fn merge(prev: Option<OwnerRecord>, claim: OwnerRecord) -> OwnerRecord {
-        match prev {
-            None => claim,
-            Some(mut prev) if prev.owner == claim.owner => {
-                prev.certain &= claim.certain;
-                prev
-            }
-            Some(prev) => OwnerRecord {
-                owner: None,
-                why: format!(
-                    "IP shared by Services whose owners disagree: {} / {}",
-                    prev.why, claim.why
-                )
-                .into(),
-                certain: prev.certain && claim.certain,
-                service: prev.service,
-            },
-        }
-    }
-
     /// Ownership of every LB IP the Services carry, derived from scratch
     /// (the reference the incremental claims are tested against). For each
     /// Service the first announcer (in the order given) that has a record
@@ -459,17 +451,21 @@ impl Store {
         announcers: &[Announcer],
         now: Instant,
     ) -> BTreeMap<IpAddr, OwnerRecord> {
-        let mut out: BTreeMap<IpAddr, OwnerRecord> = BTreeMap::new();
+        let mut claims: BTreeMap<IpAddr, Vec<(OwnerRecord, bool)>> = BTreeMap::new();
         for (svc, info) in &self.services {
             let claim = self.decision(svc, info, announcers, now);
             // An IP listed twice (an ingress IP that is an external IP too)
             // counts once per Service.
             for ip in info.ips.iter().collect::<BTreeSet<_>>() {
-                let prev = out.remove(ip);
-                out.insert(*ip, Self::merge(prev, claim.clone()));
+                claims
+                    .entry(*ip)
+                    .or_default()
+                    .push((claim.clone(), info.local));
             }
         }
-        out
+        (claims.into_iter())
+            .filter_map(|(ip, c)| Some((ip, Self::fold(c, self.idx.settle_shared)?)))
+            .collect()
     }
 
     /// Changes whenever [`Store::named_nodes`] does.
@@ -499,6 +495,7 @@ mod tests {
                 ips: ips.iter().map(|s| ip(s)).collect(),
                 kube_vip_lease: None,
                 unreadable: false,
+                local: false,
             }),
         );
     }
@@ -613,6 +610,7 @@ mod tests {
                 ips: vec![ip("198.51.100.21")],
                 kube_vip_lease: Some("custom".into()),
                 unreadable: false,
+                local: false,
             }),
         );
         m.set_service(
@@ -621,6 +619,7 @@ mod tests {
                 ips: vec![ip("198.51.100.22")],
                 kube_vip_lease: Some("infra/pay-lock".into()),
                 unreadable: false,
+                local: false,
             }),
         );
         m.upsert_lease(
@@ -754,7 +753,52 @@ mod tests {
                 unreadable: false,
             }),
         );
-        assert_eq!(m.ownership(&mlb, t0)[&ip("198.51.100.40")].owner, None);
+        let r = &m.ownership(&mlb, t0)[&ip("198.51.100.40")];
+        assert_eq!(r.owner, None);
+        // A split election, named: each Service with the node it names.
+        let split = r.split.as_deref().expect("a split election");
+        assert_eq!(split.holders(), ["n1", "n2"]);
+        let names: Vec<&str> = split.services.iter().map(|s| &*s.service).collect();
+        assert_eq!(names, ["a/tcp", "a/udp"]);
+        assert_eq!(split.settled_on, None);
+        assert!(
+            split.settle.contains("--settle-shared-ips is off"),
+            "{}",
+            split.settle
+        );
+
+        // Settled, on the node of the first Service by namespace/name,
+        // only while every Service is externalTrafficPolicy: Cluster.
+        m.idx.settle_shared = true;
+        let r = &m.ownership(&mlb, t0)[&ip("198.51.100.40")];
+        assert_eq!(r.owner.as_deref(), Some("n1"), "{}", r.why);
+        assert_eq!(
+            r.split.as_deref().and_then(|s| s.settled_on.as_deref()),
+            Some("n1")
+        );
+        let info = m.services.get(&Key::new("a", "udp")).cloned().unwrap();
+        m.set_service(
+            Key::new("a", "udp"),
+            Some(ServiceInfo {
+                local: true,
+                ..info
+            }),
+        );
+        let r = &m.ownership(&mlb, t0)[&ip("198.51.100.40")];
+        assert_eq!(r.owner, None, "never settled with a Local Service");
+        let split = r.split.as_deref().unwrap();
+        assert!(
+            split
+                .settle
+                .contains("a/udp is externalTrafficPolicy: Local"),
+            "{}",
+            split.settle
+        );
+
+        // One record without a holder is no split (one node announces).
+        m.set_l2(Key::new("metallb-system", "l2-2"), None);
+        let r = &m.ownership(&mlb, t0)[&ip("198.51.100.40")];
+        assert!(r.split.is_none());
     }
 
     #[test]

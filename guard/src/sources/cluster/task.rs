@@ -24,11 +24,12 @@ use super::{
     driver,
     feed::Feed,
     hub::{AskWatch, Hub, CHECK_TIMEOUT},
+    listwatch::StreamCtl,
     store::Key,
-    stream::StreamCtl,
-    trust::{self, Trust},
     wire, ClusterConfig, FeedConfig,
 };
+use guard_wire::{connect::Trust, kubeconfig};
+
 use crate::{
     model::cluster::ClusterView,
     ops::{Ops, Rebuild},
@@ -93,40 +94,41 @@ pub async fn connections(kubeconfig: Option<&std::path::Path>) -> Result<(Client
     Ok((client, dialer))
 }
 
-/// The configuration, and the TLS trust it was settled to.
+/// The configuration, and the TLS trust it was settled to: read as kubectl
+/// reads it (`guard_wire::kubeconfig`: `kubeconfig`, else $KUBECONFIG or
+/// ~/.kube/config, else the Pod's service account), with the proxy kubectl
+/// would take for the server, in a Pod too (client-go reads the
+/// environment there like anywhere else; kube-rs's in-cluster configuration
+/// does not).
 async fn config(kubeconfig: Option<&std::path::Path>) -> Result<(kube::Config, Trust)> {
     // Several rustls providers could be compiled in; name ours. An error only
     // means one is installed already.
     let _ = rustls::crypto::ring::default_provider().install_default();
-    let mut config = match kubeconfig {
-        Some(path) => {
-            let kc = kube::config::Kubeconfig::read_from(path)
-                .with_context(|| format!("reading kubeconfig {}", path.display()))?;
-            let opts = kube::config::KubeConfigOptions::default();
-            kube::Config::from_custom_kubeconfig(kc, &opts)
-                .await
-                .context("kubeconfig")?
-        }
-        None => kube::Config::infer()
-            .await
-            .context("no Kubernetes API configuration (in-cluster or kubeconfig)")?,
-    };
+    let (mut config, proxy_url) = kubeconfig::load(kubeconfig, None).await?;
     // No read timer in the client: every request the feed makes is bounded
     // by its own (a list page and a watch's silence by the idle deadline,
     // an API check and a confirming GET by theirs), and a read timer re-armed for
     // every chunk of every watch is a cost per event.
     config.read_timeout = None;
-    // kube takes HTTPS_PROXY for a kubeconfig; kubectl would not use it
-    // for a server NO_PROXY excludes, and arp-guard uses none.
-    super::no_proxy::settle(&mut config).map_err(anyhow::Error::msg)?;
-    let trust = trust::settle(&mut config);
+    let proxy =
+        kubeconfig::settle_proxy(&mut config, proxy_url.as_deref(), |n| std::env::var(n).ok())?;
+    if let Some(p) = proxy {
+        static SAID: std::sync::Once = std::sync::Once::new();
+        SAID.call_once(|| {
+            tracing::info!(
+                proxy = %guard_wire::connect::without_credentials(&p.url), from = p.from,
+                server = %config.cluster_url, "reaching the Kubernetes API through a proxy"
+            );
+        });
+    }
+    let trust = kubeconfig::settle_trust(&mut config);
     Ok((config, trust))
 }
 
 fn client_of(config: kube::Config, trust: Trust) -> Result<Client> {
     let url = config.cluster_url.clone();
     match trust {
-        Trust::System => Client::try_from(config).with_context(|| {
+        Trust::System => kubeconfig::client(config).with_context(|| {
             format!(
                 "building the Kubernetes client (the configuration names no CA for {url}, so \
                  the system's CA bundle is needed: give the kubeconfig \
@@ -135,7 +137,7 @@ fn client_of(config: kube::Config, trust: Trust) -> Result<Client> {
             )
         }),
         Trust::OwnCa | Trust::Unverified => {
-            Client::try_from(config).context("building the Kubernetes client")
+            kubeconfig::client(config).context("building the Kubernetes client")
         }
     }
 }
@@ -189,6 +191,7 @@ pub async fn run(
     let (confirm_tx, mut confirm_rx) = mpsc::channel(64);
     let (check_tx, mut check_rx) = mpsc::channel(1);
     let now = Instant::now();
+    let hints = ops.clone();
     let hub = Arc::new(Hub::new(Feed::new(cfg.clone(), now, ops), tx, now));
     let mut t = Task {
         client,
@@ -223,6 +226,7 @@ pub async fn run(
                 hub.lock().feed.on_confirm(key, sent, answer, Instant::now());
             }
             Some(answer) = check_rx.recv() => t.on_check(answer),
+            () = hints.api_hint.notified() => hub.lock().hinted(Instant::now()),
             _ = &mut deadline => {}
         }
         if let Some(task) = hub.lock().panicked.take() {

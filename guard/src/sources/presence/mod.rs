@@ -4,7 +4,7 @@
 //! presence Lease with one watch and the guard Pods' readiness with another
 //! (`follow`), and reads the cluster's Nodes only when that is worth it
 //! (`nodes`). With nothing changing a guard costs the API server two watch
-//! requests per [`follow::WATCH_TIMEOUT`] and nothing else, however many
+//! requests per watch timeout (`--kube-watch-timeout`: [5, 10) minutes) and nothing else, however many
 //! guards there are; a guard joining or leaving is one record and its
 //! Pod's few status changes, delivered once to every guard. On SIGTERM the
 //! Lease is deleted; a guard killed otherwise is no longer live once its
@@ -64,6 +64,9 @@ pub struct PresenceConfig {
     pub period: Duration,
     /// The label selector of the guard Pods in the namespace (liveness).
     pub pods: String,
+    /// Each watch asks for a random time in [this, twice this)
+    /// (`--kube-watch-timeout`).
+    pub watch_min: Duration,
 }
 
 /// What the task reads from the daemon, and where it publishes.
@@ -196,7 +199,7 @@ async fn run(
     };
     let namespace =
         (cfg.namespace.clone()).unwrap_or_else(|| client.default_namespace().to_owned());
-    let (records_rx, pods_rx) = spawn_followers(&dialer, &client, &namespace, &cfg.pods);
+    let (records_rx, pods_rx) = spawn_followers(&dialer, &client, &namespace, &cfg);
     let mut t = Task::new(client, namespace, cfg, ops);
     tracing::info!(namespace = %t.seen.namespace, lease = %t.own.lease, pods = %t.cfg.pods, "publishing this guard's presence");
     t.run(hooks, records_rx, pods_rx, &mut stop).await;
@@ -208,7 +211,7 @@ fn spawn_followers(
     dialer: &Dialer,
     client: &Client,
     namespace: &str,
-    pods: &str,
+    cfg: &PresenceConfig,
 ) -> (mpsc::Receiver<Step<Lease>>, mpsc::Receiver<Step<Pod>>) {
     let (records_tx, records_rx) = mpsc::channel(256);
     let (pods_tx, pods_rx) = mpsc::channel(256);
@@ -218,6 +221,7 @@ fn spawn_followers(
             dialer: dialer.clone(),
             path: format!("/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases"),
             labels: format!("{}={}", presence::LABEL, presence::LABEL_VALUE),
+            watch_min: cfg.watch_min,
         },
         records_tx,
     ));
@@ -226,7 +230,8 @@ fn spawn_followers(
             client: client.clone(),
             dialer: dialer.clone(),
             path: format!("/api/v1/namespaces/{namespace}/pods"),
-            labels: pods.to_owned(),
+            labels: cfg.pods.clone(),
+            watch_min: cfg.watch_min,
         },
         pods_tx,
     ));

@@ -10,8 +10,9 @@ use std::{net::IpAddr, time::Duration};
 use kube::Client;
 use serde::Deserialize;
 
-use super::request::{cached_list, decode, timed, Result};
+use super::request::{decode, timed, Result};
 use crate::model::{presence::MAX_RECORDS, probing::asks};
+use crate::sources::cluster::listwatch::{list_request, Collection};
 
 /// The coverage keeper reads the Nodes this often...
 pub const NODES_EVERY: Duration = Duration::from_secs(600);
@@ -56,7 +57,13 @@ pub async fn list(client: &Client) -> Result<Vec<String>> {
     let mut out = Vec::new();
     let mut cont: Option<String> = None;
     loop {
-        let mut req = cached_list("/api/v1/nodes", None, PAGE, cont.as_deref())?;
+        let nodes = Collection {
+            path: "/api/v1/nodes".into(),
+            cached: true,
+            page: PAGE,
+            ..Default::default()
+        };
+        let mut req = list_request(&nodes, None, cont.as_deref());
         req.headers_mut().insert(
             http::header::ACCEPT,
             http::HeaderValue::from_static(

@@ -1,0 +1,3 @@
+module arp-guard.test/apipeer
+
+go 1.19

@@ -40,11 +40,18 @@ fn cilium_lease_moves_and_the_guards_swap_verdicts() {
     testbed::require_root();
     let bed = ClusterBed::new("cil", &[LB]).unwrap();
     bed.cilium_service("web", &["198.51.100.100", "fd00::100"], "node-a", 60);
-    let guards = bed.start(&["--announcer", "cilium"]).unwrap();
-    // node-b holds nothing yet: its name matching no holder is reported once
-    // (after its first look at the cluster), node-a's is not.
+    // node-b first: it holds nothing yet, and the holder, node-a, has no
+    // guard yet (no presence record), so its name matching no holder is
+    // reported once, after its first look at the cluster; node-a's is not.
+    // (Started the other way, whether node-b says it depends on which it
+    // reads first, the Lease or node-a's presence record: a guarded holder
+    // makes a typo unlikely, and it says nothing.)
+    let args = ["--announcer", "cilium"];
+    let sync = Duration::from_secs(20);
+    let b = bed.start_on(1, &args, sync).unwrap();
     let warning = "matches none of the lease holders";
-    guards[1].expect_log(warning, Duration::from_secs(5));
+    b.expect_log(warning, Duration::from_secs(5));
+    let guards = [bed.start_on(0, &args, sync).unwrap(), b];
     check(bed.wait_answer(LB, Some("node-a"), CHANGE));
     assert_eq!(guards[1].count_log(warning), 1, "once");
     assert_eq!(guards[0].count_log(warning), 0);

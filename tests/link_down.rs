@@ -14,6 +14,12 @@
 //! - carrier back: a Normal `OwnerLinkRestored`, the gauge 0, and node-a
 //!   answers for its IP as before (the finding never stopped a frame).
 //!
+//! Where the link was also the way to the API (the Events refused while it
+//! is down) and the node lost its Lease meanwhile, the Warning still goes,
+//! said to be late, before its Normal end; `kubectl arp-guard status` takes
+//! the ended Warning as no finding (`guard_wire::events`, unit-tested in
+//! the plugin).
+//!
 //! The same on a bond whose slaves all lose carrier: `kernel_bond.rs`, in
 //! the VM lane.
 
@@ -27,6 +33,7 @@ use testbed::{
     alerting::{prove_one, Firing, STEP},
     cluster_bed::{check, ClusterBed},
     deploy::daemonset_wrapper,
+    fake_api::{objects, Resource},
     scrape::Scraper,
 };
 
@@ -123,4 +130,67 @@ fn an_owner_whose_link_is_down_says_so_within_seconds() {
     if let Err(e) = fired {
         panic!("{e:#}\n{}", logs());
     }
+}
+
+/// The only link down: its Events cannot go (refused here), and the node
+/// loses its Lease (moved to node-b). The Warning still goes, said to be
+/// late and that the IP moved, and only then its end; the node answers for
+/// nothing it does not own. (The daemon before this dropped both once the
+/// IP was no longer its own: the operator never learned why it moved.)
+#[test]
+fn the_warning_that_could_not_go_goes_late_even_after_the_ip_moved() {
+    testbed::require_root();
+    let bed = ClusterBed::new("lnl", &[IP]).unwrap();
+    bed.cilium_service("web", &[&IP.to_string()], "node-a", 3600);
+    let args = ["--announcer", "cilium", "--kube-events-interval", "1s"];
+    let guards = bed.start_wrapped(&daemonset_wrapper(), &args).unwrap();
+    let logs = || {
+        (bed.nodes.iter().zip(&guards))
+            .map(|(n, g)| format!("{}:\n{}", n.name, g.log_text()))
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    check(bed.wait_answer(IP, Some("node-a"), Duration::from_secs(10)));
+    let a = &bed.nodes[0].ns;
+    // 500: not one of the statuses kube's client retries (429, 503, 504),
+    // so the attempt fails at once rather than at the request's timeout.
+    bed.api.set_events_refused(Some(500));
+    bed.switch.ip(&["link", "set", "data0", "down"]).unwrap();
+    let failed = "arp_guard_kube_events_total{reason=\"OwnerLinkDown\",outcome=\"failed\"}";
+    let tried = testbed::wait_until(Duration::from_secs(10), || {
+        testbed::counter(a, failed) >= 1.0
+    });
+    assert!(tried, "no failed attempt\n{}", logs());
+    assert_eq!(testbed::counter(a, GAUGE), 1.0);
+    assert!(events(&bed, "OwnerLinkDown").is_empty());
+
+    // The API reachable again, and the Lease gone to node-b meanwhile.
+    bed.api.set_events_refused(None);
+    bed.api.apply(
+        Resource::Leases,
+        objects::cilium_lease("web", "node-b", 3600, "2026-11-30T10:00:05.000000Z"),
+    );
+    let end = testbed::wait_for(Duration::from_secs(15), || {
+        events(&bed, "OwnerLinkRestored").into_iter().next()
+    })
+    .unwrap_or_else(|| panic!("no OwnerLinkRestored: {:#?}\n{}", bed.api.events(), logs()));
+    let told = events(&bed, "OwnerLinkDown");
+    assert_eq!(told.len(), 1, "{told:#?}");
+    let note = told[0]["note"].as_str().unwrap_or_default();
+    for want in ["told late", "eth0", "moved to another node"] {
+        assert!(note.contains(want), "{want} not in {note}");
+    }
+    let end_note = end["note"].as_str().unwrap_or_default();
+    assert!(end_note.contains("no longer owns"), "{end_note}");
+    // In order: the Warning's time before its end's.
+    let at = |e: &Value| e["eventTime"].as_str().unwrap_or_default().to_owned();
+    assert!(!at(&end).is_empty(), "{end:#}");
+    assert!(at(&told[0]) <= at(&end), "{:#?}", (&told[0], &end));
+    assert_eq!(testbed::counter(a, GAUGE), 0.0);
+
+    bed.switch.ip(&["link", "set", "data0", "up"]).unwrap();
+    check(bed.wait_answer(IP, Some("node-b"), Duration::from_secs(10)));
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(events(&bed, "OwnerLinkDown").len(), 1, "told once");
+    assert_eq!(events(&bed, "OwnerLinkRestored").len(), 1, "ended once");
 }

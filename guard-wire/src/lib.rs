@@ -15,6 +15,7 @@ pub mod census;
 pub mod cli;
 pub mod clients;
 pub mod connect;
+pub mod events;
 pub mod histogram;
 pub mod kubeconfig;
 pub mod memory;

@@ -285,10 +285,16 @@ fn ip_status(ip: IpAddr, reads: &ClusterReads, by: &ByIp<'_>) -> IpStatus {
         from.push(v);
     }
     let mut warnings = BTreeMap::new();
-    for e in &reads.events {
-        if Some(&e.service) == service.as_ref() && e.kind == "Warning" {
-            *warnings.entry(e.reason.clone()).or_default() += e.count;
+    let of_service = || (reads.events.iter()).filter(|e| Some(&e.service) == service.as_ref());
+    for e in of_service().filter(|e| e.kind == "Warning") {
+        // Ended by its Normal Event since (carrier back, the records
+        // agreeing again): history for `events`, not a finding.
+        let normals =
+            (of_service().filter(|n| n.kind == "Normal")).map(|n| (n.reason.as_str(), n.age_s));
+        if guard_wire::events::is_ended(&e.reason, e.age_s, normals) {
+            continue;
         }
+        *warnings.entry(e.reason.clone()).or_default() += e.count;
     }
     let mut not_ready: Vec<String> = (from.iter())
         .filter(|v| v.ready != Some(true))
@@ -318,7 +324,7 @@ fn ip_status(ip: IpAddr, reads: &ClusterReads, by: &ByIp<'_>) -> IpStatus {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::node_view::of_report;
+    use crate::{cluster::EventRow, node_view::of_report};
     use guard_wire::node::ArpGuardNode;
 
     fn object(json: serde_json::Value) -> ArpGuardNode {
@@ -369,5 +375,33 @@ mod tests {
         assert_eq!(row.as_of, Some(oldest.as_second() as u64));
         assert_eq!(row.from_guards_not_ready, ["node-c"]);
         assert_eq!(row.findings(), ["conflict", "stale clients"]);
+    }
+
+    /// An owner's link went down and came back: the Warning ended by the
+    /// Normal Event after it is no finding; down again after that, it is.
+    #[test]
+    fn a_warning_ended_since_is_not_a_finding() {
+        let ip: IpAddr = "198.51.100.100".parse().unwrap();
+        let row = |kind: &str, reason: &str, age_s: i64| EventRow {
+            service: "default/web".into(),
+            kind: kind.into(),
+            reason: reason.into(),
+            note: String::new(),
+            node: "node-a".into(),
+            count: 1,
+            age_s,
+        };
+        let mut reads = ClusterReads::default();
+        reads.services.insert(ip, "default/web".into());
+        reads.events = vec![
+            row("Warning", "OwnerLinkDown", 30),
+            row("Normal", "OwnerLinkRestored", 20),
+        ];
+        let s = merge(&reads, &[], None, None, Source::Api);
+        assert!(s.ips[0].warnings.is_empty(), "{:?}", s.ips[0].warnings);
+        assert!(s.ips[0].findings().is_empty());
+        reads.events.push(row("Warning", "OwnerLinkDown", 5));
+        let s = merge(&reads, &[], None, None, Source::Api);
+        assert_eq!(s.ips[0].findings(), ["owner link down", "Warning Events"]);
     }
 }

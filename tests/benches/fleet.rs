@@ -318,6 +318,17 @@ fn slope(runs: &[Run], f: &dyn Fn(&Run) -> f64) -> f64 {
 /// figures grown by the fitted exponents, next to the announcers' own load.
 fn model(runs: &[Run], fit: &Fit) {
     let Some(last) = runs.last() else { return };
+    if runs.len() < 2 {
+        // One size (the short run): no growth can be fitted, and its few
+        // seconds hold the guards' start-up writes; a model grown from it
+        // would read as the fleet's figures and be nothing of the kind.
+        println!(
+            "fleet_model: not modelled from one fleet size ({} guards, {:.0} s window); the full run's model is in BENCHMARKS.md",
+            last.n,
+            last.window.as_secs_f64()
+        );
+        return;
+    }
     let [_, bytes, events, bookmarks] = last.per_guard();
     let req = last.per_guard_at_default();
     let join_per_guard = last.join_events as f64 / last.n as f64;

@@ -29,8 +29,9 @@ use crate::{
     model::kube_events::{
         event_for,
         kernel::{answers_now, explicable, nodes_answer, silenced},
-        link, parse, split, Finding, IpFacts, Limiter, Memory, Occurrence, Offered, Reason,
-        StreamKey, Thresholds,
+        link::LinkEpisodes,
+        parse, split, Finding, IpFacts, Limiter, Memory, Occurrence, Offered, Reason, StreamKey,
+        Thresholds,
     },
     ops::{EventOutcome, Ops},
 };
@@ -100,7 +101,7 @@ async fn read(
         node,
         shared,
         splits: BTreeMap::new(),
-        link: BTreeMap::new(),
+        link: LinkEpisodes::default(),
     };
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     let mut kernels = tokio::time::interval(KERNELS_EVERY);
@@ -129,18 +130,19 @@ async fn read(
             }
             Some(((service, reason), outcome)) = done.recv() => {
                 // A link-down Event that did not go (the link was the way
-                // to the API too) is told again when a link returns.
-                if reason == Reason::OwnerLinkDown && outcome != EventOutcome::Published {
-                    if let Some(t) = r.link.get_mut(&service) {
-                        t.unsent = true;
-                    }
+                // to the API too) is told again when a link returns; its
+                // end goes once it went.
+                if reason == Reason::OwnerLinkDown {
+                    let next = r.link.outcome(&service, outcome == EventOutcome::Published);
+                    r.offer_all(next);
                 }
             }
         }
         for (stream, occurrence) in r.limiter.due(Instant::now()) {
-            let reason = occurrence.reason.as_str();
+            let reason = occurrence.reason;
+            let service = stream.0.clone();
             if tx.try_send(Job { stream, occurrence }).is_err() {
-                r.shared.ops.kube_event(reason, EventOutcome::Dropped);
+                r.dropped(service, reason);
             }
         }
     }
@@ -159,16 +161,8 @@ struct Reader {
     /// Split elections this node told, by IP: the Services told (each gets
     /// the end's Event).
     splits: BTreeMap<IpAddr, Vec<String>>,
-    /// Services told that their owner (this node) has no carrier.
-    link: BTreeMap<String, LinkTold>,
-}
-
-/// A Service told that this node, its IP's owner, lost carrier.
-struct LinkTold {
-    ip: IpAddr,
-    occurrence: Occurrence,
-    /// The publisher could not deliver it.
-    unsent: bool,
+    /// What this node told of its own lost carrier, and still owes.
+    link: LinkEpisodes,
 }
 
 impl Reader {
@@ -194,10 +188,24 @@ impl Reader {
 
     fn offer(&mut self, service: String, o: Occurrence) {
         let reason = o.reason;
-        if self.limiter.offer((service, reason), o) == Offered::Dropped {
-            self.shared
-                .ops
-                .kube_event(reason.as_str(), EventOutcome::Dropped);
+        if self.limiter.offer((service.clone(), reason), o) == Offered::Dropped {
+            self.dropped(service, reason);
+        }
+    }
+
+    fn offer_all(&mut self, offers: Vec<(String, Occurrence)>) {
+        for (service, o) in offers {
+            self.offer(service, o);
+        }
+    }
+
+    /// An occurrence that could not wait or be handed over: counted; a
+    /// link-down Warning is then as one that failed (tried again, late).
+    fn dropped(&mut self, service: String, reason: Reason) {
+        (self.shared.ops).kube_event(reason.as_str(), EventOutcome::Dropped);
+        if reason == Reason::OwnerLinkDown {
+            let next = self.link.outcome(&service, false);
+            self.offer_all(next);
         }
     }
 
@@ -242,11 +250,11 @@ impl Reader {
 
     /// Every second: whether this node owns LB IPs with every uplink
     /// without carrier; a Warning on each owned Service when that starts,
-    /// a Normal Event when carrier returns (and the Warning then, if it
+    /// a Normal Event when carrier returns (and the Warning first, if it
     /// could not be delivered while the link was down).
     fn link(&mut self) {
         let down = (self.shared.read().status.as_ref()).and_then(|s| s.owner_link_down.clone());
-        match down {
+        let offers = match down {
             Some(d) => {
                 let owned: Vec<(String, IpAddr, String)> = {
                     let st = self.shared.read();
@@ -255,21 +263,9 @@ impl Reader {
                         .filter_map(|(ip, e)| Some((e.service.clone()?, *ip, e.source.clone())))
                         .collect()
                 };
-                for (svc, ip, why) in owned {
-                    if self.link.contains_key(&svc) || self.link.len() >= MAX_UIDS {
-                        continue;
-                    }
-                    let o = link::owner_link_down(&self.node, ip, &d.interfaces, &why);
-                    self.offer(svc.clone(), o.clone());
-                    let told = LinkTold {
-                        ip,
-                        occurrence: o,
-                        unsent: false,
-                    };
-                    self.link.insert(svc, told);
-                }
+                self.link.down(&self.node, &owned, &d.interfaces)
             }
-            None if !self.link.is_empty() => {
+            None if self.link.is_down() => {
                 let (up, owned): (Vec<String>, BTreeSet<IpAddr>) = {
                     let st = self.shared.read();
                     let up = (st.carrier.iter()).filter(|(_, c)| **c);
@@ -278,23 +274,11 @@ impl Reader {
                         .map(|(ip, _)| *ip);
                     (up.map(|(n, _)| n.clone()).collect(), owned.collect())
                 };
-                for (svc, t) in std::mem::take(&mut self.link) {
-                    // No longer this node's: nothing to restore there.
-                    if !owned.contains(&t.ip) {
-                        continue;
-                    }
-                    if t.unsent {
-                        let mut o = t.occurrence;
-                        o.note.push_str(
-                            " (told late: the API could not be reached while the link was down)",
-                        );
-                        self.offer(svc.clone(), o);
-                    }
-                    self.offer(svc, link::owner_link_restored(&self.node, t.ip, &up));
-                }
+                self.link.up(&self.node, &owned, &up)
             }
-            None => {}
-        }
+            None => Vec::new(),
+        };
+        self.offer_all(offers);
     }
 
     /// Every second: forget what went quiet, judge what waited its turn.

@@ -62,7 +62,7 @@ impl Reason {
             Reason::SplitElection => "the LB IP is shared by Services elected separately (one Lease or status per Service) whose records name different nodes: each of them announces it; posted on every Service of the IP by one node every guard chooses alike (the first-ranked holder), at most hourly, naming the Services, their holders, the announcer's setting and the fix",
             Reason::SplitElectionResolved => "the Services sharing the LB IP name one node again",
             Reason::OwnerLinkDown => "the posting node owns the LB IP and none of the uplinks it answers on has carrier: its announcements and replies cannot reach the segment while its Lease or status still names it (reaches the API only over another interface; otherwise when the link returns)",
-            Reason::OwnerLinkRestored => "an uplink of the owner has carrier again",
+            Reason::OwnerLinkRestored => "an uplink of the owner has carrier again (or the LB IP is no longer the posting node's): ends its OwnerLinkDown, posted only after it",
         }
     }
 

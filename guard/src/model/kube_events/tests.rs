@@ -354,3 +354,24 @@ fn a_split_election_is_posted_by_one_live_holder_on_every_service() {
     let done = split::split_resolved(ip, &["default/web".into(), "default/web2".into()]);
     assert!(done.iter().all(|(_, o)| !o.reason.warning()));
 }
+
+/// Every end the daemon posts ends the Warning `kubectl arp-guard` pairs it
+/// with (guard_wire::events), and every pair there names reasons the
+/// daemon posts.
+#[test]
+fn each_end_is_paired_with_its_warning_as_the_plugin_reads_them() {
+    let name = |r: &Reason| r.as_str();
+    for end in Reason::ALL.iter().filter(|r| !r.warning()) {
+        let pair = (guard_wire::events::ENDED_BY.iter()).find(|(_, e)| *e == name(end));
+        let (warning, _) = pair.unwrap_or_else(|| panic!("{end:?} ends nothing the plugin knows"));
+        let w = Reason::ALL.iter().find(|r| name(r) == *warning);
+        assert!(
+            w.is_some_and(|w| w.warning()),
+            "{warning} is no Warning reason"
+        );
+    }
+    assert_eq!(
+        guard_wire::events::ENDED_BY.len(),
+        Reason::ALL.iter().filter(|r| !r.warning()).count()
+    );
+}

@@ -29,7 +29,7 @@ use std::{
 };
 
 use testbed::{
-    alerting::{firing, for_of, Firing, Proof, STEP},
+    alerting::{end_of, fired_after, firing, Firing, Proof, STEP},
     cluster_bed::{ClusterBed, CILIUM_PRESENCE_ARGS, PRESENCE_NS},
     deploy::daemonset_wrapper,
     fake_api::{objects, Resource},
@@ -37,23 +37,6 @@ use testbed::{
     scrape::{Sample, Scraper},
     ArpSpec, Daemon, RawSocket,
 };
-
-/// A minute past the time an alert that holds from `from` on fires.
-fn fired_after(spec: &serde_json::Value, alert: &str, from: std::time::Duration) -> Duration {
-    from + for_of(spec, alert) + Duration::from_secs(60)
-}
-
-/// The end of the scrapes (whole seconds).
-fn end_of(samples: &[Sample]) -> Duration {
-    Duration::from_secs(
-        samples
-            .iter()
-            .map(|s| s.at)
-            .max()
-            .unwrap_or_default()
-            .as_secs(),
-    )
-}
 
 /// Scrape every guard of `bed` while `scenario` runs; the samples.
 fn scraped(bed: &ClusterBed, scenario: impl FnOnce()) -> Vec<Sample> {

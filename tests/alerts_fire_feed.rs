@@ -20,27 +20,15 @@ use std::{
 
 use serde_json::json;
 use testbed::{
-    alerting::{firing, for_of, Firing, Proof, STEP},
+    alerting::{end_of, firing, for_of, Firing, Proof, STEP},
     cluster_bed::{ClusterBed, LEASE_RENEWED},
     fake_api::{objects, Resource},
     promtool::{self, counter_like, Expect},
-    scrape::{Sample, Scraper},
+    scrape::Scraper,
     ArpSpec, Daemon, Netns, RawSocket,
 };
 
 const WEB: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 150);
-
-/// The end of the scrapes (whole seconds).
-fn end_of(samples: &[Sample]) -> Duration {
-    Duration::from_secs(
-        samples
-            .iter()
-            .map(|s| s.at)
-            .max()
-            .unwrap_or_default()
-            .as_secs(),
-    )
-}
 
 /// Where this process's (and so the daemon's) cgroup v2 `memory.max` is
 /// under `root`.

@@ -20,7 +20,7 @@ use std::{
 
 use guard_common::ndp_build::NdSpec;
 use testbed::{
-    alerting::{firing, for_of, Firing, Proof, STEP},
+    alerting::{end_of, fired_after, firing, Firing, Proof, STEP},
     bed::{Bed, FOREIGN, FOREIGN_ON_EGRESS, NODE, NODE_IP, OTHER, OWNED, OWNED_ON_EGRESS},
     bed6::{Bed6, FOREIGN6, OWNER_MAC, UNKNOWN6},
     ip_bytes, nd_bytes,
@@ -37,22 +37,6 @@ const CLIENT_B_IP: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 32);
 const ROGUE: [u8; 6] = [0x02, 0, 0x5e, 0, 0x53, 0x66];
 /// The age the stale clients alert waits for.
 const STALE_ALERT: f64 = 300.0;
-
-/// The end of the scrapes (whole seconds).
-fn end_of(samples: &[Sample]) -> Duration {
-    Duration::from_secs(
-        samples
-            .iter()
-            .map(|s| s.at)
-            .max()
-            .unwrap_or_default()
-            .as_secs(),
-    )
-}
-
-fn fired_after(spec: &serde_json::Value, alert: &str, from: Duration) -> Duration {
-    from + for_of(spec, alert) + Duration::from_secs(60)
-}
 
 /// Check `expect` on `samples`; on failure, panic with `logs`.
 fn prove(samples: &[Sample], ages: &[&str], expect: Vec<Expect>, logs: impl Fn() -> String) {

@@ -35,6 +35,7 @@ use testbed::{
     deploy::daemonset_wrapper,
     fake_api::{objects, Resource},
     scrape::Scraper,
+    Daemon,
 };
 
 const IP: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 100);
@@ -46,22 +47,31 @@ fn events(bed: &ClusterBed, reason: &str) -> Vec<Value> {
         .collect()
 }
 
-#[test]
-fn an_owner_whose_link_is_down_says_so_within_seconds() {
+/// node-a owns `default/web` (a Cilium Lease) and answers for it; guards on
+/// both nodes with the DaemonSet's privileges (reading carrier and posting
+/// Events need nothing more), Events at most once a second a stream.
+fn owned_by_node_a(tag: &str) -> (ClusterBed, Vec<Daemon>) {
     testbed::require_root();
-    let bed = ClusterBed::new("lnk", &[IP]).unwrap();
+    let bed = ClusterBed::new(tag, &[IP]).unwrap();
     bed.cilium_service("web", &[&IP.to_string()], "node-a", 3600);
-    // With the DaemonSet's privileges: reading carrier and posting Events
-    // need nothing more.
     let args = ["--announcer", "cilium", "--kube-events-interval", "1s"];
     let guards = bed.start_wrapped(&daemonset_wrapper(), &args).unwrap();
-    let logs = || {
-        (bed.nodes.iter().zip(&guards))
-            .map(|(n, g)| format!("{}:\n{}", n.name, g.log_text()))
-            .collect::<Vec<_>>()
-            .join("\n")
-    };
     check(bed.wait_answer(IP, Some("node-a"), Duration::from_secs(10)));
+    (bed, guards)
+}
+
+/// Every guard's log, for a failure's message.
+fn logs(bed: &ClusterBed, guards: &[Daemon]) -> String {
+    (bed.nodes.iter().zip(guards))
+        .map(|(n, g)| format!("{}:\n{}", n.name, g.log_text()))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+#[test]
+fn an_owner_whose_link_is_down_says_so_within_seconds() {
+    let (bed, guards) = owned_by_node_a("lnk");
+    let logs = || logs(&bed, &guards);
     let targets: Vec<(&str, &testbed::Netns)> =
         bed.nodes.iter().map(|n| (n.name.as_str(), &n.ns)).collect();
     let scraper = Scraper::start(&targets, STEP).unwrap();
@@ -139,18 +149,8 @@ fn an_owner_whose_link_is_down_says_so_within_seconds() {
 /// IP was no longer its own: the operator never learned why it moved.)
 #[test]
 fn the_warning_that_could_not_go_goes_late_even_after_the_ip_moved() {
-    testbed::require_root();
-    let bed = ClusterBed::new("lnl", &[IP]).unwrap();
-    bed.cilium_service("web", &[&IP.to_string()], "node-a", 3600);
-    let args = ["--announcer", "cilium", "--kube-events-interval", "1s"];
-    let guards = bed.start_wrapped(&daemonset_wrapper(), &args).unwrap();
-    let logs = || {
-        (bed.nodes.iter().zip(&guards))
-            .map(|(n, g)| format!("{}:\n{}", n.name, g.log_text()))
-            .collect::<Vec<_>>()
-            .join("\n")
-    };
-    check(bed.wait_answer(IP, Some("node-a"), Duration::from_secs(10)));
+    let (bed, guards) = owned_by_node_a("lnl");
+    let logs = || logs(&bed, &guards);
     let a = &bed.nodes[0].ns;
     // 500: not one of the statuses kube's client retries (429, 503, 504),
     // so the attempt fails at once rather than at the request's timeout.

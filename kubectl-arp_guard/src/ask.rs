@@ -97,20 +97,26 @@ impl Ask<'_> {
             pods: self.reader.pods().await?,
             ..Default::default()
         };
-        // With --node the Nodes are not read (nor said unread).
-        if self.node.is_none() {
-            match self.reader.nodes().await {
-                Ok(n) => reads.nodes = Some(n),
-                Err(why) => {
-                    // Said once, whatever the view: a node without a guard
-                    // Pod would otherwise be missing without a word.
-                    eprintln!("note: the cluster's Nodes could not be read ({why}): nodes without a guard Pod are not listed");
-                    reads.nodes_unread = Some(why);
-                }
-            }
-        }
+        self.read_nodes(&mut reads).await;
         let t = fanout::targets(&reads.pods, reads.nodes.as_ref(), self.node);
         Ok((t, reads))
+    }
+
+    /// The cluster's Nodes into `reads`; with --node they are not read
+    /// (nor said unread).
+    async fn read_nodes(&self, reads: &mut ClusterReads) {
+        if self.node.is_some() {
+            return;
+        }
+        match self.reader.nodes().await {
+            Ok(n) => reads.nodes = Some(n),
+            Err(why) => {
+                // Said once, whatever the view: a node without a guard Pod
+                // would otherwise be missing without a word.
+                eprintln!("note: the cluster's Nodes could not be read ({why}): nodes without a guard Pod are not listed");
+                reads.nodes_unread = Some(why);
+            }
+        }
     }
 
     fn print<T: serde::Serialize>(&self, doc: &T, table: impl FnOnce() -> String) -> Result<()> {
@@ -129,15 +135,7 @@ impl Ask<'_> {
             pods: self.reader.pods_ready().await?,
             ..Default::default()
         };
-        if self.node.is_none() {
-            match self.reader.nodes().await {
-                Ok(n) => reads.nodes = Some(n),
-                Err(why) => {
-                    eprintln!("note: the cluster's Nodes could not be read ({why}): nodes without a guard Pod are not listed");
-                    reads.nodes_unread = Some(why);
-                }
-            }
-        }
+        self.read_nodes(&mut reads).await;
         let reports = self.reader.reports().await?;
         let mut names: std::collections::BTreeSet<String> = reads.pods.keys().cloned().collect();
         names.extend(reads.nodes.iter().flatten().cloned());

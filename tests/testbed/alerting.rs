@@ -192,6 +192,17 @@ impl Proof<'_> {
     }
 }
 
+/// The end of the scrapes (whole seconds).
+pub fn end_of(samples: &[Sample]) -> Duration {
+    let last = samples.iter().map(|s| s.at).max().unwrap_or_default();
+    Duration::from_secs(last.as_secs())
+}
+
+/// A minute past the time an alert that holds from `from` on fires.
+pub fn fired_after(spec: &serde_json::Value, alert: &str, from: Duration) -> Duration {
+    from + for_of(spec, alert) + Duration::from_secs(60)
+}
+
 /// That `alert` of the shipped rule fires for `each`, a minute past its
 /// `for` after the last of `samples` (the series held from then on), on
 /// the series real guards exported: the whole proof of a test that fires
@@ -205,15 +216,7 @@ pub fn prove_one(
     each: &[Firing],
 ) -> Result<()> {
     let spec = promtool::shipped_rules()?;
-    let end = Duration::from_secs(
-        samples
-            .iter()
-            .map(|s| s.at)
-            .max()
-            .unwrap_or_default()
-            .as_secs(),
-    );
-    let at = end + for_of(&spec, alert) + Duration::from_secs(60);
+    let at = fired_after(&spec, alert, end_of(samples));
     let proof = Proof {
         file,
         fired_by,

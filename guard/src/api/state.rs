@@ -37,8 +37,6 @@ pub struct ApiState {
     /// Uplink (an interface the guard is attached to) -> has a primary IPv4
     /// to rewrite leaks to.
     pub uplinks: BTreeMap<String, bool>,
-    /// Uplink -> has carrier (`IFF_LOWER_UP`).
-    pub carrier: BTreeMap<String, bool>,
     /// The Kubernetes feed: failing since (None: healthy or not used).
     pub feed_failing_since: Option<Instant>,
     pub feed_enabled: bool,

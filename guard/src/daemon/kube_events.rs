@@ -268,11 +268,13 @@ impl Reader {
             None if self.link.is_down() => {
                 let (up, owned): (Vec<String>, BTreeSet<IpAddr>) = {
                     let st = self.shared.read();
-                    let up = (st.carrier.iter()).filter(|(_, c)| **c);
+                    // The uplinks with carrier, as the status shows them.
+                    let up = (st.status.iter().flat_map(|s| &s.interfaces))
+                        .filter(|i| i.carrier == Some(true));
                     let owned = (st.ips.iter())
                         .filter(|(_, e)| e.state == guard_common::Ownership::Owned)
                         .map(|(ip, _)| *ip);
-                    (up.map(|(n, _)| n.clone()).collect(), owned.collect())
+                    (up.map(|i| i.name.clone()).collect(), owned.collect())
                 };
                 self.link.up(&self.node, &owned, &up)
             }

@@ -102,7 +102,6 @@ impl Daemon {
             .iter()
             .map(|(n, a)| (n.clone(), self.view.if_primary.contains_key(&a.ifindex)))
             .collect();
-        st.carrier = carrier;
         st.status = Some(DaemonStatus {
             memory: st.memory.clone(),
             ..status

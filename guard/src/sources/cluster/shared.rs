@@ -68,28 +68,23 @@ impl Store {
     /// acquireTime, and MetalLB's statuses have none). Never with `Local`:
     /// the other node may hold that Service's only endpoints.
     fn settle(claims: &[(OwnerRecord, bool)], settle: bool) -> (SplitElection, Option<Arc<str>>) {
+        let name =
+            |c: &OwnerRecord| (c.service.as_ref()).map_or_else(String::new, ToString::to_string);
         let services = (claims.iter())
             .map(|(c, local)| SharedService {
-                service: c
-                    .service
-                    .as_ref()
-                    .map(ToString::to_string)
-                    .unwrap_or_default(),
+                service: name(c),
                 holder: c.owner.as_deref().map(str::to_owned),
                 record: c.why.to_string(),
                 local: *local,
             })
             .collect();
         let local = claims.iter().find(|(_, l)| *l);
-        let kept = (claims.iter()).find_map(|(c, _)| c.owner.clone());
+        // The first Service (by namespace/name) whose record names a node.
+        let first = (claims.iter()).find(|(c, _)| c.owner.is_some());
         let (kept, why) = if !settle {
             (None, "not settled: --settle-shared-ips is off".to_owned())
         } else if let Some((c, _)) = local {
-            let svc = c
-                .service
-                .as_ref()
-                .map(ToString::to_string)
-                .unwrap_or_default();
+            let svc = name(c);
             (None, format!("never settled: {svc} is externalTrafficPolicy: Local (only nodes with its endpoints serve it)"))
         } else if claims.iter().any(|(c, _)| !c.certain) {
             (
@@ -97,10 +92,8 @@ impl Store {
                 "not settled while a record is not confirmed".to_owned(),
             )
         } else {
-            let svc = (claims.iter())
-                .find(|(c, _)| c.owner.is_some())
-                .and_then(|(c, _)| c.service.as_ref().map(ToString::to_string))
-                .unwrap_or_default();
+            let kept = first.and_then(|(c, _)| c.owner.clone());
+            let svc = first.map(|(c, _)| name(c)).unwrap_or_default();
             let n = kept.as_deref().unwrap_or_default();
             (kept.clone(), format!("settled on {n}, the node {svc}'s record names ({svc} is the first of the Services by namespace/name; all are externalTrafficPolicy: Cluster)"))
         };

@@ -54,15 +54,15 @@ pub async fn list(client: &Client) -> Result<Vec<String>> {
         #[serde(default)]
         items: Vec<Named>,
     }
+    let nodes = Collection {
+        path: "/api/v1/nodes".into(),
+        cached: true,
+        page: PAGE,
+        ..Default::default()
+    };
     let mut out = Vec::new();
     let mut cont: Option<String> = None;
     loop {
-        let nodes = Collection {
-            path: "/api/v1/nodes".into(),
-            cached: true,
-            page: PAGE,
-            ..Default::default()
-        };
         let mut req = list_request(&nodes, None, cont.as_deref());
         req.headers_mut().insert(
             http::header::ACCEPT,

@@ -132,7 +132,9 @@ pub fn settle_trust(config: &mut Config) -> Trust {
 /// and impersonation headers; a tracing span per request; its TLS) over
 /// [`Route`]: the proxy with its credentials (SOCKS5's too, which kube-rs's
 /// own connector drops), happy eyeballs, keepalive; the TCP connection,
-/// the proxy's handshake and TLS all within the connect timeout.
+/// the proxy's handshake and TLS all within the connect timeout; reads and
+/// writes within `read_timeout` and `write_timeout` (kube-rs's defaults,
+/// 295 s; the daemon sets no read timer: its requests bound themselves).
 ///
 /// What kube-rs's own builder does that this does not: rebuild for the
 /// expiry of a client certificate an exec credential plugin issued (its
@@ -141,10 +143,14 @@ pub fn settle_trust(config: &mut Config) -> Trust {
 pub fn client(config: Config) -> Result<kube::Client> {
     let route = Route::new(config.proxy_url.as_ref(), config.connect_timeout)?;
     let https = config.rustls_https_connector_with_connector(route)?;
-    let connect = Timed {
+    // The read and write timers as kube-rs sets them (its own connector
+    // crate); the connect bound is `Timed`'s, whose error names the server.
+    let mut connect = hyper_timeout::TimeoutConnector::new(Timed {
         inner: https,
         limit: config.connect_timeout,
-    };
+    });
+    connect.set_read_timeout(config.read_timeout);
+    connect.set_write_timeout(config.write_timeout);
     let pooled: hyper_util::client::legacy::Client<_, Body> =
         hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
             .build(connect);

@@ -455,7 +455,7 @@ impl Feed {
 mod tests {
     use super::super::{
         decode::{Lease, Obj, Seconds, Service},
-        listwatch::IDLE_MARGIN,
+        pace::IDLE_MARGIN,
         stream::{Event, Update},
     };
     use super::*;

@@ -19,8 +19,8 @@
 //! in step with another guard's. Bookmarks are asked for; the API server
 //! sends one about every minute on every watch, and once a stream has seen
 //! one come before its watch's end it is judged by them: silent for
-//! [`HEARTBEAT_SILENCE`] is stuck. A server that sends bookmarks only at a
-//! watch's end is judged by the end (its timeout and [`IDLE_MARGIN`]).
+//! [`HEARTBEAT_SILENCE`](super::pace::HEARTBEAT_SILENCE) is stuck. A server that sends bookmarks only at a
+//! watch's end is judged by the end (its timeout and [`IDLE_MARGIN`](super::pace::IDLE_MARGIN)).
 
 use std::{
     future::Future,
@@ -37,13 +37,10 @@ use super::{
     cause::{Cause, Failure},
     decode::{Obj, Object, WatchLine},
     dial::{Dialer, Link, KEEPALIVE_DEAD},
-    pace::spread,
+    pace::{spread, Heartbeat},
     wire::{self, Read},
 };
 
-/// A stream that has shown the server's periodic bookmarks (about one a
-/// minute) and then shows nothing at all for this long is stuck.
-pub const HEARTBEAT_SILENCE: Duration = Duration::from_secs(90);
 /// A list page or the opening of a watch gives up after this long.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
 /// First retry of a failed list or watch; doubling per attempt up to 30 s.
@@ -51,10 +48,6 @@ const RETRY: Duration = Duration::from_millis(500);
 /// The longest a server's `Retry-After` holds a stream back.
 const RETRY_AFTER_MAX: Duration = Duration::from_secs(60);
 
-/// A stream that has not shown the server's heartbeat shows progress at
-/// least at its watch's end (the server ends it, after a bookmark); this
-/// much later it is stuck.
-pub const IDLE_MARGIN: Duration = Duration::from_secs(10);
 /// What a stream saw of one object, or of its collection.
 pub enum Event<T> {
     /// A relist begins: until [`Event::ListDone`] the objects that follow
@@ -119,8 +112,8 @@ pub struct Follow<S> {
     /// The connection of the last watch, kept for the next one.
     kept: Option<Link>,
     attempt: u32,
-    /// The server sends bookmarks through a watch, not only at its end.
-    heartbeat: bool,
+    /// Whether the server sends bookmarks through a watch.
+    heartbeat: Heartbeat,
 }
 
 impl<S> Follow<S> {
@@ -140,7 +133,7 @@ impl<S> Follow<S> {
             sink,
             kept: None,
             attempt: 0,
-            heartbeat: false,
+            heartbeat: Heartbeat::default(),
         }
     }
 
@@ -182,16 +175,6 @@ impl<S> Follow<S> {
             );
         }
         true
-    }
-
-    /// The idle deadline of a watch that asked for `timeout`.
-    fn idle(&self, timeout: Duration) -> Duration {
-        let end = timeout + IDLE_MARGIN;
-        if self.heartbeat {
-            end.min(HEARTBEAT_SILENCE)
-        } else {
-            end
-        }
     }
 
     async fn relist_and_watch<T: Object>(&mut self) -> Result<(), Closed>
@@ -326,7 +309,7 @@ impl<S> Follow<S> {
         // timer is moved only when it fires early (not for every event),
         // or when the deadline shrinks (the first heartbeat).
         let mut seen = opened_at;
-        let mut idle = self.idle(timeout);
+        let mut idle = self.heartbeat.idle(timeout);
         let timer = tokio::time::sleep(idle);
         tokio::pin!(timer);
         loop {
@@ -338,15 +321,13 @@ impl<S> Follow<S> {
                         continue;
                     }
                     self.sink.send(Step::Idle(idle), false).await?;
+                    self.heartbeat.went_idle();
                     return Ok(End::Relist);
                 }
             };
             if let Read::Line(WatchLine::Bookmark(_)) = &read {
-                // A bookmark well before the watch's end: the server sends
-                // them as a heartbeat, and silence is judged by them.
-                if !self.heartbeat && opened_at.elapsed() + IDLE_MARGIN < timeout {
-                    self.heartbeat = true;
-                    idle = self.idle(timeout);
+                if self.heartbeat.bookmark(opened_at.elapsed(), timeout) {
+                    idle = self.heartbeat.idle(timeout);
                     timer.as_mut().reset((Instant::now() + idle).into());
                 }
             }

@@ -54,7 +54,7 @@ pub struct FeedConfig {
     /// duration of the Leases in use, between 15 s and 60 s.
     pub stale_after: Option<Duration>,
     /// The server ends each watch after this long (`timeoutSeconds`); a
-    /// stream silent for this plus [`listwatch::IDLE_MARGIN`] is stuck.
+    /// stream silent for this plus [`pace::IDLE_MARGIN`] is stuck.
     pub watch_timeout: Duration,
     /// `--settle-shared-ips` (see [`store::Store::fold`]).
     pub settle_shared: bool,
